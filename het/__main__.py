@@ -1,0 +1,3 @@
+from het.cli import main
+
+main()

@@ -1,0 +1,78 @@
+"""``het bench cache``: the cache's miss rate and throughput on a key trace.
+
+Each run of ``batch`` consecutive trace keys is one step; its keys are de-duplicated, looked
+up, filled from an in-process shard (misses and stale rows), given a gradient, and the rows due
+are pushed back. ``keys_per_s`` counts unique keys per second of cache work (lookup, fill,
+gradient update, clock bookkeeping, write-back); the shard's own time is measured apart and
+reported as ``ps_s``, so ``keys_per_s_with_ps`` is the rate of the whole loop.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import torch
+
+from het.cache.cache import EmbeddingCache
+from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
+from het.ps.shard import Shard
+
+
+def load_trace(path: str) -> np.ndarray:
+    trace = np.load(path, allow_pickle=False)
+    if trace.ndim != 1 or not np.issubdtype(trace.dtype, np.integer):
+        raise ValueError(f"{path}: expected a 1-D integer array of keys, got {trace.dtype} of shape {trace.shape}")
+    if trace.size and trace.min() < 0:
+        raise ValueError(f"{path}: keys must be >= 0, found {int(trace.min())}")
+    return trace.astype(np.int64, copy=False)
+
+
+def run(trace: np.ndarray, batch: int, capacity: int, policy: str, dim: int = 128,
+        staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu") -> dict:
+    """Drive a cache over ``trace`` in steps of ``batch`` keys; return the figures."""
+    if batch <= 0:
+        raise ValueError(f"batch must be > 0, got {batch}")
+    num_keys = int(trace.max()) + 1 if trace.size else 1
+    table = TableConfig("bench", rows=num_keys, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
+    shard = Shard(ShardConfig((table,)))
+    cache = EmbeddingCache(table, CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways),
+                           device)
+    steps = [torch.unique(torch.from_numpy(trace[i:i + batch])) for i in range(0, len(trace), batch)]
+    cache_s = ps_s = 0.0
+    timed_keys = 0
+    for i, keys in enumerate(steps):
+        keys = keys.to(device)
+        t0 = time.perf_counter()
+        plan = cache.lookup(keys)
+        t1 = time.perf_counter()
+        if len(plan.writeback):
+            wb = plan.writeback
+            shard.push("bench", wb.keys.cpu().numpy(), wb.grads.cpu().numpy(), wb.counts.cpu().numpy())
+        index, rows, clocks = shard.sync("bench", keys.cpu().numpy(), plan.clocks.cpu().numpy(),
+                                         None if staleness == math.inf else staleness)
+        index, rows, clocks = (torch.from_numpy(a).to(device) for a in (index, rows, clocks))
+        t2 = time.perf_counter()
+        out = cache.fill(plan, index, rows, clocks)
+        due = cache.update(plan, out * 1e-3)  # a gradient of the row's size
+        t3 = time.perf_counter()
+        if len(due):
+            shard.push("bench", due.keys.cpu().numpy(), due.grads.cpu().numpy(), due.counts.cpu().numpy())
+        t4 = time.perf_counter()
+        if i >= warmup:
+            cache_s += (t1 - t0) + (t3 - t2)
+            ps_s += (t2 - t1) + (t4 - t3)
+            timed_keys += keys.numel()
+    stats = cache.stats()
+    return {
+        "bench": "cache", "policy": policy, "capacity": cache.slots, "ways": cache.ways, "dim": dim,
+        "batch": batch, "staleness": staleness if staleness != math.inf else "inf", "steps": len(steps),
+        "trace_keys": int(trace.size), "distinct_keys": int(np.unique(trace).size),
+        "lookups": stats.get("lookups", 0), "hits": stats.get("hits", 0), "misses": stats.get("misses", 0),
+        "miss_rate": stats["miss_rate"], "bypasses": stats.get("bypasses", 0),
+        "evictions": stats.get("evictions", 0), "stale_refreshes": stats.get("stale_refreshes", 0),
+        "keys_per_s": timed_keys / cache_s if cache_s else 0.0,
+        "keys_per_s_with_ps": timed_keys / (cache_s + ps_s) if cache_s + ps_s else 0.0,
+        "cache_s": cache_s, "ps_s": ps_s, "threads": torch.get_num_threads(), "device": str(device),
+    }

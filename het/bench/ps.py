@@ -1,0 +1,91 @@
+"""``het bench ps``: rows per second through one shard over TCP loopback, beside raw ZeroMQ.
+
+One step is a pull of ``batch`` rows and a push of ``batch`` gradients, each waited for. The
+raw figure runs the same pattern with plain ZeroMQ in the same run: a request of the push's
+size and a reply of the pull's size to an echo process that does nothing else. Bytes count
+every frame both ways. ``ps_fraction = bytes_per_s / zmq_bytes_per_s``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.ps.server import ServerProcess
+
+
+def _echo(address_queue, reply_bytes: int) -> None:
+    """A ROUTER that answers every request with ``reply_bytes`` bytes, until told 'stop'."""
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    address_queue.put(f"tcp://127.0.0.1:{port}")
+    payload = np.zeros(reply_bytes, dtype=np.uint8)
+    while True:
+        peer, *frames = sock.recv_multipart(copy=False)
+        if bytes(frames[0]) == b"stop":
+            sock.send_multipart([peer, b"bye"])
+            break
+        sock.send_multipart([peer, payload], copy=False)
+    sock.close(linger=1000)
+
+
+def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float) -> dict:
+    """Round trips of ``request_bytes`` out and ``reply_bytes`` back over a DEALER socket."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_echo, args=(q, reply_bytes), daemon=True)
+    proc.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    try:
+        sock.connect(q.get(timeout=60))
+        payload = np.ones(request_bytes, dtype=np.uint8)
+        moved, rounds, t0 = 0, 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds or rounds < 3:
+            sock.send_multipart([b"x", payload], copy=False)
+            frames = sock.recv_multipart(copy=False)
+            moved += 1 + request_bytes + len(frames[0].buffer)
+            rounds += 1
+        elapsed = time.perf_counter() - t0
+        sock.send(b"stop")
+        sock.recv()
+    finally:
+        sock.close(linger=0)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    return {"zmq_bytes_per_s": moved / elapsed, "zmq_round_trips": rounds}
+
+
+def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
+        optimizer: str = "sgd") -> dict:
+    """Pull + push ``batch`` random rows of ``dim`` floats through one shard process."""
+    table = TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.01))
+    rng = torch.Generator().manual_seed(0)
+    with ServerProcess(ShardConfig((table,))) as server:
+        client = PSClient.connect([server.address])
+        try:
+            grads = torch.full((batch, dim), 1e-3)
+            counts = torch.ones(batch, dtype=torch.int64)
+            steps, t0 = 0, time.perf_counter()
+            sent0, recv0 = client.bytes["sent"], client.bytes["received"]
+            while time.perf_counter() - t0 < seconds or steps < 3:
+                keys = torch.randperm(rows, generator=rng)[:batch]
+                client.wait(client.pull("bench", keys))
+                client.wait(client.push("bench", keys, grads, counts))
+                steps += 1
+            elapsed = time.perf_counter() - t0
+            moved = client.bytes["sent"] - sent0 + client.bytes["received"] - recv0
+        finally:
+            client.close()
+    # same sizes as a push request (keys, grads, counts) and a pull reply (rows, clocks)
+    raw = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
+    out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, "steps": steps,
+           "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed, **raw}
+    out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
+    return out

@@ -1,0 +1,166 @@
+"""The ``het`` command: flags -> configs -> the right entry point."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+
+
+def _staleness(text: str) -> float:
+    if text.lower() in ("inf", "infinity"):
+        return math.inf
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'inf', got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 or 'inf', got {text!r}")
+    return value
+
+
+def _table(text: str) -> tuple[str, int, int]:
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME:ROWS:DIM, e.g. user:1000000:128, got {text!r}")
+    return parts[0], int(parts[1]), int(parts[2])
+
+
+def _print_json(obj: dict) -> None:
+    print(json.dumps(obj, sort_keys=True, default=str))
+
+
+def cmd_serve(args) -> None:
+    from het.ps.server import run_foreground
+
+    if args.shard_config:
+        d = json.loads(args.shard_config)
+        cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"])
+    else:
+        if not args.table:
+            raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM")
+        opt = OptimizerConfig(args.optimizer, lr=args.lr)
+        tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
+    run_foreground(cfg, args.bind)
+
+
+def cmd_demo(args) -> None:
+    from het.demo import run
+
+    result = run(steps=args.steps, batch=args.batch, staleness=args.staleness)
+    if args.json:
+        _print_json(result)
+
+
+def cmd_bench_cache(args) -> None:
+    import numpy as np
+    import torch
+
+    from het.bench import cache
+    from het.data.zipf import zipf_keys
+
+    torch.set_num_threads(args.threads)
+    if args.trace:
+        trace = cache.load_trace(args.trace)
+    else:
+        trace = zipf_keys(args.keys, args.alpha, args.batch * args.batches, seed=args.seed)
+    distinct = int(np.unique(trace).size) if args.trace else args.keys
+    if args.capacity is not None:
+        capacity = args.capacity
+    elif args.capacity_frac is not None:
+        capacity = max(1, int(round(args.capacity_frac * distinct)))
+    else:
+        raise SystemExit("het bench cache: give --capacity N or --capacity-frac F")
+    result = cache.run(trace, args.batch, capacity, args.policy, dim=args.dim, staleness=args.staleness,
+                       ways=args.ways, device=args.device)
+    if not args.trace:
+        result.update(alpha=args.alpha, keys=args.keys)
+    else:
+        result.update(trace=args.trace)
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"miss rate {result['miss_rate']:.4f} over {result['lookups']} lookups; "
+              f"{result['keys_per_s']:,.0f} unique keys/s through the cache "
+              f"({result['keys_per_s_with_ps']:,.0f} with the in-process shard)")
+
+
+def cmd_bench_ps(args) -> None:
+    import torch
+
+    from het.bench import ps
+
+    torch.set_num_threads(args.threads)
+    result = ps.run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds)
+    if args.json:
+        _print_json(result)
+    else:
+        print(f"{result['rows_per_s']:,.0f} rows/s, {result['bytes_per_s'] / 1e6:,.0f} MB/s through the PS; "
+              f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="het", description="Huge embedding model training: sharded parameter "
+                                "servers, per-worker caches with per-row clocks, AllReduce for dense layers.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run one PS shard in the foreground")
+    s.add_argument("--bind", default="127.0.0.1:5555", help="HOST:PORT to listen on (port 0: any free port)")
+    s.add_argument("--table", action="append", type=_table, default=[], metavar="NAME:ROWS:DIM",
+                   help="a table to hold (repeat for several)")
+    s.add_argument("--optimizer", default="sgd", choices=["sgd", "adagrad", "adam"])
+    s.add_argument("--lr", type=float, default=0.01)
+    s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
+    s.add_argument("--shard-index", type=int, default=0)
+    s.add_argument("--num-shards", type=int, default=1)
+    s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
+    s.set_defaults(func=cmd_serve)
+
+    d = sub.add_parser("demo", help="train het.Embedding against a local shard process and show its hit rate")
+    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--batch", type=int, default=512)
+    d.add_argument("--staleness", type=_staleness, default=10)
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=cmd_demo)
+
+    b = sub.add_parser("bench", help="benchmarks; each prints one JSON object with --json")
+    bsub = b.add_subparsers(dest="bench", required=True)
+    c = bsub.add_parser("cache", help="cache miss rate and unique keys/s on a trace or a Zipf stream")
+    c.add_argument("--trace", help="1-D int64 .npy of keys in access order")
+    c.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the generated stream")
+    c.add_argument("--keys", type=int, default=1_000_000, help="distinct keys of the generated stream")
+    c.add_argument("--batches", type=int, default=200, help="steps of the generated stream")
+    c.add_argument("--batch", type=int, default=4096, help="trace keys per step (de-duplicated)")
+    c.add_argument("--capacity", type=int, help="cache rows")
+    c.add_argument("--capacity-frac", type=float, help="cache rows as a fraction of the distinct keys")
+    c.add_argument("--policy", default="lfu", choices=["lru", "lfu"])
+    c.add_argument("--dim", type=int, default=128)
+    c.add_argument("--staleness", type=_staleness, default=100)
+    c.add_argument("--ways", type=int, default=32)
+    c.add_argument("--threads", type=int, default=1, help="torch threads (the target is for one core)")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_bench_cache)
+    q = bsub.add_parser("ps", help="pull + push rows/s through one shard over TCP loopback vs raw ZeroMQ")
+    q.add_argument("--batch", type=int, default=4096)
+    q.add_argument("--dim", type=int, default=128)
+    q.add_argument("--rows", type=int, default=200_000)
+    q.add_argument("--seconds", type=float, default=5.0)
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=cmd_bench_ps)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except ValueError as e:
+        print(f"het {args.command}: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

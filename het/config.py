@@ -1,0 +1,166 @@
+"""Configs: frozen dataclasses, one per component, checked when built.
+
+Configs are data. Runtime handles (sockets, processes, tensors) never go in them, so a
+config can be printed, compared, written to a checkpoint and sent to another process.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+
+OPTIMIZERS = ("sgd", "adagrad", "adam")
+POLICIES = ("lru", "lfu")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """The sparse optimizer a PS shard applies to pushed gradients.
+
+    Args:
+        name: ``"sgd"``, ``"adagrad"`` or ``"adam"``; the same update rules as
+            ``torch.optim.SGD``, ``torch.optim.Adagrad`` and ``torch.optim.SparseAdam``.
+        lr: learning rate.
+        eps: added to the denominator (Adagrad, Adam).
+        betas: Adam's moment decay rates.
+        initial_accumulator: Adagrad's starting sum of squares.
+
+    Example:
+        >>> OptimizerConfig("adam", lr=0.01).name
+        'adam'
+    """
+
+    name: str = "sgd"
+    lr: float = 0.01
+    eps: float | None = None
+    betas: tuple[float, float] = (0.9, 0.999)
+    initial_accumulator: float = 0.0
+
+    def __post_init__(self) -> None:
+        _require(self.name in OPTIMIZERS,
+                 f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+        _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
+        if self.eps is None:
+            # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8.
+            object.__setattr__(self, "eps", 1e-10 if self.name == "adagrad" else 1e-8)
+        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
+        b1, b2 = self.betas
+        _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
+        object.__setattr__(self, "betas", (float(b1), float(b2)))
+
+
+@dataclass(frozen=True)
+class TableConfig:
+    """One embedding table held by the parameter servers.
+
+    Args:
+        name: the table's name; letters, digits, ``_ . -``.
+        rows: number of rows (keys are ``0 .. rows - 1``).
+        dim: width of a row.
+        optimizer: the sparse optimizer the shards apply to this table.
+        init_scale: rows start uniform in ``[-init_scale, init_scale]``.
+        seed: initial rows are a pure function of ``(seed, name, key)``, so they do not
+            depend on how many shards hold the table.
+
+    Example:
+        >>> TableConfig("user", rows=1000, dim=16).dim
+        16
+    """
+
+    name: str
+    rows: int
+    dim: int
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    init_scale: float = 0.01
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
+                 f"table name must match {_NAME.pattern}, got {self.name!r}")
+        _require(isinstance(self.rows, int) and self.rows > 0,
+                 f"table {self.name!r}: rows must be a positive int, got {self.rows!r}")
+        _require(isinstance(self.dim, int) and self.dim > 0,
+                 f"table {self.name!r}: dim must be a positive int, got {self.dim!r}")
+        _require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
+        if isinstance(self.optimizer, dict):
+            object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TableConfig":
+        d = dict(d)
+        opt = dict(d.pop("optimizer", {}))
+        if "betas" in opt:
+            opt["betas"] = tuple(opt["betas"])
+        return cls(optimizer=OptimizerConfig(**opt), **d)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A worker's cache of hot rows for one table.
+
+    Args:
+        capacity: rows the cache holds (0 disables caching: every key goes to the PS).
+        policy: ``"lru"`` or ``"lfu"`` replacement.
+        staleness: the bound ``s``: a cached row is read while ``c_g - c_s <= s`` and pushed
+            once it holds more than ``s`` local updates. ``0`` is synchronous, ``math.inf``
+            fully asynchronous.
+        ways: rows per set (set-associative slots, as in FBGEMM's cache).
+        local_lr: step size of the worker's own read-your-writes update to a cached row
+            (``row -= local_lr * grad``). ``None`` takes the table optimizer's lr; exact for
+            SGD, an approximation for Adagrad and Adam until the row is next refreshed.
+
+    Example:
+        >>> CacheConfig(capacity=1024, policy="lfu", staleness=100).ways
+        32
+    """
+
+    capacity: int = 0
+    policy: str = "lfu"
+    staleness: float = 0
+    ways: int = 32
+    local_lr: float | None = None
+
+    def __post_init__(self) -> None:
+        _require(isinstance(self.capacity, int) and self.capacity >= 0,
+                 f"cache capacity must be an int >= 0, got {self.capacity!r}")
+        _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        s = self.staleness
+        _require(s == math.inf or (float(s).is_integer() and s >= 0),
+                 f"staleness must be an integer >= 0 or inf, got {s!r}")
+        object.__setattr__(self, "staleness", math.inf if s == math.inf else int(s))
+        _require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
+                 f"ways must be an int in [1, 256], got {self.ways!r}")
+
+
+@dataclass(frozen=True)
+class ShardConfig:
+    """One PS shard: which slice of every table it holds.
+
+    Keys are partitioned by ``key % num_shards``: shard ``i`` holds keys ``i, i + S, ...``
+    at local row ``key // S`` (see :mod:`het.ps.partition`).
+    """
+
+    tables: tuple[TableConfig, ...]
+    index: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
+        object.__setattr__(self, "tables", tables)
+        _require(len(tables) > 0, "a shard needs at least one table")
+        names = [t.name for t in tables]
+        _require(len(set(names)) == len(names), f"table names must be unique, got {names}")
+        _require(isinstance(self.num_shards, int) and self.num_shards >= 1,
+                 f"num_shards must be an int >= 1, got {self.num_shards!r}")
+        _require(isinstance(self.index, int) and 0 <= self.index < self.num_shards,
+                 f"shard index must be in [0, {self.num_shards}), got {self.index!r}")

@@ -1,0 +1,1 @@
+"""Data: generators and readers that produce keys (and, later, whole batches)."""

@@ -1,0 +1,244 @@
+"""het.Embedding: an ``nn.Module`` whose rows live on PS shards, behind a per-worker cache.
+
+The forward pass looks the batch's unique keys up in the cache and syncs with the PS in one
+message per shard (this table's pushes of the previous step ride along); the backward pass
+hands one gradient per unique row to the cache, which applies it locally and queues the rows
+due to be pushed. The PS applies the table's optimizer, so het.Embedding needs no torch
+optimizer: give the dense layers' parameters to yours as usual.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from het.cache.cache import EmbeddingCache, Plan, Rows
+from het.config import CacheConfig, OptimizerConfig, TableConfig
+from het.ps.client import PSClient
+
+POOLING = ("sum", "mean")
+
+
+@dataclass
+class _Outbox:
+    """Rows due to be pushed for one table, sent with the table's next sync or flush."""
+
+    parts: list = field(default_factory=list)
+    step: int = 0
+
+
+class Embedding(nn.Module):
+    """Embedding tables held by parameter servers, read through a worker cache.
+
+    Args:
+        num_embeddings, embedding_dim: one table named ``"embedding"`` of this size, as
+            ``nn.Embedding``; or give ``tables`` instead.
+        tables: one or more :class:`~het.config.TableConfig` (several named tables).
+        optimizer: the sparse optimizer for the single-table form: a name or an
+            :class:`~het.config.OptimizerConfig`; ``lr`` goes with a name.
+        cache: a :class:`~het.config.CacheConfig` for every table, or a dict by table name.
+        client: a connected :class:`~het.ps.client.PSClient`; ``None`` starts ``num_shards``
+            in-process shards (one process, no sockets).
+        mode: ``None`` returns one row per key; ``"sum"`` or ``"mean"`` pools bags of keys
+            (``offsets`` as ``nn.EmbeddingBag``, or the last dimension of a 2-D input).
+        padding_idx: with pooling, keys equal to it are left out of their bag.
+        device: where the cache and the returned rows live.
+
+    Shape:
+        - keys: int64 of any shape ``(*)``; output ``(*, D)``.
+        - pooled: keys ``(B, L)`` or keys ``(N,)`` with ``offsets (B,)``; output ``(B, D)``.
+
+    Example:
+        >>> emb = Embedding(100, 8, optimizer="sgd", lr=0.1, cache=CacheConfig(capacity=16))
+        >>> out = emb(torch.tensor([[1, 2], [2, 3]]))
+        >>> out.shape
+        torch.Size([2, 2, 8])
+        >>> out.sum().backward()
+        >>> emb.flush()
+        >>> emb.stats()["embedding"]["lookups"]
+        3
+    """
+
+    def __init__(self, num_embeddings: int | None = None, embedding_dim: int | None = None, *,
+                 tables: TableConfig | list[TableConfig] | None = None,
+                 optimizer: str | OptimizerConfig = "sgd", lr: float = 0.01,
+                 cache: CacheConfig | dict[str, CacheConfig] | None = None,
+                 client: PSClient | None = None, num_shards: int = 1,
+                 mode: str | None = None, padding_idx: int | None = None,
+                 device: torch.device | str | None = None):
+        super().__init__()
+        tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
+        if mode not in (None, *POOLING):
+            raise ValueError(f"mode must be None, 'sum' or 'mean', got {mode!r}")
+        self.client = client if client is not None else PSClient.local(tables, num_shards)
+        for t in tables:
+            served = self.client.tables.get(t.name)
+            if served is None or (served.rows, served.dim) != (t.rows, t.dim):
+                raise ValueError(f"table {t.name!r} ({t.rows} x {t.dim}) is not what the PS serves: "
+                                 f"{served and (served.rows, served.dim)}")
+        self.tables = {t.name: t for t in tables}
+        self.mode, self.padding_idx = mode, padding_idx
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        caches = cache if isinstance(cache, dict) else {t.name: cache or CacheConfig() for t in tables}
+        unknown = set(caches) - set(self.tables)
+        if unknown:
+            raise ValueError(f"cache configs for unknown tables {sorted(unknown)}; tables: {sorted(self.tables)}")
+        self.caches = {n: EmbeddingCache(t, caches.get(n, CacheConfig()), self.device)
+                       for n, t in self.tables.items()}
+        self._outbox = {n: _Outbox() for n in self.tables}
+
+    @staticmethod
+    def _tables(num, dim, tables, optimizer, lr) -> list[TableConfig]:
+        if tables is not None:
+            if num is not None or dim is not None:
+                raise ValueError("give either num_embeddings and embedding_dim, or tables, not both")
+            return [tables] if isinstance(tables, TableConfig) else list(tables)
+        if num is None or dim is None:
+            raise ValueError("give num_embeddings and embedding_dim, or tables")
+        opt = optimizer if isinstance(optimizer, OptimizerConfig) else OptimizerConfig(optimizer, lr=lr)
+        return [TableConfig("embedding", rows=num, dim=dim, optimizer=opt)]
+
+    # -- forward ----------------------------------------------------------------------------
+    def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None,
+                table: str | None = None) -> torch.Tensor:
+        name = self._table_name(table)
+        keys = self._check_keys(keys, name)
+        if self.mode is None:
+            if offsets is not None:
+                raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
+            unique, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
+            return self._rows(name, unique)[inverse].reshape(*keys.shape, -1)
+        flat, bag, bags = self._bags(keys, offsets)
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        per_key = self._rows(name, unique)[inverse]                                # (N, D)
+        pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
+        pooled = pooled.index_add(0, bag, per_key)
+        if self.mode == "mean":
+            count = torch.bincount(bag, minlength=bags).clamp(min=1).to(pooled.dtype)
+            pooled = pooled / count[:, None]
+        return pooled
+
+    def _rows(self, name: str, unique: torch.Tensor) -> torch.Tensor:
+        """One row per unique key, connected to the cache's gradient hook. Shape: (n,) -> (n, D)."""
+        cache, out = self.caches[name], self._outbox[name]
+        plan = cache.lookup(unique)
+        pushes = Rows.cat([*out.parts, plan.writeback]) if out.parts else plan.writeback
+        handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
+                                       unique, plan.clocks, cache.bound, step=max(out.step, 1))
+        out.parts.clear()
+        reply = self.client.wait(handle)
+        rows = cache.fill(plan, reply.index, reply.rows, reply.clocks)
+        if not torch.is_grad_enabled():
+            return rows
+        anchor = torch.empty(0, device=rows.device, requires_grad=True)
+        return _HandGradsToCache.apply(anchor, (self, name, plan, rows))
+
+    def _apply_grads(self, name: str, plan: Plan, grads: torch.Tensor) -> None:
+        if not bool(torch.isfinite(grads).all()):
+            raise ValueError(f"gradient for table {name!r} holds NaN or inf: refused before it reached "
+                             f"the cache or the PS (the rows are unchanged)")
+        out = self._outbox[name]
+        out.step += 1
+        due = self.caches[name].update(plan, grads.detach().to(self.device, torch.float32))
+        if len(due):
+            out.parts.append(due)
+
+    # -- consistency ------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Push every pending update of every table and wait until the PS applied them."""
+        handles = []
+        for name, cache in self.caches.items():
+            out = self._outbox[name]
+            rows = Rows.cat([*out.parts, cache.flush()])
+            out.parts.clear()
+            if len(rows):
+                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1)))
+        for h in handles:
+            self.client.wait(h)
+
+    def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
+        """The PS's current rows for ``keys`` (after a flush), bypassing the cache.
+        Shape: (*) -> (*, D)."""
+        name = self._table_name(table)
+        keys = self._check_keys(keys, name)
+        self.flush()
+        rows, _ = self.client.wait(self.client.pull(name, keys.reshape(-1)))
+        return rows.reshape(*keys.shape, -1).to(self.device)
+
+    def stats(self) -> dict:
+        return {name: cache.stats() for name, cache in self.caches.items()}
+
+    def extra_repr(self) -> str:
+        tables = ", ".join(f"{t.name}: {t.rows}x{t.dim} {t.optimizer.name}" for t in self.tables.values())
+        caches = ", ".join(f"{n}: {c.slots} rows {c.cfg.policy} s={c.bound}" for n, c in self.caches.items())
+        return f"tables=[{tables}], caches=[{caches}], shards={self.client.num_shards}, mode={self.mode}"
+
+    # -- checks -----------------------------------------------------------------------------
+    def _table_name(self, table: str | None) -> str:
+        if table is None:
+            if len(self.tables) != 1:
+                raise ValueError(f"this module holds tables {sorted(self.tables)}: name one with table=")
+            return next(iter(self.tables))
+        if table not in self.tables:
+            raise ValueError(f"unknown table {table!r}: this module holds {sorted(self.tables)}")
+        return table
+
+    def _check_keys(self, keys, name: str) -> torch.Tensor:
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
+        if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+            raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
+        keys = keys.to(self.device, torch.int64)
+        if keys.numel():
+            lo, hi = torch.aminmax(keys)
+            lo, hi, rows = int(lo), int(hi), self.tables[name].rows
+            pad = self.padding_idx if self.mode is not None else None
+            if lo < 0 and lo != pad:
+                raise ValueError(f"key {lo} out of range for table {name!r} with {rows} rows (keys are >= 0)")
+            if hi >= rows and hi != pad:
+                raise ValueError(f"key {hi} out of range for table {name!r} with {rows} rows")
+        return keys
+
+    def _bags(self, keys, offsets):
+        """Pooled input -> (flat keys (N,), bag of each key (N,), number of bags)."""
+        if offsets is None:
+            if keys.dim() != 2:
+                raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "
+                                 f"got shape {tuple(keys.shape)}")
+            bags, length = keys.shape
+            bag = torch.arange(bags, device=keys.device).repeat_interleave(length)
+            flat = keys.reshape(-1)
+        else:
+            if keys.dim() != 1 or offsets.dim() != 1:
+                raise ValueError(f"with offsets, keys and offsets must be 1-D; got {tuple(keys.shape)} "
+                                 f"and {tuple(offsets.shape)}")
+            offsets = offsets.to(keys.device, torch.int64)
+            bags = offsets.numel()
+            if bags and (int(offsets[0]) != 0 or bool((offsets[1:] < offsets[:-1]).any())
+                         or int(offsets[-1]) > keys.numel()):
+                raise ValueError(f"offsets must start at 0, not decrease and stay <= {keys.numel()}, "
+                                 f"got {offsets.tolist()[:8]}")
+            flat = keys
+            bag = torch.searchsorted(offsets, torch.arange(keys.numel(), device=keys.device), right=True) - 1
+        if self.padding_idx is not None:
+            keep = flat != self.padding_idx
+            flat, bag = flat[keep], bag[keep]
+        return flat, bag, bags
+
+
+class _HandGradsToCache(torch.autograd.Function):
+    """Identity on the rows; its backward gives the rows' gradient to the module's cache."""
+
+    @staticmethod
+    def forward(ctx, anchor, box):
+        module, name, plan, rows = box
+        ctx.box = (module, name, plan)
+        return rows
+
+    @staticmethod
+    def backward(ctx, grad):
+        module, name, plan = ctx.box
+        module._apply_grads(name, plan, grad)
+        return None, None

@@ -1,0 +1,269 @@
+"""The PS client, ps-lite style: ``pull`` / ``push`` / ``sync`` return handles, ``wait`` blocks.
+
+Keys are split by shard (``key % S``, see :mod:`het.ps.partition`); one request goes to every
+shard that holds some of them, all are in flight at once, and ``wait`` merges the replies back
+into the order of the keys given. Keys and rows may live on any device: they travel as CPU
+arrays and come back on the device they were sent from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from het.config import ShardConfig, TableConfig
+from het.ps import partition
+from het.ps.protocol import ERROR, Message, Op, PSError, decode, encode
+from het.ps.shard import Shard
+from het.ps.transport import LocalTransport, ZmqTransport
+
+
+@dataclass
+class Handle:
+    """An operation in flight: one request per shard it touched."""
+
+    op: Op
+    table: str
+    n: int
+    device: torch.device
+    parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
+    result: object = None
+    done: bool = False
+
+
+@dataclass
+class SyncResult:
+    """Rows the shards sent back for a sync: ``index`` into the keys synced, their rows and
+    server clocks. Shape: index (m,), rows (m, D), clocks (m,)."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+    clocks: torch.Tensor
+
+
+class PSClient:
+    """A connection to every shard of a PS.
+
+    Args:
+        channels: one channel per shard, in shard order (see :mod:`het.ps.transport`).
+        timeout_s: how long ``wait`` waits for a shard before raising TimeoutError.
+
+    Example:
+        >>> client = PSClient.local([TableConfig("t", rows=10, dim=2)], num_shards=2)
+        >>> keys = torch.tensor([3, 8, 1])
+        >>> rows, clocks = client.wait(client.pull("t", keys))
+        >>> client.wait(client.push("t", keys, torch.ones(3, 2), torch.ones(3, dtype=torch.int64)))
+        3
+        >>> client.wait(client.pull("t", keys))[1].tolist()
+        [1, 1, 1]
+    """
+
+    def __init__(self, channels: list, timeout_s: float = 30.0):
+        self.channels = list(channels)
+        self.timeout_s = timeout_s
+        self._ids = itertools.count(1)
+        self._early = [dict() for _ in self.channels]  # replies that came before their wait
+        self.bytes = {"sent": 0, "received": 0}
+        self.tables = self._fetch_tables()
+
+    @classmethod
+    def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None) -> "PSClient":
+        """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order)."""
+        transport = transport or ZmqTransport()
+        return cls([transport.connect(a) for a in addresses], timeout_s)
+
+    @classmethod
+    def local(cls, tables: list[TableConfig], num_shards: int = 1) -> "PSClient":
+        """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
+        transport = LocalTransport()
+        names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards)))
+                 for i in range(num_shards)]
+        return cls([transport.connect(n) for n in names])
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.channels)
+
+    # -- the verbs --------------------------------------------------------------------------
+    def pull(self, table: str, keys: torch.Tensor) -> Handle:
+        """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
+        keys = self._check_keys(table, keys)
+        return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {})
+
+    def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
+             step: int = 1) -> Handle:
+        """Send gradients and update counts; ``wait`` gives the number of rows applied."""
+        keys = self._check_keys(table, keys)
+        grads, counts = self._check_push(table, keys, grads, counts)
+        return self._send(Op.PUSH, table, keys, lambda p: [keys[p], grads[p], counts[p]], {"step": int(step)})
+
+    def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float) -> Handle:
+        """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
+        that are more than ``bound`` updates behind, and every miss."""
+        keys = self._check_keys(table, keys)
+        clocks = self._check_clocks(keys, clocks)
+        return self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]], {"bound": _bound(bound)})
+
+    def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
+                  step: int = 1) -> Handle:
+        """A push and a sync in one message per shard; the push is applied first."""
+        push_keys = self._check_keys(table, push_keys)
+        grads, counts = self._check_push(table, push_keys, grads, counts)
+        sync_keys = self._check_keys(table, sync_keys)
+        clocks = self._check_clocks(sync_keys, clocks)
+        push_parts = partition.split(push_keys, self.num_shards)
+        meta = {"step": int(step), "bound": _bound(bound)}
+        handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device)
+        for shard, p in enumerate(partition.split(sync_keys, self.num_shards)):
+            q = push_parts[shard]
+            if len(p) or len(q):
+                self._send_part(handle, shard, meta, [push_keys[q], grads[q], counts[q], sync_keys[p], clocks[p]], p)
+        return handle
+
+    def wait(self, handle: Handle):
+        """Block until every shard answered ``handle``; return its merged result."""
+        if handle.done:
+            return handle.result
+        replies = [(positions, self._reply(shard, rid)) for shard, rid, positions in handle.parts]
+        handle.result, handle.done = self._merge(handle, replies), True
+        return handle.result
+
+    # -- whole-PS requests ------------------------------------------------------------------
+    def save(self, directory: str) -> list[str]:
+        """Every shard writes its rows, clocks and optimizer state under ``directory``."""
+        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": _shard_file(directory, i)})]
+
+    def load(self, directory: str) -> list[str]:
+        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": _shard_file(directory, i)})]
+
+    def stats(self) -> list[dict]:
+        return [m.meta["stats"] for m in self._broadcast(Op.STATS)]
+
+    def stop_servers(self) -> None:
+        self._broadcast(Op.STOP)
+
+    def close(self) -> None:
+        for c in self.channels:
+            c.close()
+
+    # -- internals --------------------------------------------------------------------------
+    def _fetch_tables(self) -> dict[str, TableConfig]:
+        infos = [m.meta["shard"] for m in self._broadcast(Op.INFO)]
+        for i, info in enumerate(infos):
+            if (info["index"], info["num_shards"]) != (i, self.num_shards):
+                raise ValueError(f"address {i} ({self.channels[i].address}) serves shard {info['index']} "
+                                 f"of {info['num_shards']}: expected shard {i} of {self.num_shards}")
+            if info["tables"] != infos[0]["tables"]:
+                raise ValueError(f"shards 0 and {i} hold different tables")
+        return {t["name"]: TableConfig.from_dict(t) for t in infos[0]["tables"]}
+
+    def _broadcast(self, op: Op, meta=lambda i: {}) -> list[Message]:
+        rids = []
+        for i, ch in enumerate(self.channels):
+            rid = next(self._ids)
+            ch.send(encode(Message(op, rid, meta(i))))
+            rids.append(rid)
+        return [self._reply(i, rid) for i, rid in enumerate(rids)]
+
+    def _send(self, op, table, keys, arrays_of, meta) -> Handle:
+        handle = Handle(op, table, len(keys), keys.device)
+        meta = dict(meta, table=table)
+        for shard, p in enumerate(partition.split(keys, self.num_shards)):
+            if len(p):
+                self._send_part(handle, shard, meta, arrays_of(p), p)
+        return handle
+
+    def _send_part(self, handle, shard, meta, tensors, positions) -> None:
+        rid = next(self._ids)
+        arrays = [t.detach().cpu().numpy() for t in tensors]
+        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table), arrays))
+        self.bytes["sent"] += sum(memoryview(f).nbytes for f in frames)
+        self.channels[shard].send(frames)
+        handle.parts.append((shard, rid, positions))
+
+    def _reply(self, shard: int, rid: int) -> Message:
+        early = self._early[shard]
+        while rid not in early:
+            frames = self.channels[shard].recv(self.timeout_s)
+            self.bytes["received"] += sum(memoryview(f.buffer if hasattr(f, "buffer") else f).nbytes
+                                          for f in frames)
+            msg = decode(frames)
+            early[msg.request_id] = msg
+        msg = early.pop(rid)
+        if msg.status == ERROR:
+            raise PSError(f"PS shard {shard} ({self.channels[shard].address}) refused {msg.op.name}: "
+                          f"{msg.meta.get('kind', 'Error')}: {msg.meta.get('error')}")
+        return msg
+
+    def _merge(self, handle: Handle, replies):
+        dim = self.tables[handle.table].dim
+        dev = handle.device
+        if handle.op is Op.PULL:
+            rows = torch.empty(handle.n, dim)
+            clocks = torch.empty(handle.n, dtype=torch.int64)
+            for p, m in replies:
+                rows[p.cpu()] = torch.from_numpy(m.arrays[0])
+                clocks[p.cpu()] = torch.from_numpy(m.arrays[1])
+            return rows.to(dev), clocks.to(dev)
+        if handle.op is Op.PUSH:
+            return sum(m.meta["applied"] for _, m in replies)
+        # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
+        index = [p.cpu()[torch.from_numpy(m.arrays[0])] for p, m in replies]
+        if not index:
+            return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
+                              torch.empty(0, dtype=torch.int64, device=dev))
+        index = torch.cat(index)
+        rows = torch.cat([torch.from_numpy(m.arrays[1]) for _, m in replies])
+        clocks = torch.cat([torch.from_numpy(m.arrays[2]) for _, m in replies])
+        order = torch.argsort(index)
+        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev))
+
+    def _check_keys(self, table: str, keys) -> torch.Tensor:
+        if table not in self.tables:
+            raise KeyError(f"unknown table {table!r}: the PS holds {sorted(self.tables)}")
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
+        if keys.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        keys = keys.reshape(-1).long()
+        if len(keys):
+            lo, hi = torch.aminmax(keys)
+            lo, hi, rows = int(lo), int(hi), self.tables[table].rows
+            if lo < 0 or hi >= rows:
+                raise ValueError(f"key {lo if lo < 0 else hi} out of range for table {table!r} with {rows} rows")
+        return keys
+
+    def _check_push(self, table, keys, grads, counts):
+        n, d = len(keys), self.tables[table].dim
+        if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
+            raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
+                             f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
+        if not bool(torch.isfinite(grads).all()):
+            raise ValueError(f"grads for table {table!r} hold NaN or inf: not pushed")
+        counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
+        if counts.shape != (n,):
+            raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
+        return grads.float(), counts
+
+    @staticmethod
+    def _check_clocks(keys, clocks):
+        clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
+        if clocks.shape != keys.shape:
+            raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
+        return clocks
+
+
+def _bound(bound: float):
+    if bound == math.inf:
+        return None
+    if bound < 0 or not float(bound).is_integer():
+        raise ValueError(f"staleness bound must be an integer >= 0 or inf, got {bound!r}")
+    return int(bound)
+
+
+def _shard_file(directory: str, index: int) -> str:
+    return f"{directory}/shard-{index}.pt"

@@ -1,0 +1,171 @@
+"""The PS wire format: one small versioned header frame, then one raw frame per array.
+
+Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
+
+    magic b"HETP" | version u8 | op u8 | status u8 | reserved u8 | request_id u64 | meta_len u32
+
+``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
+little-endian bytes of C-contiguous int64 or float32 arrays, sent and received without copies.
+
+Requests and their arrays (``n`` keys, rows of width ``D``):
+
+=========  ==================================================  =================================
+op         request arrays (meta)                               reply arrays (meta)
+=========  ==================================================  =================================
+PULL       keys (n,) i8  (table)                               rows (n, D) f4, clocks (n,) i8
+PUSH       keys (n,), grads (n, D), counts (n,) (table, step)  -- (applied)
+SYNC       keys (n,), clocks (n,) (table, bound)               index (m,), rows (m, D), clocks (m,)
+PUSH_SYNC  PUSH's three arrays, then SYNC's two                 SYNC's reply
+SAVE/LOAD  -- (path)                                           -- (path)
+STATS      --                                                  -- (stats)
+INFO       --                                                  -- (shard)
+STOP       --                                                  --
+=========  ==================================================  =================================
+
+A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
+more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
+An error reply has ``status = 1`` and ``meta = {"error": message, "kind": exception name}``.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import struct
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAGIC = b"HETP"
+VERSION = 1
+_HEADER = struct.Struct("<4sBBBBQI")
+_DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4")}
+_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+MAX_ARRAYS = 16
+
+
+class Op(enum.IntEnum):
+    PULL = 1
+    PUSH = 2
+    SYNC = 3
+    PUSH_SYNC = 4
+    SAVE = 5
+    LOAD = 6
+    STATS = 7
+    INFO = 8
+    STOP = 9
+
+
+OK, ERROR = 0, 1
+
+
+class ProtocolError(ValueError):
+    """A message that does not follow the wire format."""
+
+
+class VersionError(ProtocolError):
+    """A message of another protocol version."""
+
+
+class PSError(RuntimeError):
+    """An error reply from a PS shard: the shard refused the request and kept serving."""
+
+
+@dataclass
+class Message:
+    """One request or reply: an op, a JSON-able ``meta`` dict and a list of arrays."""
+
+    op: Op
+    request_id: int = 0
+    meta: dict = field(default_factory=dict)
+    arrays: list = field(default_factory=list)
+    status: int = OK
+
+
+def encode(msg: Message) -> list:
+    """Message -> frames (bytes header, then the arrays' own buffers: no copies).
+
+    Example:
+        >>> frames = encode(Message(Op.PULL, 7, {"table": "t"}, [np.arange(3)]))
+        >>> m = decode(frames)
+        >>> m.op.name, m.request_id, m.arrays[0].tolist()
+        ('PULL', 7, [0, 1, 2])
+    """
+    arrays = [np.ascontiguousarray(a) for a in msg.arrays]
+    specs = []
+    for a in arrays:
+        code = _DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+        if code is None:
+            raise ProtocolError(f"arrays must be int64 or float32, got {a.dtype}")
+        specs.append([code, list(a.shape)])
+    meta = dict(msg.meta, arrays=specs)
+    meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+    header = _HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, 0, msg.request_id, len(meta_bytes))
+    return [header + meta_bytes, *arrays]
+
+
+def peek_request_id(frame0) -> int:
+    """The request id of a header frame, or 0 when it is too short to hold one."""
+    buf = memoryview(frame0)
+    if len(buf) < _HEADER.size:
+        return 0
+    return _HEADER.unpack_from(buf)[5]
+
+
+def decode(frames) -> Message:
+    """Frames -> Message. Raises ProtocolError (VersionError) on anything malformed.
+
+    Array frames may be bytes, memoryviews or zmq Frames; the arrays are views on them.
+    """
+    if not frames:
+        raise ProtocolError("empty message: expected a header frame")
+    head = memoryview(_buffer(frames[0]))
+    if len(head) < _HEADER.size:
+        raise ProtocolError(f"header frame of {len(head)} bytes: expected at least {_HEADER.size}")
+    magic, version, op, status, _, request_id, meta_len = _HEADER.unpack_from(head)
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {bytes(magic)!r}: expected {MAGIC!r}")
+    if version != VERSION:
+        raise VersionError(f"protocol version {version}: this side speaks version {VERSION}")
+    try:
+        op = Op(op)
+    except ValueError:
+        raise ProtocolError(f"unknown op {op}: expected one of {[o.value for o in Op]}") from None
+    if len(head) != _HEADER.size + meta_len:
+        raise ProtocolError(f"header says {meta_len} meta bytes, frame holds {len(head) - _HEADER.size}")
+    try:
+        meta = json.loads(bytes(head[_HEADER.size:]))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ProtocolError(f"meta is not JSON: {e}") from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"meta must be a JSON object, got {type(meta).__name__}")
+    specs = meta.pop("arrays", [])
+    if not isinstance(specs, list) or len(specs) != len(frames) - 1 or len(specs) > MAX_ARRAYS:
+        raise ProtocolError(f"meta describes {specs!r} arrays, message carries {len(frames) - 1}")
+    arrays = [_array(spec, frame, i) for i, (spec, frame) in enumerate(zip(specs, frames[1:]))]
+    return Message(op, request_id, meta, arrays, status)
+
+
+def error_reply(request_id: int, op: int, err: Exception) -> Message:
+    op = Op(op) if op in Op._value2member_map_ else Op.INFO
+    return Message(op, request_id, {"error": str(err), "kind": type(err).__name__}, [], ERROR)
+
+
+def _buffer(frame):
+    return frame.buffer if hasattr(frame, "buffer") else frame
+
+
+def _array(spec, frame, i: int) -> np.ndarray:
+    try:
+        code, shape = spec
+        dtype = _DTYPES[code]
+        shape = tuple(int(s) for s in shape)
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"f4\", shape]") from None
+    if any(s < 0 for s in shape):
+        raise ProtocolError(f"array {i}: negative shape {shape}")
+    buf = _buffer(frame)
+    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if memoryview(buf).nbytes != expected:
+        raise ProtocolError(f"array {i}: {memoryview(buf).nbytes} bytes, shape {shape} of {code} needs {expected}")
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)

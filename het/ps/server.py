@@ -1,0 +1,156 @@
+"""Serving a shard: the loop behind a transport, in this process, a thread or a child process.
+
+``het serve`` runs :func:`serve` in the foreground; :class:`ServerThread` and
+:class:`ServerProcess` start one from Python (tests, benchmarks, the local cluster) on a free
+port of 127.0.0.1 and stop it again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from het.config import ShardConfig
+from het.ps.protocol import error_reply, encode, peek_request_id
+from het.ps.shard import Shard
+from het.ps.transport import ZmqTransport
+
+log = logging.getLogger("het.ps")
+
+
+def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1) -> None:
+    """Answer requests until a STOP request or ``should_stop()``. A request that breaks the
+    handler gets an error reply; the loop goes on."""
+    while not shard.stopping and not should_stop():
+        got = endpoint.recv(poll_s)
+        if got is None:
+            continue
+        peer, frames = got
+        try:
+            reply = shard.handle_frames(frames)
+        except Exception as e:  # a bug must not take the shard down with the rows it holds
+            log.exception("request failed")
+            shard.stats["errors"] += 1
+            reply = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
+        endpoint.send(peer, reply)
+
+
+def run_foreground(cfg: ShardConfig, bind: str) -> None:
+    """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM."""
+    shard = Shard(cfg)
+    endpoint = ZmqTransport().bind(bind)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
+    try:
+        serve(shard, endpoint, stop.is_set)
+    finally:
+        endpoint.close()
+    print(f"het serve: shard {cfg.index} stopped", flush=True)
+
+
+class ServerThread:
+    """A shard served over ZeroMQ from a thread of this process.
+
+    Example:
+        >>> from het.config import TableConfig
+        >>> with ServerThread(ShardConfig((TableConfig("t", rows=4, dim=2),))) as server:
+        ...     server.address.startswith("tcp://127.0.0.1:")
+        True
+    """
+
+    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0"):
+        self.shard = Shard(cfg)
+        self.endpoint = ZmqTransport().bind(bind)
+        self.address = self.endpoint.address
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=serve, args=(self.shard, self.endpoint, self._stop.is_set),
+                                        name=f"het-shard-{cfg.index}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.endpoint.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class ServerProcess:
+    """A shard in a child process (``het serve``), on a free port of 127.0.0.1 by default.
+
+    The child's output goes to ``log_path`` when given. ``stop()`` asks it to end (SIGTERM),
+    then kills it if it has not ended within ``grace_s``.
+    """
+
+    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", log_path: str | None = None,
+                 start_timeout_s: float = 60.0):
+        cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg))]
+        self.log_path = log_path
+        self._log = open(log_path, "w") if log_path else None
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
+                                     text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.address = self._read_address(start_timeout_s)
+
+    def _read_address(self, timeout_s: float) -> str:
+        timer = threading.Timer(timeout_s, self.proc.kill)
+        timer.start()
+        try:
+            line = self.proc.stdout.readline()
+        finally:
+            timer.cancel()
+        if " listening on " not in line:
+            self.stop()
+            raise RuntimeError(f"PS shard did not start (exit code {self.proc.poll()}); "
+                               f"log: {self.log_path or 'not kept'}")
+        threading.Thread(target=self._drain, daemon=True).start()
+        return line.rsplit(" ", 1)[1].strip()
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            if self._log:
+                self._log.write(line)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, grace_s: float = 10.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self._log:
+            self._log.close()
+        return self.proc.returncode
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _cfg_dict(cfg: ShardConfig) -> dict:
+    return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables]}
+
+
+def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(poll_s)

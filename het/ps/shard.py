@@ -1,0 +1,268 @@
+"""A PS shard's state and request handling, with no sockets: rows, clocks, optimizer state.
+
+A :class:`Shard` answers :class:`~het.ps.protocol.Message` requests; :mod:`het.ps.server`
+puts it behind a transport. Every request is checked before anything changes, so a bad one is
+refused whole and the shard keeps serving.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import zlib
+from collections import Counter
+
+import numpy as np
+import torch
+
+from het.config import ShardConfig, TableConfig
+from het.ps import optim, partition
+from het.staleness import must_refresh
+from het.ps.protocol import Message, Op, ProtocolError, decode, encode, error_reply, peek_request_id
+
+SAVE_FORMAT = 1
+
+
+def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
+    """Initial rows for ``keys``: uniform in ``[-init_scale, init_scale]``, a pure function
+    of ``(table.seed, table.name, key, column)`` (counter-based, splitmix64), so a row's start
+    value does not depend on the number of shards.
+
+    Shape: keys (n,) -> (n, table.dim) float32.
+
+    Example:
+        >>> t = TableConfig("t", rows=10, dim=4)
+        >>> a = initial_rows(t, np.array([3, 7]))
+        >>> bool((a == initial_rows(t, np.array([7, 3]))[::-1]).all()), a.shape
+        (True, (2, 4))
+    """
+    salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
+    cols = np.arange(table.dim, dtype=np.uint64)
+    x = keys.astype(np.uint64)[:, None] * np.uint64(table.dim) + cols[None, :]
+    with np.errstate(over="ignore"):
+        x = x ^ salt
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    unit = (x >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # [0, 1)
+    return ((unit * 2 - 1) * table.init_scale).astype(np.float32)
+
+
+class _Table:
+    """One table's slice on this shard: dense local rows, clocks, optimizer state."""
+
+    def __init__(self, cfg: TableConfig, index: int, num_shards: int, chunk: int = 1 << 16):
+        self.cfg = cfg
+        n = partition.rows_on_shard(cfg.rows, index, num_shards)
+        self.weight = torch.empty(n, cfg.dim)
+        for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
+            local = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
+            keys = local * num_shards + index
+            self.weight[lo:lo + len(local)] = torch.from_numpy(initial_rows(cfg, keys))
+        self.clocks = torch.zeros(n, dtype=torch.int64)
+        self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+
+
+class Shard:
+    """The rows of every table on one PS shard, and the request handler over them.
+
+    Args:
+        cfg: the tables, this shard's index and the number of shards.
+
+    Example:
+        >>> from het.config import TableConfig
+        >>> shard = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)))
+        >>> reply = shard.handle(Message(Op.PULL, 1, {"table": "t"}, [np.array([5, 1])]))
+        >>> reply.arrays[0].shape, reply.arrays[1].tolist()
+        ((2, 2), [0, 0])
+    """
+
+    def __init__(self, cfg: ShardConfig):
+        self.cfg = cfg
+        self.tables = {t.name: _Table(t, cfg.index, cfg.num_shards) for t in cfg.tables}
+        self.stats = Counter()
+        self.started = time.time()
+        self.stopping = False
+
+    # -- the wire ---------------------------------------------------------------------------
+    def handle_frames(self, frames) -> list:
+        """Frames in, frames out. Never raises: a bad request gets an error reply."""
+        self.stats["bytes_in"] += sum(memoryview(_buf(f)).nbytes for f in frames)
+        try:
+            msg = decode(frames)
+        except ProtocolError as e:
+            self.stats["errors"] += 1
+            reply = error_reply(peek_request_id(_buf(frames[0])) if frames else 0, 0, e)
+        else:
+            reply = self.handle(msg)
+        out = encode(reply)
+        self.stats["bytes_out"] += sum(memoryview(f).nbytes for f in out)
+        return out
+
+    def handle(self, msg: Message) -> Message:
+        """Answer one decoded request; errors become error replies."""
+        self.stats[f"requests_{msg.op.name.lower()}"] += 1
+        try:
+            meta, arrays = self._dispatch(msg)
+        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+            self.stats["errors"] += 1
+            return error_reply(msg.request_id, msg.op, e)
+        return Message(msg.op, msg.request_id, meta, arrays)
+
+    def _dispatch(self, msg: Message):
+        op, meta, a = msg.op, msg.meta, msg.arrays
+        if op is Op.PULL:
+            _expect_arrays(msg, 1)
+            return {}, self.pull(meta.get("table"), a[0])
+        if op is Op.PUSH:
+            _expect_arrays(msg, 3)
+            return {"applied": self.push(meta.get("table"), *a, step=meta.get("step", 1))}, []
+        if op is Op.SYNC:
+            _expect_arrays(msg, 2)
+            return {}, self.sync(meta.get("table"), *a, bound=meta.get("bound"))
+        if op is Op.PUSH_SYNC:
+            _expect_arrays(msg, 5)
+            table = meta.get("table")
+            self._check_sync(table, *a[3:])  # checked before the push changes anything
+            self.push(table, *a[:3], step=meta.get("step", 1))
+            return {}, self.sync(table, *a[3:], bound=meta.get("bound"))
+        if op is Op.SAVE:
+            return {"path": self.save(_path(meta))}, []
+        if op is Op.LOAD:
+            return {"path": self.load(_path(meta))}, []
+        if op is Op.STATS:
+            return {"stats": self.stats_dict()}, []
+        if op is Op.INFO:
+            return {"shard": {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
+                              "tables": [t.to_dict() for t in self.cfg.tables]}}, []
+        if op is Op.STOP:
+            self.stopping = True
+            return {}, []
+        raise ValueError(f"op {op.name} is not served")
+
+    # -- the verbs --------------------------------------------------------------------------
+    def pull(self, table: str, keys: np.ndarray) -> list:
+        """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,)."""
+        t, local = self._rows_of(table, keys)
+        self.stats["rows_out"] += len(local)
+        return [t.weight.index_select(0, local).numpy(), t.clocks.index_select(0, local).numpy()]
+
+    def push(self, table, keys, grads, counts, step: int = 1) -> int:
+        """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
+        summed first. Shape: (n,), (n, D), (n,)."""
+        t, local = self._check_push(table, keys, grads, counts)
+        if len(local) == 0:
+            return 0
+        grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
+        rows, inverse = torch.unique(local, return_inverse=True)
+        if len(rows) != len(local):  # duplicates: sum them, the update is non-linear
+            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            counts = torch.zeros(len(rows), dtype=torch.int64).index_add_(0, inverse, counts)
+        else:
+            rows = local
+        t.optimizer.apply(t.weight, rows, grads, int(step))
+        t.clocks.index_add_(0, rows, counts)
+        self.stats["rows_in"] += len(local)
+        return len(local)
+
+    def sync(self, table, keys, clocks, bound=None) -> list:
+        """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
+        sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,)."""
+        t, local = self._check_sync(table, keys, clocks)
+        server = t.clocks.index_select(0, local)
+        sent = torch.from_numpy(clocks)
+        index = must_refresh(server, sent, math.inf if bound is None else int(bound)).nonzero().flatten()
+        rows = local.index_select(0, index)
+        self.stats["rows_out"] += len(rows)
+        self.stats["stale_rows"] += int((sent[index] >= 0).sum())
+        return [index.numpy(), t.weight.index_select(0, rows).numpy(), server.index_select(0, index).numpy()]
+
+    def save(self, path: str) -> str:
+        state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
+                 "tables": {name: {"config": t.cfg.to_dict(), "weight": t.weight, "clocks": t.clocks,
+                                   "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # a reader never sees half a file
+        return path
+
+    def load(self, path: str) -> str:
+        state = torch.load(path, weights_only=True)
+        if state.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{path}: save format {state.get('format')}, expected {SAVE_FORMAT}")
+        if (state["index"], state["num_shards"]) != (self.cfg.index, self.cfg.num_shards):
+            raise ValueError(f"{path} holds shard {state['index']} of {state['num_shards']}, "
+                             f"this is shard {self.cfg.index} of {self.cfg.num_shards}")
+        if set(state["tables"]) != set(self.tables):
+            raise ValueError(f"{path} holds tables {sorted(state['tables'])}, expected {sorted(self.tables)}")
+        for name, t in self.tables.items():
+            saved = state["tables"][name]
+            if saved["weight"].shape != t.weight.shape:
+                raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)}, "
+                                 f"expected {tuple(t.weight.shape)}")
+        for name, t in self.tables.items():  # all checked: now change
+            saved = state["tables"][name]
+            t.weight.copy_(saved["weight"])
+            t.clocks.copy_(saved["clocks"])
+            t.optimizer.load_state_dict(saved["optimizer"])
+        return path
+
+    def stats_dict(self) -> dict:
+        return dict(self.stats, uptime_s=time.time() - self.started, index=self.cfg.index)
+
+    # -- checks -----------------------------------------------------------------------------
+    def _rows_of(self, table, keys):
+        t = self.tables.get(table)
+        if t is None:
+            raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
+        if keys.dtype != np.int64 or keys.ndim != 1:
+            raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} of shape {keys.shape}")
+        keys = torch.from_numpy(keys)
+        if len(keys):
+            lo, hi = int(keys.min()), int(keys.max())
+            if lo < 0 or hi >= t.cfg.rows:
+                bad = lo if lo < 0 else hi
+                raise ValueError(f"key {bad} out of range for table {table!r} with {t.cfg.rows} rows")
+            S = self.cfg.num_shards
+            if S > 1 and bool((partition.shard_of(keys, S) != self.cfg.index).any()):
+                raise ValueError(f"keys of another shard sent to shard {self.cfg.index} of {S} "
+                                 f"(the rule is key % {S})")
+        return t, partition.local_rows(keys, self.cfg.num_shards)
+
+    def _check_push(self, table, keys, grads, counts):
+        t, local = self._rows_of(table, keys)
+        n, d = len(keys), t.cfg.dim
+        if grads.dtype != np.float32 or grads.shape != (n, d):
+            raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
+        if counts.dtype != np.int64 or counts.shape != (n,):
+            raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
+        if n and not np.isfinite(grads).all():
+            raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
+        if n and counts.min() < 0:
+            raise ValueError(f"counts must be >= 0, got {counts.min()}")
+        return t, local
+
+    def _check_sync(self, table, keys, clocks):
+        t, local = self._rows_of(table, keys)
+        if clocks.dtype != np.int64 or clocks.shape != keys.shape:
+            raise ValueError(f"clocks must be int64 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
+        return t, local
+
+
+def _expect_arrays(msg: Message, n: int) -> None:
+    if len(msg.arrays) != n:
+        raise ValueError(f"{msg.op.name} takes {n} arrays, got {len(msg.arrays)}")
+
+
+def _path(meta: dict) -> str:
+    path = meta.get("path")
+    if not isinstance(path, str) or not path:
+        raise ValueError(f"expected a file path in meta['path'], got {path!r}")
+    return path
+
+
+def _buf(frame):
+    return frame.buffer if hasattr(frame, "buffer") else frame
