@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from het.cache.policy import EMPTY, POLICIES, PROTECTED, rank_in_group
+from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
 from het.staleness import must_push
 
@@ -96,13 +96,22 @@ class EmbeddingCache:
         self.updates = torch.zeros(n, dtype=torch.int64, device=dev)       # u
         self.last_use = torch.zeros(n, dtype=torch.int64, device=dev)
         self.uses = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.score = torch.full((n,), -1, dtype=torch.int64, device=dev)  # eviction order; empty -1
+        # ceil(capacity / ways) sets can hold more than capacity slots: switch the surplus off,
+        # the last ways of the sets in turn, so the cache holds exactly `capacity` rows.
+        j = torch.arange(n - cfg.capacity if cfg.capacity else 0, device=dev)
+        self.disabled = torch.zeros(n, dtype=torch.bool, device=dev)
+        if self.num_sets:
+            self.disabled[(j % self.num_sets) * self.ways + self.ways - 1 - j // self.num_sets] = True
+        self.score[self.disabled] = PROTECTED
         self.step = 0
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
 
     @property
     def slots(self) -> int:
-        return self.keys.numel()
+        """Rows the cache can hold."""
+        return self.keys.numel() - int(self.disabled.sum())
 
     def set_of(self, keys: torch.Tensor) -> torch.Tensor:
         h = keys * _HASH  # wraps mod 2^64
@@ -120,54 +129,73 @@ class EmbeddingCache:
             self.counters["bypasses"] += n
             slot = torch.full_like(keys, -1)
             return Plan(keys, slot, torch.zeros_like(keys, dtype=torch.bool), slot.clone(), self._no_rows())
-        base = self.set_of(keys) * self.ways                                  # (n,)
-        ways = base[:, None] + self._way                                      # (n, W)
-        match = self.keys[ways] == keys[:, None]
+        sets = self.set_of(keys)                                              # (n,)
+        match = self._by_set(self.keys, sets) == keys[:, None]                # (n, W)
         hit = match.any(1)
+        base = sets * self.ways
         slot = torch.where(hit, base + match.to(torch.uint8).argmax(1), torch.full_like(keys, -1))
         hit_slots = slot[hit]
-        self.last_use[hit_slots] = self.step
-        self.uses[hit_slots] += 1
+        self._touch(hit_slots, self.uses.index_select(0, hit_slots) + 1)
         n_hit = int(hit_slots.numel())
         self.counters["hits"] += n_hit
         self.counters["misses"] += n - n_hit
         writeback = self._no_rows()
         if n_hit < n:
-            writeback = self._place(keys, base, slot, ~hit)
+            writeback = self._place(keys, sets, slot, ~hit)
         clocks = torch.where(hit, self.clock[slot.clamp(min=0)], torch.full_like(keys, -1))
         return Plan(keys, slot, hit, clocks, writeback)
 
-    def _place(self, keys, base, slot, miss) -> Rows:
-        """Give misses the lowest-scored unprotected ways of their sets; the rest bypass."""
-        miss_pos = miss.nonzero().flatten()
-        miss_base = base[miss_pos]
-        sets, inverse = torch.unique(miss_base, return_inverse=True)          # (T,), (m,)
-        cand = sets[:, None] + self._way                                      # (T, W)
-        score = self.policy.score(self.last_use[cand], self.uses[cand])
-        score = torch.where(self.keys[cand] == EMPTY, torch.full_like(score, -1), score)
-        score = torch.where(self.last_use[cand] == self.step, torch.full_like(score, PROTECTED), score)
-        score, order = torch.sort(score, dim=1)
-        ranked = torch.gather(cand, 1, order)
-        rank = rank_in_group(inverse)
-        fits = rank < self.ways
-        rank = rank.clamp(max=self.ways - 1)
-        chosen = ranked[inverse, rank]
-        fits &= score[inverse, rank] != PROTECTED
-        pos, chosen = miss_pos[fits], chosen[fits]
-        self.counters["bypasses"] += int(miss_pos.numel() - pos.numel())
-        # victims: slots that held a key; those with unpushed updates are written back
-        held = self.keys[chosen] != EMPTY
+    def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
+        """The ways of ``sets``, one set a row. Shape: (T,) -> (T, W)."""
+        return values.view(self.num_sets, self.ways).index_select(0, sets)
+
+    def _place(self, keys, key_sets, slot, miss) -> Rows:
+        """Give each miss the lowest-scored unprotected way of its set; the rest bypass.
+
+        Misses are placed in rounds, one miss per set a round (most sets get at most one),
+        so each round is an argmin over the ways instead of a sort.
+        """
+        pos = miss.nonzero().flatten()
+        writebacks, placed = [], 0
+        for _ in range(self.ways):
+            if pos.numel() == 0:
+                break
+            sets = key_sets.index_select(0, pos)
+            first = torch.full((self.num_sets,), keys.numel(), dtype=torch.int64, device=self.device)
+            first.scatter_reduce_(0, sets, pos, reduce="amin")
+            lead = first.index_select(0, sets) == pos                     # one miss per set
+            now, pos, sets = pos[lead], pos[~lead], sets[lead]
+            score = self._scores(sets)                                    # (k, W)
+            best = score.argmin(1)
+            ok = score.gather(1, best[:, None]).squeeze(1) != PROTECTED
+            now, chosen = now[ok], (sets * self.ways + best)[ok]
+            writebacks.append(self._evict(chosen))
+            self.keys.index_copy_(0, chosen, keys.index_select(0, now))
+            self.clock.index_fill_(0, chosen, -1)
+            self._touch(chosen, torch.ones_like(chosen))
+            slot[now] = chosen
+            placed += now.numel()
+        self.counters["bypasses"] += int(miss.sum()) - placed
+        return writebacks[0] if len(writebacks) == 1 else Rows.cat(writebacks)
+
+    def _touch(self, slots: torch.Tensor, uses: torch.Tensor) -> None:
+        """Record a use of ``slots`` in this step, now holding ``uses`` uses since insertion."""
+        self.last_use.index_fill_(0, slots, self.step)
+        self.uses.index_copy_(0, slots, uses)
+        self.score.index_copy_(0, slots, self.policy.score(torch.full_like(uses, self.step), uses))
+
+    def _scores(self, sets: torch.Tensor) -> torch.Tensor:
+        """Eviction scores of the ways of ``sets``; slots used in this step are PROTECTED."""
+        in_use = self._by_set(self.last_use, sets) == self.step
+        return torch.where(in_use, PROTECTED, self._by_set(self.score, sets))
+
+    def _evict(self, slots: torch.Tensor) -> Rows:
+        """Clear ``slots`` for new keys; rows with unpushed updates are returned to push."""
+        held = self.keys.index_select(0, slots) != EMPTY
         self.counters["evictions"] += int(held.sum())
-        dirty = chosen[held & (self.updates[chosen] > 0)]
-        writeback = Rows(self.keys[dirty], self.pending[dirty].clone(), self.updates[dirty].clone())
+        dirty = slots[held & (self.updates.index_select(0, slots) > 0)]
+        writeback = self._take(dirty)
         self.counters["writebacks"] += len(writeback)
-        self.keys[chosen] = keys[pos]
-        self.clock[chosen] = -1
-        self.updates[chosen] = 0
-        self.pending[chosen] = 0
-        self.last_use[chosen] = self.step
-        self.uses[chosen] = 1
-        slot[pos] = chosen
         return writeback
 
     def fill(self, plan: Plan, index: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
@@ -175,16 +203,21 @@ class EmbeddingCache:
         every key's row. A refreshed row is the server's value plus the local updates not yet
         pushed. Shape: index (m,), rows (m, D), clocks (m,) -> (n, D)."""
         slot = plan.slot
-        sent_slot = slot[index]
+        sent_slot = slot.index_select(0, index)
         cached = sent_slot >= 0
-        cs = sent_slot[cached]
-        self.rows[cs] = rows[cached] - self.local_lr * self.pending[cs]
-        self.clock[cs] = clocks[cached]
-        self.counters["stale_refreshes"] += int(plan.hit[index].sum())
-        out = self.rows[slot.clamp(min=0)]
-        bypass = ~cached
-        if bool(bypass.any()):
-            out[index[bypass]] = rows[bypass]
+        all_cached = bool(cached.all())
+        cs = sent_slot if all_cached else sent_slot[cached]
+        fresh = rows if all_cached else rows[cached]
+        stale_hits = int(plan.hit.index_select(0, index).sum())
+        if stale_hits:  # re-apply the local updates not yet pushed (misses have none)
+            fresh = fresh - self.local_lr * self.pending.index_select(0, cs)
+        self.rows.index_copy_(0, cs, fresh)
+        self.clock.index_copy_(0, cs, clocks if all_cached else clocks[cached])
+        self.counters["stale_refreshes"] += stale_hits
+        out = self.rows.index_select(0, slot.clamp(min=0))
+        if not all_cached:
+            bypass = ~cached
+            out.index_copy_(0, index[bypass], rows[bypass])
         return out
 
     def update(self, plan: Plan, grads: torch.Tensor) -> Rows:
@@ -194,13 +227,14 @@ class EmbeddingCache:
         slot = plan.slot
         live = slot >= 0
         live[live.clone()] = self.keys[slot[live]] == plan.keys[live]  # a later lookup may have evicted it
-        s, g = slot[live], grads[live]
-        self.rows.index_add_(0, s, g, alpha=-self.local_lr)
+        all_live = bool(live.all())
+        s, g = (slot, grads) if all_live else (slot[live], grads[live])
+        self.rows.index_add_(0, s, g * -self.local_lr)
         self.pending.index_add_(0, s, g)
-        self.updates[s] += 1
-        due = s[must_push(self.updates[s], self.bound)]
+        self.updates.index_add_(0, s, torch.ones_like(s))
+        due = s[must_push(self.updates.index_select(0, s), self.bound)]
         out = [self._take(due)]
-        if not bool(live.all()):
+        if not all_live:
             gone = ~live
             out.append(Rows(plan.keys[gone], grads[gone], torch.ones_like(plan.keys[gone])))
         return out[0] if len(out) == 1 else Rows.cat(out)
@@ -210,9 +244,11 @@ class EmbeddingCache:
         return self._take((self.updates > 0).nonzero().flatten())
 
     def _take(self, slots: torch.Tensor) -> Rows:
-        out = Rows(self.keys[slots], self.pending[slots].clone(), self.updates[slots].clone())
-        self.pending[slots] = 0
-        self.updates[slots] = 0
+        """Rows of ``slots`` with their pending updates, which are reset."""
+        out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
+                   self.updates.index_select(0, slots))
+        self.pending.index_fill_(0, slots, 0)
+        self.updates.index_fill_(0, slots, 0)
         self.counters["pushed_rows"] += len(out)
         return out
 

@@ -1,0 +1,86 @@
+"""Slow, exact references the fast code is checked against (tests only)."""
+
+from __future__ import annotations
+
+import heapq
+from collections import OrderedDict
+
+
+class ExactLRU:
+    """Fully associative LRU with HET's batch semantics: a key is a hit if cached when its batch
+    starts; the batch's keys are used at once; victims are never keys of the current batch and
+    a miss that finds no victim bypasses the cache."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.order = OrderedDict()  # key -> None, least recent first
+
+    def step(self, keys) -> int:
+        keys = list(dict.fromkeys(keys))
+        hits = [k for k in keys if k in self.order]
+        for k in hits:
+            self.order.move_to_end(k)
+        in_batch, hit_set = set(keys), set(hits)
+        misses = [k for k in keys if k not in hit_set]
+        for k in misses:
+            if len(self.order) >= self.capacity:
+                victim = next(iter(self.order))
+                if victim in in_batch:  # only current-batch keys remain: bypass
+                    continue
+                del self.order[victim]
+            if self.capacity:
+                self.order[k] = None
+        return len(misses)
+
+
+class ExactLFU:
+    """Fully associative LFU: the victim has the fewest uses since insertion, ties broken by
+    least recent use; same batch semantics as ExactLRU."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.uses, self.last = {}, {}
+        self.heap = []  # (uses, last_use, key), stale entries skipped
+        self.t = 0
+
+    def _touch(self, k, uses):
+        self.uses[k], self.last[k] = uses, self.t
+        heapq.heappush(self.heap, (uses, self.t, k))
+
+    def step(self, keys) -> int:
+        self.t += 1
+        keys = list(dict.fromkeys(keys))
+        hits = [k for k in keys if k in self.uses]
+        for k in hits:
+            self._touch(k, self.uses[k] + 1)
+        misses = [k for k in keys if k not in self.uses]
+        for k in misses:
+            if len(self.uses) >= self.capacity:
+                victim = self._pop_victim()
+                if victim is None:
+                    continue
+            if self.capacity:
+                self._touch(k, 1)
+        return len(misses)
+
+    def _pop_victim(self):
+        while self.heap:
+            uses, last, k = self.heap[0]
+            if self.uses.get(k) != uses or self.last.get(k) != last:
+                heapq.heappop(self.heap)  # stale entry
+                continue
+            if last == self.t:  # the oldest live entry is of this batch: nothing evictable
+                return None
+            heapq.heappop(self.heap)
+            del self.uses[k], self.last[k]
+            return k
+        return None
+
+
+def miss_rate(sim, trace, batch: int) -> float:
+    lookups = misses = 0
+    for i in range(0, len(trace), batch):
+        keys = list(dict.fromkeys(trace[i:i + batch].tolist()))
+        lookups += len(keys)
+        misses += sim.step(keys)
+    return misses / lookups
