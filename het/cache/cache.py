@@ -214,7 +214,10 @@ class EmbeddingCache:
         self.rows.index_copy_(0, cs, fresh)
         self.clock.index_copy_(0, cs, clocks if all_cached else clocks[cached])
         self.counters["stale_refreshes"] += stale_hits
-        out = self.rows.index_select(0, slot.clamp(min=0))
+        if self.num_sets:
+            out = self.rows.index_select(0, slot.clamp(min=0))
+        else:
+            out = torch.empty(slot.numel(), self.table.dim, device=self.device)
         if not all_cached:
             bypass = ~cached
             out.index_copy_(0, index[bypass], rows[bypass])

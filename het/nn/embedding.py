@@ -109,7 +109,7 @@ class Embedding(nn.Module):
             if offsets is not None:
                 raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
             unique, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
-            return self._rows(name, unique)[inverse].reshape(*keys.shape, -1)
+            return self._rows(name, unique)[inverse].reshape(*keys.shape, self.tables[name].dim)
         flat, bag, bags = self._bags(keys, offsets)
         unique, inverse = torch.unique(flat, return_inverse=True)
         per_key = self._rows(name, unique)[inverse]                                # (N, D)

@@ -1,0 +1,65 @@
+"""Shared fixtures: PS clients over both transports, so contract tests run against each."""
+
+from __future__ import annotations
+
+import pytest
+
+from het.config import ShardConfig
+from het.ps.client import PSClient
+from het.ps.server import ServerThread
+from het.ps.shard import Shard
+from het.ps.transport import LocalTransport
+
+
+class LocalCluster:
+    """In-process shards; ``client()`` connects another client to the same shards."""
+
+    def __init__(self, tables, num_shards: int = 1):
+        self.transport = LocalTransport()
+        self.shards = [Shard(ShardConfig(tuple(tables), i, num_shards)) for i in range(num_shards)]
+        self.names = [self.transport.bind(f"local-{i}", s) for i, s in enumerate(self.shards)]
+        self.clients = []
+
+    def client(self) -> PSClient:
+        c = PSClient([self.transport.connect(n) for n in self.names])
+        self.clients.append(c)
+        return c
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+
+
+class ZmqCluster:
+    """Shards served over ZeroMQ on 127.0.0.1 from threads of the test process."""
+
+    def __init__(self, tables, num_shards: int = 1):
+        self.servers = [ServerThread(ShardConfig(tuple(tables), i, num_shards)) for i in range(num_shards)]
+        self.shards = [s.shard for s in self.servers]
+        self.clients = []
+
+    def client(self) -> PSClient:
+        c = PSClient.connect([s.address for s in self.servers], timeout_s=30)
+        self.clients.append(c)
+        return c
+
+    def close(self):
+        for c in self.clients:
+            c.close()
+        for s in self.servers:
+            s.stop()
+
+
+@pytest.fixture(params=["local", "zmq"])
+def cluster_factory(request):
+    """Build a cluster of the parametrised transport: ``cluster_factory(tables, num_shards)``."""
+    made = []
+
+    def make(tables, num_shards=1):
+        c = (LocalCluster if request.param == "local" else ZmqCluster)(tables, num_shards)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.close()

@@ -1,0 +1,140 @@
+"""het.Embedding against torch.nn.Embedding, its shapes, pooling and bad input."""
+
+import math
+
+import pytest
+import torch
+
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+
+TORCH_OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr),
+    "adam": lambda params, lr: torch.optim.SparseAdam(params, lr=lr),
+}
+
+
+def train_side_by_side(emb: Embedding, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1):
+    """The same batches through het.Embedding and nn.Embedding(sparse=True); max abs row gap."""
+    keys_all = torch.arange(rows)
+    ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(keys_all))
+    ref_opt = TORCH_OPTIMIZERS[optimizer](ref.parameters(), lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        keys = torch.randint(0, rows, (16, 3), generator=g)  # duplicates within a batch on purpose
+        target = torch.randn(16, 3, emb.tables["embedding"].dim, generator=g)
+        ((emb(keys) - target) ** 2).mean().backward()
+        ref_opt.zero_grad()
+        ((ref(keys) - target) ** 2).mean().backward()
+        ref_opt.step()
+    return float((emb.read(keys_all) - ref.weight.detach()).abs().max())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_shards):
+    rows, lr = 60, 0.05
+    table = TableConfig("embedding", rows=rows, dim=8, optimizer=OptimizerConfig(optimizer, lr=lr))
+    cluster = cluster_factory([table], num_shards)
+    emb = Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=24, staleness=0, ways=8))
+    gap = train_side_by_side(emb, rows, optimizer, lr)
+    assert gap <= 1e-5
+    stats = emb.stats()["embedding"]
+    assert stats["hits"] > 0 and stats["evictions"] > 0  # the cache was really in the loop
+
+
+def test_staleness_bound_changes_training_but_flush_keeps_every_update():
+    rows = 40
+    table = TableConfig("embedding", rows=rows, dim=4, optimizer=OptimizerConfig("sgd", lr=0.1))
+    sync_emb = Embedding(tables=table, cache=CacheConfig(capacity=40, staleness=0))
+    async_emb = Embedding(tables=table, cache=CacheConfig(capacity=40, staleness=math.inf))
+    for emb in (sync_emb, async_emb):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(20):
+            keys = torch.randint(0, rows, (8,), generator=g)
+            (emb(keys) ** 2).sum().backward()
+    # one worker: SGD with local read-your-writes is the same sequence of updates either way
+    assert torch.allclose(sync_emb.read(torch.arange(rows)), async_emb.read(torch.arange(rows)), atol=1e-6)
+    assert async_emb.client.stats()[0]["requests_push_sync"] == 20  # every step synced, pushes deferred
+
+
+def test_shapes_of_plain_and_pooled_lookups():
+    emb = Embedding(50, 6, cache=CacheConfig(capacity=10))
+    assert emb(torch.tensor(3)).shape == (6,)
+    assert emb(torch.zeros(2, 3, 4, dtype=torch.int64)).shape == (2, 3, 4, 6)
+    assert emb(torch.empty(0, dtype=torch.int64)).shape == (0, 6)
+    keys = torch.tensor([[1, 2, 3], [4, 4, 0]])
+    rows = emb(keys)
+    for mode, expect in [("sum", rows.sum(1)), ("mean", rows.mean(1))]:
+        pooled = Embedding(50, 6, mode=mode, client=emb.client)
+        assert torch.allclose(pooled(keys), expect, atol=1e-7)
+        flat = pooled(keys.reshape(-1), offsets=torch.tensor([0, 3]))
+        assert torch.allclose(flat, expect, atol=1e-7)
+    padded = Embedding(50, 6, mode="mean", padding_idx=0, client=emb.client)
+    assert torch.allclose(padded(keys)[1], rows[1, :2].mean(0), atol=1e-7)
+
+
+def test_pooled_gradients_reach_the_rows():
+    emb = Embedding(10, 2, optimizer="sgd", lr=1.0, mode="sum", cache=CacheConfig(capacity=4))
+    before = emb.read(torch.arange(10))
+    emb(torch.tensor([[1, 1, 2]])).sum().backward()
+    after = emb.read(torch.arange(10))
+    expected = before.clone()
+    expected[1] -= 2.0  # key 1 twice in the bag
+    expected[2] -= 1.0
+    assert torch.allclose(after, expected)
+
+
+def test_several_named_tables():
+    tables = [TableConfig("user", rows=10, dim=3), TableConfig("item", rows=20, dim=5)]
+    emb = Embedding(tables=tables, cache={"user": CacheConfig(capacity=4), "item": CacheConfig(capacity=8)})
+    assert emb(torch.tensor([9]), table="user").shape == (1, 3)
+    assert emb(torch.tensor([19]), table="item").shape == (1, 5)
+    with pytest.raises(ValueError, match=r"this module holds tables \['item', 'user'\]: name one"):
+        emb(torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"unknown table 'movie': this module holds \['item', 'user'\]"):
+        emb(torch.tensor([1]), table="movie")
+
+
+def test_bad_keys_get_clear_errors():
+    emb = Embedding(50, 4, cache=CacheConfig(capacity=8))
+    with pytest.raises(ValueError, match="key 50 out of range for table 'embedding' with 50 rows"):
+        emb(torch.tensor([1, 50]))
+    with pytest.raises(ValueError, match="key -1 out of range"):
+        emb(torch.tensor([-1, 3]))
+    with pytest.raises(TypeError, match="keys must be int64 \\(or int32\\), got torch.float32"):
+        emb(torch.tensor([1.0]))
+    with pytest.raises(TypeError, match="keys must be a torch.Tensor of int64, got list"):
+        emb([1, 2])
+    assert emb.stats()["embedding"].get("lookups", 0) == 0  # refused before the cache saw them
+
+
+def test_nan_gradients_are_refused_and_change_nothing():
+    emb = Embedding(10, 2, optimizer="sgd", lr=1.0, cache=CacheConfig(capacity=4, staleness=0))
+    before = emb.read(torch.arange(10))
+    out = emb(torch.tensor([1, 2]))
+    with pytest.raises(ValueError, match="gradient for table 'embedding' holds NaN or inf"):
+        (out * torch.tensor([[math.nan], [1.0]])).sum().backward()
+    assert torch.equal(emb.read(torch.arange(10)), before)
+    assert int(emb.caches["embedding"].updates.sum()) == 0
+
+
+def test_rows_live_on_the_requested_device():
+    emb = Embedding(10, 2, cache=CacheConfig(capacity=4), device="cpu")
+    assert emb(torch.tensor([1])).device.type == "cpu"
+    assert emb.caches["embedding"].rows.device.type == "cpu"
+
+
+def test_model_code_works_with_either_embedding():
+    class Tiny(torch.nn.Module):
+        def __init__(self, embedding):
+            super().__init__()
+            self.embedding, self.head = embedding, torch.nn.Linear(4, 1)
+
+        def forward(self, keys):
+            return self.head(self.embedding(keys).sum(1)).squeeze(1)
+
+    for embedding in (torch.nn.Embedding(30, 4), Embedding(30, 4, cache=CacheConfig(capacity=8))):
+        assert Tiny(embedding)(torch.tensor([[1, 2], [3, 4]])).shape == (2,)

@@ -1,0 +1,111 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.ps.protocol import Message, Op, PSError
+from het.ps.shard import Shard
+
+T = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0))
+
+
+def test_initial_rows_do_not_depend_on_the_number_of_shards():
+    keys = torch.arange(20)
+    one = PSClient.local([T], 1)
+    three = PSClient.local([T], 3)
+    assert torch.equal(one.wait(one.pull("t", keys))[0], three.wait(three.pull("t", keys))[0])
+    other_seed = PSClient.local([TableConfig("t", rows=20, dim=3, seed=1)], 1)
+    assert not torch.equal(one.wait(one.pull("t", keys))[0], other_seed.wait(other_seed.pull("t", keys))[0])
+
+
+def test_push_sums_duplicate_keys_and_counts_clocks():
+    client = PSClient.local([T], 2)
+    before = client.wait(client.pull("t", torch.tensor([4, 5])))[0]
+    keys = torch.tensor([4, 5, 4])
+    client.wait(client.push("t", keys, torch.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3]), torch.tensor([1, 2, 1])))
+    rows, clocks = client.wait(client.pull("t", torch.tensor([4, 5])))
+    assert torch.allclose(rows, before - torch.tensor([[4.0] * 3, [2.0] * 3]))
+    assert clocks.tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("bound, expect", [(0, [0, 1, 2]), (1, [0, 2]), (math.inf, [0])])
+def test_sync_returns_misses_and_rows_staler_than_the_bound(bound, expect):
+    client = PSClient.local([T], 3)
+    keys = torch.tensor([7, 8, 9])
+    client.wait(client.push("t", torch.tensor([8, 9, 9]), torch.zeros(3, 3), torch.tensor([1, 1, 1])))
+    # key 7 is a miss (-1); key 8 is one update behind, key 9 two
+    res = client.wait(client.sync("t", keys, torch.tensor([-1, 0, 0]), bound))
+    assert res.index.tolist() == expect
+    assert res.clocks.tolist() == [[0, 1, 2][i] for i in expect]
+
+
+def test_push_sync_applies_the_push_first():
+    client = PSClient.local([T], 2)
+    res = client.wait(client.push_sync("t", torch.tensor([3]), torch.ones(1, 3), torch.tensor([1]),
+                                       torch.tensor([3, 4]), torch.tensor([0, 0]), 0))
+    assert res.index.tolist() == [0] and res.clocks.tolist() == [1]
+
+
+def test_bad_pushes_are_refused_and_change_nothing():
+    client = PSClient.local([T], 1)
+    rows0, clocks0 = client.wait(client.pull("t", torch.arange(20)))
+    shard = client.channels[0].shard
+    with pytest.raises(ValueError, match="NaN or inf"):
+        client.push("t", torch.tensor([1]), torch.tensor([[math.nan, 0, 0]]), torch.tensor([1]))
+    with pytest.raises(ValueError, match=r"grads must be a tensor of shape \(1, 3\)"):
+        client.push("t", torch.tensor([1]), torch.zeros(1, 4), torch.tensor([1]))
+    with pytest.raises(ValueError, match="key 20 out of range for table 't' with 20 rows"):
+        client.push("t", torch.tensor([20]), torch.zeros(1, 3), torch.tensor([1]))
+    with pytest.raises(KeyError, match="unknown table 'nope'"):
+        client.pull("nope", torch.tensor([1]))
+    with pytest.raises(TypeError, match="keys must be int64, got torch.float32"):
+        client.pull("t", torch.tensor([1.0]))
+    # the shard checks too, whatever a client sends
+    bad = shard.handle(Message(Op.PUSH, 1, {"table": "t"}, [np.array([1]), np.array([[np.inf, 0, 0]], np.float32),
+                                                      np.array([1])]))
+    assert bad.status == 1 and "NaN or inf" in bad.meta["error"]
+    other_shard = Shard(ShardConfig((T,), 1, 2)).handle(Message(Op.PULL, 2, {"table": "t"}, [np.array([2])]))
+    assert other_shard.status == 1 and "another shard" in other_shard.meta["error"]
+    rows1, clocks1 = client.wait(client.pull("t", torch.arange(20)))
+    assert torch.equal(rows0, rows1) and torch.equal(clocks0, clocks1)
+
+
+def test_error_replies_raise_ps_error_naming_the_shard():
+    client = PSClient.local([T], 1)
+    with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD"):
+        client.load("/nonexistent/dir")
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
+def test_save_and_load_restore_rows_clocks_and_optimizer_state(tmp_path, opt):
+    table = TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig(opt, lr=0.1))
+    client = PSClient.local([table], 2)
+    keys = torch.tensor([1, 2, 3])
+    push = lambda: client.wait(client.push("t", keys, torch.ones(3, 2), torch.ones(3, dtype=torch.int64), step=1))
+    push()
+    client.save(str(tmp_path))
+    push()
+    expected = client.wait(client.pull("t", torch.arange(10)))
+    client.load(str(tmp_path))
+    push()  # the same second step again: equal only if the optimizer state came back too
+    rows, clocks = client.wait(client.pull("t", torch.arange(10)))
+    assert torch.equal(rows, expected[0]) and torch.equal(clocks, expected[1])
+
+
+def test_load_refuses_a_file_of_another_layout(tmp_path):
+    client = PSClient.local([T], 1)
+    client.save(str(tmp_path))
+    other = PSClient.local([TableConfig("t", rows=21, dim=3)], 1)
+    with pytest.raises(PSError, match="has shape"):
+        other.load(str(tmp_path))
+
+
+def test_stats_count_requests_rows_and_bytes():
+    client = PSClient.local([T], 1)
+    client.wait(client.pull("t", torch.arange(5)))
+    stats = client.stats()[0]
+    assert stats["requests_pull"] == 1 and stats["rows_out"] == 5
+    assert stats["bytes_out"] > 5 * 3 * 4 and stats["bytes_in"] > 5 * 8
