@@ -1,0 +1,54 @@
+"""`het --help` and the benchmarks' JSON contracts, on tiny inputs."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+
+def het(*args, timeout=300):
+    out = subprocess.run([sys.executable, "-m", "het", *args], capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_help_lists_the_commands():
+    text = het("--help")
+    for command in ("serve", "demo", "bench"):
+        assert command in text
+
+
+def test_bench_cache_on_a_trace_file(tmp_path):
+    trace = np.random.default_rng(0).zipf(1.3, 20_000).astype(np.int64) % 5000
+    np.save(tmp_path / "trace.npy", trace)
+    result = last_json(het("bench", "cache", "--trace", str(tmp_path / "trace.npy"), "--batch", "512",
+                           "--capacity", "400", "--policy", "lru", "--dim", "16", "--json"))
+    assert 0 < result["miss_rate"] < 1 and result["keys_per_s"] > 0
+    batches = [np.unique(trace[i:i + 512]).size for i in range(0, trace.size, 512)]
+    assert result["lookups"] == sum(batches)
+
+
+def test_bench_cache_on_a_zipf_stream():
+    result = last_json(het("bench", "cache", "--alpha", "1.05", "--keys", "20000", "--capacity-frac", "0.1",
+                           "--policy", "lfu", "--dim", "8", "--batches", "20", "--batch", "256", "--json"))
+    assert result["capacity"] == 2000 and result["policy"] == "lfu" and result["lookups"] > 0
+
+
+def test_bench_cache_rejects_a_float_trace(tmp_path):
+    np.save(tmp_path / "bad.npy", np.zeros(10))
+    out = subprocess.run([sys.executable, "-m", "het", "bench", "cache", "--trace", str(tmp_path / "bad.npy"),
+                          "--batch", "4", "--capacity", "2", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "expected a 1-D integer array of keys, got float64" in out.stderr
+
+
+def test_bench_ps_reports_both_bandwidths():
+    result = last_json(het("bench", "ps", "--json", "--seconds", "0.3", "--rows", "2000", "--batch", "256"))
+    assert result["rows_per_s"] > 0 and result["bytes_per_s"] > 0 and result["zmq_bytes_per_s"] > 0

@@ -1,0 +1,165 @@
+"""Shards in their own processes (`het serve`), spoken to over TCP on 127.0.0.1."""
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import zmq
+
+from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
+from het.ps.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
+
+pytestmark = pytest.mark.cluster
+
+TABLE = TableConfig("t", rows=64, dim=4, optimizer=OptimizerConfig("sgd", lr=1.0), init_scale=0.0)
+
+
+@pytest.fixture
+def shards(tmp_path):
+    started = []
+
+    def start(tables=(TABLE,), num_shards=1):
+        for i in range(num_shards):
+            started.append(ServerProcess(ShardConfig(tuple(tables), i, num_shards),
+                                         log_path=str(tmp_path / f"shard-{i}.log")))
+        return [s.address for s in started[-num_shards:]]
+
+    yield start
+    for s in started:
+        s.stop()
+    assert all(not s.alive() for s in started)
+
+
+def raw_request(address, frames, timeout_ms=10_000):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(timeout_ms), "the shard stopped answering"
+        return decode(sock.recv_multipart())
+    finally:
+        sock.close()
+
+
+def test_malformed_and_wrong_version_requests_get_errors_and_the_shard_keeps_serving(shards):
+    (address,) = shards()
+    garbage = raw_request(address, [b"\x00\x01garbage"])
+    assert garbage.status == ERROR and "header frame" in garbage.meta["error"]
+    future = _HEADER.pack(MAGIC, VERSION + 1, int(Op.PULL), 0, 0, 5, 2) + b"{}"
+    wrong = raw_request(address, [future])
+    assert wrong.status == ERROR and f"protocol version {VERSION + 1}" in wrong.meta["error"]
+    assert wrong.request_id == 5
+    lying = encode(Message(Op.PULL, 6, {"table": "t"}, [np.arange(3)]))
+    lying[1] = b"short"  # array frame that does not match its spec
+    assert raw_request(address, lying).status == ERROR
+    ok = raw_request(address, encode(Message(Op.PULL, 7, {"table": "t"}, [np.array([1, 63])])))
+    assert ok.status == 0 and ok.arrays[0].shape == (2, 4)
+    client = PSClient.connect([address])
+    assert client.stats()[0]["errors"] == 3
+
+
+def test_unreachable_shard_times_out_naming_its_address():
+    with socket.socket() as s:  # a free port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(TimeoutError, match=f"no reply from PS shard at tcp://127.0.0.1:{port} within 0.5 s"):
+        PSClient.connect([f"127.0.0.1:{port}"], timeout_s=0.5)
+
+
+def test_client_refuses_shards_given_in_the_wrong_order(shards):
+    a, b = shards(num_shards=2)
+    with pytest.raises(ValueError, match="serves shard 1 of 2: expected shard 0 of 2"):
+        PSClient.connect([b, a])
+
+
+def test_staleness_zero_matches_torch_over_shard_processes(shards):
+    table = TableConfig("embedding", rows=50, dim=8, optimizer=OptimizerConfig("adam", lr=0.05))
+    addresses = shards((table,), num_shards=3)
+    emb = Embedding(tables=table, client=PSClient.connect(addresses), cache=CacheConfig(capacity=20, staleness=0))
+    ref = torch.nn.Embedding(50, 8, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(torch.arange(50)))
+    opt = torch.optim.SparseAdam(ref.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(50):
+        keys, target = torch.randint(0, 50, (12, 2), generator=g), torch.randn(12, 2, 8, generator=g)
+        ((emb(keys) - target) ** 2).mean().backward()
+        opt.zero_grad()
+        ((ref(keys) - target) ** 2).mean().backward()
+        opt.step()
+    assert float((emb.read(torch.arange(50)) - ref.weight.detach()).abs().max()) <= 1e-5
+
+
+def test_concurrent_clients_lose_no_update_and_apply_none_twice(shards):
+    addresses = shards(num_shards=2)
+    expected = torch.zeros(64, 4)
+    expected_clocks = torch.zeros(64, dtype=torch.int64)
+    lock, errors = threading.Lock(), []
+
+    def worker(seed, staleness):
+        try:
+            emb = Embedding(tables=TABLE, client=PSClient.connect(addresses),
+                            cache=CacheConfig(capacity=16, staleness=staleness, ways=4))
+            g = torch.Generator().manual_seed(seed)
+            for _ in range(60):
+                keys = torch.randint(0, 64, (10,), generator=g)
+                grads = torch.randint(-2, 3, (10, 4), generator=g).float()
+                (emb(keys) * grads).sum().backward()
+                with lock:
+                    expected.index_add_(0, keys, -grads)
+                    expected_clocks[torch.unique(keys)] += 1
+            emb.flush()
+        except Exception as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(seed, s)) for seed, s in enumerate([0, 2, 5, float("inf")])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    client = PSClient.connect(addresses)
+    rows, clocks = client.wait(client.pull("t", torch.arange(64)))
+    assert torch.equal(rows, expected) and torch.equal(clocks, expected_clocks)
+
+
+def test_save_and_load_through_shard_processes(shards, tmp_path):
+    addresses = shards(num_shards=2)
+    client = PSClient.connect(addresses)
+    keys = torch.arange(10)
+    client.wait(client.push("t", keys, torch.ones(10, 4), torch.ones(10, dtype=torch.int64)))
+    paths = client.save(str(tmp_path / "ckpt"))
+    assert [p.rsplit("/", 1)[1] for p in paths] == ["shard-0.pt", "shard-1.pt"]
+    saved = client.wait(client.pull("t", keys))
+    client.wait(client.push("t", keys, torch.ones(10, 4), torch.ones(10, dtype=torch.int64)))
+    client.load(str(tmp_path / "ckpt"))
+    rows, clocks = client.wait(client.pull("t", keys))
+    assert torch.equal(rows, saved[0]) and torch.equal(clocks, saved[1])
+
+
+def test_het_serve_command_line(tmp_path):
+    proc = subprocess.Popen([sys.executable, "-m", "het", "serve", "--bind", "127.0.0.1:0", "--table", "user:100:8",
+                             "--table", "item:50:4", "--optimizer", "adagrad", "--lr", "0.1"],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "listening on tcp://127.0.0.1:" in line
+        client = PSClient.connect([line.rsplit(" ", 1)[1].strip()])
+        assert {n: (t.rows, t.dim, t.optimizer.name) for n, t in client.tables.items()} == {
+            "user": (100, 8, "adagrad"), "item": (50, 4, "adagrad")}
+        client.stop_servers()
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+
+
+def test_het_serve_rejects_a_bad_table_flag():
+    out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "user:lots:8"], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and "expected NAME:ROWS:DIM" in out.stderr
