@@ -20,13 +20,15 @@ class SparseOptimizer:
     """Base: holds per-row state tensors; ``apply`` updates ``weight[rows]`` in place."""
 
     state_names: tuple[str, ...] = ()
+    accepts_duplicates = False  # True: `apply` may get repeated rows (summed), no coalescing needed
 
     def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int):
         self.cfg = cfg
         self.state = {n: torch.zeros(num_rows, dim) for n in self.state_names}
 
     def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int) -> None:
-        """Update ``weight[rows]`` with ``grads``; ``rows`` are unique. Shape: (n,), (n, D)."""
+        """Update ``weight[rows]`` with ``grads`` (which it may overwrite); ``rows`` are unique
+        unless ``accepts_duplicates``. Shape: (n,), (n, D)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -41,8 +43,10 @@ class SparseOptimizer:
 
 
 class SGD(SparseOptimizer):
+    accepts_duplicates = True  # a sum of steps is the step of the sum
+
     def apply(self, weight, rows, grads, step):
-        weight.index_add_(0, rows, grads, alpha=-self.cfg.lr)
+        weight.index_add_(0, rows, grads.mul_(-self.cfg.lr))  # grads are the shard's own buffer
 
 
 class Adagrad(SparseOptimizer):

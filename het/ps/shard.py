@@ -89,6 +89,7 @@ class Shard:
     # -- the wire ---------------------------------------------------------------------------
     def handle_frames(self, frames) -> list:
         """Frames in, frames out. Never raises: a bad request gets an error reply."""
+        start = time.perf_counter()
         self.stats["bytes_in"] += sum(memoryview(_buf(f)).nbytes for f in frames)
         try:
             msg = decode(frames)
@@ -99,6 +100,7 @@ class Shard:
             reply = self.handle(msg)
         out = encode(reply)
         self.stats["bytes_out"] += sum(memoryview(f).nbytes for f in out)
+        self.stats["busy_s"] += time.perf_counter() - start
         return out
 
     def handle(self, msg: Message) -> Message:
@@ -156,14 +158,15 @@ class Shard:
         if len(local) == 0:
             return 0
         grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
-        rows, inverse = torch.unique(local, return_inverse=True)
-        if len(rows) != len(local):  # duplicates: sum them, the update is non-linear
-            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
-            counts = torch.zeros(len(rows), dtype=torch.int64).index_add_(0, inverse, counts)
-        else:
-            rows = local
+        t.clocks.index_add_(0, local, counts)
+        rows = local
+        if not t.optimizer.accepts_duplicates:
+            rows, inverse = torch.unique(local, return_inverse=True)
+            if len(rows) != len(local):  # duplicates: sum them first, the update is non-linear
+                grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            else:
+                rows = local
         t.optimizer.apply(t.weight, rows, grads, int(step))
-        t.clocks.index_add_(0, rows, counts)
         self.stats["rows_in"] += len(local)
         return len(local)
 
