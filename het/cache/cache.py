@@ -142,7 +142,7 @@ class EmbeddingCache:
         writeback = self._no_rows()
         if n_hit < n:
             writeback = self._place(keys, sets, slot, ~hit)
-        clocks = torch.where(hit, self.clock[slot.clamp(min=0)], torch.full_like(keys, -1))
+        clocks = torch.where(hit, self.clock.index_select(0, slot.clamp(min=0)), -1)
         return Plan(keys, slot, hit, clocks, writeback)
 
     def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
@@ -156,7 +156,7 @@ class EmbeddingCache:
         so each round is an argmin over the ways instead of a sort.
         """
         pos = miss.nonzero().flatten()
-        writebacks, placed = [], 0
+        victims, placed = [], 0
         for _ in range(self.ways):
             if pos.numel() == 0:
                 break
@@ -169,14 +169,14 @@ class EmbeddingCache:
             best = score.argmin(1)
             ok = score.gather(1, best[:, None]).squeeze(1) != PROTECTED
             now, chosen = now[ok], (sets * self.ways + best)[ok]
-            writebacks.append(self._evict(chosen))
+            victims.append((chosen, self.keys.index_select(0, chosen)))
             self.keys.index_copy_(0, chosen, keys.index_select(0, now))
             self.clock.index_fill_(0, chosen, -1)
             self._touch(chosen, torch.ones_like(chosen))
             slot[now] = chosen
             placed += now.numel()
         self.counters["bypasses"] += int(miss.sum()) - placed
-        return writebacks[0] if len(writebacks) == 1 else Rows.cat(writebacks)
+        return self._evict(*(victims[0] if len(victims) == 1 else map(torch.cat, zip(*victims))))
 
     def _touch(self, slots: torch.Tensor, uses: torch.Tensor) -> None:
         """Record a use of ``slots`` in this step, now holding ``uses`` uses since insertion."""
@@ -189,12 +189,15 @@ class EmbeddingCache:
         in_use = self._by_set(self.last_use, sets) == self.step
         return torch.where(in_use, PROTECTED, self._by_set(self.score, sets))
 
-    def _evict(self, slots: torch.Tensor) -> Rows:
-        """Clear ``slots`` for new keys; rows with unpushed updates are returned to push."""
-        held = self.keys.index_select(0, slots) != EMPTY
+    def _evict(self, slots: torch.Tensor, old_keys: torch.Tensor) -> Rows:
+        """The rows that ``slots`` held before they took new keys: those with unpushed updates
+        are returned to push, and their slots' updates are cleared for the new keys."""
+        held = old_keys != EMPTY
         self.counters["evictions"] += int(held.sum())
-        dirty = slots[held & (self.updates.index_select(0, slots) > 0)]
-        writeback = self._take(dirty)
+        dirty = held & (self.updates.index_select(0, slots) > 0)
+        dirty_slots = slots[dirty]
+        writeback = self._take(dirty_slots)
+        writeback.keys = old_keys[dirty]
         self.counters["writebacks"] += len(writeback)
         return writeback
 
@@ -228,8 +231,11 @@ class EmbeddingCache:
         (read-your-writes) and accumulate; returns the rows due to be pushed (``u > s``) and
         the gradients of bypassed keys. Shape: grads (n, D)."""
         slot = plan.slot
-        live = slot >= 0
-        live[live.clone()] = self.keys[slot[live]] == plan.keys[live]  # a later lookup may have evicted it
+        # a key may have bypassed the cache, or lost its slot to a later lookup
+        if self.num_sets:
+            live = (self.keys.index_select(0, slot.clamp(min=0)) == plan.keys) & (slot >= 0)
+        else:
+            live = torch.zeros_like(slot, dtype=torch.bool)
         all_live = bool(live.all())
         s, g = (slot, grads) if all_live else (slot[live], grads[live])
         self.rows.index_add_(0, s, g * -self.local_lr)

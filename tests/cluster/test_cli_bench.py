@@ -52,3 +52,9 @@ def test_bench_cache_rejects_a_float_trace(tmp_path):
 def test_bench_ps_reports_both_bandwidths():
     result = last_json(het("bench", "ps", "--json", "--seconds", "0.3", "--rows", "2000", "--batch", "256"))
     assert result["rows_per_s"] > 0 and result["bytes_per_s"] > 0 and result["zmq_bytes_per_s"] > 0
+
+
+def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
+    result = last_json(het("demo", "--steps", "60", "--batch", "256", "--json"))
+    assert result["steps"] == 60 and result["hit_rate"] > 0.2
+    assert 0.5 < result["auc"] <= 1 and result["planted_auc"] > result["auc"] - 0.05
