@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_serve)
 
     d = sub.add_parser("demo", help="train het.Embedding against a local shard process and show its hit rate")
-    d.add_argument("--steps", type=int, default=300)
+    d.add_argument("--steps", type=int, default=600)
     d.add_argument("--batch", type=int, default=512)
     d.add_argument("--staleness", type=_staleness, default=10)
     d.add_argument("--json", action="store_true")
