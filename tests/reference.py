@@ -84,3 +84,34 @@ def miss_rate(sim, trace, batch: int) -> float:
         lookups += len(keys)
         misses += sim.step(keys)
     return misses / lookups
+
+
+def compare(keys: int = 20_000, batch: int = 512, steps: int = 150) -> list[dict]:
+    """Miss rates of het's cache beside the exact policies (``python tests/reference.py``)."""
+    import torch
+
+    from het.cache.cache import EmbeddingCache
+    from het.config import CacheConfig, TableConfig
+    from het.data.zipf import zipf_keys
+
+    rows = []
+    for alpha in (0.9, 1.05, 1.2):
+        trace = zipf_keys(keys, alpha, batch * steps, seed=int(alpha * 100))
+        for frac in (0.05, 0.15, 0.30):
+            for policy, exact in (("lru", ExactLRU), ("lfu", ExactLFU)):
+                cache = EmbeddingCache(TableConfig("t", rows=keys, dim=4),
+                                       CacheConfig(capacity=int(frac * keys), policy=policy))
+                for i in range(0, len(trace), batch):
+                    cache.lookup(torch.unique(torch.from_numpy(trace[i:i + batch])))
+                rows.append({"alpha": alpha, "capacity_frac": frac, "policy": policy,
+                             "het": cache.stats()["miss_rate"],
+                             "exact": miss_rate(exact(int(frac * keys)), trace, batch)})
+    return rows
+
+
+if __name__ == "__main__":
+    print("| alpha | cache | policy | exact miss rate | het miss rate | difference |")
+    print("|---|---|---|---|---|---|")
+    for r in compare():
+        print(f"| {r['alpha']} | {r['capacity_frac']:.0%} | {r['policy']} | {r['exact']:.4f} | {r['het']:.4f} | "
+              f"{(r['het'] - r['exact']) * 100:+.2f} pp |")
