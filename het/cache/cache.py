@@ -94,7 +94,7 @@ class EmbeddingCache:
         self.pending = torch.zeros(n, d, device=dev)
         self.clock = torch.full((n,), -1, dtype=torch.int64, device=dev)   # c_s
         self.updates = torch.zeros(n, dtype=torch.int64, device=dev)       # u
-        self.last_use = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.last_use = torch.full((n,), -(1 << 40), dtype=torch.int64, device=dev)  # never used
         self.uses = torch.zeros(n, dtype=torch.int64, device=dev)
         self.score = torch.full((n,), -1, dtype=torch.int64, device=dev)  # eviction order; empty -1
         # ceil(capacity / ways) sets can hold more than capacity slots: switch the surplus off,
@@ -105,6 +105,7 @@ class EmbeddingCache:
             self.disabled[(j % self.num_sets) * self.ways + self.ways - 1 - j // self.num_sets] = True
         self.score[self.disabled] = PROTECTED
         self.step = 0
+        self.protect = 1  # slots used in the last `protect` lookups are never victims
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
 
@@ -186,7 +187,7 @@ class EmbeddingCache:
 
     def _scores(self, sets: torch.Tensor) -> torch.Tensor:
         """Eviction scores of the ways of ``sets``; slots used in this step are PROTECTED."""
-        in_use = self._by_set(self.last_use, sets) == self.step
+        in_use = self._by_set(self.last_use, sets) > self.step - self.protect
         return torch.where(in_use, PROTECTED, self._by_set(self.score, sets))
 
     def _evict(self, slots: torch.Tensor, old_keys: torch.Tensor) -> Rows:

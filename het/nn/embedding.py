@@ -9,6 +9,9 @@ optimizer: give the dense layers' parameters to yours as usual.
 
 from __future__ import annotations
 
+import collections
+import time
+from collections import Counter
 from dataclasses import dataclass, field
 
 import torch
@@ -19,6 +22,17 @@ from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.ps.client import PSClient
 
 POOLING = ("sum", "mean")
+
+
+@dataclass
+class _Pending:
+    """A lookup whose sync is in flight: the flat keys, the inverse of their unique, the plan."""
+
+    name: str
+    flat: torch.Tensor
+    inverse: torch.Tensor
+    plan: Plan
+    handle: object
 
 
 @dataclass
@@ -45,6 +59,8 @@ class Embedding(nn.Module):
             (``offsets`` as ``nn.EmbeddingBag``, or the last dimension of a 2-D input).
         padding_idx: with pooling, keys equal to it are left out of their bag.
         device: where the cache and the returned rows live.
+        grad_scale: multiplies the rows' gradients before they reach the cache (the trainer
+            sets ``1 / workers``: see docs/ARCHITECTURE.md, "Gradient scaling").
 
     Shape:
         - keys: int64 of any shape ``(*)``; output ``(*, D)``.
@@ -67,7 +83,7 @@ class Embedding(nn.Module):
                  cache: CacheConfig | dict[str, CacheConfig] | None = None,
                  client: PSClient | None = None, num_shards: int = 1,
                  mode: str | None = None, padding_idx: int | None = None,
-                 device: torch.device | str | None = None):
+                 device: torch.device | str | None = None, grad_scale: float = 1.0):
         super().__init__()
         tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
         if mode not in (None, *POOLING):
@@ -88,6 +104,10 @@ class Embedding(nn.Module):
         self.caches = {n: EmbeddingCache(t, caches.get(n, CacheConfig()), self.device)
                        for n, t in self.tables.items()}
         self._outbox = {n: _Outbox() for n in self.tables}
+        self._prefetch = {n: collections.deque() for n in self.tables}
+        self.grad_scale = grad_scale
+        self.traffic = Counter()  # payload bytes: sparse_pull, sparse_push, sync
+        self.wait_s = 0.0         # time blocked on the PS
 
     @staticmethod
     def _tables(num, dim, tables, optimizer, lr) -> list[TableConfig]:
@@ -104,15 +124,11 @@ class Embedding(nn.Module):
     def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None,
                 table: str | None = None) -> torch.Tensor:
         name = self._table_name(table)
-        keys = self._check_keys(keys, name)
+        flat, bag, bags = self._flatten(self._check_keys(keys, name), offsets)
+        pending = self._prefetched(name, flat) or self._start(name, flat)
+        per_key = self._finish(pending)[pending.inverse]                         # (N, D)
         if self.mode is None:
-            if offsets is not None:
-                raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
-            unique, inverse = torch.unique(keys.reshape(-1), return_inverse=True)
-            return self._rows(name, unique)[inverse].reshape(*keys.shape, self.tables[name].dim)
-        flat, bag, bags = self._bags(keys, offsets)
-        unique, inverse = torch.unique(flat, return_inverse=True)
-        per_key = self._rows(name, unique)[inverse]                                # (N, D)
+            return per_key.reshape(*keys.shape, self.tables[name].dim)
         pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
         pooled = pooled.index_add(0, bag, per_key)
         if self.mode == "mean":
@@ -120,20 +136,51 @@ class Embedding(nn.Module):
             pooled = pooled / count[:, None]
         return pooled
 
-    def _rows(self, name: str, unique: torch.Tensor) -> torch.Tensor:
-        """One row per unique key, connected to the cache's gradient hook. Shape: (n,) -> (n, D)."""
+    def prefetch(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
+        """Look up the keys of a coming ``forward`` now and send their sync, so the PS answers
+        while this step computes; the matching ``forward`` then only waits for the reply.
+
+        A prefetched row may miss this worker's own update of the step in between until its next
+        refresh (one update, within any bound ``s >= 1``); at ``s = 0`` do not prefetch.
+        """
+        name = self._table_name(table)
+        flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
+        self.caches[name].protect = 2  # the prefetched step's slots and the current step's
+        self._prefetch[name].append(self._start(name, flat))
+
+    def _prefetched(self, name: str, flat: torch.Tensor):
+        queue = self._prefetch[name]
+        while queue:
+            pending = queue.popleft()
+            if torch.equal(pending.flat, flat):
+                return pending
+            self._finish(pending)  # not the keys prefetched: complete it so no reply is left behind
+        return None
+
+    def _start(self, name: str, flat: torch.Tensor) -> "_Pending":
+        """Look the unique keys up and send their sync, with this table's due pushes."""
         cache, out = self.caches[name], self._outbox[name]
+        unique, inverse = torch.unique(flat, return_inverse=True)
         plan = cache.lookup(unique)
         pushes = Rows.cat([*out.parts, plan.writeback]) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1))
         out.parts.clear()
-        reply = self.client.wait(handle)
-        rows = cache.fill(plan, reply.index, reply.rows, reply.clocks)
+        self._count_push(pushes)
+        self.traffic["sync"] += 16 * unique.numel()  # keys and clocks, no rows
+        return _Pending(name, flat, inverse, plan, handle)
+
+    def _finish(self, pending: "_Pending") -> torch.Tensor:
+        """Wait for the sync's reply; one row per unique key, hooked to the cache's gradient
+        update. Shape: -> (n, D)."""
+        reply = self._wait(pending.handle)
+        self.traffic["sync"] += 16 * reply.index.numel()               # index and clock of each row sent
+        self.traffic["sparse_pull"] += reply.rows.numel() * reply.rows.element_size()
+        rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks)
         if not torch.is_grad_enabled():
             return rows
         anchor = torch.empty(0, device=rows.device, requires_grad=True)
-        return _HandGradsToCache.apply(anchor, (self, name, plan, rows))
+        return _HandGradsToCache.apply(anchor, (self, pending.name, pending.plan, rows))
 
     def _apply_grads(self, name: str, plan: Plan, grads: torch.Tensor) -> None:
         if not bool(torch.isfinite(grads).all()):
@@ -141,22 +188,49 @@ class Embedding(nn.Module):
                              f"the cache or the PS (the rows are unchanged)")
         out = self._outbox[name]
         out.step += 1
-        due = self.caches[name].update(plan, grads.detach().to(self.device, torch.float32))
+        grads = grads.detach().to(self.device, torch.float32)
+        if self.grad_scale != 1.0:
+            grads = grads * self.grad_scale
+        due = self.caches[name].update(plan, grads)
         if len(due):
             out.parts.append(due)
 
     # -- consistency ------------------------------------------------------------------------
+    def push_due(self) -> None:
+        """Push the rows due now (``u > s``) and wait until the PS applied them, instead of
+        sending them with the next sync: synchronous training puts a barrier after this."""
+        self._push({name: Rows.cat(out.parts) for name, out in self._outbox.items() if out.parts})
+
     def flush(self) -> None:
         """Push every pending update of every table and wait until the PS applied them."""
+        for pending in [p for queue in self._prefetch.values() for p in queue]:
+            with torch.no_grad():
+                self._finish(pending)  # replies of prefetches nobody used
+        for queue in self._prefetch.values():
+            queue.clear()
+        self._push({name: Rows.cat([*self._outbox[name].parts, cache.flush()])
+                    for name, cache in self.caches.items()})
+
+    def _push(self, rows_by_table: dict) -> None:
         handles = []
-        for name, cache in self.caches.items():
+        for name, rows in rows_by_table.items():
             out = self._outbox[name]
-            rows = Rows.cat([*out.parts, cache.flush()])
             out.parts.clear()
             if len(rows):
                 handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1)))
+                self._count_push(rows)
         for h in handles:
-            self.client.wait(h)
+            self._wait(h)
+
+    def _wait(self, handle):
+        start = time.perf_counter()
+        try:
+            return self.client.wait(handle)
+        finally:
+            self.wait_s += time.perf_counter() - start
+
+    def _count_push(self, rows: Rows) -> None:
+        self.traffic["sparse_push"] += 16 * len(rows) + rows.grads.numel() * 4  # keys, counts, grads
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.
@@ -164,7 +238,7 @@ class Embedding(nn.Module):
         name = self._table_name(table)
         keys = self._check_keys(keys, name)
         self.flush()
-        rows, _ = self.client.wait(self.client.pull(name, keys.reshape(-1)))
+        rows, _ = self._wait(self.client.pull(name, keys.reshape(-1)))
         return rows.reshape(*keys.shape, -1).to(self.device)
 
     def stats(self) -> dict:
@@ -201,8 +275,12 @@ class Embedding(nn.Module):
                 raise ValueError(f"key {hi} out of range for table {name!r} with {rows} rows")
         return keys
 
-    def _bags(self, keys, offsets):
-        """Pooled input -> (flat keys (N,), bag of each key (N,), number of bags)."""
+    def _flatten(self, keys, offsets):
+        """Input -> (flat keys (N,), bag of each key (N,) or None, number of bags)."""
+        if self.mode is None:
+            if offsets is not None:
+                raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
+            return keys.reshape(-1), None, 0
         if offsets is None:
             if keys.dim() != 2:
                 raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "

@@ -138,3 +138,42 @@ def test_model_code_works_with_either_embedding():
 
     for embedding in (torch.nn.Embedding(30, 4), Embedding(30, 4, cache=CacheConfig(capacity=8))):
         assert Tiny(embedding)(torch.tensor([[1, 2], [3, 4]])).shape == (2,)
+
+
+def test_prefetched_lookups_keep_every_update():
+    rows = 40
+    table = TableConfig("embedding", rows=rows, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0), init_scale=0.0)
+    plain = Embedding(tables=table, cache=CacheConfig(capacity=8, staleness=2, ways=4))
+    ahead = Embedding(tables=table, cache=CacheConfig(capacity=8, staleness=2, ways=4))
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, rows, (6,), generator=g) for _ in range(30)]
+    scales = [torch.randint(-3, 4, (6, 1), generator=g).float() for _ in batches]
+    ahead.prefetch(batches[0])
+    for i, (keys, scale) in enumerate(zip(batches, scales)):
+        (plain(keys) * scale).sum().backward()
+        if i + 1 < len(batches):
+            ahead.prefetch(batches[i + 1])      # sent before this step's rows are used
+        (ahead(keys) * scale).sum().backward()
+    # a linear loss: the gradients do not depend on the rows read, so early reads change nothing
+    assert torch.equal(plain.read(torch.arange(rows)), ahead.read(torch.arange(rows)))
+    assert ahead.stats()["embedding"]["lookups"] == plain.stats()["embedding"]["lookups"]
+
+
+def test_a_prefetch_that_is_not_used_is_completed_and_flushed():
+    emb = Embedding(20, 2, optimizer="sgd", lr=1.0, cache=CacheConfig(capacity=4, staleness=math.inf))
+    before = emb.read(torch.arange(20))
+    emb.prefetch(torch.tensor([1, 2]))
+    emb(torch.tensor([3])).sum().backward()      # not the prefetched keys
+    emb.prefetch(torch.tensor([5]))              # never used at all
+    emb.flush()
+    expected = before.clone()
+    expected[3] -= 1.0
+    assert torch.equal(emb.read(torch.arange(20)), expected)
+
+
+def test_grad_scale_scales_what_reaches_the_ps():
+    emb = Embedding(10, 2, optimizer="sgd", lr=1.0, cache=CacheConfig(capacity=4), grad_scale=0.25)
+    before = emb.read(torch.arange(10))
+    emb(torch.tensor([7])).sum().backward()
+    emb.flush()
+    assert torch.allclose(emb.read(torch.tensor([7])), before[7:8] - 0.25)

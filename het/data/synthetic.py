@@ -1,0 +1,333 @@
+"""Synthetic Criteo-like CTR data: deterministic by seed, with a planted model to learn.
+
+Every sample has Criteo's shape: 13 dense count features (``log(x + 1)``, as Criteo is usually
+transformed) and 26 categorical fields with Criteo's cardinalities. Field ``f``'s keys are drawn
+from a power law over its ids and label-encoded, as HET does, into ONE table: field ``f`` owns the
+global keys ``offsets[f] .. offsets[f] + cardinalities[f] - 1``.
+
+The labels come from a planted model: every global key has a hidden weight, a pure function of
+``(seed, key)`` computed by hashing (no table of weights is stored), and the dense features
+have a hidden weight vector. ``logit = signal * (sum of the 26 key weights / sqrt(26) + dense
+part) + bias`` and ``label ~ Bernoulli(sigmoid(logit))``. :meth:`SyntheticCriteo.planted_auc` is
+the AUC of the planted logits themselves: the ceiling a learned model can reach.
+
+Nothing here is proportional to the cardinalities (up to ~10M ids a field): ranks come from the
+inverse CDF of a continuous bounded power law, ranks map to ids by a seeded affine bijection
+``(a * rank + b) mod card``, and the key weights are hashed on demand.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.metrics import roc_auc_score
+
+from het.data.batch import Batch
+
+CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+                        3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+                        142572)
+NUM_DENSE = 13
+SPLITS = ("train", "test")
+# Seeds of the generator's streams: (seed, stream, ...). Train and test are disjoint streams.
+_TRAIN, _TEST, _CALIBRATION, _PARAMS = 0, 1, 2, 3
+_CALIBRATION_SAMPLES = 8192
+_MAX_CARDINALITY = 2 ** 31
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)
+
+
+@dataclass(frozen=True)
+class SyntheticCriteoConfig:
+    """How :class:`SyntheticCriteo` generates its data.
+
+    Args:
+        alpha: power-law exponent of every field's key popularity: ``P(rank r) ~ (r + 1) ** -alpha``.
+        cap: if set, every field's cardinality becomes ``min(card, cap)`` (applied after ``scale``).
+        scale: every field's cardinality is multiplied by ``scale``, rounded, and kept >= 1.
+        seed: the whole data set (ids, features, planted weights, labels) is a function of it.
+        positive_rate: target fraction of positive labels; the bias is calibrated to it.
+        signal: strength of the planted logits; the default gives a planted AUC of about 0.82.
+
+    Example:
+        >>> SyntheticCriteoConfig(cap=1000).cap
+        1000
+        >>> SyntheticCriteoConfig(alpha=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: alpha must be a finite number > 0, got -1
+    """
+
+    alpha: float = 1.05
+    cap: int | None = None
+    scale: float = 1.0
+    seed: int = 0
+    positive_rate: float = 0.25
+    signal: float = 1.15
+
+    def __post_init__(self) -> None:
+        _require(math.isfinite(self.alpha) and self.alpha > 0,
+                 f"alpha must be a finite number > 0, got {self.alpha}")
+        _require(self.cap is None or (_is_int(self.cap) and self.cap >= 1),
+                 f"cap must be None or an int >= 1, got {self.cap!r}")
+        _require(math.isfinite(self.scale) and self.scale > 0,
+                 f"scale must be a finite number > 0, got {self.scale}")
+        _require(_is_int(self.seed) and self.seed >= 0, f"seed must be an int >= 0, got {self.seed!r}")
+        _require(0 < self.positive_rate < 1, f"positive_rate must lie in (0, 1), got {self.positive_rate}")
+        _require(math.isfinite(self.signal) and self.signal >= 0,
+                 f"signal must be a finite number >= 0, got {self.signal}")
+        # Keys map rank -> (a * rank + b) % card in int64, so a * rank < card**2 must fit.
+        _require(max(self.cardinalities()) < _MAX_CARDINALITY,
+                 f"every cardinality must be < {_MAX_CARDINALITY} after scale and cap, "
+                 f"got {max(self.cardinalities())} (scale={self.scale}, cap={self.cap})")
+
+    def cardinalities(self) -> tuple[int, ...]:
+        """Criteo's 26 cardinalities, scaled then capped.
+
+        Example:
+            >>> SyntheticCriteoConfig(scale=0.001, cap=5000).cardinalities()[:4]
+            (1, 1, 5000, 2203)
+        """
+        cards = (max(1, round(c * self.scale)) for c in CRITEO_CARDINALITIES)
+        return tuple(c if self.cap is None else min(c, self.cap) for c in cards)
+
+
+class SyntheticCriteo:
+    """Batches of synthetic Criteo-like samples; see the module docstring for the model.
+
+    Args:
+        cfg: the generator's config.
+
+    Attributes:
+        cardinalities: the 26 fields' cardinalities (after ``scale`` and ``cap``).
+        offsets: (26,) int64, field ``f``'s first global key.
+        num_rows: the number of global keys, i.e. the size of the one embedding table.
+        num_dense: 13.
+        num_fields: 26.
+
+    Example:
+        >>> data = SyntheticCriteo(SyntheticCriteoConfig(cap=1000))
+        >>> data.num_rows, data.num_fields, data.num_dense
+        (16727, 26, 13)
+        >>> b = data.batch("train", 0, 4)
+        >>> b.dense.shape, b.sparse.shape, b.labels.shape
+        (torch.Size([4, 13]), torch.Size([4, 26]), torch.Size([4]))
+        >>> torch.equal(b.sparse, data.batch("train", 0, 4).sparse)
+        True
+    """
+
+    num_dense = NUM_DENSE
+    num_fields = len(CRITEO_CARDINALITIES)
+
+    def __init__(self, cfg: SyntheticCriteoConfig = SyntheticCriteoConfig()):
+        self.cfg = cfg
+        self.cardinalities = cfg.cardinalities()
+        self._cards = np.array(self.cardinalities, dtype=np.int64)  # (F,)
+        self.offsets = np.concatenate([[0], np.cumsum(self._cards)[:-1]]).astype(np.int64)
+        self.num_rows = int(self._cards.sum())
+        rng = np.random.default_rng((cfg.seed, _PARAMS))
+        self._mult, self._shift = _affine_maps(self._cards, rng)  # (F,), (F,)
+        self._dense_mu = rng.uniform(0.0, 4.0, NUM_DENSE)  # log-scale location of each count
+        self._dense_sigma = rng.uniform(0.5, 2.0, NUM_DENSE)
+        self._dense_weight = rng.standard_normal(NUM_DENSE)
+        self._key_salt = _splitmix64(np.array([cfg.seed], dtype=np.uint64))[0]
+        self._calibrate()
+
+    # ---- sampling ---------------------------------------------------------------------------
+
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        """The ``index``-th batch of ``size`` samples of ``split``.
+
+        The same ``(split, index, size)`` always gives the same batch; ``"train"`` and
+        ``"test"`` are independent streams.
+
+        Args:
+            split: ``"train"`` or ``"test"``.
+            index: which batch of the stream, >= 0.
+            size: samples in the batch, >= 1.
+
+        Shape:
+            dense (size, 13) float32, sparse (size, 26) int64, labels (size,) float32.
+
+        Example:
+            >>> data = SyntheticCriteo()
+            >>> b = data.batch("test", 3, 1000)
+            >>> bool((b.dense >= 0).all()), bool((b.sparse < data.num_rows).all())
+            (True, True)
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        _require(_is_int(index) and index >= 0, f"index must be an int >= 0, got {index!r}")
+        _require(_is_int(size) and size >= 1, f"size must be an int >= 1, got {size!r}")
+        rng = np.random.default_rng((self.cfg.seed, SPLITS.index(split), index))
+        return self._sample(rng, size)
+
+    def _sample(self, rng: np.random.Generator, size: int) -> Batch:
+        sparse = self._sample_keys(rng, size)  # (B, F)
+        dense = self._sample_dense(rng, size)  # (B, 13)
+        logits = self.planted_logits(sparse, dense)
+        labels = (rng.random(size) < _sigmoid(logits)).astype(np.float32)
+        return Batch(torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(labels))
+
+    def _sample_keys(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Global keys, one per field. Shape: -> (size, F) int64."""
+        ranks = _power_law_ranks(rng.random((size, self.num_fields)), self._cards, self.cfg.alpha)
+        # a < card <= ~10M and rank < card, so a * rank + b stays far below 2**63.
+        return (self._mult * ranks + self._shift) % self._cards + self.offsets
+
+    def _sample_dense(self, rng: np.random.Generator, size: int) -> np.ndarray:
+        """Lognormal counts, floored, then ``log(x + 1)``. Shape: -> (size, 13) float32."""
+        z = rng.standard_normal((size, NUM_DENSE))
+        counts = np.floor(np.exp(self._dense_mu + self._dense_sigma * z))
+        return np.log1p(counts).astype(np.float32)
+
+    # ---- the planted model ------------------------------------------------------------------
+
+    def key_weights(self, keys: np.ndarray) -> np.ndarray:
+        """The hidden weight of every global key: standard normal, a pure function of (seed, key).
+
+        Example:
+            >>> data = SyntheticCriteo()
+            >>> w = data.key_weights(np.array([0, 7, 0]))
+            >>> w.dtype, bool(w[0] == w[2]), bool(w[0] != w[1])
+            (dtype('float64'), True, True)
+        """
+        h = _splitmix64(np.asarray(keys, dtype=np.int64).view(np.uint64) ^ self._key_salt)
+        u1 = ((h >> np.uint64(32)).astype(np.float64) + 0.5) / 2.0 ** 32  # (0, 1)
+        u2 = ((h & np.uint64(0xFFFFFFFF)).astype(np.float64) + 0.5) / 2.0 ** 32
+        return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)  # Box-Muller
+
+    def planted_logits(self, sparse: np.ndarray | torch.Tensor,
+                       dense: np.ndarray | torch.Tensor) -> np.ndarray:
+        """The planted model's logits; the labels of a batch are drawn from their sigmoid.
+
+        Args:
+            sparse: global keys, as in :attr:`Batch.sparse`.
+            dense: transformed dense features, as in :attr:`Batch.dense`.
+
+        Shape:
+            sparse (B, 26), dense (B, 13) -> (B,) float64.
+
+        Example:
+            >>> data = SyntheticCriteo()
+            >>> b = data.batch("train", 0, 8)
+            >>> data.planted_logits(b.sparse, b.dense).shape
+            (8,)
+        """
+        sparse, dense = self._check_features(sparse, dense)
+        keys_part = self.key_weights(sparse).sum(1) / math.sqrt(self.num_fields)  # (B,)
+        return self.cfg.signal * (keys_part + self._dense_part(dense)) + self._bias
+
+    def _dense_part(self, dense: np.ndarray) -> np.ndarray:
+        """Standardised dense features times the hidden weights. Shape: (B, 13) -> (B,)."""
+        standard = (dense.astype(np.float64) - self._dense_mean) / self._dense_std
+        return standard @ self._dense_weight / math.sqrt(NUM_DENSE)
+
+    def _calibrate(self) -> None:
+        """Fix the dense standardisation, then the bias so the positive rate is on target."""
+        rng = np.random.default_rng((self.cfg.seed, _CALIBRATION))
+        sparse = self._sample_keys(rng, _CALIBRATION_SAMPLES)
+        dense = self._sample_dense(rng, _CALIBRATION_SAMPLES)
+        self._dense_mean = dense.mean(0, dtype=np.float64)
+        self._dense_std = np.maximum(dense.std(0, dtype=np.float64), 1e-6)
+        self._bias = 0.0
+        logits = self.planted_logits(sparse, dense)
+        self._bias = _bias_for_rate(logits, self.cfg.positive_rate)
+
+    def planted_auc(self, samples: int = 100_000, batch_size: int = 8192) -> float:
+        """AUC of the planted logits against the labels on the first ``samples`` test samples.
+
+        The test samples are those of ``batch("test", i, batch_size)`` for ``i = 0, 1, ...``.
+        This is the ceiling a learned model can reach on that test set.
+
+        Example:
+            >>> 0.7 < SyntheticCriteo().planted_auc(samples=20_000) < 0.95
+            True
+        """
+        _require(_is_int(samples) and samples >= 2, f"samples must be an int >= 2, got {samples!r}")
+        _require(_is_int(batch_size) and batch_size >= 1,
+                 f"batch_size must be an int >= 1, got {batch_size!r}")
+        num_batches = -(-samples // batch_size)
+        test = Batch.cat([self.batch("test", i, batch_size) for i in range(num_batches)])
+        logits = self.planted_logits(test.sparse[:samples], test.dense[:samples])
+        return float(roc_auc_score(test.labels[:samples].numpy(), logits))
+
+    def _check_features(self, sparse, dense) -> tuple[np.ndarray, np.ndarray]:
+        sparse, dense = np.asarray(sparse), np.asarray(dense)
+        if sparse.ndim != 2 or sparse.shape[1] != self.num_fields:
+            raise ValueError(f"expected sparse keys of shape (B, {self.num_fields}), got {sparse.shape}")
+        if dense.shape != (sparse.shape[0], NUM_DENSE):
+            raise ValueError(f"expected dense features of shape ({sparse.shape[0]}, {NUM_DENSE}), "
+                             f"got {dense.shape}")
+        if sparse.size and (sparse.min() < 0 or sparse.max() >= self.num_rows):
+            raise ValueError(f"keys must lie in [0, {self.num_rows}), "
+                             f"got [{sparse.min()}, {sparse.max()}]")
+        return sparse, dense
+
+
+# ---- pure helpers ---------------------------------------------------------------------------
+
+def _power_law_ranks(u: np.ndarray, cards: np.ndarray, alpha: float) -> np.ndarray:
+    """Ranks ``0 .. card - 1`` with ``P(rank r) ~ (r + 1) ** -alpha``, from uniforms ``u``.
+
+    Inverts the CDF of the continuous density ``x ** -alpha`` on ``[1, card + 1)`` and floors:
+    no per-id arrays, so a field of 10M ids costs what a field of 10 does.
+
+    Shape: u (B, F), cards (F,) -> (B, F) int64.
+
+    Example:
+        >>> r = _power_law_ranks(np.random.default_rng(0).random((10_000, 1)), np.array([100]), 1.0)
+        >>> int(r.min()), int(r.max()) < 100, bool((r == 0).mean() > (r == 50).mean())
+        (0, True, True)
+    """
+    log_top = np.log(cards + 1.0)  # (F,)
+    c = 1.0 - alpha
+    if abs(c) < 1e-9:  # alpha == 1: F(x) = log(x) / log(card + 1)
+        x = np.exp(u * log_top)
+    else:  # F(x) = (x**c - 1) / ((card + 1)**c - 1), inverted with expm1/log1p for alpha near 1
+        x = np.exp(np.log1p(u * np.expm1(c * log_top)) / c)
+    return np.clip(np.floor(np.minimum(x, cards)) - 1, 0, cards - 1).astype(np.int64)
+
+
+def _affine_maps(cards: np.ndarray, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per field ``(a, b)`` with ``gcd(a, card) == 1``: ``rank -> (a * rank + b) % card`` is a
+    bijection that scatters the hot ranks over the field's ids. Shape: (F,) -> (F,), (F,)."""
+    mult = np.ones_like(cards)
+    for f, card in enumerate(cards.tolist()):  # 26 fields; a few draws each until coprime
+        while card > 2:
+            a = int(rng.integers(2, card))
+            if math.gcd(a, card) == 1:
+                mult[f] = a
+                break
+    return mult, rng.integers(0, cards)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    z = x + np.uint64(0x9E3779B97F4A7C15)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return z ^ (z >> np.uint64(31))
+
+
+def _bias_for_rate(logits: np.ndarray, rate: float) -> float:
+    """The ``b`` with ``mean(sigmoid(logits + b)) == rate``, by bisection (the mean is monotone)."""
+    lo, hi = -60.0, 60.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if _sigmoid(logits + mid).mean() < rate else (lo, mid)
+    return 0.5 * (lo + hi)
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * x))  # no overflow for large |x|
