@@ -34,6 +34,7 @@ def _print_json(obj: dict) -> None:
 
 
 def cmd_serve(args) -> None:
+    from het.ps.auth import load_secret
     from het.ps.server import run_foreground
 
     if args.shard_config:
@@ -45,7 +46,7 @@ def cmd_serve(args) -> None:
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards)
-    run_foreground(cfg, args.bind)
+    run_foreground(cfg, args.bind, load_secret(args.secret_file))
 
 
 def cmd_demo(args) -> None:
@@ -109,7 +110,10 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run one PS shard in the foreground")
-    s.add_argument("--bind", default="127.0.0.1:5555", help="HOST:PORT to listen on (port 0: any free port)")
+    s.add_argument("--bind", default="127.0.0.1:5555", help="HOST:PORT to listen on (port 0: any free port); "
+                   "an address other than 127.0.0.1 needs a shared secret")
+    s.add_argument("--secret-file", metavar="PATH", help="file holding the shared secret that every request "
+                   "must be signed with (default: the environment variable HET_SECRET, if set)")
     s.add_argument("--table", action="append", type=_table, default=[], metavar="NAME:ROWS:DIM",
                    help="a table to hold (repeat for several)")
     s.add_argument("--optimizer", default="sgd", choices=["sgd", "adagrad", "adam"])

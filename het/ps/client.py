@@ -17,7 +17,8 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import partition
-from het.ps.protocol import ERROR, Message, Op, PSError, decode, encode
+from het.ps.auth import check_secret
+from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
 from het.ps.shard import Shard
 from het.ps.transport import LocalTransport, ZmqTransport
 
@@ -51,6 +52,8 @@ class PSClient:
     Args:
         channels: one channel per shard, in shard order (see :mod:`het.ps.transport`).
         timeout_s: how long ``wait`` waits for a shard before raising TimeoutError.
+        secret: the shards' shared secret (bytes): every request is signed with it, and a reply
+            not signed with it raises AuthError.
 
     Example:
         >>> client = PSClient.local([TableConfig("t", rows=10, dim=2)], num_shards=2)
@@ -62,19 +65,22 @@ class PSClient:
         [1, 1, 1]
     """
 
-    def __init__(self, channels: list, timeout_s: float = 30.0):
+    def __init__(self, channels: list, timeout_s: float = 30.0, secret: bytes | None = None):
         self.channels = list(channels)
         self.timeout_s = timeout_s
+        self.secret = check_secret(secret)
         self._ids = itertools.count(1)
         self._early = [dict() for _ in self.channels]  # replies that came before their wait
         self.bytes = {"sent": 0, "received": 0}
         self.tables = self._fetch_tables()
 
     @classmethod
-    def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None) -> "PSClient":
-        """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order)."""
+    def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None,
+                secret: bytes | None = None) -> "PSClient":
+        """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
+        give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`)."""
         transport = transport or ZmqTransport()
-        return cls([transport.connect(a) for a in addresses], timeout_s)
+        return cls([transport.connect(a) for a in addresses], timeout_s, secret)
 
     @classmethod
     def local(cls, tables: list[TableConfig], num_shards: int = 1) -> "PSClient":
@@ -168,7 +174,7 @@ class PSClient:
         rids = []
         for i, ch in enumerate(self.channels):
             rid = next(self._ids)
-            ch.send(encode(Message(op, rid, meta(i))))
+            ch.send(encode(Message(op, rid, meta(i)), self.secret))
             rids.append(rid)
         return [self._reply(i, rid) for i, rid in enumerate(rids)]
 
@@ -183,7 +189,7 @@ class PSClient:
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:
         rid = next(self._ids)
         arrays = [t.detach().cpu().numpy() for t in tensors]
-        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table), arrays))
+        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table), arrays), self.secret)
         self.bytes["sent"] += sum(memoryview(f).nbytes for f in frames)
         self.channels[shard].send(frames)
         handle.parts.append((shard, rid, positions))
@@ -194,13 +200,25 @@ class PSClient:
             frames = self.channels[shard].recv(self.timeout_s)
             self.bytes["received"] += sum(memoryview(f.buffer if hasattr(f, "buffer") else f).nbytes
                                           for f in frames)
-            msg = decode(frames)
+            msg = self._decode(shard, frames)
             early[msg.request_id] = msg
         msg = early.pop(rid)
         if msg.status == ERROR:
             raise PSError(f"PS shard {shard} ({self.channels[shard].address}) refused {msg.op.name}: "
                           f"{msg.meta.get('kind', 'Error')}: {msg.meta.get('error')}")
         return msg
+
+    def _decode(self, shard: int, frames) -> Message:
+        """A reply, checked against the secret. A shard that could not authenticate a request
+        answers with an unsigned error reply: it is let through, as it can only raise PSError."""
+        try:
+            return decode(frames, self.secret, what="reply")
+        except AuthError as e:
+            msg = decode(frames)
+            if msg.status != ERROR:
+                raise AuthError(f"PS shard {shard} ({self.channels[shard].address}): {e} "
+                                f"(does it hold the same shared secret?)") from None
+            return msg
 
     def _merge(self, handle: Handle, replies):
         dim = self.tables[handle.table].dim

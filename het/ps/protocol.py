@@ -2,10 +2,18 @@
 
 Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
 
-    magic b"HETP" | version u8 | op u8 | status u8 | reserved u8 | request_id u64 | meta_len u32
+    magic b"HETP" | version u8 | op u8 | status u8 | flags u8 | request_id u64 | meta_len u32
 
 ``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
 little-endian bytes of C-contiguous int64 or float32 arrays, sent and received without copies.
+
+Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
+under the shared secret, of the header frame and every array frame, each preceded by its
+length (:func:`het.ps.auth.mac`). ``encode(msg, secret)`` signs; ``decode(frames, secret)``
+raises :class:`AuthError` when the message is not signed or the MAC does not match. Unsigned
+messages are byte for byte those of before, so the version stays 1. A shard with a secret
+serves only signed requests and signs its replies; it answers a request it could not
+authenticate with an unsigned error reply (the sender may not hold the secret).
 
 Requests and their arrays (``n`` keys, rows of width ``D``):
 
@@ -30,11 +38,14 @@ An error reply has ``status = 1`` and ``meta = {"error": message, "kind": except
 from __future__ import annotations
 
 import enum
+import hmac
 import json
 import struct
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from het.ps import auth
 
 MAGIC = b"HETP"
 VERSION = 1
@@ -42,6 +53,7 @@ _HEADER = struct.Struct("<4sBBBBQI")
 _DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 MAX_ARRAYS = 16
+SIGNED = 0x01  # header flag: the last frame is the MAC
 
 
 class Op(enum.IntEnum):
@@ -67,6 +79,10 @@ class VersionError(ProtocolError):
     """A message of another protocol version."""
 
 
+class AuthError(ProtocolError):
+    """A message that is not signed with the shared secret this side holds."""
+
+
 class PSError(RuntimeError):
     """An error reply from a PS shard: the shard refused the request and kept serving."""
 
@@ -82,14 +98,18 @@ class Message:
     status: int = OK
 
 
-def encode(msg: Message) -> list:
-    """Message -> frames (bytes header, then the arrays' own buffers: no copies).
+def encode(msg: Message, secret: bytes | None = None) -> list:
+    """Message -> frames (bytes header, then the arrays' own buffers: no copies), and the MAC
+    frame when a shared ``secret`` is given.
 
     Example:
         >>> frames = encode(Message(Op.PULL, 7, {"table": "t"}, [np.arange(3)]))
         >>> m = decode(frames)
         >>> m.op.name, m.request_id, m.arrays[0].tolist()
         ('PULL', 7, [0, 1, 2])
+        >>> signed = encode(Message(Op.PULL, 7, {"table": "t"}, [np.arange(3)]), secret=b"k")
+        >>> len(signed), decode(signed, secret=b"k").arrays[0].tolist()
+        (3, [0, 1, 2])
     """
     arrays = [np.ascontiguousarray(a) for a in msg.arrays]
     specs = []
@@ -100,8 +120,12 @@ def encode(msg: Message) -> list:
         specs.append([code, list(a.shape)])
     meta = dict(msg.meta, arrays=specs)
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
-    header = _HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, 0, msg.request_id, len(meta_bytes))
-    return [header + meta_bytes, *arrays]
+    flags = 0 if secret is None else SIGNED
+    header = _HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, flags, msg.request_id, len(meta_bytes))
+    frames = [header + meta_bytes, *arrays]
+    if secret is not None:
+        frames.append(auth.mac(secret, frames))
+    return frames
 
 
 def peek_request_id(frame0) -> int:
@@ -112,21 +136,34 @@ def peek_request_id(frame0) -> int:
     return _HEADER.unpack_from(buf)[5]
 
 
-def decode(frames) -> Message:
-    """Frames -> Message. Raises ProtocolError (VersionError) on anything malformed.
+def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Message:
+    """Frames -> Message. Raises ProtocolError (VersionError) on anything malformed, and
+    AuthError when ``secret`` is given and the frames are not signed with it. Without a
+    secret, a MAC frame is dropped unchecked. ``what`` ("request" or "reply") names the
+    message in errors.
 
     Array frames may be bytes, memoryviews or zmq Frames; the arrays are views on them.
+
+    Example:
+        >>> frames = encode(Message(Op.INFO, 1), secret=b"right")
+        >>> decode(frames, secret=b"wrong")
+        Traceback (most recent call last):
+        ...
+        het.ps.protocol.AuthError: bad signature: wrong shared secret?
     """
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     head = memoryview(_buffer(frames[0]))
     if len(head) < _HEADER.size:
         raise ProtocolError(f"header frame of {len(head)} bytes: expected at least {_HEADER.size}")
-    magic, version, op, status, _, request_id, meta_len = _HEADER.unpack_from(head)
+    magic, version, op, status, flags, request_id, meta_len = _HEADER.unpack_from(head)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}: expected {MAGIC!r}")
     if version != VERSION:
         raise VersionError(f"protocol version {version}: this side speaks version {VERSION}")
+    if flags & ~SIGNED:
+        raise ProtocolError(f"unknown header flags {flags:#04x}: expected 0 or {SIGNED:#04x} (signed)")
+    frames = _authenticate(frames, bool(flags & SIGNED), secret, what)  # before reading anything else
     try:
         op = Op(op)
     except ValueError:
@@ -144,6 +181,23 @@ def decode(frames) -> Message:
         raise ProtocolError(f"meta describes {specs!r} arrays, message carries {len(frames) - 1}")
     arrays = [_array(spec, frame, i) for i, (spec, frame) in enumerate(zip(specs, frames[1:]))]
     return Message(op, request_id, meta, arrays, status)
+
+
+def _authenticate(frames, signed: bool, secret: bytes | None, what: str) -> list:
+    """The frames without their MAC frame; AuthError if ``secret`` is set and they are not
+    signed with it. Replay is not detected: a recorded signed message stays valid."""
+    if signed:
+        if len(frames) < 2:
+            raise ProtocolError("header says signed, but the message has no MAC frame")
+        frames, tag = frames[:-1], _buffer(frames[-1])
+    if secret is None:
+        return frames
+    if not signed:
+        side = "shard" if what == "request" else "client"
+        raise AuthError(f"{what} is not signed: this {side} requires a shared secret")
+    if not hmac.compare_digest(auth.mac(secret, [_buffer(f) for f in frames]), tag):
+        raise AuthError("bad signature: wrong shared secret?")
+    return frames
 
 
 def error_reply(request_id: int, op: int, err: Exception) -> Message:

@@ -3,6 +3,9 @@
 ``het serve`` runs :func:`serve` in the foreground; :class:`ServerThread` and
 :class:`ServerProcess` start one from Python (tests, benchmarks, the local cluster) on a free
 port of 127.0.0.1 and stop it again.
+
+Each takes an optional shared ``secret`` (bytes): with one, only requests signed with it are
+served (see :mod:`het.ps.auth`). Binding any address but loopback without one is a ValueError.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import threading
 import time
 
 from het.config import ShardConfig
+from het.ps.auth import SECRET_ENV, check_bind, check_secret
 from het.ps.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
 from het.ps.transport import ZmqTransport
@@ -41,14 +45,18 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
         endpoint.send(peer, reply)
 
 
-def run_foreground(cfg: ShardConfig, bind: str) -> None:
-    """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM."""
-    shard = Shard(cfg)
+def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None) -> None:
+    """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
+    Only requests signed with ``secret`` are served when one is given."""
+    check_bind(bind, secret)
+    shard = Shard(cfg, secret)
     endpoint = ZmqTransport().bind(bind)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
+    if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
+        print("het serve: serving only requests signed with the shared secret", flush=True)
     try:
         serve(shard, endpoint, stop.is_set)
     finally:
@@ -66,8 +74,9 @@ class ServerThread:
         True
     """
 
-    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0"):
-        self.shard = Shard(cfg)
+    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None):
+        check_bind(bind, secret)
+        self.shard = Shard(cfg, secret)
         self.endpoint = ZmqTransport().bind(bind)
         self.address = self.endpoint.address
         self._stop = threading.Event()
@@ -91,16 +100,20 @@ class ServerProcess:
     """A shard in a child process (``het serve``), on a free port of 127.0.0.1 by default.
 
     The child's output goes to ``log_path`` when given. ``stop()`` asks it to end (SIGTERM),
-    then kills it if it has not ended within ``grace_s``.
+    then kills it if it has not ended within ``grace_s``. A ``secret`` reaches the child in its
+    environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
+    one, the child does not inherit this process's ``HET_SECRET`` either.
     """
 
-    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", log_path: str | None = None,
-                 start_timeout_s: float = 60.0):
+    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
+                 log_path: str | None = None, start_timeout_s: float = 60.0):
+        secret = check_secret(secret)
+        check_bind(bind, secret)
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg))]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
-                                     text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                     text=True, env=_child_env(secret))
         self.address = self._read_address(start_timeout_s)
 
     def _read_address(self, timeout_s: float) -> str:
@@ -142,6 +155,14 @@ class ServerProcess:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def _child_env(secret: bytes | None) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop(SECRET_ENV, None)
+    if secret is not None:
+        env[SECRET_ENV] = os.fsdecode(secret)  # the child's os.fsencode gives back the same bytes
+    return env
 
 
 def _cfg_dict(cfg: ShardConfig) -> dict:

@@ -19,7 +19,9 @@ import torch
 from het.config import ShardConfig, TableConfig
 from het.ps import optim, partition
 from het.staleness import must_refresh
-from het.ps.protocol import Message, Op, ProtocolError, decode, encode, error_reply, peek_request_id
+from het.ps.auth import check_secret
+from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
+                             peek_request_id)
 
 SAVE_FORMAT = 1
 
@@ -70,6 +72,9 @@ class Shard:
 
     Args:
         cfg: the tables, this shard's index and the number of shards.
+        secret: a shared secret (bytes). With one, :meth:`handle_frames` serves only requests
+            signed with it, signs its replies, and counts the others in
+            ``stats["unauthenticated"]``.
 
     Example:
         >>> from het.config import TableConfig
@@ -79,26 +84,31 @@ class Shard:
         ((2, 2), [0, 0])
     """
 
-    def __init__(self, cfg: ShardConfig):
+    def __init__(self, cfg: ShardConfig, secret: bytes | None = None):
         self.cfg = cfg
+        self.secret = check_secret(secret)
         self.tables = {t.name: _Table(t, cfg.index, cfg.num_shards) for t in cfg.tables}
-        self.stats = Counter()
+        self.stats = Counter(unauthenticated=0)
         self.started = time.time()
         self.stopping = False
 
     # -- the wire ---------------------------------------------------------------------------
     def handle_frames(self, frames) -> list:
-        """Frames in, frames out. Never raises: a bad request gets an error reply."""
+        """Frames in, frames out. Never raises: a bad request gets an error reply.
+
+        With a secret, a request not signed with it is refused and counted in
+        ``stats["unauthenticated"]``. A request that does not decode gets an unsigned error
+        reply (its sender may not hold the secret); the replies to the others are signed.
+        """
         start = time.perf_counter()
         self.stats["bytes_in"] += sum(memoryview(_buf(f)).nbytes for f in frames)
         try:
-            msg = decode(frames)
+            msg = decode(frames, self.secret)
         except ProtocolError as e:
-            self.stats["errors"] += 1
-            reply = error_reply(peek_request_id(_buf(frames[0])) if frames else 0, 0, e)
+            self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
+            out = encode(error_reply(peek_request_id(_buf(frames[0])) if frames else 0, 0, e))
         else:
-            reply = self.handle(msg)
-        out = encode(reply)
+            out = encode(self.handle(msg), self.secret)
         self.stats["bytes_out"] += sum(memoryview(f).nbytes for f in out)
         self.stats["busy_s"] += time.perf_counter() - start
         return out
