@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
+import time
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 
@@ -40,13 +42,85 @@ def cmd_serve(args) -> None:
     if args.shard_config:
         d = json.loads(args.shard_config)
         cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"])
+    elif args.config:
+        from het.train.config import TrainConfig
+        from het.train.loop import job_tables
+
+        tables = tuple(job_tables(TrainConfig.load(args.config, {})))
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
     else:
         if not args.table:
-            raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM")
+            raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards)
     run_foreground(cfg, args.bind, load_secret(args.secret_file))
+
+
+TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config file
+    "model": (str, "wdl"), "data": (str, "synthetic-criteo"), "mode": (str, "het | hybrid | ps"),
+    "staleness": (_staleness, "bound s: an integer (0 = BSP) or inf"), "steps": (int, "training steps"),
+    "batch": (int, "samples per worker per step"), "dim": (int, "embedding width"),
+    "optimizer": (str, "sgd | adagrad | adam (sparse on the PS, dense locally)"),
+    "lr": (float, "sparse learning rate"), "dense_lr": (float, "dense learning rate"),
+    "cache_frac": (float, "cache rows as a fraction of the table"), "cache_rows": (int, "cache rows"),
+    "policy": (str, "lru | lfu"), "workers": (int, "local cluster: worker processes"),
+    "servers": (int, "local cluster: PS shard processes"), "eval_samples": (int, "held-out samples"),
+    "seed": (int, "seed of the data and the model"), "checkpoint": (str, "checkpoint directory"),
+    "checkpoint_every": (int, "steps between checkpoints"), "resume": (str, "checkpoint to resume from"),
+    "synthetic_cap": (int, "cap on each synthetic field's cardinality"),
+    "synthetic_alpha": (float, "power-law exponent of the synthetic ids"),
+}
+
+
+def cmd_train(args) -> None:
+    from het.ps.auth import load_secret
+    from het.train.config import TrainConfig
+
+    if args.config_json:  # a worker started by the local launcher
+        cfg = TrainConfig.from_dict(json.loads(args.config_json))
+    else:
+        overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
+        if args.no_prefetch:
+            overrides["prefetch"] = False
+        cfg = TrainConfig.load(args.config, overrides)
+    secret = load_secret(args.secret_file)
+    if args.ps:  # a worker of a multi-node job (torchrun) or of the local launcher
+        from het.train.loop import run_worker
+
+        summary = run_worker(cfg, args.ps.split(","), secret, progress=not args.quiet)
+        if summary is None:
+            return
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump(summary, f)
+    else:
+        from het.dist.launch import ClusterError, LocalCluster
+
+        log_dir = args.log_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        try:
+            summary = LocalCluster(cfg, log_dir, secret, progress=not args.quiet).run()
+        except ClusterError as e:
+            print(f"het train: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+        except KeyboardInterrupt:
+            print("het train: interrupted; every process was stopped", file=sys.stderr)
+            raise SystemExit(130) from None
+    _report(summary, args.json)
+
+
+def _report(summary: dict, as_json: bool) -> None:
+    if as_json:
+        _print_json(summary)
+        return
+    split = summary["time_split"]
+    print(f"het train: {summary['mode']} s={summary['staleness']}, {summary['workers']} workers x "
+          f"{summary['servers']} servers, {summary['steps']} steps in {summary['wall_s']:.1f} s "
+          f"({summary['samples_per_s']:,.0f} samples/s)\n"
+          f"  AUC {summary.get('auc', float('nan')):.4f} (planted {summary.get('planted_auc', float('nan')):.4f}), "
+          f"log loss {summary.get('logloss', float('nan')):.4f}, hit rate {summary['hit_rate']:.3f}\n"
+          f"  sparse bytes/sample {summary['sparse_bytes_per_sample']:,.0f}; time: compute {split['compute']:.0%}, "
+          f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}")
 
 
 def cmd_demo(args) -> None:
@@ -121,6 +195,7 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
     s.add_argument("--shard-index", type=int, default=0)
     s.add_argument("--num-shards", type=int, default=1)
+    s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     s.set_defaults(func=cmd_serve)
 
@@ -130,6 +205,21 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--staleness", type=_staleness, default=10)
     d.add_argument("--json", action="store_true")
     d.set_defaults(func=cmd_demo)
+
+    t = sub.add_parser("train", help="train a model: a local cluster by default, or a worker of a "
+                       "multi-node job with --ps (under torchrun)")
+    t.add_argument("--config", help="TOML file of the job (flags override it)")
+    for name, (kind, text) in TRAIN_FLAGS.items():
+        t.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
+    t.add_argument("--no-prefetch", action="store_true", help="do not send the next step's sync early")
+    t.add_argument("--ps", help="HOST:PORT,... of running shards (`het serve`): be a worker of that PS")
+    t.add_argument("--secret-file", metavar="PATH", help="the shards' shared secret (or HET_SECRET)")
+    t.add_argument("--log-dir", help="local cluster: where the processes' logs go (default runs/<time>)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
+    t.add_argument("--config-json", help=argparse.SUPPRESS)
+    t.add_argument("--summary", help=argparse.SUPPRESS)
+    t.set_defaults(func=cmd_train)
 
     b = sub.add_parser("bench", help="benchmarks; each prints one JSON object with --json")
     bsub = b.add_subparsers(dest="bench", required=True)

@@ -10,6 +10,7 @@ served (see :mod:`het.ps.auth`). Binding any address but loopback without one is
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
@@ -99,21 +100,25 @@ class ServerThread:
 class ServerProcess:
     """A shard in a child process (``het serve``), on a free port of 127.0.0.1 by default.
 
-    The child's output goes to ``log_path`` when given. ``stop()`` asks it to end (SIGTERM),
-    then kills it if it has not ended within ``grace_s``. A ``secret`` reaches the child in its
+    The child's output goes to ``log_path`` when given; ``env`` adds environment variables;
+    ``new_session`` keeps Ctrl-C of the terminal from reaching it. It gets SIGTERM if this
+    process dies. ``stop()`` asks it to end (SIGTERM), then kills it if it has not ended within
+    ``grace_s``. A ``secret`` reaches the child in its
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
     one, the child does not inherit this process's ``HET_SECRET`` either.
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
-                 log_path: str | None = None, start_timeout_s: float = 60.0):
+                 log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
+                 new_session: bool = False):
         secret = check_secret(secret)
         check_bind(bind, secret)
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg))]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
-                                     text=True, env=_child_env(secret))
+                                     text=True, env=dict(_child_env(secret), **(env or {})),
+                                     start_new_session=new_session, preexec_fn=die_with_parent)
         self.address = self._read_address(start_timeout_s)
 
     def _read_address(self, timeout_s: float) -> str:
@@ -163,6 +168,14 @@ def _child_env(secret: bytes | None) -> dict:
     if secret is not None:
         env[SECRET_ENV] = os.fsdecode(secret)  # the child's os.fsencode gives back the same bytes
     return env
+
+
+def die_with_parent() -> None:
+    """In a child, before exec: ask Linux to send SIGTERM when the parent dies (no orphans)."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the parent's own cleanup still runs
+        pass
 
 
 def _cfg_dict(cfg: ShardConfig) -> dict:

@@ -1,0 +1,1 @@
+"""Training: the config, the step and the loop, evaluation, checkpoints."""

@@ -1,0 +1,69 @@
+"""Checkpoints: caches flushed, then the shards (rows, clocks, optimizer state), the dense model
+and its optimizer, and the data position, under one directory::
+
+    DIR/ps/shard-<i>.pt   written by each shard
+    DIR/worker.pt         dense model, dense optimizer, step, config (from rank 0)
+
+Every rank's batches are a function of the step, so the step is the data position.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from het.train.config import TrainConfig
+
+FORMAT = 1
+
+
+def save(worker, directory: str, step: int) -> None:
+    """Flush every cache (no update left behind), then write the checkpoint (all ranks call this)."""
+    from het.train.loop import barrier
+
+    worker.embedding.flush()
+    barrier(worker.world)
+    if worker.rank == 0:
+        os.makedirs(directory, exist_ok=True)
+        worker.client.save(os.path.abspath(os.path.join(directory, "ps")))
+        state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
+                 "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
+                 "optimizer": worker.optimizer.state_dict() if worker.optimizer is not None else None}
+        tmp = os.path.join(directory, f"worker.pt.tmp-{os.getpid()}")
+        torch.save(state, tmp)
+        os.replace(tmp, os.path.join(directory, "worker.pt"))
+    barrier(worker.world)
+
+
+def restore(worker, directory: str) -> int:
+    """Load a checkpoint written by :func:`save`; returns the step to continue from."""
+    from het.train.loop import barrier
+
+    path = os.path.join(directory, "worker.pt")
+    if not os.path.exists(path):
+        raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
+    state = torch.load(path, weights_only=False)
+    if state.get("format") != FORMAT:
+        raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
+    if worker.rank == 0:
+        worker.client.load(os.path.abspath(os.path.join(directory, "ps")))
+    missing, unexpected = worker.model.load_state_dict(state["model"], strict=False)
+    if unexpected or any(not k.startswith("embedding.") for k in missing):
+        raise ValueError(f"{path} does not fit this model: missing {missing}, unexpected {unexpected}")
+    if worker.optimizer is not None and state["optimizer"] is not None:
+        worker.optimizer.load_state_dict(state["optimizer"])
+    barrier(worker.world)
+    return int(state["step"])
+
+
+def saver(worker, cfg: TrainConfig):
+    """The per-step hook that saves every ``checkpoint_every`` steps (and None without one)."""
+    if not cfg.checkpoint or not cfg.checkpoint_every:
+        return None
+
+    def on_step(step: int) -> None:
+        if step % cfg.checkpoint_every == 0:
+            save(worker, cfg.checkpoint, step)
+
+    return on_step

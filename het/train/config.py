@@ -1,0 +1,153 @@
+"""The training job's config: one frozen dataclass, from a TOML file and flags.
+
+A TOML file holds the same keys as the dataclass (flags override it)::
+
+    model = "wdl"
+    data = "synthetic-criteo"
+    mode = "het"
+    staleness = 100
+    steps = 300
+    batch = 512
+    dim = 16
+    [synthetic]
+    cap = 100000
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from dataclasses import dataclass, field
+
+from het.config import OPTIMIZERS, POLICIES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+MODES = ("het", "hybrid", "ps")
+MODELS = ("wdl",)
+DATASETS = ("synthetic-criteo",)
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Size and skew of the synthetic Criteo-like data."""
+
+    cap: int | None = 100_000
+    scale: float = 1.0
+    alpha: float = 1.05
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """A training job. ``batch`` is per worker; ``lr`` is the sparse (PS) learning rate.
+
+    Example:
+        >>> TrainConfig(mode="hybrid").cache_rows_for(1000)
+        0
+        >>> TrainConfig(cache_frac=0.1).cache_rows_for(1000)
+        100
+    """
+
+    model: str = "wdl"
+    data: str = "synthetic-criteo"
+    mode: str = "het"
+    staleness: float = 100
+    steps: int = 300
+    batch: int = 512
+    dim: int = 16
+    optimizer: str = "adagrad"
+    lr: float = 0.05
+    dense_lr: float = 0.001
+    cache_frac: float = 0.1
+    cache_rows: int | None = None
+    policy: str = "lfu"
+    workers: int = 2
+    servers: int = 1
+    eval_samples: int = 65_536
+    seed: int = 0
+    checkpoint: str | None = None
+    checkpoint_every: int = 0
+    resume: str | None = None
+    prefetch: bool = True
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+    def __post_init__(self) -> None:
+        checks = [
+            (self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}"),
+            (self.data in DATASETS, f"data must be one of {DATASETS}, got {self.data!r}"),
+            (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
+            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
+            (self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"),
+            (self.staleness == math.inf or (float(self.staleness).is_integer() and self.staleness >= 0),
+             f"staleness must be an integer >= 0 or inf, got {self.staleness!r}"),
+            (self.steps >= 0 and self.batch > 0 and self.dim > 0,
+             f"steps >= 0, batch > 0 and dim > 0 expected, got {self.steps}, {self.batch}, {self.dim}"),
+            (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
+            (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
+            (self.workers >= 1 and self.servers >= 1,
+             f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
+            (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
+            (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+        if isinstance(self.synthetic, dict):
+            object.__setattr__(self, "synthetic", SyntheticConfig(**self.synthetic))
+        if self.staleness != math.inf:
+            object.__setattr__(self, "staleness", int(self.staleness))
+
+    @property
+    def cached(self) -> bool:
+        return self.mode == "het"
+
+    def cache_rows_for(self, table_rows: int) -> int:
+        """Rows of the worker cache for a table of ``table_rows`` rows (0 without a cache)."""
+        if not self.cached:
+            return 0
+        if self.cache_rows is not None:
+            return min(self.cache_rows, table_rows)
+        return int(self.cache_frac * table_rows)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d["staleness"] = "inf" if self.staleness == math.inf else self.staleness
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        d = dict(d)
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - names
+        if unknown:
+            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(names)}")
+        if d.get("staleness") in ("inf", "infinity"):
+            d["staleness"] = math.inf
+        if isinstance(d.get("synthetic"), dict):
+            d["synthetic"] = SyntheticConfig(**d["synthetic"])
+        return cls(**d)
+
+    @classmethod
+    def load(cls, path: str | None, overrides: dict) -> "TrainConfig":
+        """The TOML file at ``path`` (if any), then ``overrides`` (flags that were given)."""
+        d: dict = {}
+        if path:
+            with open(path, "rb") as f:
+                try:
+                    d = tomllib.load(f)
+                except tomllib.TOMLDecodeError as e:
+                    raise ValueError(f"{path}: not valid TOML: {e}") from None
+        synthetic = dict(d.pop("synthetic", {}))
+        for key, value in overrides.items():
+            if key.startswith("synthetic_"):
+                synthetic[key[len("synthetic_"):]] = value
+            else:
+                d[key] = value
+        if synthetic:
+            d["synthetic"] = synthetic
+        return cls.from_dict(d)

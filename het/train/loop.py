@@ -1,0 +1,219 @@
+"""One worker's training: build, step, evaluate, summarise. Runs under torchrun or the local
+cluster launcher (het.dist.launch) alike: rank and world size come from the environment.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from sklearn.metrics import log_loss, roc_auc_score
+from tqdm import tqdm
+
+from het.config import CacheConfig, OptimizerConfig, TableConfig
+from het.data.batch import Batch
+from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+from het.dist.dense import AllReduceDense, PSDense, dense_table
+from het.models.wdl import WideDeep
+from het.nn.embedding import Embedding
+from het.ps.client import PSClient
+from het.train import checkpoint
+from het.train.config import TrainConfig
+
+EMBEDDING_TABLE = "embedding"
+DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+
+
+def make_data(cfg: TrainConfig) -> SyntheticCriteo:
+    s = cfg.synthetic
+    return SyntheticCriteo(SyntheticCriteoConfig(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
+
+
+def make_model(cfg: TrainConfig, embedding: torch.nn.Module, data: SyntheticCriteo) -> WideDeep:
+    torch.manual_seed(cfg.seed)  # every worker starts from the same dense parameters
+    return WideDeep(embedding, num_fields=data.num_fields, dim=cfg.dim, num_dense=data.num_dense)
+
+
+def job_tables(cfg: TrainConfig, data: SyntheticCriteo | None = None) -> list[TableConfig]:
+    """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``."""
+    data = data or make_data(cfg)
+    tables = [TableConfig(EMBEDDING_TABLE, rows=data.num_rows, dim=cfg.dim,
+                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)]
+    if cfg.mode == "ps":
+        model = make_model(cfg, torch.nn.Embedding(1, cfg.dim), data)
+        model.embedding = torch.nn.Identity()
+        tables.append(dense_table(model, "sgd", cfg.dense_lr))
+    return tables
+
+
+class Worker:
+    """One rank's model, caches, dense synchronisation and counters."""
+
+    def __init__(self, cfg: TrainConfig, client: PSClient, rank: int = 0, world: int = 1,
+                 device: torch.device | str = "cpu"):
+        self.cfg, self.client, self.rank, self.world = cfg, client, rank, world
+        self.device = torch.device(device)
+        self.data = make_data(cfg)
+        table = client.tables[EMBEDDING_TABLE]
+        cache = CacheConfig(capacity=cfg.cache_rows_for(table.rows), policy=cfg.policy, staleness=cfg.staleness)
+        self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
+                                   grad_scale=1.0 / world)
+        self.model = make_model(cfg, self.embedding, self.data).to(self.device)
+        if cfg.mode == "ps":
+            self.dense = PSDense(self.model, client, world, rank)
+            self.optimizer = None
+            barrier(world)  # rank 0 has written the initial dense values
+        else:
+            self.dense = AllReduceDense(self.model, world, self.device)
+            self.optimizer = DENSE_OPTIMIZERS[cfg.optimizer](self.dense.params, lr=cfg.dense_lr)
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+        self.bsp = cfg.staleness == 0
+        self.prefetch = cfg.prefetch and not self.bsp
+        self.step_count = 0
+        self.compute_s = 0.0
+
+    def batch(self, step: int) -> Batch:
+        """This rank's batch of a step: global batch index ``step * world + rank``."""
+        return self.data.batch("train", step * self.world + self.rank, self.cfg.batch).to(self.device)
+
+    def step(self, batch: Batch, next_batch: Batch | None = None) -> float:
+        """One training step; returns the loss. Reads top to bottom."""
+        self.dense.before_forward()                      # mode ps: pull the dense parameters
+        if self.prefetch and next_batch is not None:
+            self.embedding.prefetch(next_batch.sparse)   # next step's sync flies while this one computes
+        logits = self.dense.model(batch.dense, batch.sparse)
+        loss = self.loss_fn(logits, batch.labels)
+        if self.optimizer is not None:
+            self.optimizer.zero_grad()
+        else:
+            self.model.zero_grad()
+        loss.backward()                                  # rows' gradients -> cache; dense AllReduce
+        self.dense.after_backward(self.optimizer)        # local optimizer step, or push to the PS
+        if self.bsp:                                     # s = 0: every push applied before any pull
+            self.embedding.push_due()
+            barrier(self.world)
+        self.step_count += 1
+        return float(loss.detach())
+
+    def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
+        bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
+                   unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
+        start_time = time.perf_counter()
+        batch = self.batch(start) if start < steps else None
+        if self.prefetch and batch is not None:
+            self.embedding.prefetch(batch.sparse)
+        loss = math.nan
+        for step in range(start, steps):
+            next_batch = self.batch(step + 1) if step + 1 < steps else None
+            loss = self.step(batch, next_batch)
+            batch = next_batch
+            stats = self.embedding.stats()[EMBEDDING_TABLE]
+            elapsed = time.perf_counter() - start_time
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", hit_rate=f"{stats.get('hit_rate', 0):.3f}",
+                            samples_per_s=f"{(step + 1 - start) * self.cfg.batch * self.world / elapsed:,.0f}",
+                            refresh=False)
+            if on_step is not None:
+                on_step(step + 1)
+        self.embedding.flush()
+        barrier(self.world)
+        bar.close()
+        return {"wall_s": time.perf_counter() - start_time, "loss": loss}
+
+    @torch.no_grad()
+    def evaluate(self, samples: int, batch_size: int = 8192) -> dict:
+        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC)."""
+        self.model.eval()
+        preds, labels, planted = [], [], []
+        for i in range(math.ceil(samples / batch_size)):
+            b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
+            preds.append(torch.sigmoid(self.model(b.dense.to(self.device), b.sparse.to(self.device))).cpu().numpy())
+            labels.append(b.labels.numpy())
+            planted.append(self.data.planted_logits(b.sparse, b.dense))
+        self.model.train()
+        y, p = np.concatenate(labels), np.concatenate(preds)
+        return {"auc": float(roc_auc_score(y, p)), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7))),
+                "planted_auc": float(roc_auc_score(y, np.concatenate(planted)))}
+
+    def counters(self) -> dict:
+        """This rank's traffic, cache and time counters (summed over ranks by the summary)."""
+        stats = self.embedding.stats()[EMBEDDING_TABLE]
+        dense_bytes = (self.dense.bytes if isinstance(self.dense, PSDense)
+                       else self.dense.bytes_per_step() * self.step_count)
+        return {**{k: stats.get(k, 0) for k in ("lookups", "hits", "misses", "stale_refreshes", "evictions")},
+                **{k: self.embedding.traffic.get(k, 0) for k in ("sparse_pull", "sparse_push", "sync")},
+                "dense": dense_bytes, "wait_ps_s": self.embedding.wait_s + getattr(self.dense, "wait_s", 0.0),
+                "allreduce_s": getattr(self.dense, "allreduce_s", 0.0)}
+
+
+def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank: list[dict], metrics: dict) -> dict:
+    total = {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
+    samples = steps * cfg.batch * world
+    sparse = total["sparse_pull"] + total["sparse_push"] + total["sync"]
+    busy = wall_s * world
+    wait, allreduce = total["wait_ps_s"], total["allreduce_s"]
+    return {
+        "mode": cfg.mode, "staleness": "inf" if cfg.staleness == math.inf else cfg.staleness,
+        "workers": world, "servers": cfg.servers, "steps": steps, "samples": samples, "wall_s": wall_s,
+        "samples_per_s": samples / wall_s if wall_s else 0.0, **metrics,
+        "hit_rate": total["hits"] / total["lookups"] if total["lookups"] else 0.0,
+        "stale_refreshes": total["stale_refreshes"], "evictions": total["evictions"],
+        "bytes": {k: total[k] for k in ("sparse_pull", "sparse_push", "sync", "dense")},
+        "sparse_bytes_per_sample": sparse / samples if samples else 0.0,
+        "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
+                       "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
+        "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(make_data(cfg).num_rows),
+        "policy": cfg.policy, "optimizer": cfg.optimizer,
+    }
+
+
+def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = None, progress: bool = True,
+               timeout_s: float = 60.0) -> dict | None:
+    """Train as one rank (rank and world from torchrun's environment variables); rank 0
+    returns the job's summary, the other ranks None."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    device = _device()
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret)
+    try:
+        worker = Worker(cfg, client, rank, world, device)
+        start = 0
+        if cfg.resume:
+            start = checkpoint.restore(worker, cfg.resume)
+        saver = checkpoint.saver(worker, cfg)
+        run = worker.train(cfg.steps, start, progress, on_step=saver)
+        per_rank = gather(worker.counters(), world)
+        if rank != 0:
+            return None
+        metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
+        return summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics)
+    finally:
+        client.close()
+        if world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def gather(obj, world: int) -> list:
+    if world == 1:
+        return [obj]
+    out = [None] * world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        local = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
