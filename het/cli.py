@@ -63,6 +63,7 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "batch": (int, "samples per worker per step"), "dim": (int, "embedding width"),
     "optimizer": (str, "sgd | adagrad | adam (sparse on the PS, dense locally)"),
     "lr": (float, "sparse learning rate"), "dense_lr": (float, "dense learning rate"),
+    "dense_optimizer": (str, "the dense layers' optimizer, if not --optimizer"),
     "cache_frac": (float, "cache rows as a fraction of the table"), "cache_rows": (int, "cache rows"),
     "policy": (str, "lru | lfu"), "workers": (int, "local cluster: worker processes"),
     "servers": (int, "local cluster: PS shard processes"), "eval_samples": (int, "held-out samples"),

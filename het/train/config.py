@@ -57,11 +57,12 @@ class TrainConfig:
     data: str = "synthetic-criteo"
     mode: str = "het"
     staleness: float = 100
-    steps: int = 300
+    steps: int = 1000
     batch: int = 512
-    dim: int = 16
+    dim: int = 128
     optimizer: str = "adagrad"
     lr: float = 0.05
+    dense_optimizer: str | None = None  # None: the same as `optimizer`
     dense_lr: float = 0.001
     cache_frac: float = 0.1
     cache_rows: int | None = None
@@ -82,6 +83,8 @@ class TrainConfig:
             (self.data in DATASETS, f"data must be one of {DATASETS}, got {self.data!r}"),
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
+            (self.dense_optimizer in (None, *OPTIMIZERS),
+             f"dense_optimizer must be one of {OPTIMIZERS}, got {self.dense_optimizer!r}"),
             (self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"),
             (self.staleness == math.inf or (float(self.staleness).is_integer() and self.staleness >= 0),
              f"staleness must be an integer >= 0 or inf, got {self.staleness!r}"),

@@ -4,8 +4,11 @@ cluster launcher (het.dist.launch) alike: rank and world size come from the envi
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import math
 import os
+import signal
 import time
 
 import numpy as np
@@ -69,7 +72,7 @@ class Worker:
             barrier(world)  # rank 0 has written the initial dense values
         else:
             self.dense = AllReduceDense(self.model, world, self.device)
-            self.optimizer = DENSE_OPTIMIZERS[cfg.optimizer](self.dense.params, lr=cfg.dense_lr)
+            self.optimizer = DENSE_OPTIMIZERS[cfg.dense_optimizer or cfg.optimizer](self.dense.params, lr=cfg.dense_lr)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
@@ -178,7 +181,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = _device()
     if world > 1 and not dist.is_initialized():
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+        # a peer that died must not hang the others for gloo's default 30 minutes
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=120))
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret)
     try:
         worker = Worker(cfg, client, rank, world, device)
@@ -186,7 +190,12 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if cfg.resume:
             start = checkpoint.restore(worker, cfg.resume)
         saver = checkpoint.saver(worker, cfg)
-        run = worker.train(cfg.steps, start, progress, on_step=saver)
+        try:
+            with _stop_on_sigterm():
+                run = worker.train(cfg.steps, start, progress, on_step=saver)
+        except Interrupted:
+            worker.embedding.flush()  # a clean stop loses no update
+            raise SystemExit(143) from None
         per_rank = gather(worker.counters(), world)
         if rank != 0:
             return None
@@ -196,6 +205,22 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         client.close()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class Interrupted(Exception):
+    """SIGTERM arrived: stop training, flush, exit."""
+
+
+@contextlib.contextmanager
+def _stop_on_sigterm():
+    def handler(signum, frame):
+        raise Interrupted()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def barrier(world: int) -> None:

@@ -1,0 +1,196 @@
+"""`het train`: the local cluster, failures, checkpoints, the gradient rule, torchrun."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from het.data.batch import Batch
+from het.ps.client import PSClient
+from het.train.config import TrainConfig
+from het.train.loop import Worker, job_tables
+
+pytestmark = pytest.mark.cluster
+
+SMALL = ["--dim", "8", "--batch", "64", "--synthetic-cap", "2000", "--eval-samples", "4096"]
+
+
+def het(*args, timeout=600, env=None):
+    out = subprocess.run([sys.executable, "-m", "het", *args], capture_output=True, text=True, timeout=timeout,
+                         env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie waiting for its parent is dead for our purpose
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
+    s = het("train", "--steps", "120", "--workers", "2", "--servers", "2", "--dim", "16", "--json",
+            "--log-dir", str(tmp_path), "--quiet")
+    assert (s["mode"], s["workers"], s["servers"], s["steps"], s["samples"]) == ("het", 2, 2, 120, 120 * 512 * 2)
+    assert s["auc"] > 0.65 and s["planted_auc"] > s["auc"] and 0 < s["logloss"] < 0.7
+    assert 0.3 < s["hit_rate"] < 1 and s["stale_refreshes"] > 0
+    assert set(s["bytes"]) == {"sparse_pull", "sparse_push", "sync", "dense"} and all(s["bytes"].values())
+    assert abs(sum(s["time_split"].values()) - 1) < 1e-6
+    assert sorted(os.listdir(tmp_path)) == ["pids.json", "server-0.log", "server-1.log", "summary.json",
+                                            "worker-0.log", "worker-1.log"]
+    assert not any(alive(pid) for pid in json.load(open(tmp_path / "pids.json")).values())
+
+
+def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
+    common = ["--steps", "150", "--json", "--quiet", "--dim", "32", "--synthetic-cap", "20000"]
+    het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
+    hybrid = het("train", *common, "--mode", "hybrid", "--log-dir", str(tmp_path / "b"))
+    assert hybrid["hit_rate"] == 0 and het_run["hit_rate"] > 0.5
+    assert het_run["sparse_bytes_per_sample"] < 0.5 * hybrid["sparse_bytes_per_sample"]
+
+
+def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
+    s = het("train", "--mode", "ps", "--steps", "40", *SMALL, "--json", "--quiet", "--log-dir", str(tmp_path))
+    assert s["time_split"]["allreduce"] == 0 and s["bytes"]["dense"] > 0 and s["hit_rate"] == 0
+
+
+def test_killing_a_worker_stops_the_job_with_a_clear_message_and_no_orphans(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-m", "het", "train", "--steps", "100000", *SMALL, "--quiet",
+                                 "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)  # let training start
+        pids = json.load(open(tmp_path / "pids.json"))
+        os.kill(pids["worker 1"], signal.SIGKILL)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 1
+    assert f"worker 1 (pid {pids['worker 1']}) killed by signal 9" in err
+    assert f"Its log: {tmp_path / 'worker-1.log'}" in err
+    time.sleep(1)
+    assert [name for name, pid in pids.items() if alive(pid)] == []
+
+
+def test_ctrl_c_stops_every_process(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-m", "het", "train", "--steps", "100000", *SMALL, "--quiet",
+                                 "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(3)
+        pids = json.load(open(tmp_path / "pids.json"))
+        launcher.send_signal(signal.SIGINT)
+        _, err = launcher.communicate(timeout=120)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 130 and "interrupted" in err
+    time.sleep(1)
+    assert [name for name, pid in pids.items() if alive(pid)] == []
+
+
+def test_checkpoint_and_resume_equal_training_straight_through(tmp_path):
+    args = ["--staleness", "0", "--optimizer", "sgd", "--lr", "0.5", "--dense-optimizer", "adagrad",
+            "--dense-lr", "0.01", *SMALL, "--eval-samples", "0", "--json", "--quiet"]
+    het("train", *args, "--steps", "8", "--checkpoint", str(tmp_path / "straight"), "--checkpoint-every", "8",
+        "--log-dir", str(tmp_path / "l1"))
+    het("train", *args, "--steps", "4", "--checkpoint", str(tmp_path / "half"), "--checkpoint-every", "4",
+        "--log-dir", str(tmp_path / "l2"))
+    resumed = het("train", *args, "--steps", "8", "--resume", str(tmp_path / "half"), "--checkpoint",
+                  str(tmp_path / "resumed"), "--checkpoint-every", "8", "--log-dir", str(tmp_path / "l3"))
+    assert resumed["steps"] == 4  # the steps run after the resume
+    a = torch.load(tmp_path / "straight" / "worker.pt", weights_only=False)
+    b = torch.load(tmp_path / "resumed" / "worker.pt", weights_only=False)
+    assert a["step"] == b["step"] == 8
+    for name, value in a["model"].items():
+        assert torch.allclose(value, b["model"][name], atol=1e-5), name
+    assert a["optimizer"]["state"] and a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+    rows_a = torch.load(tmp_path / "straight" / "ps" / "shard-0.pt", weights_only=True)["tables"]["embedding"]
+    rows_b = torch.load(tmp_path / "resumed" / "ps" / "shard-0.pt", weights_only=True)["tables"]["embedding"]
+    assert torch.allclose(rows_a["weight"], rows_b["weight"], atol=1e-5)
+    assert torch.equal(rows_a["clocks"], rows_b["clocks"]) and int(rows_a["clocks"].sum()) > 0
+
+
+def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_batches(tmp_path):
+    """The gradient-scaling rule: each worker's gradients are divided by the number of workers."""
+    steps, batch = 6, 64
+    args = ["--staleness", "0", "--optimizer", "sgd", "--lr", "0.5", "--dense-lr", "0.05", "--dim", "8",
+            "--batch", str(batch), "--synthetic-cap", "2000", "--eval-samples", "0", "--workers", "2",
+            "--steps", str(steps), "--checkpoint", str(tmp_path / "ckpt"), "--checkpoint-every", str(steps),
+            "--json", "--quiet", "--log-dir", str(tmp_path / "logs")]
+    het("train", *args)
+    cfg = TrainConfig(staleness=0, optimizer="sgd", lr=0.5, dense_lr=0.05, dim=8, batch=2 * batch, eval_samples=0,
+                      workers=1, steps=steps, synthetic={"cap": 2000})
+    reference = Worker(cfg, PSClient.local(job_tables(cfg)))
+    for step in range(steps):
+        both = [reference.data.batch("train", step * 2 + rank, batch) for rank in range(2)]
+        reference.step(Batch.cat(both))
+    reference.embedding.flush()
+    saved = torch.load(tmp_path / "ckpt" / "worker.pt", weights_only=False)["model"]
+    for name, value in reference.model.state_dict().items():
+        if not name.startswith("embedding."):
+            assert torch.allclose(value, saved[name], atol=1e-6), name
+    rows = torch.load(tmp_path / "ckpt" / "ps" / "shard-0.pt", weights_only=True)["tables"]["embedding"]["weight"]
+    expected = reference.embedding.read(torch.arange(rows.shape[0]))
+    assert torch.allclose(rows, expected, atol=1e-6)
+    fresh = PSClient.local(job_tables(cfg))
+    assert not torch.allclose(rows, fresh.wait(fresh.pull("embedding", torch.arange(rows.shape[0])))[0])
+
+
+def test_multi_node_commands_on_loopback_with_torchrun_and_a_secret(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('steps = 30\ndim = 8\nbatch = 64\neval_samples = 4096\n[synthetic]\ncap = 2000\n')
+    secret = tmp_path / "secret"
+    secret.write_text("correct horse battery staple\n")
+    servers = [subprocess.Popen([sys.executable, "-m", "het", "serve", "--config", str(job), "--bind", "127.0.0.1:0",
+                                 "--shard-index", str(i), "--num-shards", "2", "--secret-file", str(secret)],
+                                stdout=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        addresses = [s.stdout.readline().rsplit(" ", 1)[1].strip() for s in servers]
+        torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+        out = subprocess.run([torchrun, "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+                              "--master-port", str(_free_port()), "-m", "het", "train", "--config", str(job),
+                              "--ps", ",".join(addresses).replace("tcp://", ""), "--secret-file", str(secret),
+                              "--json", "--quiet"], capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-3000:]
+        summary = json.loads(out.stdout.strip().splitlines()[-1])
+        assert summary["workers"] == 2 and summary["steps"] == 30 and summary["hit_rate"] > 0
+        stats = PSClient.connect(addresses, secret=secret.read_bytes().strip()).stats()
+        assert all(s["unauthenticated"] == 0 and s["requests_push_sync"] > 0 for s in stats)
+    finally:
+        for s in servers:
+            s.send_signal(signal.SIGTERM)
+        for s in servers:
+            s.wait(30)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_default_job_at_300_steps(tmp_path):
+    """The issue's acceptance command, as a user runs it (dim 128, the full default size)."""
+    start = time.monotonic()
+    s = het("train", "--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet",
+            "--log-dir", str(tmp_path))
+    assert time.monotonic() - start < 180
+    assert s["auc"] > 0.7 and s["hit_rate"] > 0
