@@ -13,8 +13,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The default job: Wide&Deep on synthetic Criteo, 2 workers + 1 PS shard on this machine.
 run: $(STAMP)
-	$(VENV)/bin/het demo
+	$(VENV)/bin/het train
 
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" het tests

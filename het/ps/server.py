@@ -180,11 +180,3 @@ def die_with_parent() -> None:
 
 def _cfg_dict(cfg: ShardConfig) -> dict:
     return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables]}
-
-
-def wait_until(predicate, timeout_s: float, what: str, poll_s: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(poll_s)

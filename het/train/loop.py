@@ -49,7 +49,7 @@ def job_tables(cfg: TrainConfig, data: SyntheticCriteo | None = None) -> list[Ta
     if cfg.mode == "ps":
         model = make_model(cfg, torch.nn.Embedding(1, cfg.dim), data)
         model.embedding = torch.nn.Identity()
-        tables.append(dense_table(model, "sgd", cfg.dense_lr))
+        tables.append(dense_table(model, cfg.dense_lr))
     return tables
 
 

@@ -1,0 +1,1 @@
+"""Distribution: dense synchronisation (AllReduce or PS) and launching a local cluster."""

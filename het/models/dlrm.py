@@ -1,0 +1,69 @@
+"""DLRM for CTR (Naumov et al. 2019): a bottom MLP, pairwise dot interactions, a top MLP."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from het.models.wdl import mlp
+
+
+def dot_interaction(vectors: torch.Tensor, pairs: torch.Tensor) -> torch.Tensor:
+    """The dot products ``<v_i, v_j>`` of the pairs ``pairs`` of the vectors of each example.
+
+    Args:
+        vectors: ``(B, N, D)``.
+        pairs: ``(2, P)`` int64 indices ``(i, j)``, e.g. ``torch.triu_indices(N, N, offset=1)``
+            for every pair ``i < j``.
+
+    Shape:
+        -> ``(B, P)``.
+
+    Example:
+        >>> v = torch.tensor([[[1., 0.], [2., 3.], [4., 5.]]])
+        >>> dot_interaction(v, torch.triu_indices(3, 3, offset=1))  # (0,1) (0,2) (1,2)
+        tensor([[ 2.,  4., 23.]])
+    """
+    gram = torch.bmm(vectors, vectors.transpose(1, 2))             # (B, N, N)
+    return gram[:, pairs[0], pairs[1]]                              # (B, P)
+
+
+class DLRM(nn.Module):
+    """DLRM: a bottom MLP maps the dense features to a ``dim``-wide vector; the dot products of
+    every pair of the ``F + 1`` vectors (it and the field embeddings), next to the bottom output,
+    feed a top MLP whose last layer, a plain linear one, gives the logit.
+
+    Args:
+        embedding: any module mapping keys ``(B, F)`` to rows ``(B, F, dim)``: ``nn.Embedding``
+            or ``het.Embedding``.
+        num_fields, dim: categorical fields and embedding width.
+        num_dense: dense features.
+        bottom: the bottom MLP's hidden sizes; a last layer of width ``dim`` is appended.
+        top: the top MLP's hidden sizes, before the linear layer to the logit.
+
+    Shape:
+        dense ``(B, num_dense)``, sparse ``(B, num_fields)`` int64 -> logits ``(B,)``.
+
+    Example:
+        >>> model = DLRM(nn.Embedding(100, 4), num_fields=3, dim=4, num_dense=2, bottom=(8,),
+        ...              top=(8,))
+        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
+        torch.Size([5])
+    """
+
+    def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,
+                 bottom: tuple[int, ...] = (256, 128), top: tuple[int, ...] = (256, 128)):
+        super().__init__()
+        vectors = num_fields + 1
+        self.embedding = embedding
+        self.bottom = mlp([num_dense, *bottom, dim])
+        self.register_buffer("pairs", torch.triu_indices(vectors, vectors, offset=1), persistent=False)
+        sizes = [dim + vectors * (vectors - 1) // 2, *top]        # bottom output, then the pairs
+        self.top = mlp(sizes)
+        self.head = nn.Linear(sizes[-1], 1)
+
+    def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
+        x = self.bottom(dense)                                      # (B, D)
+        vectors = torch.cat([x[:, None], self.embedding(sparse)], dim=1)  # (B, F + 1, D)
+        pairs = dot_interaction(vectors, self.pairs)                # (B, (F + 1) F / 2)
+        return self.head(self.top(torch.cat([x, pairs], dim=1))).squeeze(1)
