@@ -71,6 +71,8 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "checkpoint_every": (int, "steps between checkpoints"), "resume": (str, "checkpoint to resume from"),
     "synthetic_cap": (int, "cap on each synthetic field's cardinality"),
     "synthetic_alpha": (float, "power-law exponent of the synthetic ids"),
+    "fanouts": (lambda t: tuple(int(x) for x in t.split(",")), "graphs: neighbours per layer, e.g. 10,5"),
+    "hidden": (int, "graphs: GraphSAGE hidden width"), "dropout": (float, "graphs: dropout"),
 }
 
 
@@ -115,11 +117,12 @@ def _report(summary: dict, as_json: bool) -> None:
         _print_json(summary)
         return
     split = summary["time_split"]
+    metrics = ", ".join(f"{k} {summary[k]:.4f}" for k in ("auc", "planted_auc", "logloss", "val_acc", "test_acc")
+                        if k in summary)
     print(f"het train: {summary['mode']} s={summary['staleness']}, {summary['workers']} workers x "
           f"{summary['servers']} servers, {summary['steps']} steps in {summary['wall_s']:.1f} s "
           f"({summary['samples_per_s']:,.0f} samples/s)\n"
-          f"  AUC {summary.get('auc', float('nan')):.4f} (planted {summary.get('planted_auc', float('nan')):.4f}), "
-          f"log loss {summary.get('logloss', float('nan')):.4f}, hit rate {summary['hit_rate']:.3f}\n"
+          f"  {metrics}; hit rate {summary['hit_rate']:.3f}\n"
           f"  sparse bytes/sample {summary['sparse_bytes_per_sample']:,.0f}; time: compute {split['compute']:.0%}, "
           f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}")
 

@@ -28,8 +28,16 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES = ("het", "hybrid", "ps")
-MODELS = ("wdl",)
-DATASETS = ("synthetic-criteo",)
+CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
+GRAPH_MODELS = ("graphsage",)
+MODELS = CTR_MODELS + GRAPH_MODELS
+CTR_DATA = ("synthetic-criteo", "criteo:DIR")
+GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph")
+
+
+# GraphSAGE on Cora-sized graphs: 140 training nodes make an epoch of a few steps.
+GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 32, "dim": 16, "optimizer": "adam", "lr": 0.01,
+                  "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1}
 
 
 @dataclass(frozen=True)
@@ -76,11 +84,15 @@ class TrainConfig:
     resume: str | None = None
     prefetch: bool = True
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    fanouts: tuple[int, ...] = (10, 5)  # graphs: neighbours sampled per layer
+    hidden: int = 128                   # graphs: GraphSAGE's hidden width
+    dropout: float = 0.5                # graphs
 
     def __post_init__(self) -> None:
         checks = [
             (self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}"),
-            (self.data in DATASETS, f"data must be one of {DATASETS}, got {self.data!r}"),
+            (self._data_fits_model(), f"model {self.model!r} takes data "
+             f"{GRAPH_DATA if self.model in GRAPH_MODELS else CTR_DATA}, got {self.data!r}"),
             (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
             (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
             (self.dense_optimizer in (None, *OPTIMIZERS),
@@ -100,10 +112,22 @@ class TrainConfig:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        object.__setattr__(self, "fanouts", tuple(int(f) for f in self.fanouts))
+        if not self.fanouts or min(self.fanouts) < 1:
+            raise ValueError(f"fanouts must be positive integers, got {self.fanouts}")
         if isinstance(self.synthetic, dict):
             object.__setattr__(self, "synthetic", SyntheticConfig(**self.synthetic))
         if self.staleness != math.inf:
             object.__setattr__(self, "staleness", int(self.staleness))
+
+    def _data_fits_model(self) -> bool:
+        kinds = GRAPH_DATA if self.model in GRAPH_MODELS else CTR_DATA
+        return any(self.data == k or (k.endswith(("DIR", "PATH")) and self.data.startswith(k.split(":")[0] + ":")
+                                      and len(self.data) > len(k.split(":")[0]) + 1) for k in kinds)
+
+    @property
+    def graph(self) -> bool:
+        return self.model in GRAPH_MODELS
 
     @property
     def cached(self) -> bool:
@@ -145,6 +169,9 @@ class TrainConfig:
                     d = tomllib.load(f)
                 except tomllib.TOMLDecodeError as e:
                     raise ValueError(f"{path}: not valid TOML: {e}") from None
+        model = overrides.get("model", d.get("model", "wdl"))
+        if model in GRAPH_MODELS:  # a graph job's defaults differ from a CTR job's
+            d = {**GRAPH_DEFAULTS, **d}
         synthetic = dict(d.pop("synthetic", {}))
         for key, value in overrides.items():
             if key.startswith("synthetic_"):

@@ -11,61 +11,47 @@ import os
 import signal
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from sklearn.metrics import log_loss, roc_auc_score
 from tqdm import tqdm
 
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.data.batch import Batch
-from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 from het.dist.dense import AllReduceDense, PSDense, dense_table
-from het.models.wdl import WideDeep
 from het.nn.embedding import Embedding
 from het.ps.client import PSClient
 from het.train import checkpoint
 from het.train.config import TrainConfig
+from het.train.tasks import make_task
 
 EMBEDDING_TABLE = "embedding"
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
-def make_data(cfg: TrainConfig) -> SyntheticCriteo:
-    s = cfg.synthetic
-    return SyntheticCriteo(SyntheticCriteoConfig(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
-
-
-def make_model(cfg: TrainConfig, embedding: torch.nn.Module, data: SyntheticCriteo) -> WideDeep:
-    torch.manual_seed(cfg.seed)  # every worker starts from the same dense parameters
-    return WideDeep(embedding, num_fields=data.num_fields, dim=cfg.dim, num_dense=data.num_dense)
-
-
-def job_tables(cfg: TrainConfig, data: SyntheticCriteo | None = None) -> list[TableConfig]:
+def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``."""
-    data = data or make_data(cfg)
-    tables = [TableConfig(EMBEDDING_TABLE, rows=data.num_rows, dim=cfg.dim,
+    task = task or make_task(cfg)
+    tables = [TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
                           optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)]
     if cfg.mode == "ps":
-        model = make_model(cfg, torch.nn.Embedding(1, cfg.dim), data)
+        model = task.build_model(torch.nn.Embedding(1, cfg.dim))
         model.embedding = torch.nn.Identity()
         tables.append(dense_table(model, cfg.dense_lr))
     return tables
 
 
 class Worker:
-    """One rank's model, caches, dense synchronisation and counters."""
+    """One rank's task, model, caches, dense synchronisation and counters."""
 
     def __init__(self, cfg: TrainConfig, client: PSClient, rank: int = 0, world: int = 1,
                  device: torch.device | str = "cpu"):
         self.cfg, self.client, self.rank, self.world = cfg, client, rank, world
         self.device = torch.device(device)
-        self.data = make_data(cfg)
+        self.task = make_task(cfg)
         table = client.tables[EMBEDDING_TABLE]
         cache = CacheConfig(capacity=cfg.cache_rows_for(table.rows), policy=cfg.policy, staleness=cfg.staleness)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
                                    grad_scale=1.0 / world)
-        self.model = make_model(cfg, self.embedding, self.data).to(self.device)
+        self.model = self.task.build_model(self.embedding).to(self.device)
         if cfg.mode == "ps":
             self.dense = PSDense(self.model, client, world, rank)
             self.optimizer = None
@@ -73,30 +59,26 @@ class Worker:
         else:
             self.dense = AllReduceDense(self.model, world, self.device)
             self.optimizer = DENSE_OPTIMIZERS[cfg.dense_optimizer or cfg.optimizer](self.dense.params, lr=cfg.dense_lr)
-        self.loss_fn = torch.nn.BCEWithLogitsLoss()
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
         self.step_count = 0
-        self.compute_s = 0.0
 
-    def batch(self, step: int) -> Batch:
-        """This rank's batch of a step: global batch index ``step * world + rank``."""
-        return self.data.batch("train", step * self.world + self.rank, self.cfg.batch).to(self.device)
+    def batch(self, step: int):
+        return self.task.batch(step, self.rank, self.world, self.device)
 
-    def step(self, batch: Batch, next_batch: Batch | None = None) -> float:
+    def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""
-        self.dense.before_forward()                      # mode ps: pull the dense parameters
+        self.dense.before_forward()                               # mode ps: pull the dense parameters
         if self.prefetch and next_batch is not None:
-            self.embedding.prefetch(next_batch.sparse)   # next step's sync flies while this one computes
-        logits = self.dense.model(batch.dense, batch.sparse)
-        loss = self.loss_fn(logits, batch.labels)
+            self.embedding.prefetch(self.task.keys(next_batch))   # next step's sync flies during this one
+        loss = self.task.loss(self.dense.model, batch)
         if self.optimizer is not None:
             self.optimizer.zero_grad()
         else:
             self.model.zero_grad()
-        loss.backward()                                  # rows' gradients -> cache; dense AllReduce
-        self.dense.after_backward(self.optimizer)        # local optimizer step, or push to the PS
-        if self.bsp:                                     # s = 0: every push applied before any pull
+        loss.backward()                                           # rows' gradients -> cache; dense AllReduce
+        self.dense.after_backward(self.optimizer)                 # local optimizer step, or push to the PS
+        if self.bsp:                                              # s = 0: every push applied before any pull
             self.embedding.push_due()
             barrier(self.world)
         self.step_count += 1
@@ -108,7 +90,7 @@ class Worker:
         start_time = time.perf_counter()
         batch = self.batch(start) if start < steps else None
         if self.prefetch and batch is not None:
-            self.embedding.prefetch(batch.sparse)
+            self.embedding.prefetch(self.task.keys(batch))
         loss = math.nan
         for step in range(start, steps):
             next_batch = self.batch(step + 1) if step + 1 < steps else None
@@ -127,20 +109,12 @@ class Worker:
         bar.close()
         return {"wall_s": time.perf_counter() - start_time, "loss": loss}
 
-    @torch.no_grad()
-    def evaluate(self, samples: int, batch_size: int = 8192) -> dict:
-        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC)."""
+    def evaluate(self, samples: int) -> dict:
         self.model.eval()
-        preds, labels, planted = [], [], []
-        for i in range(math.ceil(samples / batch_size)):
-            b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
-            preds.append(torch.sigmoid(self.model(b.dense.to(self.device), b.sparse.to(self.device))).cpu().numpy())
-            labels.append(b.labels.numpy())
-            planted.append(self.data.planted_logits(b.sparse, b.dense))
-        self.model.train()
-        y, p = np.concatenate(labels), np.concatenate(preds)
-        return {"auc": float(roc_auc_score(y, p)), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7))),
-                "planted_auc": float(roc_auc_score(y, np.concatenate(planted)))}
+        try:
+            return self.task.evaluate(self.model, samples, self.device)
+        finally:
+            self.model.train()
 
     def counters(self) -> dict:
         """This rank's traffic, cache and time counters (summed over ranks by the summary)."""
@@ -153,7 +127,8 @@ class Worker:
                 "allreduce_s": getattr(self.dense, "allreduce_s", 0.0)}
 
 
-def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank: list[dict], metrics: dict) -> dict:
+def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank: list[dict], metrics: dict,
+              table_rows: int) -> dict:
     total = {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
     samples = steps * cfg.batch * world
     sparse = total["sparse_pull"] + total["sparse_push"] + total["sync"]
@@ -169,7 +144,7 @@ def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank:
         "sparse_bytes_per_sample": sparse / samples if samples else 0.0,
         "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
-        "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(make_data(cfg).num_rows),
+        "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
         "policy": cfg.policy, "optimizer": cfg.optimizer,
     }
 
@@ -200,7 +175,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if rank != 0:
             return None
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
-        return summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics)
+        return summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
     finally:
         client.close()
         if world > 1 and dist.is_initialized():

@@ -137,7 +137,7 @@ def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_b
                       workers=1, steps=steps, synthetic={"cap": 2000})
     reference = Worker(cfg, PSClient.local(job_tables(cfg)))
     for step in range(steps):
-        both = [reference.data.batch("train", step * 2 + rank, batch) for rank in range(2)]
+        both = [reference.task.data.batch("train", step * 2 + rank, batch) for rank in range(2)]
         reference.step(Batch.cat(both))
     reference.embedding.flush()
     saved = torch.load(tmp_path / "ckpt" / "worker.pt", weights_only=False)["model"]

@@ -1,0 +1,162 @@
+"""What a job trains: its data, its model, a batch, its loss and its evaluation. The worker
+(het.train.loop) is the same for every task.
+
+- :class:`CTRTask`: Wide&Deep, DeepFM, DCN or DLRM on synthetic Criteo-like data or prepared
+  Criteo; binary cross-entropy; AUC and log loss (and the planted model's AUC).
+- :class:`GraphTask`: GraphSAGE on a graph, mini-batches of training nodes with sampled
+  neighbourhoods; node-id embeddings are the sparse parameters; accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from sklearn.metrics import log_loss, roc_auc_score
+
+from het.data.batch import Batch
+from het.models import DCN, DLRM, DeepFM, WideDeep
+from het.train.config import TrainConfig
+
+CTR_MODELS = {"wdl": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+
+
+class CTRTask:
+    def __init__(self, cfg: TrainConfig):
+        self.cfg = cfg
+        if cfg.data.startswith("criteo:"):
+            from het.data.criteo import CriteoDataset
+
+            self.data = CriteoDataset(cfg.data[len("criteo:"):])
+        else:
+            from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+
+            s = cfg.synthetic
+            self.data = SyntheticCriteo(SyntheticCriteoConfig(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
+        self.num_rows = self.data.num_rows
+        self.loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def build_model(self, embedding: torch.nn.Module) -> torch.nn.Module:
+        torch.manual_seed(self.cfg.seed)  # every worker starts from the same dense parameters
+        return CTR_MODELS[self.cfg.model](embedding, num_fields=self.data.num_fields, dim=self.cfg.dim,
+                                          num_dense=self.data.num_dense)
+
+    def batch(self, step: int, rank: int, world: int, device) -> Batch:
+        """Rank ``rank``'s batch of a step: batch ``step * world + rank`` of the stream."""
+        return self.data.batch("train", step * world + rank, self.cfg.batch).to(device)
+
+    @staticmethod
+    def keys(batch: Batch) -> torch.Tensor:
+        return batch.sparse
+
+    def loss(self, model, batch: Batch) -> torch.Tensor:
+        return self.loss_fn(model(batch.dense, batch.sparse), batch.labels)
+
+    @torch.no_grad()
+    def evaluate(self, model, samples: int, device, batch_size: int = 8192) -> dict:
+        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC)."""
+        preds, labels, planted = [], [], []
+        has_planted = hasattr(self.data, "planted_logits")
+        if hasattr(self.data, "rows"):
+            samples = min(samples, self.data.rows["test"])
+        for i in range(math.ceil(samples / batch_size)):
+            b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
+            preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
+            labels.append(b.labels.numpy())
+            if has_planted:
+                planted.append(self.data.planted_logits(b.sparse, b.dense))
+        y, p = np.concatenate(labels), np.concatenate(preds)
+        out = {"auc": _auc(y, p), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))}
+        if has_planted:
+            out["planted_auc"] = _auc(y, np.concatenate(planted))
+        return out
+
+
+@dataclass
+class GraphBatch:
+    """Seed nodes, their sampled blocks (input layer first) and what the model reads."""
+
+    seeds: torch.Tensor
+    blocks: list
+    input_nodes: torch.Tensor
+    features: torch.Tensor | None
+    labels: torch.Tensor
+
+
+class GraphTask:
+    def __init__(self, cfg: TrainConfig):
+        from het.data.graph import load, normalize_features
+        from het.data.sampler import NeighborSampler
+
+        self.cfg = cfg
+        self.graph = normalize_features(load(cfg.data))
+        self.num_rows = self.graph.num_nodes
+        self.sampler = NeighborSampler(self.graph, fanouts=cfg.fanouts, seed=cfg.seed)
+        self.train_nodes = torch.from_numpy(np.flatnonzero(_np(self.graph.train_mask)))
+        self.loss_fn = torch.nn.CrossEntropyLoss()
+
+    def build_model(self, embedding: torch.nn.Module) -> torch.nn.Module:
+        from het.models.graphsage import GraphSAGE
+
+        torch.manual_seed(self.cfg.seed)
+        features = self.graph.features
+        return GraphSAGE(embedding, dim=self.cfg.dim, in_features=0 if features is None else features.shape[1],
+                         num_classes=self.graph.num_classes, hidden=self.cfg.hidden, layers=len(self.cfg.fanouts),
+                         dropout=self.cfg.dropout)
+
+    def batch(self, step: int, rank: int, world: int, device) -> GraphBatch:
+        """Rank ``rank``'s seeds of a step: the training nodes in a fresh seeded order every
+        epoch, cut into global batches of ``batch * world``."""
+        per_step = self.cfg.batch * world
+        steps_per_epoch = max(1, math.ceil(len(self.train_nodes) / per_step))
+        epoch, i = divmod(step, steps_per_epoch)
+        order = self.train_nodes[torch.randperm(len(self.train_nodes),
+                                                generator=torch.Generator().manual_seed(self.cfg.seed + epoch))]
+        seeds = order[i * per_step:(i + 1) * per_step][rank::world]
+        return self.gather(seeds, self.sampler, device)
+
+    def gather(self, seeds: torch.Tensor, sampler, device) -> GraphBatch:
+        blocks = [b.to(device) for b in sampler.sample(seeds)]
+        input_nodes = blocks[0].src_nodes
+        features = self.graph.features
+        features = None if features is None else torch.as_tensor(features)[input_nodes.cpu()].to(device)
+        labels = torch.as_tensor(self.graph.labels)[seeds].to(device)
+        return GraphBatch(seeds.to(device), blocks, input_nodes, features, labels)
+
+    @staticmethod
+    def keys(batch: GraphBatch) -> torch.Tensor:
+        return batch.input_nodes
+
+    def loss(self, model, batch: GraphBatch) -> torch.Tensor:
+        return self.loss_fn(model(batch.input_nodes, batch.features, batch.blocks), batch.labels)
+
+    @torch.no_grad()
+    def evaluate(self, model, samples: int, device, batch_size: int = 1024) -> dict:
+        """Accuracy on the validation and test nodes, over their whole neighbourhoods."""
+        from het.data.sampler import NeighborSampler
+
+        full = NeighborSampler(self.graph, fanouts=[1 << 30] * len(self.cfg.fanouts), seed=0)
+        out = {}
+        for split, mask in (("val", self.graph.val_mask), ("test", self.graph.test_mask)):
+            nodes = torch.from_numpy(np.flatnonzero(_np(mask)))
+            correct = 0
+            for lo in range(0, len(nodes), batch_size):
+                b = self.gather(nodes[lo:lo + batch_size], full, device)
+                correct += int((model(b.input_nodes, b.features, b.blocks).argmax(1) == b.labels).sum())
+            out[f"{split}_acc"] = correct / len(nodes) if len(nodes) else math.nan
+        return out
+
+
+def make_task(cfg: TrainConfig):
+    return GraphTask(cfg) if cfg.graph else CTRTask(cfg)
+
+
+def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """ROC AUC, or NaN when the labels hold one class only (a tiny held-out split)."""
+    return float(roc_auc_score(labels, scores)) if len(np.unique(labels)) == 2 else math.nan
+
+
+def _np(x) -> np.ndarray:
+    return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
