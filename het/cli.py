@@ -64,6 +64,7 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "optimizer": (str, "sgd | adagrad | adam (sparse on the PS, dense locally)"),
     "lr": (float, "sparse learning rate"), "dense_lr": (float, "dense learning rate"),
     "dense_optimizer": (str, "the dense layers' optimizer, if not --optimizer"),
+    "weight_decay": (float, "the dense optimizer's L2 penalty"),
     "cache_frac": (float, "cache rows as a fraction of the table"), "cache_rows": (int, "cache rows"),
     "policy": (str, "lru | lfu"), "workers": (int, "local cluster: worker processes"),
     "servers": (int, "local cluster: PS shard processes"), "eval_samples": (int, "held-out samples"),
@@ -224,6 +225,13 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--config-json", help=argparse.SUPPRESS)
     t.add_argument("--summary", help=argparse.SUPPRESS)
     t.set_defaults(func=cmd_train)
+
+    from het.data.criteo import add_prepare_parser
+
+    data = sub.add_parser("data", help="prepare data sets")
+    data_sub = data.add_subparsers(dest="data_command", required=True)
+    prepare = data_sub.add_parser("prepare", help="turn raw data into het's memory-mappable format")
+    add_prepare_parser(prepare.add_subparsers(dest="dataset", required=True))
 
     b = sub.add_parser("bench", help="benchmarks; each prints one JSON object with --json")
     bsub = b.add_subparsers(dest="bench", required=True)

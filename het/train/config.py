@@ -35,9 +35,10 @@ CTR_DATA = ("synthetic-criteo", "criteo:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph")
 
 
-# GraphSAGE on Cora-sized graphs: 140 training nodes make an epoch of a few steps.
-GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 32, "dim": 16, "optimizer": "adam", "lr": 0.01,
-                  "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1}
+# GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes.
+GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam", "lr": 0.001,
+                  "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1,
+                  "eval_samples": 1}
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class TrainConfig:
     lr: float = 0.05
     dense_optimizer: str | None = None  # None: the same as `optimizer`
     dense_lr: float = 0.001
+    weight_decay: float = 0.0  # the dense optimizer's L2 penalty
     cache_frac: float = 0.1
     cache_rows: int | None = None
     policy: str = "lfu"

@@ -58,7 +58,8 @@ class Worker:
             barrier(world)  # rank 0 has written the initial dense values
         else:
             self.dense = AllReduceDense(self.model, world, self.device)
-            self.optimizer = DENSE_OPTIMIZERS[cfg.dense_optimizer or cfg.optimizer](self.dense.params, lr=cfg.dense_lr)
+            self.optimizer = DENSE_OPTIMIZERS[cfg.dense_optimizer or cfg.optimizer](
+                self.dense.params, lr=cfg.dense_lr, weight_decay=cfg.weight_decay)
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
         self.step_count = 0

@@ -137,7 +137,7 @@ class GraphTask:
         """Accuracy on the validation and test nodes, over their whole neighbourhoods."""
         from het.data.sampler import NeighborSampler
 
-        full = NeighborSampler(self.graph, fanouts=[1 << 30] * len(self.cfg.fanouts), seed=0)
+        full = NeighborSampler(self.graph, fanouts=[-1] * len(self.cfg.fanouts), seed=0)  # every neighbour
         out = {}
         for split, mask in (("val", self.graph.val_mask), ("test", self.graph.test_mask)):
             nodes = torch.from_numpy(np.flatnonzero(_np(mask)))

@@ -194,3 +194,22 @@ def test_the_default_job_at_300_steps(tmp_path):
             "--log-dir", str(tmp_path))
     assert time.monotonic() - start < 180
     assert s["auc"] > 0.7 and s["hit_rate"] > 0
+
+
+def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
+    shared = os.environ.get("HET_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared"))
+    lines = open(os.path.join(shared, "data", "criteo_kaggle_head1000.tsv")).read().splitlines()
+    bad = ["1\t2", lines[5].replace("\t", "\tabc\t", 1), lines[6] + "\textra"]
+    (tmp_path / "raw.tsv").write_text("\n".join(lines[:300] + bad + lines[300:]) + "\n")
+    prepared = het("data", "prepare", "criteo", str(tmp_path / "raw.tsv"), str(tmp_path / "out"), "--json", "--quiet")
+    assert prepared["rows"] == 1000 and prepared["skipped"] == 3
+    assert [s["line"] for s in prepared["first_skipped"]] == [301, 302, 303]
+    s = het("train", "--data", f"criteo:{tmp_path / 'out'}", "--steps", "15", "--dim", "8", "--batch", "64",
+            "--json", "--quiet", "--log-dir", str(tmp_path / "logs"))
+    assert s["steps"] == 15 and 0 < s["auc"] < 1 and "planted_auc" not in s
+
+
+def test_graphsage_on_cora(tmp_path):
+    s = het("train", "--model", "graphsage", "--data", "cora", "--json", "--quiet", "--log-dir", str(tmp_path))
+    assert s["workers"] == 2 and s["hit_rate"] > 0
+    assert s["test_acc"] > 0.74 and s["val_acc"] > 0.7  # published GraphSAGE-style: about 0.80

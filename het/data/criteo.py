@@ -1,0 +1,535 @@
+"""Real Criteo: raw TSV -> label-encoded, memory-mappable arrays -> Batch.
+
+:func:`prepare` reads the raw files (Kaggle ``train.txt`` or the 1TB day files, ``.gz`` too) in
+two streaming passes over blocks of bytes, parsed with numpy (no per-line Python):
+
+1. validate every line and count every categorical id;
+2. label-encode and write the rows, block by block, into ``.npy`` files preallocated from pass 1.
+
+Raw line: 40 tab-separated columns: label (``0``/``1``), I1..I13 (integers, empty = missing),
+C1..C26 (8 hex digits, empty = missing). A line with another column count, a label other than
+``0``/``1``, a dense value that is not an integer (at most 20 characters) or a categorical value
+that is not empty nor 8 hex digits is skipped and counted, never re-aligned.
+
+Encoding, as HET does (label encoding with per-field offsets, no hashing): in field ``f``, the ids
+seen at least ``min_freq`` times get the local ids ``0 .. k_f - 1`` in increasing hex order, local
+id ``k_f`` stands for every rarer id and ``k_f + 1`` for a missing value, so
+``cardinalities[f] == k_f + 2``; the global key is ``offsets[f] + local id``. The counts run
+over every row read (both splits), as HET's and DLRM's preprocessing do. Dense values become
+``log(max(x, 0) + 1)``: real Criteo has a few negative counts (I2 mostly) and they are clamped
+to 0, as are missing values.
+
+Split: valid row ``r`` (0-based over the concatenated input, skipped lines not counted) goes to
+``test`` when a splitmix64 hash of ``(seed, r)`` falls under ``test_fraction``: deterministic,
+independent of the block size, and a skipped line changes no other row's split.
+
+Output in ``out_dir`` (``np.load(path, mmap_mode="r")`` reads each array without loading it):
+``{split}_dense.npy`` float32 ``(n, 13)``, ``{split}_sparse.npy`` int64 ``(n, 26)``,
+``{split}_labels.npy`` float32 ``(n,)`` for ``split`` in ``train``, ``test``; ``meta.json``
+(written last, so a directory without it holds no usable data). Memory is bounded by the
+vocabulary (16 bytes per distinct id, a few times that while pass 1 merges its counts) plus one
+block of lines, not by the number of rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from numpy.lib.format import open_memmap
+from tqdm import tqdm
+
+from het.data.batch import Batch
+from het.data.synthetic import NUM_DENSE, SPLITS
+
+FORMAT, VERSION = "het-criteo", 1
+NUM_FIELDS = 26
+NUM_COLUMNS = 1 + NUM_DENSE + NUM_FIELDS
+COLUMNS = ("label", *(f"I{i}" for i in range(1, NUM_DENSE + 1)), *(f"C{i}" for i in range(1, NUM_FIELDS + 1)))
+ARRAYS = {"dense": (np.float32, (NUM_DENSE,)), "sparse": (np.int64, (NUM_FIELDS,)),  # per split
+          "labels": (np.float32, ())}
+MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
+_BLOCK_BYTES = 8 << 20
+_MAX_LINE = 1 << 20  # longer lines are cut there (a valid line is under 600 bytes, so stays invalid)
+_MAX_DENSE_CHARS = 20
+_WINDOW = 24  # bytes read from a field's start: _MAX_DENSE_CHARS rounded up to 8
+_TAB, _NL, _CR, _MINUS, _ZERO = 9, 10, 13, ord("-"), ord("0")
+_OK, _BAD_COLUMNS = -1, -2  # bad_col codes besides the index of the first bad column
+
+
+# ---- parsing one block of lines ------------------------------------------------------------
+
+@dataclass
+class _Block:
+    """The lines of one block of bytes, parsed.
+
+    ``bad_col`` (L,): -1 for a valid line, -2 for a wrong column count, else the first bad column.
+    ``labels`` (n,), ``dense`` (n, 13), ``keys`` (n, 26) int64 for the n valid lines, in order:
+    ``keys`` is ``(field << 32) | id``, or -1 for a missing value.
+    """
+
+    buf: bytes
+    starts: np.ndarray
+    ends: np.ndarray
+    bad_col: np.ndarray
+    labels: np.ndarray
+    dense: np.ndarray
+    keys: np.ndarray
+
+    def head(self, lines: int) -> _Block:
+        """The first ``lines`` lines only."""
+        n = int((self.bad_col[:lines] == _OK).sum())
+        return _Block(self.buf, self.starts[:lines], self.ends[:lines], self.bad_col[:lines],
+                      self.labels[:n], self.dense[:n], self.keys[:n])
+
+    def reason(self, i: int) -> str:
+        """Why line ``i`` of the block was skipped, naming the column and showing its value."""
+        parts = self.buf[self.starts[i]:self.ends[i]].split(b"\t")
+        col = int(self.bad_col[i])
+        if self.ends[i] - self.starts[i] >= _MAX_LINE:
+            return f"line longer than {_MAX_LINE} bytes"
+        if col == _BAD_COLUMNS:
+            return f"expected {NUM_COLUMNS} tab-separated columns, got {len(parts)}"
+        text = parts[col].decode("utf-8", "replace")
+        text = repr(text if len(text) <= 40 else text[:40] + "...")
+        if col == 0:
+            return f"label: {text} is not 0 or 1"
+        if col <= NUM_DENSE:
+            return f"{COLUMNS[col]}: {text} is not an integer (at most {_MAX_DENSE_CHARS} characters)"
+        return f"{COLUMNS[col]}: {text} is not 8 hex digits"
+
+
+def _parse_block(buf: bytes) -> _Block:
+    """Parse complete lines (``buf`` ends with a newline) with array operations only."""
+    a = np.frombuffer(buf + bytes(_WINDOW), dtype=np.uint8)  # padded: every window stays inside
+    ends = np.flatnonzero(a == _NL)  # (L,)
+    starts = np.concatenate([[0], ends[:-1] + 1])
+    ends = ends - ((ends > starts) & (a[np.maximum(ends - 1, 0)] == _CR))  # drop a trailing \r
+    tabs = np.flatnonzero(a == _TAB)
+    first_tab = np.searchsorted(tabs, starts)
+    bad_col = np.where(np.searchsorted(tabs, ends) - first_tab == NUM_COLUMNS - 1, _OK, _BAD_COLUMNS)
+    good = np.flatnonzero(bad_col == _OK)
+    cuts = tabs[first_tab[good, None] + np.arange(NUM_COLUMNS - 1)]  # (n, 39)
+    fstart = np.concatenate([starts[good, None], cuts + 1], axis=1)  # (n, 40)
+    flen = np.concatenate([cuts, ends[good, None]], axis=1) - fstart  # (n, 40)
+
+    label_char = a[fstart[:, 0]]
+    label_bad = (flen[:, 0] != 1) | ((label_char != _ZERO) & (label_char != _ZERO + 1))
+    dense, dense_bad = _parse_dense(a, fstart[:, 1:1 + NUM_DENSE], flen[:, 1:1 + NUM_DENSE])
+    keys, keys_bad = _parse_hex(a, fstart[:, 1 + NUM_DENSE:], flen[:, 1 + NUM_DENSE:])
+    bad = np.concatenate([label_bad[:, None], dense_bad, keys_bad], axis=1)  # (n, 40)
+    row_bad = bad.any(axis=1)
+    bad_col[good[row_bad]] = bad[row_bad].argmax(axis=1)
+    ok = ~row_bad
+    return _Block(buf, starts, ends, bad_col, (label_char[ok] - _ZERO).astype(np.float32),
+                  dense[ok], keys[ok])
+
+
+def _chars(a: np.ndarray, start: np.ndarray, width: int) -> np.ndarray:
+    """The ``width`` bytes from every ``start`` (a multiple of 8). Shape: (n, m) -> (n, m, width)."""
+    words = np.ndarray((len(a) - _WINDOW, width // 8), dtype=np.uint64, buffer=a, strides=(1, 8))
+    return words[start].view(np.uint8)  # a gather of unaligned 8-byte words: fast
+
+
+def _any8(b: np.ndarray) -> np.ndarray:
+    """``b.any(-1)`` for a bool array whose last axis is a multiple of 8, 8 bytes at a time."""
+    return (b.view(np.uint64) != 0).any(-1)
+
+
+def _parse_dense(a, start, length) -> tuple[np.ndarray, np.ndarray]:
+    """Optionally signed decimal integers -> ``log1p(max(x, 0))``. Shape: (n, 13) -> (n, 13) x2."""
+    width = -(-min(int(length.max(initial=0)), _MAX_DENSE_CHARS) // 8) * 8
+    chars = _chars(a, start, width)  # (n, 13, W)
+    digit = chars - np.uint8(_ZERO)  # wraps around below '0', so one compare finds the digits
+    inside = np.arange(width) < length[..., None]
+    is_digit = inside & (digit <= 9)
+    neg = (length > 0) & (a[start] == _MINUS)
+    stray = inside & ~is_digit & ~((np.arange(width) == 0) & neg[..., None])  # a leading "-" is fine
+    bad = (length > _MAX_DENSE_CHARS) | _any8(stray) | ((length > 0) & ~_any8(is_digit))  # last: "-"
+    # Digits read as if the field filled the window, then shifted right: exact below 2**53.
+    padded = np.where(is_digit, digit, np.uint8(0)).astype(np.float64) @ (10.0 ** np.arange(width)[::-1])
+    value = padded / 10.0 ** np.clip(width - length, 0, width)
+    value[neg] = 0.0  # missing values are already 0
+    return np.log1p(value).astype(np.float32), bad
+
+
+def _parse_hex(a, start, length) -> tuple[np.ndarray, np.ndarray]:
+    """8-hex-digit ids -> ``(field << 32) | id``, -1 if missing. Shape: (n, 26) -> (n, 26) x2."""
+    chars = _chars(a, start, 8)  # (n, 26, 8)
+    is_hex = (chars - np.uint8(_ZERO) <= 9) | ((chars | np.uint8(0x20)) - np.uint8(ord("a")) <= 5)
+    full = length == 8
+    bad = (~full & (length != 0)) | (full & _any8(~is_hex))
+    # The 8 characters as one little-endian word, turned into nibbles then packed, 8 at a time.
+    x, u = chars.view(np.uint64)[..., 0], np.uint64
+    x = (x & u(0x0F0F0F0F0F0F0F0F)) + (x >> u(6) & u(0x0101010101010101)) * u(9)  # 'a', 'A' -> 10
+    for shift, mask in ((4, 0x00FF00FF00FF00FF), (8, 0x0000FFFF0000FFFF), (16, 0x00000000FFFFFFFF)):
+        x = (x & u(mask)) << u(shift) | (x >> u(2 * shift) & u(mask))  # first character on top
+    keys = x.astype(np.int64) | (np.arange(start.shape[1], dtype=np.int64) << 32)
+    return np.where(full, keys, -1), bad
+
+
+# ---- reading the raw files ------------------------------------------------------------------
+
+def _open(path: str):
+    """(raw file, line stream): gzip when the file starts with gzip's magic bytes."""
+    raw = open(path, "rb")
+    if raw.read(2) == b"\x1f\x8b":
+        raw.seek(0)
+        return raw, gzip.GzipFile(fileobj=raw, mode="rb")
+    raw.seek(0)
+    return raw, raw
+
+
+def _blocks(paths: list[str], bar: tqdm) -> Iterator[tuple[int, int, _Block]]:
+    """(source index, first line number in that source (1-based), parsed block) for every block."""
+    for src, path in enumerate(paths):
+        raw, stream = _open(path)
+        with raw, stream:
+            carry, line_no, pos = b"", 1, 0
+            while True:
+                chunk = stream.read(_BLOCK_BYTES)
+                bar.update(raw.tell() - pos)
+                pos = raw.tell()
+                buf = carry + chunk
+                cut = buf.rfind(b"\n") + 1 if chunk else len(buf)
+                if chunk and cut == 0:
+                    carry = buf[:_MAX_LINE]  # an endless line: keep its head only
+                    continue
+                if cut:
+                    block = _parse_block(buf[:cut] if buf[cut - 1] == _NL else buf + b"\n")
+                    yield src, line_no, block
+                    line_no += len(block.bad_col)
+                carry = buf[cut:]
+                if not chunk:
+                    break
+
+
+def _rows(paths: list[str], max_rows: int | None, desc: str, progress: bool
+          ) -> Iterator[tuple[int, int, _Block]]:
+    """As :func:`_blocks`, stopped after ``max_rows`` valid rows (skipped lines past it unread)."""
+    total = sum(os.path.getsize(p) for p in paths)
+    rows = 0
+    with tqdm(total=total, unit="B", unit_scale=True, desc=desc, disable=not progress) as bar:
+        for src, line_no, block in _blocks(paths, bar):
+            n = len(block.labels)
+            if max_rows is not None and rows + n >= max_rows:
+                valid = np.flatnonzero(block.bad_col == _OK)
+                yield src, line_no, block.head(int(valid[max_rows - rows - 1]) + 1)
+                return
+            rows += n
+            yield src, line_no, block
+
+
+# ---- the two passes -------------------------------------------------------------------------
+
+class _IdCounter:
+    """Occurrences of every key, as sorted (keys, counts); merges are batched, so the cost is
+    amortised O(distinct ids log) per row block instead of O(vocabulary)."""
+
+    def __init__(self):
+        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self._pending, self._pending_size = [], 0
+
+    def add(self, keys: np.ndarray) -> None:
+        uniq, counts = np.unique(keys[keys >= 0], return_counts=True)
+        self._pending.append((uniq, counts))
+        self._pending_size += len(uniq)
+        if self._pending_size > max(len(self.keys), 1 << 20):
+            self.merge()
+
+    def merge(self) -> None:
+        keys = np.concatenate([self.keys, *(k for k, _ in self._pending)])
+        counts = np.concatenate([self.counts, *(c for _, c in self._pending)])
+        if len(keys):
+            order = np.argsort(keys, kind="stable")
+            keys, counts = keys[order], counts[order]
+            first = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+            keys, counts = keys[first], np.add.reduceat(counts, first)
+        self.keys, self.counts = keys, counts
+        self._pending, self._pending_size = [], 0
+
+
+@dataclass(frozen=True)
+class _Vocabulary:
+    """The kept keys, sorted, and each field's layout. Shapes: keys (V,), the rest (26,)."""
+
+    keys: np.ndarray
+    first: np.ndarray  # index in ``keys`` of each field's first kept key
+    kept: np.ndarray
+    offsets: np.ndarray
+
+    @classmethod
+    def build(cls, counter: _IdCounter, min_freq: int) -> _Vocabulary:
+        keys = counter.keys[counter.counts >= min_freq]
+        kept = np.bincount(keys >> 32, minlength=NUM_FIELDS).astype(np.int64)
+        first = np.concatenate([[0], np.cumsum(kept)[:-1]])
+        cards = kept + 2  # + the rare id and the missing id
+        return cls(keys, first, kept, np.concatenate([[0], np.cumsum(cards)[:-1]]).astype(np.int64))
+
+    def encode(self, keys: np.ndarray) -> np.ndarray:
+        """Keys from :func:`_parse_hex` -> global keys. Shape: (n, 26) -> (n, 26) int64."""
+        pos = np.minimum(np.searchsorted(self.keys, keys), max(len(self.keys) - 1, 0))
+        found = (keys >= 0) & (self.keys[pos] == keys) if len(self.keys) else np.zeros(keys.shape, bool)
+        local = np.where(found, pos - self.first, np.where(keys < 0, self.kept + 1, self.kept))
+        return local + self.offsets
+
+
+def _split_is_test(rows: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
+    """Whether each valid row (0-based index) is a test row. Shape: (n,) -> (n,) bool."""
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) ^ (np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
+        z = z + np.uint64(0x9E3779B97F4A7C15)  # splitmix64
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / 2.0 ** 53 < test_fraction
+
+
+def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[_IdCounter, dict]:
+    """Pass 1: id counts, rows per split, positives, skipped lines."""
+    counter, stats = _IdCounter(), {"rows": 0, "test_rows": 0, "positives": 0, "lines": 0,
+                                    "skipped": 0, "first_skipped": []}
+    for src, line_no, block in _rows(paths, max_rows, "criteo pass 1/2: count ids", progress):
+        n = len(block.labels)
+        counter.add(block.keys)
+        stats["test_rows"] += int(_split_is_test(stats["rows"] + np.arange(n), seed, test_fraction).sum())
+        stats["positives"] += int(block.labels.sum())
+        for i in np.flatnonzero(block.bad_col != _OK):
+            if len(stats["first_skipped"]) == MAX_REPORTED:
+                break
+            stats["first_skipped"].append({"line": stats["lines"] + int(i) + 1, "source": paths[src],
+                                           "source_line": line_no + int(i), "reason": block.reason(i)})
+        stats["skipped"] += len(block.bad_col) - n
+        stats["rows"] += n
+        stats["lines"] += len(block.bad_col)
+    counter.merge()
+    return counter, stats
+
+
+def _write(paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress) -> None:
+    """Pass 2: encode every valid row and write it into its split's preallocated arrays."""
+    sizes = {"train": stats["rows"] - stats["test_rows"], "test": stats["test_rows"]}
+    arrays = {(split, name): open_memmap(os.path.join(out_dir, f"{split}_{name}.npy"), mode="w+",
+                                         dtype=dtype, shape=(sizes[split], *shape))
+              for split in SPLITS for name, (dtype, shape) in ARRAYS.items()}
+    filled, rows = dict.fromkeys(SPLITS, 0), 0
+    for _, _, block in _rows(paths, max_rows, "criteo pass 2/2: encode", progress):
+        n = len(block.labels)
+        is_test = _split_is_test(rows + np.arange(n), seed, test_fraction)
+        values = {"dense": block.dense, "sparse": vocab.encode(block.keys), "labels": block.labels}
+        for split, mask in (("train", ~is_test), ("test", is_test)):
+            k = int(mask.sum())
+            for name, value in values.items():
+                arrays[split, name][filled[split]:filled[split] + k] = value[mask]
+            filled[split] += k
+        rows += n
+    if filled != sizes:
+        raise RuntimeError(f"pass 2 read {filled} rows, pass 1 counted {sizes}: did the input change?")
+    for array in arrays.values():
+        array.flush()
+
+
+def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_rows: int | None = None,
+            test_fraction: float = 0.1, seed: int = 0, progress: bool = True) -> dict:
+    """Label-encode raw Criteo TSV files into ``out_dir``; see the module docstring for the format.
+
+    Args:
+        raw_paths: raw files (plain or gzip), read in order as one input.
+        out_dir: created if needed; its ``meta.json`` is removed first and written last.
+        min_freq: ids seen fewer times in their field share the field's rare id.
+        max_rows: stop after this many valid rows (None: read everything).
+        test_fraction: expected fraction of the rows that go to the test split, in [0, 1).
+        seed: the split is a function of it and of the row index.
+        progress: show a progress bar per pass (on stderr).
+
+    Returns:
+        The summary: ``meta.json``'s content plus ``seconds`` and ``rows_per_second``.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with open(f"{d}/raw.tsv", "w") as f:
+        ...     _ = f.write("1\\t5" + "\\t" * 12 + "\\tabcdef01" * 26 + "\\n" + "0\\tx\\n")
+        >>> s = prepare([f"{d}/raw.tsv"], f"{d}/out", test_fraction=0.0, progress=False)
+        >>> s["rows"], s["skipped"], s["first_skipped"][0]["reason"], s["cardinalities"][:2]
+        (1, 1, 'expected 40 tab-separated columns, got 2', [3, 3])
+    """
+    raw_paths = [raw_paths] if isinstance(raw_paths, str) else list(raw_paths)
+    _check_args(raw_paths, min_freq, max_rows, test_fraction, seed)
+    os.makedirs(out_dir, exist_ok=True)
+    meta_path = os.path.join(out_dir, "meta.json")
+    if os.path.exists(meta_path):
+        os.remove(meta_path)  # never leave old metadata beside half-rewritten arrays
+    t0 = time.perf_counter()
+    counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
+    if stats["rows"] == 0:
+        raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
+                         f"the first: {stats['first_skipped'][:3]}")
+    vocab = _Vocabulary.build(counter, min_freq)
+    del counter
+    _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
+    cards = vocab.kept + 2
+    meta = {"format": FORMAT, "version": VERSION, "rows": stats["rows"],
+            "train_rows": stats["rows"] - stats["test_rows"], "test_rows": stats["test_rows"],
+            "positives": stats["positives"], "positive_rate": stats["positives"] / stats["rows"],
+            "num_fields": NUM_FIELDS, "num_dense": NUM_DENSE, "cardinalities": cards.tolist(),
+            "offsets": vocab.offsets.tolist(), "num_rows": int(cards.sum()), "lines": stats["lines"],
+            "skipped": stats["skipped"], "first_skipped": stats["first_skipped"], "min_freq": min_freq,
+            "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
+            "dense_transform": "log(max(x, 0) + 1), missing -> 0",
+            "id_layout": "per field: kept ids 0..k-1 by hex value, k = rarer than min_freq, k+1 = missing",
+            "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
+    with open(meta_path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(meta_path + ".tmp", meta_path)
+    seconds = time.perf_counter() - t0
+    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+
+
+def _check_args(raw_paths, min_freq, max_rows, test_fraction, seed) -> None:
+    def is_int(x):
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+    if not raw_paths:
+        raise ValueError("expected at least one raw Criteo file, got none")
+    for path in raw_paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"raw Criteo file {path!r} does not exist")
+    if not is_int(min_freq) or min_freq < 1:
+        raise ValueError(f"min_freq must be an int >= 1, got {min_freq!r}")
+    if max_rows is not None and (not is_int(max_rows) or max_rows < 1):
+        raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+
+
+# ---- reading the prepared arrays ------------------------------------------------------------
+
+class CriteoDataset:
+    """Batches of a directory written by :func:`prepare`, memory-mapped: the interface of
+    :class:`het.data.synthetic.SyntheticCriteo`, without a planted model.
+
+    Args:
+        out_dir: the directory :func:`prepare` wrote.
+
+    Attributes:
+        cardinalities: the 26 fields' sizes (kept ids + the rare id + the missing id).
+        offsets: (26,) int64, field ``f``'s first global key.
+        num_rows: the number of global keys, i.e. the size of the one embedding table.
+        num_dense, num_fields: 13 and 26.
+        rows: samples per split, e.g. ``{"train": 900, "test": 100}``.
+        meta: the content of ``meta.json``.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> with open(f"{d}/raw.tsv", "w") as f:
+        ...     _ = f.write(("0\\t1" + "\\t" * 12 + "\\t0000abcd" * 26 + "\\n") * 3)
+        >>> _ = prepare(f"{d}/raw.tsv", d, test_fraction=0.0, progress=False)
+        >>> data = CriteoDataset(d)
+        >>> data.rows, data.num_rows, data.batch("train", 1, 2).sparse[:, :3].tolist()
+        ({'train': 3, 'test': 0}, 78, [[0, 3, 6], [0, 3, 6]])
+    """
+
+    num_dense = NUM_DENSE
+    num_fields = NUM_FIELDS
+    has_planted = False
+
+    def __init__(self, out_dir: str):
+        meta_path = os.path.join(out_dir, "meta.json")
+        if not os.path.isfile(meta_path):
+            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
+                             f"`het data prepare criteo RAW... {out_dir}`")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if (meta.get("format"), meta.get("version")) != (FORMAT, VERSION):
+            raise ValueError(f"{meta_path} is format {meta.get('format')!r} version {meta.get('version')!r}, "
+                             f"expected {FORMAT!r} version {VERSION}: prepare it again")
+        self.meta = meta
+        self.cardinalities = tuple(meta["cardinalities"])
+        self.offsets = np.array(meta["offsets"], dtype=np.int64)
+        self.num_rows = int(meta["num_rows"])
+        self.rows = {"train": int(meta["train_rows"]), "test": int(meta["test_rows"])}
+        self._arrays = {}
+        for split in SPLITS:
+            for name, (dtype, shape) in ARRAYS.items():
+                a = np.load(os.path.join(out_dir, f"{split}_{name}.npy"), mmap_mode="r")
+                if a.dtype != dtype or a.shape != (self.rows[split], *shape):
+                    raise ValueError(f"{split}_{name}.npy holds {a.dtype} {a.shape}, meta.json says "
+                                     f"{np.dtype(dtype)} {(self.rows[split], *shape)}")
+                self._arrays[split, name] = a
+
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        """Samples ``index * size .. (index + 1) * size - 1`` of ``split``, wrapping around its end.
+
+        Shape:
+            dense (size, 13) float32, sparse (size, 26) int64, labels (size,) float32.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        for name, v in (("index", index), ("size", size)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (name == "size"):
+                raise ValueError(f"{name} must be an int >= {int(name == 'size')}, got {v!r}")
+        n = self.rows[split]
+        if n == 0:
+            raise ValueError(f"split {split!r} of this Criteo directory has no rows")
+        start = index * size % n
+        if start + size <= n:  # the common case: one contiguous slice, copied out of the map
+            take = lambda a: np.array(a[start:start + size])  # noqa: E731
+        else:
+            idx = (start + np.arange(size)) % n
+            take = lambda a: np.take(a, idx, axis=0)  # noqa: E731
+        return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
+
+
+# ---- `het data prepare criteo` --------------------------------------------------------------
+
+def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``criteo`` command to ``subparsers`` (``het data prepare``'s)."""
+    p = subparsers.add_parser(
+        "criteo", help="label-encode raw Criteo TSV (.gz too) into memory-mappable arrays",
+        description="Two streaming passes over the raw files: count the ids, then label-encode them "
+                    "per field (no hashing) and write OUT/{train,test}_{dense,sparse,labels}.npy and "
+                    "OUT/meta.json. Malformed lines are skipped and reported.")
+    p.add_argument("raw", nargs="+", help="raw Criteo files (Kaggle train.txt or day files), read in order")
+    p.add_argument("out", help="output directory")
+    p.add_argument("--min-freq", type=int, default=1, help="ids seen fewer times share their field's rare id")
+    p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_prepare_criteo)
+    return p
+
+
+def cmd_prepare_criteo(args: argparse.Namespace) -> dict:
+    """Run :func:`prepare` with the parsed flags and print its summary."""
+    try:
+        s = prepare(args.raw, args.out, min_freq=args.min_freq, max_rows=args.max_rows,
+                    test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"het data prepare criteo: {e}") from None
+    if args.json:
+        print(json.dumps(s, sort_keys=True))
+        return s
+    print(f"criteo: {s['rows']:,} rows ({s['train_rows']:,} train, {s['test_rows']:,} test) from "
+          f"{len(s['sources'])} file(s) in {s['seconds']:.2f} s ({s['rows_per_second']:,.0f} rows/s)")
+    print(f"positive rate {s['positive_rate']:.4f}; {s['num_rows']:,} ids in {NUM_FIELDS} fields "
+          f"(min freq {s['min_freq']})")
+    print(f"skipped {s['skipped']:,} malformed line(s)" + (":" if s["skipped"] else ""))
+    for skip in s["first_skipped"]:
+        print(f"  line {skip['line']} ({skip['source']}:{skip['source_line']}): {skip['reason']}")
+    if s["skipped"] > len(s["first_skipped"]):
+        print(f"  ... and {s['skipped'] - len(s['first_skipped']):,} more")
+    print(f"wrote {os.path.join(args.out, 'meta.json')} and the train/test arrays; "
+          f"train on it with `het train --data criteo:{args.out}`")
+    return s
