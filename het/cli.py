@@ -144,11 +144,14 @@ def cmd_bench_cache(args) -> None:
     from het.data.zipf import zipf_keys
 
     torch.set_num_threads(args.threads)
-    if args.trace:
+    if args.graph:
+        trace, distinct = cache.graph_steps(args.graph, args.fanouts, args.batch, args.batches, args.seed)
+    elif args.trace:
         trace = cache.load_trace(args.trace)
+        distinct = int(np.unique(trace).size)
     else:
         trace = zipf_keys(args.keys, args.alpha, args.batch * args.batches, seed=args.seed)
-    distinct = int(np.unique(trace).size) if args.trace else args.keys
+        distinct = args.keys
     if args.capacity is not None:
         capacity = args.capacity
     elif args.capacity_frac is not None:
@@ -157,10 +160,12 @@ def cmd_bench_cache(args) -> None:
         raise SystemExit("het bench cache: give --capacity N or --capacity-frac F")
     result = cache.run(trace, args.batch, capacity, args.policy, dim=args.dim, staleness=args.staleness,
                        ways=args.ways, device=args.device)
-    if not args.trace:
-        result.update(alpha=args.alpha, keys=args.keys)
-    else:
+    if args.graph:
+        result.update(graph=args.graph, fanouts=list(args.fanouts), nodes=distinct, seeds_per_batch=args.batch)
+    elif args.trace:
         result.update(trace=args.trace)
+    else:
+        result.update(alpha=args.alpha, keys=args.keys)
     if args.json:
         _print_json(result)
     else:
@@ -237,10 +242,15 @@ def parser() -> argparse.ArgumentParser:
     bsub = b.add_subparsers(dest="bench", required=True)
     c = bsub.add_parser("cache", help="cache miss rate and unique keys/s on a trace or a Zipf stream")
     c.add_argument("--trace", help="1-D int64 .npy of keys in access order")
+    c.add_argument("--graph", help="a graph (cora, planetoid:DIR, npz:PATH, synthetic-graph): the trace is "
+                   "GraphSAGE's node accesses, --batch seed nodes a step; --capacity-frac is of the nodes")
+    c.add_argument("--fanouts", type=lambda t: tuple(int(x) for x in t.split(",")), default=(10, 5),
+                   help="with --graph: neighbours per layer")
     c.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the generated stream")
     c.add_argument("--keys", type=int, default=1_000_000, help="distinct keys of the generated stream")
     c.add_argument("--batches", type=int, default=200, help="steps of the generated stream")
-    c.add_argument("--batch", type=int, default=4096, help="trace keys per step (de-duplicated)")
+    c.add_argument("--batch", type=int, default=4096, help="trace keys per step (de-duplicated); "
+                   "with --graph, seed nodes per step")
     c.add_argument("--capacity", type=int, help="cache rows")
     c.add_argument("--capacity-frac", type=float, help="cache rows as a fraction of the distinct keys")
     c.add_argument("--policy", default="lfu", choices=["lru", "lfu"])

@@ -29,17 +29,34 @@ def load_trace(path: str) -> np.ndarray:
     return trace.astype(np.int64, copy=False)
 
 
-def run(trace: np.ndarray, batch: int, capacity: int, policy: str, dim: int = 128,
-        staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu") -> dict:
-    """Drive a cache over ``trace`` in steps of ``batch`` keys; return the figures."""
+def trace_steps(trace: np.ndarray, batch: int) -> list[torch.Tensor]:
+    """A flat trace cut into steps of ``batch`` keys, each de-duplicated."""
     if batch <= 0:
         raise ValueError(f"batch must be > 0, got {batch}")
-    num_keys = int(trace.max()) + 1 if trace.size else 1
+    return [torch.unique(torch.from_numpy(trace[i:i + batch])) for i in range(0, len(trace), batch)]
+
+
+def graph_steps(spec: str, fanouts: tuple[int, ...], seeds_per_batch: int, batches: int, seed: int = 0):
+    """The input nodes of successive GraphSAGE mini-batches (the node-embedding access trace),
+    and the number of nodes."""
+    from het.data.graph import load
+    from het.data.sampler import NeighborSampler
+
+    graph = load(spec)
+    trace = NeighborSampler(graph, fanouts=fanouts, seed=seed).access_trace(seeds_per_batch, batches, seed)
+    return [torch.unique(t) for t in trace], graph.num_nodes
+
+
+def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: int = 128,
+        staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu") -> dict:
+    """Drive a cache over ``trace`` (a flat array cut into steps of ``batch`` keys, or a list of
+    each step's unique keys); return the figures."""
+    steps = trace_steps(trace, batch) if isinstance(trace, np.ndarray) else list(trace)
+    num_keys = max((int(k.max()) + 1 for k in steps if k.numel()), default=1)
     table = TableConfig("bench", rows=num_keys, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
     shard = Shard(ShardConfig((table,)))
     cache = EmbeddingCache(table, CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways),
                            device)
-    steps = [torch.unique(torch.from_numpy(trace[i:i + batch])) for i in range(0, len(trace), batch)]
     grad_pool = torch.randn(max((k.numel() for k in steps), default=0), dim, device=device) * 1e-3
     cache_s = ps_s = 0.0
     timed_keys = 0
@@ -69,7 +86,7 @@ def run(trace: np.ndarray, batch: int, capacity: int, policy: str, dim: int = 12
     return {
         "bench": "cache", "policy": policy, "capacity": cache.slots, "ways": cache.ways, "dim": dim,
         "batch": batch, "staleness": staleness if staleness != math.inf else "inf", "steps": len(steps),
-        "trace_keys": int(trace.size), "distinct_keys": int(np.unique(trace).size),
+        "trace_keys": sum(k.numel() for k in steps), "distinct_keys": int(torch.unique(torch.cat(steps)).numel()),
         "lookups": stats.get("lookups", 0), "hits": stats.get("hits", 0), "misses": stats.get("misses", 0),
         "miss_rate": stats["miss_rate"], "bypasses": stats.get("bypasses", 0),
         "evictions": stats.get("evictions", 0), "stale_refreshes": stats.get("stale_refreshes", 0),

@@ -56,7 +56,7 @@ import torch
 
 FORMAT_VERSION = 1
 SYNTHETIC_DEFAULTS = dict(num_nodes=20_000, mean_degree=10.0, num_classes=8, feature_dim=32)
-SPEC_FORMS = "'cora', 'planetoid:DIR', 'npz:PATH' or 'synthetic-graph'"
+SPEC_FORMS = "'cora', 'planetoid:DIR', 'npz:PATH', 'synthetic-graph' or 'synthetic-graph:NODES'"
 
 
 def _require(ok: bool, message: str) -> None:
@@ -608,7 +608,7 @@ def load(spec: str, shared_dir: str | os.PathLike | None = None) -> Graph:
 
     'cora' reads ``<shared_dir>/data/cora``; ``shared_dir`` defaults to :func:`default_shared_dir`.
     'synthetic-graph' is :func:`synthetic_power_law` with 20,000 nodes, mean degree 10,
-    8 classes and 32 features.
+    8 classes and 32 features; 'synthetic-graph:N' the same with N nodes.
     """
     kind, _, arg = spec.partition(":")
     if spec == "cora":
@@ -619,4 +619,6 @@ def load(spec: str, shared_dir: str | os.PathLike | None = None) -> Graph:
         return load_npz(arg)
     if spec == "synthetic-graph":
         return synthetic_power_law(**SYNTHETIC_DEFAULTS)
+    if kind == "synthetic-graph" and arg.isdigit() and int(arg) > 0:
+        return synthetic_power_law(**{**SYNTHETIC_DEFAULTS, "num_nodes": int(arg)})
     raise ValueError(f"unknown graph {spec!r}: expected {SPEC_FORMS}")

@@ -122,7 +122,7 @@ def test_planetoid_refuses_code_in_pickles(tmp_path):
 
 
 def test_load_rejects_unknown_specs_listing_the_forms():
-    with pytest.raises(ValueError, match="'cora', 'planetoid:DIR', 'npz:PATH' or 'synthetic-graph'"):
+    with pytest.raises(ValueError, match="'cora', 'planetoid:DIR', 'npz:PATH', 'synthetic-graph' or 'synthetic-graph:NODES'"):
         load("reddit")
     with pytest.raises(ValueError, match="unknown graph"):
         load("npz:")
