@@ -146,6 +146,8 @@ def cmd_bench_cache(args) -> None:
     torch.set_num_threads(args.threads)
     if args.graph:
         trace, distinct = cache.graph_steps(args.graph, args.fanouts, args.batch, args.batches, args.seed)
+    elif args.ctr:
+        trace, distinct = cache.ctr_steps(args.batch, args.batches)
     elif args.trace:
         trace = cache.load_trace(args.trace)
         distinct = int(np.unique(trace).size)
@@ -162,6 +164,8 @@ def cmd_bench_cache(args) -> None:
                        ways=args.ways, device=args.device)
     if args.graph:
         result.update(graph=args.graph, fanouts=list(args.fanouts), nodes=distinct, seeds_per_batch=args.batch)
+    elif args.ctr:
+        result.update(ctr="synthetic-criteo rank 0 of 2", rows=distinct, samples_per_batch=args.batch)
     elif args.trace:
         result.update(trace=args.trace)
     else:
@@ -244,6 +248,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--trace", help="1-D int64 .npy of keys in access order")
     c.add_argument("--graph", help="a graph (cora, planetoid:DIR, npz:PATH, synthetic-graph): the trace is "
                    "GraphSAGE's node accesses, --batch seed nodes a step; --capacity-frac is of the nodes")
+    c.add_argument("--ctr", action="store_true", help="the trace is rank 0's keys of the default synthetic "
+                   "Criteo job (2 workers), --batch samples a step; --capacity-frac is of the table")
     c.add_argument("--fanouts", type=lambda t: tuple(int(x) for x in t.split(",")), default=(10, 5),
                    help="with --graph: neighbours per layer")
     c.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the generated stream")

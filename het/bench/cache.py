@@ -47,6 +47,25 @@ def graph_steps(spec: str, fanouts: tuple[int, ...], seeds_per_batch: int, batch
     return [torch.unique(t) for t in trace], graph.num_nodes
 
 
+def ctr_steps(batch: int, batches: int, workers: int = 2, cap: int | None = 100_000, alpha: float = 1.05):
+    """Rank 0's keys of a synthetic Criteo job (batch ``step * workers``), each step de-duplicated."""
+    from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+
+    data = SyntheticCriteo(SyntheticCriteoConfig(cap=cap, alpha=alpha))
+    steps = [torch.unique(data.batch("train", s * workers, batch).sparse) for s in range(batches)]
+    return steps, data.num_rows
+
+
+def static_oracle_hit_rate(steps: list[torch.Tensor], capacity: int) -> float:
+    """The hit rate of a cache holding, from the start, the ``capacity`` keys this trace uses most
+    (chosen in hindsight): a reference point for any replacement policy."""
+    keys = torch.cat(steps)
+    if not keys.numel():
+        return 0.0
+    counts = torch.bincount(keys)
+    return float(torch.topk(counts, min(capacity, counts.numel())).values.sum()) / keys.numel()
+
+
 def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: int = 128,
         staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu") -> dict:
     """Drive a cache over ``trace`` (a flat array cut into steps of ``batch`` keys, or a list of
@@ -89,6 +108,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
         "trace_keys": sum(k.numel() for k in steps), "distinct_keys": int(torch.unique(torch.cat(steps)).numel()),
         "lookups": stats.get("lookups", 0), "hits": stats.get("hits", 0), "misses": stats.get("misses", 0),
         "miss_rate": stats["miss_rate"], "bypasses": stats.get("bypasses", 0),
+        "static_oracle_hit_rate": static_oracle_hit_rate(steps, cache.slots),
         "evictions": stats.get("evictions", 0), "stale_refreshes": stats.get("stale_refreshes", 0),
         "keys_per_s": timed_keys / cache_s if cache_s else 0.0,
         "keys_per_s_with_ps": timed_keys / (cache_s + ps_s) if cache_s + ps_s else 0.0,
