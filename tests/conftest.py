@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import zmq
 
 from het.config import ShardConfig
 from het.ps.client import PSClient
@@ -63,3 +64,16 @@ def cluster_factory(request):
     yield make
     for c in made:
         c.close()
+
+
+def raw_request(address: str, frames, timeout_ms: int = 10_000) -> list:
+    """Send raw frames to a shard from a bare DEALER socket; its reply's frames (bytes)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(address)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(timeout_ms), "the shard stopped answering"
+        return sock.recv_multipart()
+    finally:
+        sock.close()

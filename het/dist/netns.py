@@ -9,14 +9,18 @@ every host link shaped to a rate with ``tc ... tbf`` (iproute2; needs root).
 The bridge lives in a "switch" namespace of its own and every veth is created there, so nothing
 is ever added to the host's own namespace: no interface, no address, no route. The 192.0.2.0/24
 addresses (the documentation range) exist only inside the namespaces, which have no route
-anywhere else. Each link is shaped in both directions (the host's eth0 for what it sends, the
+anywhere else. Reach the hosts only from inside (:meth:`EmulatedNetwork.popen`, ``run``): this
+process's own namespace is not connected to them, and on a machine whose real network also
+uses 192.0.2.0/24 a connection from here to ``net.address(h)`` would leave by the real
+interface. Each link is shaped in both directions (the host's eth0 for what it sends, the
 bridge port for what it receives). ``netem`` is not available on these kernels: latency, where
 wanted, belongs in the transport.
 
 Everything made here is removed on exit from the ``with`` block, after an exception or Ctrl-C
 inside it, at interpreter exit (atexit) and on SIGTERM; what a killed run (SIGKILL) leaves
-behind is removed by :func:`cleanup_stale`. Names carry the creating process's pid
-(``het<pid>x<n>``), so parallel runs never collide and a leftover's owner can be told dead.
+behind is removed by :func:`cleanup_stale`. Names carry the creating process's pid, in base 36
+to fit Linux's 15 characters of a link name (``het<pid36>-<n>``: ``het2ilkw-0-h1``,
+``het2ilkw-0p1``), so parallel runs never collide and a leftover's owner can be told dead.
 """
 
 from __future__ import annotations
@@ -74,7 +78,7 @@ def unavailable_reason() -> str | None:
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         return f"the emulated network needs iproute2: {' and '.join(missing)} not found on PATH"
-    probe = f"het{os.getpid()}x{next(_counter)}-probe"
+    probe = f"{_new_prefix()}-probe"
     made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
     if made.returncode != 0:
         return f"`ip netns add` failed here (an unprivileged container?): {made.stderr.strip()}"
@@ -90,7 +94,7 @@ class EmulatedNetwork:
             address ``192.0.2.(10 + i)``.
         bandwidth: the rate of every host link in each direction, as tc writes it (``"1gbit"``,
             ``"10gbit"``, ``"100mbit"``); None or ``"none"`` leaves the links unshaped.
-        prefix: the name prefix of every namespace and link (default ``het<pid>x<n>``).
+        prefix: the name prefix of every namespace and link (default ``het<pid36>-<n>``).
         grace_s: on exit, how long processes get between SIGTERM and SIGKILL.
 
     Entering raises :class:`NetworkEmulationUnavailable` (with the reason) where this machine
@@ -112,10 +116,10 @@ class EmulatedNetwork:
             raise ValueError(f"at most {254 - FIRST_HOST} hosts fit in {SUBNET}.0/24, got {len(hosts)}")
         self.bandwidth = None if bandwidth is None or str(bandwidth).lower() == "none" else str(bandwidth)
         self.rate = parse_rate(self.bandwidth) if self.bandwidth else None  # bytes/s
-        self.prefix = prefix or f"het{os.getpid()}x{next(_counter)}"
+        self.prefix = prefix or _new_prefix()
         longest = self._port(len(hosts) - 1)
-        if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix) or len(longest) > IFNAMSIZ:
-            raise ValueError(f"prefix {self.prefix!r} must be lower-case letters and digits, short enough "
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", self.prefix) or len(longest) > IFNAMSIZ:
+            raise ValueError(f"prefix {self.prefix!r} must be lower-case letters, digits and '-', short enough "
                              f"for the link name {longest!r} to fit Linux's {IFNAMSIZ} characters")
         self.hosts, self.grace_s = hosts, grace_s
         self.switch = f"{self.prefix}-sw"
@@ -123,7 +127,7 @@ class EmulatedNetwork:
         self.procs: list[subprocess.Popen] = []
         self._made: list[str] = []  # namespaces that exist, in the order made
         self._open = False
-        self._prev_sigterm = None
+        self._prev_sigterm = None  # the SIGTERM handler ours replaced, while ours is installed
 
     # -- the public verbs ---------------------------------------------------------------------
     def address(self, host: str) -> str:
@@ -151,13 +155,16 @@ class EmulatedNetwork:
 
     def leftovers(self) -> list[str]:
         """Namespaces and host-namespace links whose names start with this network's prefix."""
-        return _named(re.compile(re.escape(self.prefix) + "[-p]"))  # not het1x10's names for het1x1
+        return _named(re.compile(re.escape(self.prefix) + "[-p]"))  # not het1-10's names for het1-1
 
     # -- set-up ---------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedNetwork":
+        if self._open:
+            raise RuntimeError(f"the emulated network {self.prefix!r} is already set up")
         reason = unavailable_reason()
         if reason:
             raise NetworkEmulationUnavailable(reason)
+        self.procs = []
         atexit.register(self.close)
         self._install_sigterm()
         self._open = True
@@ -229,19 +236,21 @@ class EmulatedNetwork:
             warnings.warn(msg, RuntimeWarning)
 
     def _install_sigterm(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._prev_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+        if threading.current_thread() is threading.main_thread():  # Python sets handlers only there
+            prev = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._prev_sigterm = signal.SIG_DFL if prev is None else prev  # None: not set from Python
 
     def _restore_sigterm(self) -> None:
         if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, self._prev_sigterm)
+        self._prev_sigterm = None
 
     def _on_sigterm(self, signum, frame) -> None:
         prev = self._prev_sigterm
-        self.close()  # restores prev; with SIG_DFL the still-pending SIGTERM then ends this process
+        self.close()  # puts prev back
         if callable(prev):
             prev(signum, frame)
-        elif prev in (None, signal.SIG_DFL):
+        elif prev == signal.SIG_DFL:  # end as SIGTERM would have ended this process without us
             os.kill(os.getpid(), signal.SIGTERM)
 
     # -- helpers --------------------------------------------------------------------------------
@@ -267,16 +276,16 @@ class EmulatedNetwork:
 
 
 def cleanup_stale(prefix_base: str = "het") -> list[str]:
-    """Remove what earlier runs left behind: namespaces named ``<prefix_base><pid>x<n>-...``
+    """Remove what earlier runs left behind: namespaces named ``<prefix_base><pid36>-<n>-...``
     whose creating process ``pid`` is no longer alive (their processes are killed first).
     Networks of live processes, parallel runs among them, are left alone. Returns the names
     removed."""
     if shutil.which("ip") is None or os.geteuid() != 0:
         return []
-    pattern = re.compile(rf"{re.escape(prefix_base)}(\d+)x\d+[-p]")
+    pattern = re.compile(rf"{re.escape(prefix_base)}([0-9a-z]+)-\d+[-p]")
     removed = []
     for name in _named(pattern):
-        if not _alive(int(pattern.match(name.removeprefix("link ")).group(1))):
+        if not _alive(int(pattern.match(name.removeprefix("link ")).group(1), 36)):
             if name.startswith("link "):  # nothing is made in our namespace, but check anyway
                 _run(["ip", "link", "del", name.removeprefix("link ")], check=False)
             else:
@@ -290,7 +299,10 @@ def measure_bandwidth(net: EmulatedNetwork, a: str, b: str, seconds: float = 1.0
     as the receiver counts them (two small Python socket programs, one in each namespace)."""
     receiver = net.popen(b, [sys.executable, "-c", _RECEIVER, net.address(b)], stdout=subprocess.PIPE, text=True)
     try:
-        port = int(receiver.stdout.readline())
+        line = receiver.stdout.readline()
+        if not line.strip().isdigit():
+            raise RuntimeError(f"the receiver in host {b!r} did not start (exit code {receiver.poll()})")
+        port = int(line)
         net.run(a, [sys.executable, "-c", _SENDER, net.address(b), str(port), str(seconds)],
                 check=True, timeout=seconds + 30)
         out, _ = receiver.communicate(timeout=30)
@@ -299,6 +311,8 @@ def measure_bandwidth(net: EmulatedNetwork, a: str, b: str, seconds: float = 1.0
             receiver.kill()
             receiver.wait()
     got = json.loads(out)
+    if not got["bytes"]:
+        raise RuntimeError(f"no bytes went from host {a!r} to host {b!r}")
     return got["bytes"] / got["seconds"]
 
 
@@ -314,7 +328,7 @@ while True:
         break
     t0 = t0 or time.perf_counter()
     n += k
-print(json.dumps({"bytes": n, "seconds": time.perf_counter() - t0}))
+print(json.dumps({"bytes": n, "seconds": time.perf_counter() - t0 if n else 0.0}))
 """
 
 _SENDER = """
@@ -325,6 +339,15 @@ while time.perf_counter() < end:
     sock.sendall(chunk)
 sock.close()
 """
+
+
+def _new_prefix() -> str:
+    """``het<pid in base 36>-<n>``: at most 3 + 5 + 1 + 3 characters for the pids Linux gives."""
+    pid, digits = os.getpid(), ""
+    while pid:
+        pid, d = divmod(pid, 36)
+        digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
+    return f"het{digits}-{next(_counter)}"
 
 
 def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
@@ -349,25 +372,25 @@ def _named(pattern: re.Pattern) -> list[str]:
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM to each process group, SIGKILL to those still there after ``grace_s``; reap all."""
-    for p in procs:
+    """SIGTERM to each process group, SIGKILL to those still there after ``grace_s``; reap all.
+    (What a process left running in its namespace is killed when the namespace is deleted.)"""
+    running = [p for p in procs if p.poll() is None]  # a reaped pid may already be another's
+    for p in running:
         _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for p in procs:
+    for p in running:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            pass
-        _signal_group(p, signal.SIGKILL)  # also what the leader left behind in its group
-        p.wait()
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
 
 
 def _signal_group(p: subprocess.Popen, sig: int) -> None:
     try:
-        os.killpg(p.pid, sig)  # its own session, so its group is its pid
+        os.killpg(p.pid, sig)  # its own session (popen's default), so its group is its pid
     except (ProcessLookupError, PermissionError):
-        if p.poll() is None:
-            p.send_signal(sig)
+        p.send_signal(sig)
 
 
 def _delete_namespace(ns: str) -> None:

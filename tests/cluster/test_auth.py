@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-import zmq
+from conftest import raw_request
 
 from het import PSClient, ServerProcess, ShardConfig, TableConfig
 from het.ps.auth import SECRET_ENV
@@ -27,18 +27,6 @@ def shard(tmp_path):
     yield server.address
     server.stop()
     assert not server.alive()
-
-
-def raw_request(address, frames, timeout_ms=10_000):
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send_multipart(frames)
-        assert sock.poll(timeout_ms), "the shard stopped answering"
-        return sock.recv_multipart()
-    finally:
-        sock.close()
 
 
 def test_wrong_or_missing_secret_is_refused_and_the_shard_keeps_serving(shard):

@@ -9,7 +9,7 @@ import threading
 import numpy as np
 import pytest
 import torch
-import zmq
+import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
 from het.ps.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
@@ -35,16 +35,8 @@ def shards(tmp_path):
     assert all(not s.alive() for s in started)
 
 
-def raw_request(address, frames, timeout_ms=10_000):
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(address)
-    try:
-        sock.send_multipart(frames)
-        assert sock.poll(timeout_ms), "the shard stopped answering"
-        return decode(sock.recv_multipart())
-    finally:
-        sock.close()
+def raw_request(address, frames):
+    return decode(conftest.raw_request(address, frames))
 
 
 def test_malformed_and_wrong_version_requests_get_errors_and_the_shard_keeps_serving(shards):

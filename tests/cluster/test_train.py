@@ -63,16 +63,21 @@ def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
     assert s["time_split"]["allreduce"] == 0 and s["bytes"]["dense"] > 0 and s["hit_rate"] == 0
 
 
-def test_killing_a_worker_stops_the_job_with_a_clear_message_and_no_orphans(tmp_path):
+def start_long_job(tmp_path):
+    """A local cluster that would train for hours, once its processes are up; and their pids."""
     launcher = subprocess.Popen([sys.executable, "-m", "het", "train", "--steps", "100000", *SMALL, "--quiet",
                                  "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline and launcher.poll() is None:
+        time.sleep(0.2)
+    time.sleep(3)  # let training start
+    return launcher, json.load(open(tmp_path / "pids.json"))
+
+
+def test_killing_a_worker_stops_the_job_with_a_clear_message_and_no_orphans(tmp_path):
+    launcher, pids = start_long_job(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)  # let training start
-        pids = json.load(open(tmp_path / "pids.json"))
         os.kill(pids["worker 1"], signal.SIGKILL)
         _, err = launcher.communicate(timeout=120)
     finally:
@@ -85,15 +90,8 @@ def test_killing_a_worker_stops_the_job_with_a_clear_message_and_no_orphans(tmp_
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
-    launcher = subprocess.Popen([sys.executable, "-m", "het", "train", "--steps", "100000", *SMALL, "--quiet",
-                                 "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+    launcher, pids = start_long_job(tmp_path)
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(3)
-        pids = json.load(open(tmp_path / "pids.json"))
         launcher.send_signal(signal.SIGINT)
         _, err = launcher.communicate(timeout=120)
     finally:
