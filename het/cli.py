@@ -192,6 +192,30 @@ def cmd_bench_ps(args) -> None:
               f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})")
 
 
+def cmd_bench_e2e(args) -> None:
+    from het.bench import e2e
+    from het.dist.netns import NetworkEmulationUnavailable
+    from het.train.config import TrainConfig
+
+    overrides = {k: getattr(args, k) for k in ("steps", "batch", "dim", "workers", "servers", "cache_frac")
+                 if getattr(args, k) is not None}
+    base = TrainConfig.load(args.config, {"eval_samples": 0, **overrides})
+    try:
+        result = e2e.run(base, args.bandwidths.split(","), args.modes.split(","), args.log_dir)
+    except NetworkEmulationUnavailable as e:
+        raise SystemExit(f"het bench e2e: cannot emulate a cluster network here: {e}") from None
+    if args.json:
+        _print_json(result)
+        return
+    print(f"{'bandwidth':>9} {'mode':>6} {'s':>4} {'samples/s':>10} {'vs het100':>9} {'sparse B/sample':>15} "
+          f"{'dense B/sample':>14}  compute/ps/allreduce")
+    for r in result["results"]:
+        t = r["time_split"]
+        print(f"{r['bandwidth']:>9} {r['mode']:>6} {r['staleness']:>4} {r['samples_per_s']:>10,.0f} "
+              f"{r.get('speed_vs_het100', float('nan')):>9.2f} {r['sparse_bytes_per_sample']:>15,.0f} "
+              f"{r['dense_bytes_per_sample']:>14,.0f}  {t['compute']:.0%}/{t['wait_ps']:.0%}/{t['allreduce']:.0%}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="het", description="Huge embedding model training: sharded parameter "
                                 "servers, per-worker caches with per-row clocks, AllReduce for dense layers.")
@@ -268,6 +292,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true")
     c.set_defaults(func=cmd_bench_cache)
+    e = bsub.add_parser("e2e", help="modes ps, hybrid, het on an emulated cluster network (namespaces, tbf; root)")
+    e.add_argument("--bandwidths", "--bandwidth", default="1gbit", help="comma-separated: 1gbit, 10gbit, none, ...")
+    e.add_argument("--modes", default=",".join(("ps", "hybrid", "het:10", "het:100")),
+                   help="comma-separated: ps, hybrid, het:S")
+    e.add_argument("--config", help="the job's TOML (default: the default Wide&Deep job)")
+    for name in ("steps", "batch", "dim", "workers", "servers"):
+        e.add_argument("--" + name, type=int)
+    e.add_argument("--cache-frac", type=float)
+    e.add_argument("--log-dir")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(func=cmd_bench_e2e)
     q = bsub.add_parser("ps", help="pull + push rows/s through one shard over TCP loopback vs raw ZeroMQ")
     q.add_argument("--batch", type=int, default=4096)
     q.add_argument("--dim", type=int, default=128)

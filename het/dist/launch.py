@@ -10,6 +10,7 @@ flush their caches, and the shards last) and gets SIGTERM if the launcher itself
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -45,8 +46,13 @@ def free_port() -> int:
 class LocalCluster:
     """Start, watch and stop the processes of one local training job."""
 
-    def __init__(self, cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True):
+    def __init__(self, cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
+                 network=None):
+        """``network``: an open :class:`het.dist.netns.EmulatedNetwork` with hosts ``ps<i>`` and
+        ``worker<r>``; every process then runs in its own host's namespace (binding a shard
+        there needs ``secret``)."""
         self.cfg, self.log_dir, self.secret, self.progress = cfg, log_dir, secret, progress
+        self.network = network
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
         os.makedirs(log_dir, exist_ok=True)
@@ -62,9 +68,11 @@ class LocalCluster:
         try:
             tables = tuple(job_tables(self.cfg))
             for i in range(self.cfg.servers):
-                self.servers.append(ServerProcess(ShardConfig(tables, i, self.cfg.servers), secret=self.secret,
+                host = f"ps{i}"
+                self.servers.append(ServerProcess(ShardConfig(tables, i, self.cfg.servers), bind=f"{self._ip(host)}:0",
+                                                  secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
-                                                  env=self.threads_env, new_session=True))
+                                                  popen=self._popen(host)))
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)
@@ -78,11 +86,20 @@ class LocalCluster:
         finally:
             self.stop()
 
+    def _ip(self, host: str) -> str:
+        return self.network.address(host) if self.network is not None else "127.0.0.1"
+
+    def _popen(self, host: str):
+        return functools.partial(self.network.popen, host) if self.network is not None else subprocess.Popen
+
     def _start_workers(self, addresses: list[str], summary_path: str) -> None:
-        port = free_port()
+        port = free_port() if self.network is None else 29500  # worker0's namespace is empty
         for rank in range(self.cfg.workers):
-            env = dict(os.environ, **self.threads_env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(self.cfg.workers),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
+            env = dict(os.environ, **self.threads_env, RANK=str(rank), LOCAL_RANK=str(rank),
+                       WORLD_SIZE=str(self.cfg.workers), MASTER_ADDR=self._ip("worker0"), MASTER_PORT=str(port),
+                       PYTHONUNBUFFERED="1")
+            if self.network is not None:
+                env["GLOO_SOCKET_IFNAME"] = "eth0"  # advertise the namespace's link, not the hostname's 127.0.0.1
             if self.secret:
                 env["HET_SECRET"] = self.secret.decode()
             cmd = [sys.executable, "-m", "het", "train", "--ps", ",".join(addresses),
@@ -92,8 +109,8 @@ class LocalCluster:
             log = os.path.join(self.log_dir, f"worker-{rank}.log")
             out = open(log, "w")
             tee = rank == 0 and self.progress
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE if tee else out,
-                                    start_new_session=True, preexec_fn=die_with_parent)
+            proc = self._popen(f"worker{rank}")(cmd, env=env, stdout=out, stderr=subprocess.PIPE if tee else out,
+                                                start_new_session=True, preexec_fn=die_with_parent)
             out.close()
             if tee:  # rank 0's progress bar reaches the terminal and its log
                 threading.Thread(target=_tee, args=(proc.stderr, log), daemon=True).start()

@@ -101,7 +101,8 @@ class ServerProcess:
     """A shard in a child process (``het serve``), on a free port of 127.0.0.1 by default.
 
     The child's output goes to ``log_path`` when given; ``env`` adds environment variables;
-    ``new_session`` keeps Ctrl-C of the terminal from reaching it. It gets SIGTERM if this
+    ``new_session`` keeps Ctrl-C of the terminal from reaching it; ``popen`` starts it (e.g. inside
+    a network namespace, :meth:`het.dist.netns.EmulatedNetwork.popen`). It gets SIGTERM if this
     process dies. ``stop()`` asks it to end (SIGTERM), then kills it if it has not ended within
     ``grace_s``. A ``secret`` reaches the child in its
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
@@ -110,13 +111,13 @@ class ServerProcess:
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
-                 new_session: bool = False):
+                 new_session: bool = False, popen=subprocess.Popen):
         secret = check_secret(secret)
         check_bind(bind, secret)
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg))]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
+        self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
                                      text=True, env=dict(_child_env(secret), **(env or {})),
                                      start_new_session=new_session, preexec_fn=die_with_parent)
         self.address = self._read_address(start_timeout_s)

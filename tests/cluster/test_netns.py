@@ -2,6 +2,7 @@
 with tc, everything removed at the end. Needs root and network namespaces; skipped otherwise.
 Traffic goes only between the 192.0.2.x addresses inside the namespaces made here."""
 
+import json
 import os
 import signal
 import subprocess
@@ -188,3 +189,20 @@ def test_a_shard_in_one_namespace_serves_a_worker_in_another(netns, tmp_path):
         assert worker.stdout.strip() == "(10, 8) (10,)"
     assert server.returncode == 0  # SIGTERM on exit: the shard stopped cleanly
     assert_gone(net, [server])
+
+
+def test_bench_e2e_runs_two_modes_on_a_shaped_network(netns, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "het", "bench", "e2e", "--bandwidths", "100mbit", "--modes",
+                          "hybrid,het:100", "--steps", "12", "--dim", "8", "--batch", "128", "--log-dir",
+                          str(tmp_path), "--json"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    results = json.loads(out.stdout.strip().splitlines()[-1])["results"]
+    assert [(r["mode"], r["staleness"], r["bandwidth"]) for r in results] == [("hybrid", 0, "100mbit"),
+                                                                              ("het", 100, "100mbit")]
+    for r in results:
+        assert r["workers"] == 2 and r["samples_per_s"] > 0 and r["dense_bytes_per_sample"] > 0
+        assert set(r["time_split"]) == {"compute", "wait_ps", "allreduce"}
+    assert results[1]["speed_vs_het100"] == 1.0
+    assert results[1]["sparse_bytes_per_sample"] < results[0]["sparse_bytes_per_sample"]
+    assert not [line for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split("\n")
+                if line.startswith("het")]

@@ -194,9 +194,18 @@ def test_the_default_job_at_300_steps(tmp_path):
     assert s["auc"] > 0.7 and s["hit_rate"] > 0
 
 
+def shared_file(*parts) -> str:
+    """A file of the project's shared folder (beside the checkout, or $HET_SHARED)."""
+    from het.data.graph import default_shared_dir
+
+    path = default_shared_dir().joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"the shared data is not here: {path} (set HET_SHARED)")
+    return str(path)
+
+
 def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
-    shared = os.environ.get("HET_SHARED", os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared"))
-    lines = open(os.path.join(shared, "data", "criteo_kaggle_head1000.tsv")).read().splitlines()
+    lines = open(shared_file("data", "criteo_kaggle_head1000.tsv")).read().splitlines()
     bad = ["1\t2", lines[5].replace("\t", "\tabc\t", 1), lines[6] + "\textra"]
     (tmp_path / "raw.tsv").write_text("\n".join(lines[:300] + bad + lines[300:]) + "\n")
     prepared = het("data", "prepare", "criteo", str(tmp_path / "raw.tsv"), str(tmp_path / "out"), "--json", "--quiet")
@@ -208,6 +217,7 @@ def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
 
 
 def test_graphsage_on_cora(tmp_path):
+    shared_file("data", "cora", "ind.cora.x")
     s = het("train", "--model", "graphsage", "--data", "cora", "--json", "--quiet", "--log-dir", str(tmp_path))
     assert s["workers"] == 2 and s["hit_rate"] > 0
     assert s["test_acc"] > 0.74 and s["val_acc"] > 0.7  # published GraphSAGE-style: about 0.80
