@@ -74,6 +74,7 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "synthetic_alpha": (float, "power-law exponent of the synthetic ids"),
     "fanouts": (lambda t: tuple(int(x) for x in t.split(",")), "graphs: neighbours per layer, e.g. 10,5"),
     "hidden": (int, "graphs: GraphSAGE hidden width"), "dropout": (float, "graphs: dropout"),
+    "eval_every": (int, "graphs: evaluate every N steps; report the metrics of the best validation"),
 }
 
 

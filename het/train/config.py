@@ -38,7 +38,7 @@ GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph")
 # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes.
 GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam", "lr": 0.001,
                   "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1,
-                  "eval_samples": 1}
+                  "eval_samples": 1, "eval_every": 10}
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,7 @@ class TrainConfig:
     workers: int = 2
     servers: int = 1
     eval_samples: int = 65_536
+    eval_every: int = 0  # graphs: evaluate every N steps and report the best validation's metrics
     seed: int = 0
     checkpoint: str | None = None
     checkpoint_every: int = 0

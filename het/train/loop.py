@@ -165,10 +165,11 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         start = 0
         if cfg.resume:
             start = checkpoint.restore(worker, cfg.resume)
-        saver = checkpoint.saver(worker, cfg)
+        selector = _Selector(worker, cfg.eval_every)
+        hooks = [h for h in (checkpoint.saver(worker, cfg), selector) if h]
         try:
             with _stop_on_sigterm():
-                run = worker.train(cfg.steps, start, progress, on_step=saver)
+                run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         except Interrupted:
             worker.embedding.flush()  # a clean stop loses no update
             raise SystemExit(143) from None
@@ -176,11 +177,40 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if rank != 0:
             return None
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
+        metrics = selector.pick(metrics, cfg.steps)
         return summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
     finally:
         client.close()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+class _Selector:
+    """Model selection on held-out data, as published node-classification figures report it:
+    every ``every`` steps rank 0 evaluates, and the summary gives the metrics of the evaluation
+    with the best validation accuracy (``best_step``) beside the final ones (``final_*``)."""
+
+    def __init__(self, worker: Worker, every: int):
+        self.worker, self.every = worker, every
+        self.best: tuple[float, int, dict] | None = None
+
+    def __bool__(self) -> bool:
+        return self.every > 0 and hasattr(self.worker.task, "selection_metric")
+
+    def __call__(self, step: int) -> None:
+        if step % self.every == 0 and self.worker.rank == 0:
+            metrics = self.worker.evaluate(0)
+            score = metrics[self.worker.task.selection_metric]
+            if self.best is None or score > self.best[0]:
+                self.best = (score, step, metrics)
+
+    def pick(self, final: dict, last_step: int) -> dict:
+        if not self or self.best is None or not final:
+            return final
+        score, step, metrics = self.best
+        if final[self.worker.task.selection_metric] >= score:
+            step, metrics = last_step, final
+        return {**metrics, "best_step": step, **{f"final_{k}": v for k, v in final.items()}}
 
 
 class Interrupted(Exception):

@@ -86,6 +86,8 @@ class GraphBatch:
 
 
 class GraphTask:
+    selection_metric = "val_acc"  # what model selection (eval_every) maximises
+
     def __init__(self, cfg: TrainConfig):
         from het.data.graph import load, normalize_features
         from het.data.sampler import NeighborSampler
