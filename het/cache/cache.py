@@ -10,7 +10,7 @@ One training step, for the unique keys of a batch::
 
     plan = cache.lookup(keys)              # hits, slots for misses, victims to write back
     # send plan.writeback (push) and sync(keys, plan.clocks) to the PS, wait for the reply
-    rows = cache.fill(plan, sync_result)   # (n, D): cached, refreshed or bypassed rows
+    rows = cache.fill(plan, reply.index, reply.rows, reply.clocks)  # (n, D): every key's row
     ...forward, backward...
     push = cache.update(plan, grads)       # local update; rows with u > s are due to push
 """
@@ -108,6 +108,13 @@ class EmbeddingCache:
         self.protect = 1  # slots used in the last `protect` lookups are never victims
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
+
+    def to(self, device) -> "EmbeddingCache":
+        """Move every slot tensor to ``device`` (in place); returns self."""
+        self.device = torch.device(device)
+        for name in ("keys", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way"):
+            setattr(self, name, getattr(self, name).to(self.device))
+        return self
 
     @property
     def slots(self) -> int:

@@ -35,23 +35,3 @@ class LFU:
 
 
 POLICIES = {"lru": LRU, "lfu": LFU}
-
-
-def rank_in_group(groups: torch.Tensor) -> torch.Tensor:
-    """For each element, how many earlier elements share its group.
-
-    Example:
-        >>> rank_in_group(torch.tensor([2, 0, 2, 2, 0])).tolist()
-        [0, 0, 1, 2, 1]
-    """
-    if groups.numel() == 0:
-        return groups.clone()
-    order = torch.sort(groups, stable=True).indices
-    sorted_groups = groups[order]
-    starts = torch.ones_like(sorted_groups, dtype=torch.bool)
-    starts[1:] = sorted_groups[1:] != sorted_groups[:-1]
-    pos = torch.arange(groups.numel(), device=groups.device)
-    first = torch.cummax(torch.where(starts, pos, torch.zeros_like(pos)), 0).values
-    rank = torch.empty_like(pos)
-    rank[order] = pos - first
-    return rank

@@ -101,13 +101,14 @@ class LocalCluster:
             if self.network is not None:
                 env["GLOO_SOCKET_IFNAME"] = "eth0"  # advertise the namespace's link, not the hostname's 127.0.0.1
             if self.secret:
-                env["HET_SECRET"] = self.secret.decode()
+                env["HET_SECRET"] = os.fsdecode(self.secret)
             cmd = [sys.executable, "-m", "het", "train", "--ps", ",".join(addresses),
                    "--config-json", json.dumps(self.cfg.to_dict())]
             if rank == 0:
                 cmd += ["--summary", summary_path]
             log = os.path.join(self.log_dir, f"worker-{rank}.log")
-            out = open(log, "w")
+            open(log, "w").close()
+            out = open(log, "a")  # appended to by the child's stdout and by the tee of its stderr
             tee = rank == 0 and self.progress
             proc = self._popen(f"worker{rank}")(cmd, env=env, stdout=out, stderr=subprocess.PIPE if tee else out,
                                                 start_new_session=True, preexec_fn=die_with_parent)

@@ -148,6 +148,10 @@ class Embedding(nn.Module):
         self.caches[name].protect = 2  # the prefetched step's slots and the current step's
         self._prefetch[name].append(self._start(name, flat))
 
+    def prefetching(self) -> bool:
+        """Whether a prefetched lookup is waiting for its ``forward``."""
+        return any(self._prefetch.values())
+
     def _prefetched(self, name: str, flat: torch.Tensor):
         queue = self._prefetch[name]
         while queue:
@@ -162,7 +166,9 @@ class Embedding(nn.Module):
         cache, out = self.caches[name], self._outbox[name]
         unique, inverse = torch.unique(flat, return_inverse=True)
         plan = cache.lookup(unique)
-        pushes = Rows.cat([*out.parts, plan.writeback]) if out.parts else plan.writeback
+        if len(plan.writeback):
+            out.parts.append(plan.writeback)  # kept until sent: an error below loses no update
+        pushes = Rows.cat(out.parts) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1))
         out.parts.clear()
@@ -243,6 +249,16 @@ class Embedding(nn.Module):
 
     def stats(self) -> dict:
         return {name: cache.stats() for name, cache in self.caches.items()}
+
+    def _apply(self, fn, recurse=True):
+        """``.to(device)`` / ``.cuda()`` move the caches and the rows returned."""
+        device = fn(torch.empty(0, device=self.device)).device
+        if device != self.device:
+            self.flush()
+            self.device = device
+            for cache in self.caches.values():
+                cache.to(device)
+        return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
         tables = ", ".join(f"{t.name}: {t.rows}x{t.dim} {t.optimizer.name}" for t in self.tables.values())

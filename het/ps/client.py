@@ -144,10 +144,12 @@ class PSClient:
     # -- whole-PS requests ------------------------------------------------------------------
     def save(self, directory: str) -> list[str]:
         """Every shard writes its rows, clocks and optimizer state under ``directory``."""
-        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": _shard_file(directory, i)})]
+        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": _shard_file(directory, i)},
+                                                        timeout_s=None)]  # a big table takes its time
 
     def load(self, directory: str) -> list[str]:
-        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": _shard_file(directory, i)})]
+        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": _shard_file(directory, i)},
+                                                        timeout_s=None)]
 
     def stats(self) -> list[dict]:
         return [m.meta["stats"] for m in self._broadcast(Op.STATS)]
@@ -170,13 +172,13 @@ class PSClient:
                 raise ValueError(f"shards 0 and {i} hold different tables")
         return {t["name"]: TableConfig.from_dict(t) for t in infos[0]["tables"]}
 
-    def _broadcast(self, op: Op, meta=lambda i: {}) -> list[Message]:
+    def _broadcast(self, op: Op, meta=lambda i: {}, timeout_s: float | None | str = "default") -> list[Message]:
         rids = []
         for i, ch in enumerate(self.channels):
             rid = next(self._ids)
             ch.send(encode(Message(op, rid, meta(i)), self.secret))
             rids.append(rid)
-        return [self._reply(i, rid) for i, rid in enumerate(rids)]
+        return [self._reply(i, rid, timeout_s) for i, rid in enumerate(rids)]
 
     def _send(self, op, table, keys, arrays_of, meta) -> Handle:
         handle = Handle(op, table, len(keys), keys.device)
@@ -194,10 +196,11 @@ class PSClient:
         self.channels[shard].send(frames)
         handle.parts.append((shard, rid, positions))
 
-    def _reply(self, shard: int, rid: int) -> Message:
+    def _reply(self, shard: int, rid: int, timeout_s: float | None | str = "default") -> Message:
         early = self._early[shard]
+        timeout_s = self.timeout_s if timeout_s == "default" else timeout_s
         while rid not in early:
-            frames = self.channels[shard].recv(self.timeout_s)
+            frames = self.channels[shard].recv(timeout_s)
             self.bytes["received"] += sum(memoryview(f.buffer if hasattr(f, "buffer") else f).nbytes
                                           for f in frames)
             msg = self._decode(shard, frames)

@@ -213,9 +213,14 @@ class Shard:
             raise ValueError(f"{path} holds tables {sorted(state['tables'])}, expected {sorted(self.tables)}")
         for name, t in self.tables.items():
             saved = state["tables"][name]
-            if saved["weight"].shape != t.weight.shape:
+            if saved["weight"].shape != t.weight.shape or saved["clocks"].shape != t.clocks.shape:
                 raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)}, "
                                  f"expected {tuple(t.weight.shape)}")
+            expected = {n: v.shape for n, v in t.optimizer.state.items()}
+            got = {n: v.shape for n, v in saved["optimizer"].items()}
+            if got != expected:
+                raise ValueError(f"{path}: table {name!r} holds optimizer state {sorted(got)}, this shard's "
+                                 f"{t.cfg.optimizer.name} needs {sorted(expected)} of its shapes")
         for name, t in self.tables.items():  # all checked: now change
             saved = state["tables"][name]
             t.weight.copy_(saved["weight"])

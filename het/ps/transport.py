@@ -48,9 +48,10 @@ class ZmqChannel:
     def send(self, frames) -> None:
         self.socket.send_multipart(frames, copy=False)
 
-    def recv(self, timeout_s: float):
-        """The next reply's frames; TimeoutError naming the address if none comes in time."""
-        if not self.socket.poll(int(timeout_s * 1000)):
+    def recv(self, timeout_s: float | None):
+        """The next reply's frames; TimeoutError naming the address if none comes within
+        ``timeout_s`` (None: wait as long as it takes)."""
+        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
             raise TimeoutError(f"no reply from PS shard at {self.address} within {timeout_s:g} s "
                                f"(is `het serve` running there?)")
         return self.socket.recv_multipart(copy=False)

@@ -10,6 +10,7 @@ Every rank's batches are a function of the step, so the step is the data positio
 from __future__ import annotations
 
 import os
+import shutil
 
 import torch
 
@@ -25,14 +26,20 @@ def save(worker, directory: str, step: int) -> None:
     worker.embedding.flush()
     barrier(worker.world)
     if worker.rank == 0:
-        os.makedirs(directory, exist_ok=True)
-        worker.client.save(os.path.abspath(os.path.join(directory, "ps")))
+        # written whole under a temporary name, then swapped in: a crash leaves the old one intact
+        final = os.path.abspath(directory)
+        tmp, old = f"{final}.tmp-{step}", f"{final}.old-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        worker.client.save(os.path.join(tmp, "ps"))
         state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
                  "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
                  "optimizer": worker.optimizer.state_dict() if worker.optimizer is not None else None}
-        tmp = os.path.join(directory, f"worker.pt.tmp-{os.getpid()}")
-        torch.save(state, tmp)
-        os.replace(tmp, os.path.join(directory, "worker.pt"))
+        torch.save(state, os.path.join(tmp, "worker.pt"))
+        if os.path.exists(final):
+            os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
     barrier(worker.world)
 
 
@@ -43,7 +50,7 @@ def restore(worker, directory: str) -> int:
     path = os.path.join(directory, "worker.pt")
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
-    state = torch.load(path, weights_only=False)
+    state = torch.load(path, weights_only=False, map_location="cpu")
     if state.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
     if worker.rank == 0:
@@ -53,6 +60,8 @@ def restore(worker, directory: str) -> int:
         raise ValueError(f"{path} does not fit this model: missing {missing}, unexpected {unexpected}")
     if worker.optimizer is not None and state["optimizer"] is not None:
         worker.optimizer.load_state_dict(state["optimizer"])
+    for out in worker.embedding._outbox.values():
+        out.step = int(state["step"])  # the PS's Adam corrects its bias by the step number
     barrier(worker.world)
     return int(state["step"])
 

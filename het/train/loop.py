@@ -63,6 +63,7 @@ class Worker:
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
         self.step_count = 0
+        self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
 
     def batch(self, step: int):
         return self.task.batch(step, self.rank, self.world, self.device)
@@ -104,11 +105,22 @@ class Worker:
                             samples_per_s=f"{(step + 1 - start) * self.cfg.batch * self.world / elapsed:,.0f}",
                             refresh=False)
             if on_step is not None:
-                on_step(step + 1)
+                on_step(step + 1)  # a checkpoint or an evaluation may have used up the prefetch
+            if self.prefetch and batch is not None and not self.embedding.prefetching():
+                self.embedding.prefetch(self.task.keys(batch))
+            if self._stop_requested():
+                break
         self.embedding.flush()
         barrier(self.world)
         bar.close()
         return {"wall_s": time.perf_counter() - start_time, "loss": loss}
+
+    def _stop_requested(self) -> bool:
+        if self.world == 1:
+            return self.stop
+        flag = torch.tensor([float(self.stop)], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one float a step: any rank's signal stops all
+        return bool(flag.item())
 
     def evaluate(self, samples: int) -> dict:
         self.model.eval()
@@ -158,7 +170,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     device = _device()
     if world > 1 and not dist.is_initialized():
         # a peer that died must not hang the others for gloo's default 30 minutes
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=120))
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret)
     try:
         worker = Worker(cfg, client, rank, world, device)
@@ -167,12 +179,10 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             start = checkpoint.restore(worker, cfg.resume)
         selector = _Selector(worker, cfg.eval_every)
         hooks = [h for h in (checkpoint.saver(worker, cfg), selector) if h]
-        try:
-            with _stop_on_sigterm():
-                run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
-        except Interrupted:
-            worker.embedding.flush()  # a clean stop loses no update
-            raise SystemExit(143) from None
+        with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
+            run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
+        if worker.stop:
+            raise SystemExit(143)
         per_rank = gather(worker.counters(), world)
         if rank != 0:
             return None
@@ -213,14 +223,11 @@ class _Selector:
         return {**metrics, "best_step": step, **{f"final_{k}": v for k, v in final.items()}}
 
 
-class Interrupted(Exception):
-    """SIGTERM arrived: stop training, flush, exit."""
-
-
 @contextlib.contextmanager
-def _stop_on_sigterm():
+def _stop_on_sigterm(worker: Worker):
+    """SIGTERM only asks the worker to stop: it finishes its step, flushes, and leaves."""
     def handler(signum, frame):
-        raise Interrupted()
+        worker.stop = True
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -243,8 +250,8 @@ def gather(obj, world: int) -> list:
 
 
 def _device() -> torch.device:
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available() and local < torch.cuda.device_count():
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
-    return torch.device("cpu")
+    return torch.device("cpu")  # also when this machine has fewer GPUs than local workers

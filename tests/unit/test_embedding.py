@@ -177,3 +177,20 @@ def test_grad_scale_scales_what_reaches_the_ps():
     emb(torch.tensor([7])).sum().backward()
     emb.flush()
     assert torch.allclose(emb.read(torch.tensor([7])), before[7:8] - 0.25)
+
+
+def test_a_flush_between_steps_does_not_break_prefetching():
+    emb = Embedding(1000, 4, cache=CacheConfig(capacity=64, staleness=2))
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 1000, (16,), generator=g) for _ in range(8)]
+    emb.prefetch(batches[0])
+    for i, keys in enumerate(batches[:-1]):
+        emb.prefetch(batches[i + 1])
+        emb(keys).sum().backward()
+        if i == 2:
+            emb.flush()  # completes the queued prefetch: the next forward looks up afresh
+            emb.prefetch(batches[i + 1])
+        assert emb.prefetching()
+    unique = sum(torch.unique(b).numel() for b in batches)
+    # every batch looked up once; batch 3 twice (its prefetch was flushed away and redone)
+    assert emb.stats()["embedding"]["lookups"] == unique + torch.unique(batches[3]).numel()

@@ -109,3 +109,15 @@ def test_stats_count_requests_rows_and_bytes():
     stats = client.stats()[0]
     assert stats["requests_pull"] == 1 and stats["rows_out"] == 5
     assert stats["bytes_out"] > 5 * 3 * 4 and stats["bytes_in"] > 5 * 8
+
+
+def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
+    sgd = PSClient.local([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("sgd", lr=0.1))], 1)
+    sgd.save(str(tmp_path))
+    adam = PSClient.local([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("adam", lr=0.1))], 1)
+    adam.wait(adam.push("t", torch.tensor([1]), torch.ones(1, 2), torch.tensor([1])))
+    before = adam.wait(adam.pull("t", torch.arange(10)))
+    with pytest.raises(PSError, match=r"optimizer state \[\], this shard's adam needs \['exp_avg', 'exp_avg_sq'\]"):
+        adam.load(str(tmp_path))
+    after = adam.wait(adam.pull("t", torch.arange(10)))
+    assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
