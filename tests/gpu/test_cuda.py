@@ -1,0 +1,48 @@
+"""The cache and the model on a CUDA device (skipped without one). Run on a GPU machine with
+`python -m pytest -q tests/gpu` (a few seconds)."""
+
+import pytest
+import torch
+
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het.cache.cache import EmbeddingCache
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+
+
+def test_staleness_zero_matches_torch_with_the_cache_on_the_gpu():
+    table = TableConfig("embedding", rows=200, dim=16, optimizer=OptimizerConfig("adagrad", lr=0.05))
+    emb = Embedding(tables=table, cache=CacheConfig(capacity=64, staleness=0), device="cuda")
+    ref = torch.nn.Embedding(200, 16, sparse=True).cuda()
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(torch.arange(200, device="cuda")))
+    opt = torch.optim.Adagrad(ref.parameters(), lr=0.05)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(30):
+        keys = torch.randint(0, 200, (32, 4), device="cuda", generator=g)
+        target = torch.randn(32, 4, 16, device="cuda", generator=g)
+        out = emb(keys)
+        assert out.device.type == "cuda"
+        ((out - target) ** 2).mean().backward()
+        opt.zero_grad()
+        ((ref(keys) - target) ** 2).mean().backward()
+        opt.step()
+    assert float((emb.read(torch.arange(200, device="cuda")) - ref.weight.detach()).abs().max()) <= 1e-5
+
+
+def test_module_to_cuda_moves_the_caches():
+    emb = Embedding(100, 8, cache=CacheConfig(capacity=16))
+    model = torch.nn.Sequential(emb).to("cuda")
+    assert model[0].caches["embedding"].rows.device.type == "cuda"
+    assert model(torch.tensor([1, 2], device="cuda")).device.type == "cuda"
+
+
+def test_cache_miss_rate_is_the_same_on_cpu_and_gpu():
+    keys = torch.randint(0, 5000, (100, 512), generator=torch.Generator().manual_seed(1))
+    rates = []
+    for device in ("cpu", "cuda"):
+        cache = EmbeddingCache(TableConfig("t", rows=5000, dim=4), CacheConfig(capacity=500, policy="lfu"), device)
+        for batch in keys:
+            cache.lookup(torch.unique(batch).to(device))
+        rates.append(cache.stats()["miss_rate"])
+    assert rates[0] == rates[1]
