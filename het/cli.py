@@ -319,6 +319,6 @@ def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
     try:
         args.func(args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:  # bad input: say what was wrong, no traceback
         print(f"het {args.command}: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

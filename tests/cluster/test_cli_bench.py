@@ -58,3 +58,14 @@ def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
     result = last_json(het("demo", "--steps", "60", "--batch", "256", "--json"))
     assert result["steps"] == 60 and result["hit_rate"] > 0.2
     assert 0.5 < result["auc"] <= 1 and result["planted_auc"] > result["auc"] - 0.05
+
+
+@pytest.mark.parametrize("args, message", [
+    (["train", "--mode", "fast"], "mode must be one of ('het', 'hybrid', 'ps'), got 'fast'"),
+    (["train", "--config", "/nonexistent/job.toml"], "No such file or directory: '/nonexistent/job.toml'"),
+    (["train", "--model", "graphsage", "--data", "synthetic-criteo"], "model 'graphsage' takes data"),
+    (["train", "--staleness", "-3"], "expected an integer >= 0 or 'inf'"),
+])
+def test_bad_training_input_gets_a_clear_error_and_no_traceback(args, message):
+    out = subprocess.run([sys.executable, "-m", "het", *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
