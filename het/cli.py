@@ -163,6 +163,11 @@ def cmd_bench_cache(args) -> None:
         raise SystemExit("het bench cache: give --capacity N or --capacity-frac F")
     result = cache.run(trace, args.batch, capacity, args.policy, dim=args.dim, staleness=args.staleness,
                        ways=args.ways, device=args.device)
+    if args.belady:
+        from het.cache.belady import belady_miss_rate
+
+        steps = cache.trace_steps(trace, args.batch) if isinstance(trace, np.ndarray) else trace
+        result["belady_miss_rate"] = belady_miss_rate(steps, capacity)
     if args.graph:
         result.update(graph=args.graph, fanouts=list(args.fanouts), nodes=distinct, seeds_per_batch=args.batch)
     elif args.ctr:
@@ -288,6 +293,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dim", type=int, default=128)
     c.add_argument("--staleness", type=_staleness, default=100)
     c.add_argument("--ways", type=int, default=32)
+    c.add_argument("--belady", action="store_true", help="also Belady's optimal miss rate on the same trace "
+                   "(the floor; a slow reference)")
     c.add_argument("--threads", type=int, default=1, help="torch threads (the target is for one core)")
     c.add_argument("--device", default="cpu")
     c.add_argument("--seed", type=int, default=0)

@@ -22,6 +22,8 @@ class ExactLRU:
             self.order.move_to_end(k)
         in_batch, hit_set = set(keys), set(hits)
         misses = [k for k in keys if k not in hit_set]
+        if self.capacity == 0:
+            return len(misses)
         for k in misses:
             if len(self.order) >= self.capacity:
                 victim = next(iter(self.order))

@@ -30,8 +30,10 @@ def test_bench_cache_on_a_trace_file(tmp_path):
     trace = np.random.default_rng(0).zipf(1.3, 20_000).astype(np.int64) % 5000
     np.save(tmp_path / "trace.npy", trace)
     result = last_json(het("bench", "cache", "--trace", str(tmp_path / "trace.npy"), "--batch", "512",
-                           "--capacity", "400", "--policy", "lru", "--dim", "16", "--json"))
+                           "--capacity", "400", "--policy", "lru", "--dim", "16", "--belady", "--json"))
     assert 0 < result["miss_rate"] < 1 and result["keys_per_s"] > 0
+    assert 0 < result["belady_miss_rate"] <= result["miss_rate"]
+    assert 1 - result["static_oracle_hit_rate"] <= result["miss_rate"] + 0.05
     batches = [np.unique(trace[i:i + 512]).size for i in range(0, trace.size, 512)]
     assert result["lookups"] == sum(batches)
 

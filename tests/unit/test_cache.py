@@ -124,3 +124,36 @@ def test_zero_capacity_bypasses_everything():
     assert out.shape == (3, 4)
     due = cache.update(plan, torch.ones(3, 4))
     assert due.keys.tolist() == [1, 2, 3] and due.counts.tolist() == [1, 1, 1]
+
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from het.cache.belady import belady_miss_rate
+
+
+@settings(max_examples=80, deadline=None)
+@given(batches=st.lists(st.lists(st.integers(0, 30), min_size=1, max_size=8), min_size=1, max_size=40),
+       capacity=st.integers(0, 12))
+def test_belady_never_misses_more_than_lru_or_lfu(batches, capacity):
+    steps = [torch.unique(torch.tensor(b)) for b in batches]
+    trace = np.concatenate([s.numpy() for s in steps])
+    floor = belady_miss_rate(steps, capacity)
+    for exact in (ExactLRU(capacity), ExactLFU(capacity)):
+        lookups = misses = 0
+        for s in steps:
+            lookups += s.numel()
+            misses += exact.step(s.tolist())
+        assert floor <= misses / lookups + 1e-12
+    assert 0 <= floor <= 1 and len(trace) > 0
+
+
+def test_belady_on_a_hand_checked_trace():
+    # capacity 2: [1 2] miss miss; [3] miss but never needed again: bypassed; [1] hit; [2] hit
+    steps = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1]), torch.tensor([2])]
+    assert belady_miss_rate(steps, 2) == 3 / 5
+    # capacity 1: 1 is needed at step 2, 3 never: 3 bypasses and 1 stays
+    assert belady_miss_rate(steps[:3], 1) == 3 / 4
+    # capacity 2 with 3 needed later: at step 1 evict 2 (needed last), so step 3 misses
+    steps = [torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1, 3]), torch.tensor([2])]
+    assert belady_miss_rate(steps, 2) == 4 / 6
