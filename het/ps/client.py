@@ -12,7 +12,6 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from het.config import ShardConfig, TableConfig

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 from het.config import ShardConfig
 from het.ps.auth import SECRET_ENV, check_bind, check_secret

@@ -1,6 +1,5 @@
 """Shards in their own processes (`het serve`), spoken to over TCP on 127.0.0.1."""
 
-import json
 import socket
 import subprocess
 import sys
