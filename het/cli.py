@@ -66,7 +66,9 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "dense_optimizer": (str, "the dense layers' optimizer, if not --optimizer"),
     "weight_decay": (float, "the dense optimizer's L2 penalty"),
     "cache_frac": (float, "cache rows as a fraction of the table"), "cache_rows": (int, "cache rows"),
-    "policy": (str, "lru | lfu"), "workers": (int, "local cluster: worker processes"),
+    "policy": (str, "lru | lfu"),
+    "lookahead": (int, "announce the next N steps' keys to the cache: Belady's rule within them"),
+    "workers": (int, "local cluster: worker processes"),
     "servers": (int, "local cluster: PS shard processes"), "eval_samples": (int, "held-out samples"),
     "seed": (int, "seed of the data and the model"), "checkpoint": (str, "checkpoint directory"),
     "checkpoint_every": (int, "steps between checkpoints"), "resume": (str, "checkpoint to resume from"),
@@ -162,7 +164,7 @@ def cmd_bench_cache(args) -> None:
     else:
         raise SystemExit("het bench cache: give --capacity N or --capacity-frac F")
     result = cache.run(trace, args.batch, capacity, args.policy, dim=args.dim, staleness=args.staleness,
-                       ways=args.ways, device=args.device)
+                       ways=args.ways, device=args.device, lookahead=args.lookahead)
     if args.belady:
         from het.cache.belady import belady_miss_rate
 
@@ -293,6 +295,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--dim", type=int, default=128)
     c.add_argument("--staleness", type=_staleness, default=100)
     c.add_argument("--ways", type=int, default=32)
+    c.add_argument("--lookahead", type=int, default=0, help="steps of keys the cache sees ahead "
+                   "(Belady's rule within that window; 0: the policy alone)")
     c.add_argument("--belady", action="store_true", help="also Belady's optimal miss rate on the same trace "
                    "(the floor; a slow reference)")
     c.add_argument("--threads", type=int, default=1, help="torch threads (the target is for one core)")

@@ -118,6 +118,8 @@ class CacheConfig:
         local_lr: step size of the worker's own read-your-writes update to a cached row
             (``row -= local_lr * grad``). ``None`` takes the table optimizer's lr; exact for
             SGD, an approximation for Adagrad and Adam until the row is next refreshed.
+        lookahead: how many coming steps' keys, announced by the data loader
+            (``Embedding.announce``), the cache consults when it evicts; 0: the policy alone.
 
     Example:
         >>> CacheConfig(capacity=1024, policy="lfu", staleness=100).ways
@@ -129,6 +131,7 @@ class CacheConfig:
     staleness: float = 0
     ways: int = 32
     local_lr: float | None = None
+    lookahead: int = 0
 
     def __post_init__(self) -> None:
         _require(isinstance(self.capacity, int) and self.capacity >= 0,
@@ -140,6 +143,8 @@ class CacheConfig:
         object.__setattr__(self, "staleness", math.inf if s == math.inf else int(s))
         _require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
                  f"ways must be an int in [1, 256], got {self.ways!r}")
+        _require(isinstance(self.lookahead, int) and self.lookahead >= 0,
+                 f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
+import torch
+
 
 class ExactLRU:
     """Fully associative LRU with HET's batch semantics: a key is a hit if cached when its batch
@@ -117,3 +119,29 @@ if __name__ == "__main__":
     for r in compare():
         print(f"| {r['alpha']} | {r['capacity_frac']:.0%} | {r['policy']} | {r['exact']:.4f} | {r['het']:.4f} | "
               f"{(r['het'] - r['exact']) * 100:+.2f} pp |")
+
+
+TORCH_OPTIMIZERS = {
+    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
+    "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr),
+    "adam": lambda params, lr: torch.optim.SparseAdam(params, lr=lr),
+}
+
+
+def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1):
+    """The same batches through ``emb`` (a het.Embedding) and nn.Embedding(sparse=True); the max
+    abs row gap."""
+    keys_all = torch.arange(rows)
+    ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(keys_all))
+    ref_opt = TORCH_OPTIMIZERS[optimizer](ref.parameters(), lr)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        keys = torch.randint(0, rows, (16, 3), generator=g)  # duplicates within a batch on purpose
+        target = torch.randn(16, 3, emb.tables["embedding"].dim, generator=g)
+        ((emb(keys) - target) ** 2).mean().backward()
+        ref_opt.zero_grad()
+        ((ref(keys) - target) ** 2).mean().backward()
+        ref_opt.step()
+    return float((emb.read(keys_all) - ref.weight.detach()).abs().max())

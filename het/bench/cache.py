@@ -67,21 +67,26 @@ def static_oracle_hit_rate(steps: list[torch.Tensor], capacity: int) -> float:
 
 
 def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: int = 128,
-        staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu") -> dict:
+        staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu",
+        lookahead: int = 0) -> dict:
     """Drive a cache over ``trace`` (a flat array cut into steps of ``batch`` keys, or a list of
     each step's unique keys); return the figures."""
     steps = trace_steps(trace, batch) if isinstance(trace, np.ndarray) else list(trace)
     num_keys = max((int(k.max()) + 1 for k in steps if k.numel()), default=1)
     table = TableConfig("bench", rows=num_keys, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
     shard = Shard(ShardConfig((table,)))
-    cache = EmbeddingCache(table, CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways),
-                           device)
+    cache = EmbeddingCache(table, CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways,
+                                              lookahead=lookahead), device)
+    for keys in steps[:lookahead]:  # the data loader runs `lookahead` steps ahead
+        cache.announce(keys)
     grad_pool = torch.randn(max((k.numel() for k in steps), default=0), dim, device=device) * 1e-3
     cache_s = ps_s = 0.0
     timed_keys = 0
     for i, keys in enumerate(steps):
         keys = keys.to(device)
         t0 = time.perf_counter()
+        if lookahead and i + lookahead < len(steps):
+            cache.announce(steps[i + lookahead].to(device))
         plan = cache.lookup(keys)
         t1 = time.perf_counter()
         if len(plan.writeback):
@@ -104,7 +109,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
     stats = cache.stats()
     return {
         "bench": "cache", "policy": policy, "capacity": cache.slots, "ways": cache.ways, "dim": dim,
-        "batch": batch, "staleness": staleness if staleness != math.inf else "inf", "steps": len(steps),
+        "batch": batch, "lookahead": lookahead, "staleness": staleness if staleness != math.inf else "inf", "steps": len(steps),
         "trace_keys": sum(k.numel() for k in steps), "distinct_keys": int(torch.unique(torch.cat(steps)).numel()),
         "lookups": stats.get("lookups", 0), "hits": stats.get("hits", 0), "misses": stats.get("misses", 0),
         "miss_rate": stats["miss_rate"], "bypasses": stats.get("bypasses", 0),

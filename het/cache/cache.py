@@ -23,11 +23,14 @@ from dataclasses import dataclass
 
 import torch
 
+from het.cache.lookahead import NEVER, Lookahead
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
 from het.staleness import must_push
 
 _HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
+_SOON = (1 << 62) + NEVER  # a row needed in the lookahead window scores _SOON - (steps away):
+                            # above every policy score (< 2^62), below PROTECTED
 
 
 @dataclass
@@ -106,13 +109,16 @@ class EmbeddingCache:
         self.score[self.disabled] = PROTECTED
         self.step = 0
         self.protect = 1  # slots used in the last `protect` lookups are never victims
+        self.window = Lookahead(cfg.lookahead) if cfg.lookahead else None  # announced coming steps
+        self.soon = torch.full((n,), NEVER, dtype=torch.int64, device=dev)  # next announced use
+        self.exact_local = table.optimizer.name == "sgd" and self.local_lr == table.optimizer.lr
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
 
     def to(self, device) -> "EmbeddingCache":
         """Move every slot tensor to ``device`` (in place); returns self."""
         self.device = torch.device(device)
-        for name in ("keys", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way"):
+        for name in ("keys", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way", "soon"):
             setattr(self, name, getattr(self, name).to(self.device))
         return self
 
@@ -120,6 +126,24 @@ class EmbeddingCache:
     def slots(self) -> int:
         """Rows the cache can hold."""
         return self.keys.numel() - int(self.disabled.sum())
+
+    def announce(self, keys: torch.Tensor) -> None:
+        """The keys of a coming step, after those already announced (the data loader knows
+        them): eviction follows Belady's rule within the announced window (het.cache.lookahead).
+        Ignored without a lookahead window. Shape: any."""
+        if self.window is None:
+            return
+        number = self.window.announce(keys)
+        if self.num_sets:
+            slot = self._find(self.window.queue[-1][1].to(self.device))
+            slot = slot[slot >= 0]
+            self.soon.index_copy_(0, slot, self.soon.index_select(0, slot).clamp(max=number))
+
+    def _find(self, keys: torch.Tensor) -> torch.Tensor:
+        """The slot holding each key, -1 where none does. Shape: (n,) -> (n,)."""
+        sets = self.set_of(keys)
+        match = self._by_set(self.keys, sets) == keys[:, None]                # (n, W)
+        return torch.where(match.any(1), sets * self.ways + match.to(torch.uint8).argmax(1), -1)
 
     def set_of(self, keys: torch.Tensor) -> torch.Tensor:
         h = keys * _HASH  # wraps mod 2^64
@@ -132,6 +156,10 @@ class EmbeddingCache:
         self.step += 1
         n = keys.numel()
         self.counters["lookups"] += n
+        nxt = None
+        if self.window is not None:
+            self.window.advance(keys)
+            nxt = self.window.next_use(keys)  # the next announced step each key is needed in
         if self.num_sets == 0:
             self.counters["misses"] += n
             self.counters["bypasses"] += n
@@ -149,7 +177,10 @@ class EmbeddingCache:
         self.counters["misses"] += n - n_hit
         writeback = self._no_rows()
         if n_hit < n:
-            writeback = self._place(keys, sets, slot, ~hit)
+            writeback = self._place(keys, sets, slot, ~hit, nxt)
+        if nxt is not None:
+            held = slot >= 0
+            self.soon.index_copy_(0, slot[held], nxt[held])
         clocks = torch.where(hit, self.clock.index_select(0, slot.clamp(min=0)), -1)
         return Plan(keys, slot, hit, clocks, writeback)
 
@@ -157,25 +188,34 @@ class EmbeddingCache:
         """The ways of ``sets``, one set a row. Shape: (T,) -> (T, W)."""
         return values.view(self.num_sets, self.ways).index_select(0, sets)
 
-    def _place(self, keys, key_sets, slot, miss) -> Rows:
+    def _place(self, keys, key_sets, slot, miss, nxt=None) -> Rows:
         """Give each miss the lowest-scored unprotected way of its set; the rest bypass.
 
         Misses are placed in rounds, one miss per set a round (most sets get at most one),
-        so each round is an argmin over the ways instead of a sort.
+        so each round is an argmin over the ways instead of a sort; with a lookahead window the
+        misses needed soonest go first.
         """
         pos = miss.nonzero().flatten()
         victims, placed = [], 0
+        away = cand_away = None
+        if nxt is not None and self.window.queue:  # Belady's rule within the window
+            away, cand_away = self.window.steps_away(self.soon), self.window.steps_away(nxt)
+            pos = pos[torch.argsort(cand_away.index_select(0, pos), stable=True)]  # soonest first
         for _ in range(self.ways):
             if pos.numel() == 0:
                 break
             sets = key_sets.index_select(0, pos)
-            first = torch.full((self.num_sets,), keys.numel(), dtype=torch.int64, device=self.device)
-            first.scatter_reduce_(0, sets, pos, reduce="amin")
-            lead = first.index_select(0, sets) == pos                     # one miss per set
+            order = torch.arange(pos.numel(), device=self.device)
+            first = torch.full((self.num_sets,), pos.numel(), dtype=torch.int64, device=self.device)
+            first.scatter_reduce_(0, sets, order, reduce="amin")
+            lead = first.index_select(0, sets) == order                   # one miss per set
             now, pos, sets = pos[lead], pos[~lead], sets[lead]
-            score = self._scores(sets)                                    # (k, W)
+            score = self._scores(sets, away)                              # (k, W)
             best = score.argmin(1)
-            ok = score.gather(1, best[:, None]).squeeze(1) != PROTECTED
+            victim = score.gather(1, best[:, None]).squeeze(1)
+            ok = victim != PROTECTED
+            if away is not None:  # a victim needed sooner than the miss stays; the miss bypasses
+                ok &= (victim <= _SOON - NEVER) | (cand_away.index_select(0, now) < _SOON - victim)
             now, chosen = now[ok], (sets * self.ways + best)[ok]
             victims.append((chosen, self.keys.index_select(0, chosen)))
             self.keys.index_copy_(0, chosen, keys.index_select(0, now))
@@ -192,10 +232,16 @@ class EmbeddingCache:
         self.uses.index_copy_(0, slots, uses)
         self.score.index_copy_(0, slots, self.policy.score(torch.full_like(uses, self.step), uses))
 
-    def _scores(self, sets: torch.Tensor) -> torch.Tensor:
-        """Eviction scores of the ways of ``sets``; slots used in this step are PROTECTED."""
+    def _scores(self, sets: torch.Tensor, away: torch.Tensor | None = None) -> torch.Tensor:
+        """Eviction scores of the ways of ``sets``; slots used in this step are PROTECTED; with
+        ``away`` (steps until each slot's next use), rows in the window rank above the rest,
+        the one needed last lowest."""
         in_use = self._by_set(self.last_use, sets) > self.step - self.protect
-        return torch.where(in_use, PROTECTED, self._by_set(self.score, sets))
+        score = self._by_set(self.score, sets)
+        if away is not None:
+            a = self._by_set(away, sets)
+            score = torch.where(a < NEVER, _SOON - a, score)
+        return torch.where(in_use, PROTECTED, score)
 
     def _evict(self, slots: torch.Tensor, old_keys: torch.Tensor) -> Rows:
         """The rows that ``slots`` held before they took new keys: those with unpushed updates
@@ -250,7 +296,7 @@ class EmbeddingCache:
         self.pending.index_add_(0, s, g)
         self.updates.index_add_(0, s, torch.ones_like(s))
         due = s[must_push(self.updates.index_select(0, s), self.bound)]
-        out = [self._take(due)]
+        out = [self._take(due, stay=True)]
         if not all_live:
             gone = ~live
             out.append(Rows(plan.keys[gone], grads[gone], torch.ones_like(plan.keys[gone])))
@@ -258,12 +304,17 @@ class EmbeddingCache:
 
     def flush(self) -> Rows:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
-        return self._take((self.updates > 0).nonzero().flatten())
+        return self._take((self.updates > 0).nonzero().flatten(), stay=True)
 
-    def _take(self, slots: torch.Tensor) -> Rows:
-        """Rows of ``slots`` with their pending updates, which are reset."""
+    def _take(self, slots: torch.Tensor, stay: bool = False) -> Rows:
+        """Rows of ``slots`` with their pending updates, which are reset. When the rows ``stay``
+        cached and their local updates were exact (SGD at the table's lr), the copies count
+        the pushed updates as seen (``c_s += u``): the server's clock will include them, and
+        the copy already does, so they do not make it stale."""
         out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
                    self.updates.index_select(0, slots))
+        if stay and self.exact_local:
+            self.clock.index_add_(0, slots, out.counts)
         self.pending.index_fill_(0, slots, 0)
         self.updates.index_fill_(0, slots, 0)
         self.counters["pushed_rows"] += len(out)

@@ -25,13 +25,14 @@ class LRU:
 
 class LFU:
     """Evict the row used in the fewest steps since it was inserted; ties go to the least
-    recently used. Scores pack ``(uses, last_use)`` into one int64, both below 2^31."""
+    recently used. Scores pack ``(uses, last_use)`` into one int64: uses below 2^29, last_use
+    below 2^32, so every score is below 2^62 (the cache ranks its lookahead window above)."""
 
     name = "lfu"
 
     @staticmethod
     def score(last_use: torch.Tensor, uses: torch.Tensor) -> torch.Tensor:
-        return (uses.clamp(max=(1 << 31) - 1) << 32) | last_use
+        return (uses.clamp(max=(1 << 29) - 1) << 32) | last_use
 
 
 POLICIES = {"lru": LRU, "lfu": LFU}

@@ -148,6 +148,15 @@ class Embedding(nn.Module):
         self.caches[name].protect = 2  # the prefetched step's slots and the current step's
         self._prefetch[name].append(self._start(name, flat))
 
+    def announce(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
+        """Tell the cache the keys of a coming ``forward``, in the order the forwards will come,
+        ahead of time (up to the cache's ``lookahead`` steps): eviction then keeps the rows
+        needed soon (Belady's rule within the window). A hint: without a lookahead window, or
+        when the forwards differ, it costs hits, never correctness."""
+        name = self._table_name(table)
+        flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
+        self.caches[name].announce(flat)
+
     def prefetching(self) -> bool:
         """Whether a prefetched lookup is waiting for its ``forward``."""
         return any(self._prefetch.values())

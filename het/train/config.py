@@ -77,6 +77,7 @@ class TrainConfig:
     cache_frac: float = 0.1
     cache_rows: int | None = None
     policy: str = "lfu"
+    lookahead: int = 0  # steps whose keys the data loader announces to the cache ahead of time
     workers: int = 2
     servers: int = 1
     eval_samples: int = 65_536
@@ -107,6 +108,8 @@ class TrainConfig:
              f"steps >= 0, batch > 0 and dim > 0 expected, got {self.steps}, {self.batch}, {self.dim}"),
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
+            (isinstance(self.lookahead, int) and self.lookahead >= 0,
+             f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}"),
             (self.workers >= 1 and self.servers >= 1,
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),

@@ -4,6 +4,7 @@ cluster launcher (het.dist.launch) alike: rank and world size come from the envi
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import datetime
 import math
@@ -48,7 +49,9 @@ class Worker:
         self.device = torch.device(device)
         self.task = make_task(cfg)
         table = client.tables[EMBEDDING_TABLE]
-        cache = CacheConfig(capacity=cfg.cache_rows_for(table.rows), policy=cfg.policy, staleness=cfg.staleness)
+        capacity = cfg.cache_rows_for(table.rows)
+        cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
+                            lookahead=cfg.lookahead if capacity else 0)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
                                    grad_scale=1.0 / world)
         self.model = self.task.build_model(self.embedding).to(self.device)
@@ -62,11 +65,26 @@ class Worker:
                 self.dense.params, lr=cfg.dense_lr, weight_decay=cfg.weight_decay)
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
+        self.lookahead = cache.lookahead
+        self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
         self.step_count = 0
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
 
     def batch(self, step: int):
-        return self.task.batch(step, self.rank, self.world, self.device)
+        """The batch of ``step``. With a lookahead window the batches are made ``lookahead``
+        steps early and their keys announced to the cache (steps are asked for in order)."""
+        if not self.lookahead:
+            return self.task.batch(step, self.rank, self.world, self.device)
+        while self._ahead and self._ahead[0][0] < step:
+            self._ahead.popleft()
+        if not self._ahead or self._ahead[0][0] != step:  # a new start (first step, a resume)
+            self._ahead.clear()
+        made = self._ahead[-1][0] + 1 if self._ahead else step
+        for s in range(made, step + self.lookahead + 1):
+            batch = self.task.batch(s, self.rank, self.world, self.device)
+            self.embedding.announce(self.task.keys(batch))
+            self._ahead.append((s, batch))
+        return self._ahead[0][1]
 
     def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""

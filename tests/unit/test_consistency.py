@@ -37,13 +37,16 @@ def server_clocks(cluster, keys: torch.Tensor) -> torch.Tensor:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=steps_strategy, rows=st.integers(30, 40), capacity=st.integers(0, 12),
        staleness=st.sampled_from([0, 1, 3, math.inf]), policy=st.sampled_from(["lru", "lfu"]),
-       ways=st.sampled_from([1, 4, 32]), num_shards=st.integers(1, 3))
+       ways=st.sampled_from([1, 4, 32]), num_shards=st.integers(1, 3), lookahead=st.booleans())
 def test_reads_respect_the_bound_and_no_update_is_lost_or_doubled(steps, rows, capacity, staleness, policy,
-                                                                  ways, num_shards):
+                                                                  ways, num_shards, lookahead):
     table = TableConfig("t", rows=rows, dim=DIM, optimizer=OptimizerConfig("sgd", lr=1.0), init_scale=0.0)
     cluster = LocalCluster([table], num_shards)
-    cache = CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways)
+    cache = CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways,
+                        lookahead=len(steps) if lookahead else 0)
     clients = [Embedding(tables=table, client=cluster.client(), cache=cache) for _ in range(3)]
+    for who, keys, _ in steps:  # each client's data loader announces all its steps (Belady's rule)
+        clients[who].announce(torch.tensor(keys))
     expected_rows = torch.zeros(rows, DIM)
     expected_clocks = torch.zeros(rows, dtype=torch.int64)
     for who, keys, scale in steps:
@@ -59,6 +62,7 @@ def test_reads_respect_the_bound_and_no_update_is_lost_or_doubled(steps, rows, c
             gap = server_clocks(cluster, unique[cached]) - c.clock[slot]
             assert bool((c.clock[slot] >= 0).all())
             assert bool((gap <= staleness).all()), (gap, staleness)
+            assert bool((gap >= 0).all()), gap  # own pushed updates (c_s += u) are never overcounted
         grads = torch.full((len(keys), DIM), float(scale))
         (out * grads).sum().backward()
         expected_rows.index_add_(0, keys, -grads)

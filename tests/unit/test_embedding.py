@@ -6,30 +6,7 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-
-TORCH_OPTIMIZERS = {
-    "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
-    "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr),
-    "adam": lambda params, lr: torch.optim.SparseAdam(params, lr=lr),
-}
-
-
-def train_side_by_side(emb: Embedding, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1):
-    """The same batches through het.Embedding and nn.Embedding(sparse=True); max abs row gap."""
-    keys_all = torch.arange(rows)
-    ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
-    with torch.no_grad():
-        ref.weight.copy_(emb.read(keys_all))
-    ref_opt = TORCH_OPTIMIZERS[optimizer](ref.parameters(), lr)
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        keys = torch.randint(0, rows, (16, 3), generator=g)  # duplicates within a batch on purpose
-        target = torch.randn(16, 3, emb.tables["embedding"].dim, generator=g)
-        ((emb(keys) - target) ** 2).mean().backward()
-        ref_opt.zero_grad()
-        ((ref(keys) - target) ** 2).mean().backward()
-        ref_opt.step()
-    return float((emb.read(keys_all) - ref.weight.detach()).abs().max())
+from reference import train_side_by_side
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
