@@ -3,17 +3,21 @@
 Every PS shard and every worker runs in its own network namespace, the hosts joined by a bridge
 and every link shaped with tbf to ``--bandwidth`` (het.dist.netns); each mode trains the same
 Wide&Deep job and reports its samples/s, bytes per sample and time split, and its ratio to
-het s=100 in the same run.
+het s=100 in the same run. tbf shapes bandwidth only; ``latency_ms`` adds a one-way delay to
+every worker's PS link in the transport (``HET_PS_LATENCY_MS``, see het.ps.transport), not to
+the AllReduce between workers.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import secrets
 import tempfile
 
+from het.ps.transport import LATENCY_ENV, check_latency, latency_from_env
 from het.train.config import TrainConfig
 
 DEFAULT_MODES = ("ps", "hybrid", "het:10", "het:100")
@@ -34,9 +38,29 @@ def parse_mode(text: str) -> tuple[str, float]:
     return mode, math.inf if s == "inf" else int(s)
 
 
+@contextlib.contextmanager
+def ps_latency(latency_ms: float | None):
+    """Within the block, worker processes started from here get ``latency_ms`` of one-way PS
+    latency (they inherit ``HET_PS_LATENCY_MS``); None leaves the environment as it is."""
+    if latency_ms is None:
+        yield
+        return
+    value = str(check_latency(latency_ms, "latency_ms"))
+    previous = os.environ.get(LATENCY_ENV)
+    os.environ[LATENCY_ENV] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LATENCY_ENV, None)
+        else:
+            os.environ[LATENCY_ENV] = previous
+
+
 def run(base: TrainConfig, bandwidths: list[str], modes: list[str], log_dir: str | None = None,
-        progress: bool = False) -> dict:
-    """Train ``base`` once per (bandwidth, mode) on an emulated network; the results."""
+        progress: bool = False, latency_ms: float | None = None) -> dict:
+    """Train ``base`` once per (bandwidth, mode) on an emulated network; the results.
+    ``latency_ms``: one-way delay of each worker's PS link (None: as ``HET_PS_LATENCY_MS`` says)."""
     from het.dist.launch import LocalCluster
     from het.dist.netns import EmulatedNetwork
 
@@ -48,11 +72,13 @@ def run(base: TrainConfig, bandwidths: list[str], modes: list[str], log_dir: str
         for text in modes:
             mode, staleness = parse_mode(text)
             cfg = dataclasses.replace(base, mode=mode, staleness=staleness)
-            with EmulatedNetwork(hosts, bandwidth=None if bandwidth == "none" else bandwidth) as net:
+            with EmulatedNetwork(hosts, bandwidth=None if bandwidth == "none" else bandwidth) as net, \
+                    ps_latency(latency_ms):
                 run_dir = os.path.join(log_dir, f"{bandwidth}-{text.replace(':', '-')}")
                 summary = LocalCluster(cfg, run_dir, secret, progress=progress, network=net).run()
+                latency = latency_from_env()
             samples = summary["samples"] or 1
-            results.append({**summary, "bandwidth": bandwidth,
+            results.append({**summary, "bandwidth": bandwidth, "latency_ms": latency,
                             "dense_bytes_per_sample": summary["bytes"]["dense"] / samples})
     for r in results:  # every run beside het s=100 at the same bandwidth
         ref = next((x for x in results if x["bandwidth"] == r["bandwidth"] and x["mode"] == "het"

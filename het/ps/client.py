@@ -75,10 +75,12 @@ class PSClient:
 
     @classmethod
     def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None,
-                secret: bytes | None = None) -> "PSClient":
+                secret: bytes | None = None, latency_ms: float | None = None) -> "PSClient":
         """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
-        give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`)."""
-        transport = transport or ZmqTransport()
+        give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`).
+        ``latency_ms``: an emulated one-way delay each way (None: ``HET_PS_LATENCY_MS`` or 0;
+        see :class:`het.ps.transport.DelayedChannel`); ignored when ``transport`` is given."""
+        transport = transport or ZmqTransport(latency_ms=latency_ms)
         return cls([transport.connect(a) for a in addresses], timeout_s, secret)
 
     @classmethod

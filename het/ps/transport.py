@@ -10,13 +10,26 @@
 
 Client channels have ``send(frames)``, ``recv(timeout_s) -> frames`` and ``close()``;
 server endpoints have ``recv(timeout_s) -> (peer, frames) | None`` and ``send(peer, frames)``.
+
+Latency: ``ZmqTransport(latency_ms=L)`` (default: the environment variable
+``HET_PS_LATENCY_MS``, else 0) gives every client channel a one-way delay of ``L`` ms in each
+direction, so a request-reply round trip takes at least ``2 L``. The emulated cluster network
+(het.dist.netns) shapes bandwidth with tbf but cannot add delay (no netem on these kernels), so
+latency is added here. See :class:`DelayedChannel` for how it keeps requests in flight at once.
 """
 
 from __future__ import annotations
 
 import collections
+import itertools
+import math
+import os
+import threading
+import time
 
 import zmq
+
+LATENCY_ENV = "HET_PS_LATENCY_MS"
 
 
 def tcp_address(address: str) -> str:
@@ -60,6 +73,86 @@ class ZmqChannel:
         self.socket.close(linger=0)
 
 
+class DelayedChannel:
+    """A client's connection to one shard over a link with a one-way delay of ``latency_s``.
+
+    A relay thread owns the DEALER socket; the caller talks to it over an in-process PAIR
+    socket. The relay stamps each request with a due time (arrival + ``latency_s``) and sends it
+    to the shard once due, and does the same for each reply on its way back. Messages wait in
+    two FIFO queues (one delay for all keeps the order), so any number are in flight at once, as
+    on a real link: ``send`` never blocks the caller, a prefetched sync still overlaps the
+    step's compute, and requests to several shards (one channel each) are delayed in parallel,
+    not one after the other. Sleeping in ``send`` would have been simpler but wrong: it would
+    stall the training thread and add the delay once per shard. Frames pass through without
+    copies. Bandwidth is not modelled here (tbf does that).
+    """
+
+    _names = itertools.count()
+
+    def __init__(self, context: zmq.Context, address: str, latency_s: float):
+        if not latency_s > 0:
+            raise ValueError(f"latency must be > 0 s for a delayed channel, got {latency_s!r}")
+        self.address = tcp_address(address)
+        self.latency_s = float(latency_s)
+        dealer = context.socket(zmq.DEALER)  # made and connected here, so a bad address raises here
+        dealer.setsockopt(zmq.LINGER, 0)
+        try:
+            dealer.connect(self.address)
+        except zmq.ZMQError:
+            dealer.close()
+            raise
+        inproc = f"inproc://het-delay-{os.getpid()}-{next(self._names)}"
+        self.socket = context.socket(zmq.PAIR)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        self.socket.bind(inproc)
+        # the DEALER moves to the relay thread (Thread.start is the memory barrier ZeroMQ asks for)
+        # and is used by it alone from then on
+        self._relay = threading.Thread(target=self._run_relay, args=(context, dealer, inproc), daemon=True,
+                                       name=f"het-delay {self.address}")
+        self._relay.start()
+
+    def send(self, frames) -> None:
+        self.socket.send_multipart(frames, copy=False)
+
+    def recv(self, timeout_s: float | None):
+        """The next reply's frames, at least ``latency_s`` after it reached this machine."""
+        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no reply from PS shard at {self.address} within {timeout_s:g} s "
+                               f"(is `het serve` running there?)")
+        return self.socket.recv_multipart(copy=False)
+
+    def close(self) -> None:
+        if self._relay.is_alive():
+            self.socket.send(b"")  # the stop sentinel: a request always has a header frame
+            self._relay.join(5.0)
+        self.socket.close(linger=0)
+
+    def _run_relay(self, context: zmq.Context, dealer: zmq.Socket, inproc: str) -> None:
+        pair = context.socket(zmq.PAIR)
+        pair.setsockopt(zmq.LINGER, 0)
+        pair.connect(inproc)
+        poller = zmq.Poller()
+        poller.register(pair, zmq.POLLIN)
+        poller.register(dealer, zmq.POLLIN)
+        outgoing, incoming = collections.deque(), collections.deque()  # (due time, frames), FIFO
+        try:
+            while True:
+                now = time.monotonic()
+                for queue, sock in ((outgoing, dealer), (incoming, pair)):
+                    while queue and queue[0][0] <= now:
+                        sock.send_multipart(queue.popleft()[1], copy=False)
+                dues = [q[0][0] for q in (outgoing, incoming) if q]
+                timeout_ms = math.ceil((min(dues) - now) * 1000) if dues else None
+                for sock, _ in poller.poll(timeout_ms):
+                    frames = sock.recv_multipart(copy=False)
+                    if sock is pair and len(frames) == 1 and len(frames[0]) == 0:
+                        return  # close()
+                    (outgoing if sock is pair else incoming).append((time.monotonic() + self.latency_s, frames))
+        finally:
+            dealer.close(linger=0)
+            pair.close(linger=0)
+
+
 class ZmqEndpoint:
     """A shard's listening socket (ROUTER). ``address`` is the bound address."""
 
@@ -90,6 +183,12 @@ class ZmqEndpoint:
 class ZmqTransport:
     """ZeroMQ over TCP.
 
+    Args:
+        context: the ZeroMQ context (default: the process's shared one).
+        latency_ms: one-way delay of every client channel, each way (see :class:`DelayedChannel`);
+            None reads the environment variable ``HET_PS_LATENCY_MS`` (unset: 0, no delay).
+            Servers' endpoints are never delayed: the client's channel delays both directions.
+
     Example:
         >>> t = ZmqTransport()
         >>> server = t.bind("127.0.0.1:0")
@@ -102,14 +201,40 @@ class ZmqTransport:
         >>> client.close(); server.close()
     """
 
-    def __init__(self, context: zmq.Context | None = None):
+    def __init__(self, context: zmq.Context | None = None, latency_ms: float | None = None):
         self.context = context or zmq.Context.instance()
+        self.latency_ms = None if latency_ms is None else check_latency(latency_ms, "latency_ms")
 
     def bind(self, address: str) -> ZmqEndpoint:
         return ZmqEndpoint(self.context, address)
 
-    def connect(self, address: str) -> ZmqChannel:
+    def connect(self, address: str) -> ZmqChannel | DelayedChannel:
+        latency_ms = latency_from_env() if self.latency_ms is None else self.latency_ms  # read here: servers never
+        if latency_ms > 0:
+            return DelayedChannel(self.context, address, latency_ms / 1000)
         return ZmqChannel(self.context, address)
+
+
+def check_latency(value, what: str) -> float:
+    """``value`` as a latency in ms: a finite number >= 0, else ValueError naming ``what``.
+
+    Example:
+        >>> check_latency("2.5", "HET_PS_LATENCY_MS")
+        2.5
+    """
+    try:
+        ms = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a number of milliseconds >= 0, got {value!r}") from None
+    if not (math.isfinite(ms) and ms >= 0):
+        raise ValueError(f"{what} must be a number of milliseconds >= 0, got {value!r}")
+    return ms
+
+
+def latency_from_env() -> float:
+    """The one-way PS latency in ms that ``HET_PS_LATENCY_MS`` asks for (0 when unset or empty)."""
+    text = os.environ.get(LATENCY_ENV, "").strip()
+    return check_latency(text, LATENCY_ENV) if text else 0.0
 
 
 class LocalChannel:

@@ -1,0 +1,131 @@
+"""``het bench staleness``: the paper's Table 2, AUC against the staleness bound.
+
+The same job (mode ``het``, same seed, same samples: rank r's batch of step t is batch
+``t * W + r`` of one deterministic stream) is trained once per bound ``s`` on a local cluster
+over loopback, and each run's held-out AUC and log loss are reported beside the planted model's
+AUC, the best any model can reach on the synthetic data (the same for every run: one held-out
+set). The paper, after a full Criteo epoch on 8 workers, reports for Wide&Deep
+s = 0 / 100 / 10^4 / inf: AUC 79.64 / 79.62 / 78.84 / 74.61.
+
+Example (the last line of stdout is the JSON object)::
+
+    het bench staleness --stalenesses 0,100,10000,inf --steps 1000 --workers 2 --json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+
+from het.train.config import TrainConfig
+
+DEFAULT_STALENESSES = "0,100,10000,inf"
+RESULT_KEYS = ("auc", "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "samples_per_s",
+               "wall_s")
+
+
+def parse_stalenesses(text: str) -> list[float]:
+    """``"0,100,inf"`` -> ``[0, 100, inf]``: integers >= 0 or ``inf``, at least one.
+
+    Example:
+        >>> parse_stalenesses("0,100,10000,inf")
+        [0, 100, 10000, inf]
+    """
+    out = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if part in ("inf", "infinity"):
+            out.append(math.inf)
+        elif part.isdigit():
+            out.append(int(part))
+        else:
+            raise ValueError(f"expected comma-separated staleness bounds (integers >= 0 or inf), "
+                             f"e.g. {DEFAULT_STALENESSES}, got {part!r} in {text!r}")
+    return out
+
+
+def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None, progress: bool = False) -> dict:
+    """Train ``base`` in mode ``het`` once per bound in ``stalenesses``; Table 2 as a dict.
+
+    Every run has ``base``'s seed, steps, batch and workers, so all see the same samples and
+    are evaluated on the same held-out set; only the bound changes. Runs on loopback (no
+    network namespace); each run's logs go to ``log_dir/s<bound>``.
+
+    Returns:
+        ``{"bench": "staleness", "log_dir", "config", "results": [{"staleness", "auc",
+        "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "samples_per_s",
+        "wall_s"}, ...]}``: one result per bound, in the order given (``staleness`` is an int or
+        ``"inf"``; a metric the evaluation did not give is None); ``config`` is ``base``'s,
+        mode ``het``, without a staleness.
+    """
+    from het.dist.launch import LocalCluster
+
+    if not stalenesses:
+        raise ValueError("expected at least one staleness bound, got none")
+    if base.graph:
+        raise ValueError(f"het bench staleness trains a CTR model (AUC), got model {base.model!r}")
+    if not base.eval_samples:
+        raise ValueError("het bench staleness compares AUCs: eval_samples must be > 0, got 0")
+    log_dir = log_dir or tempfile.mkdtemp(prefix="het-staleness-")
+    results = []
+    for s in stalenesses:
+        cfg = dataclasses.replace(base, mode="het", staleness=s)  # validated again by __post_init__
+        label = "inf" if cfg.staleness == math.inf else cfg.staleness
+        summary = LocalCluster(cfg, os.path.join(log_dir, f"s{label}"), progress=progress).run()
+        results.append({"staleness": label, **{k: summary.get(k) for k in RESULT_KEYS}})
+    config = {k: v for k, v in base.to_dict().items() if k != "staleness"} | {"mode": "het"}
+    return {"bench": "staleness", "log_dir": log_dir, "config": config, "results": results}
+
+
+def format_table(result: dict) -> str:
+    """The results as a readable table, the planted AUC beside each run's."""
+    cfg = result["config"]
+    rows = [f"AUC after {result['results'][0]['samples']:,} samples ({cfg['model']}, {cfg['workers']} workers, "
+            f"batch {cfg['batch']}, dim {cfg['dim']}, seed {cfg['seed']}); logs in {result['log_dir']}",
+            f"{'s':>6} {'AUC':>7} {'planted':>7} {'gap':>7} {'logloss':>7} {'hit rate':>8} {'stale refr.':>11} "
+            f"{'samples/s':>10}"]
+    for r in result["results"]:
+        auc, planted = _num(r["auc"]), _num(r["planted_auc"])
+        rows.append(f"{r['staleness']!s:>6} {auc:>7.4f} {planted:>7.4f} {planted - auc:>7.4f} "
+                    f"{_num(r['logloss']):>7.4f} {_num(r['hit_rate']):>8.3f} {r['stale_refreshes'] or 0:>11,} "
+                    f"{_num(r['samples_per_s']):>10,.0f}")
+    return "\n".join(rows)
+
+
+def _num(x) -> float:
+    return math.nan if x is None else float(x)
+
+
+def add_parser(bsub) -> None:
+    """Register ``het bench staleness`` on the subparsers of ``het bench``."""
+    p = bsub.add_parser("staleness", help="AUC after the same samples for several staleness bounds (Table 2)",
+                        description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--stalenesses", default=DEFAULT_STALENESSES,
+                   help=f"comma-separated bounds, integers >= 0 or inf (default {DEFAULT_STALENESSES})")
+    p.add_argument("--steps", type=int, help="training steps per run (default: the config's, else 1000)")
+    p.add_argument("--workers", type=int, help="worker processes (default: the config's, else 2)")
+    p.add_argument("--model", help="wdl | deepfm | dcn | dlrm (default: the config's, else wdl)")
+    p.add_argument("--config", help="the job's TOML (flags override it); its mode and staleness are ignored")
+    p.add_argument("--log-dir", help="where each run's logs go (default: a new temporary directory)")
+    p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
+    p.set_defaults(func=_main)
+
+
+def _main(args) -> None:
+    import json
+
+    from het.dist.launch import ClusterError
+
+    stalenesses = parse_stalenesses(args.stalenesses)  # bad input fails before anything starts
+    overrides = {k: getattr(args, k) for k in ("steps", "workers", "model") if getattr(args, k) is not None}
+    base = TrainConfig.load(args.config, overrides)
+    try:
+        result = run(base, stalenesses, args.log_dir)
+    except ClusterError as e:
+        raise SystemExit(f"het bench staleness: {e}") from None
+    if args.json:
+        print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        print(format_table(result))
