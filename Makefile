@@ -26,9 +26,10 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q het tests
 
+# The evaluation suite, short versions (about 5 minutes): results in docs/results/, tables and
+# plots in docs/RESULTS.md and docs/img/. The full suite: `het bench report --run` (about 30).
 bench: $(STAMP)
-	$(VENV)/bin/het bench cache --alpha 1.05 --keys 1000000 --capacity-frac 0.1 --policy lfu --json
-	$(VENV)/bin/het bench ps --json
+	$(VENV)/bin/het bench report --run --quick
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis

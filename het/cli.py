@@ -205,11 +205,12 @@ def cmd_bench_e2e(args) -> None:
     from het.dist.netns import NetworkEmulationUnavailable
     from het.train.config import TrainConfig
 
-    overrides = {k: getattr(args, k) for k in ("steps", "batch", "dim", "workers", "servers", "cache_frac")
-                 if getattr(args, k) is not None}
+    overrides = {k: getattr(args, k) for k in ("steps", "batch", "dim", "workers", "servers", "cache_frac",
+                                               "lookahead") if getattr(args, k) is not None}
     base = TrainConfig.load(args.config, {"eval_samples": 0, **overrides})
     try:
-        result = e2e.run(base, args.bandwidths.split(","), args.modes.split(","), args.log_dir)
+        result = e2e.run(base, args.bandwidths.split(","), args.modes.split(","), args.log_dir,
+                         latency_ms=args.latency_ms)
     except NetworkEmulationUnavailable as e:
         raise SystemExit(f"het bench e2e: cannot emulate a cluster network here: {e}") from None
     if args.json:
@@ -222,6 +223,9 @@ def cmd_bench_e2e(args) -> None:
         print(f"{r['bandwidth']:>9} {r['mode']:>6} {r['staleness']:>4} {r['samples_per_s']:>10,.0f} "
               f"{r.get('speed_vs_het100', float('nan')):>9.2f} {r['sparse_bytes_per_sample']:>15,.0f} "
               f"{r['dense_bytes_per_sample']:>14,.0f}  {t['compute']:.0%}/{t['wait_ps']:.0%}/{t['allreduce']:.0%}")
+
+
+PLUGGED_BENCHES = ("staleness", "scale", "missrate", "report")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -309,9 +313,11 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--modes", default=",".join(("ps", "hybrid", "het:10", "het:100")),
                    help="comma-separated: ps, hybrid, het:S")
     e.add_argument("--config", help="the job's TOML (default: the default Wide&Deep job)")
-    for name in ("steps", "batch", "dim", "workers", "servers"):
+    for name in ("steps", "batch", "dim", "workers", "servers", "lookahead"):
         e.add_argument("--" + name, type=int)
     e.add_argument("--cache-frac", type=float)
+    e.add_argument("--latency-ms", type=float, help="one-way delay added to each worker's PS link "
+                   "in the transport (tbf shapes only the rate)")
     e.add_argument("--log-dir")
     e.add_argument("--json", action="store_true")
     e.set_defaults(func=cmd_bench_e2e)
@@ -323,6 +329,10 @@ def parser() -> argparse.ArgumentParser:
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=cmd_bench_ps)
+    import importlib
+
+    for module in PLUGGED_BENCHES:  # each adds its own subcommand: add_parser(bsub)
+        importlib.import_module(f"het.bench.{module}").add_parser(bsub)
     return p
 
 

@@ -55,7 +55,7 @@ def belady_miss_rate(steps: list[torch.Tensor], capacity: int) -> float:
             if k in cached:  # hit: its next use moves on
                 cached[k] = u
                 heapq.heappush(heap, (-u, k))
-        in_step = set(keys)
+        in_step, held = set(keys), []  # this step's heap entries, set aside once for the step
         for k, u in sorted(missed, key=lambda x: x[1]):  # the soonest needed get the room first
             if u == NEVER or capacity == 0:
                 continue  # never needed again: bypass
@@ -63,19 +63,20 @@ def belady_miss_rate(steps: list[torch.Tensor], capacity: int) -> float:
                 cached[k] = u
                 heapq.heappush(heap, (-u, k))
                 continue
-            victim = _furthest(heap, cached, in_step)
+            victim = _furthest(heap, cached, in_step, held)
             if victim is None or cached[victim] <= u:
                 continue  # every evictable key is needed sooner: bypass
             del cached[victim]
             cached[k] = u
-            heapq.heappush(heap, (-u, k))
+            held.append((-u, k))  # a key of this step: never a victim in it
+        for entry in held:
+            heapq.heappush(heap, entry)
     return misses / lookups if lookups else 0.0
 
 
-def _furthest(heap, cached, in_step):
-    """The cached key used furthest ahead that is not of this step (left in the heap)."""
-    held = []
-    victim = None
+def _furthest(heap, cached, in_step, held):
+    """The cached key used furthest ahead that is not of this step (left in the heap); the
+    step's own entries met on the way move to ``held`` until the step ends."""
     while heap:
         neg, k = heap[0]
         if cached.get(k) != -neg:
@@ -84,8 +85,5 @@ def _furthest(heap, cached, in_step):
         if k in in_step:
             held.append(heapq.heappop(heap))
             continue
-        victim = k
-        break
-    for entry in held:
-        heapq.heappush(heap, entry)
-    return victim
+        return k
+    return None
