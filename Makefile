@@ -26,8 +26,9 @@ test-slow: $(STAMP)
 test-all: $(STAMP)
 	$(PY) -m pytest -q het tests
 
-# The evaluation suite, short versions (about 5 minutes): results in docs/results/, tables and
-# plots in docs/RESULTS.md and docs/img/. The full suite: `het bench report --run` (about 30).
+# The evaluation suite, short versions (about 5 minutes): results, tables and plots in
+# runs/bench-quick/. The full suite, which rewrites docs/RESULTS.md's report region and
+# docs/img/: `het bench report --run` (about 30 minutes).
 bench: $(STAMP)
 	$(VENV)/bin/het bench report --run --quick
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from het.bench import report
+from het.bench import report, report_md
 
 MACHINE = {"cpu": "Intel(R) Xeon(R) Processor", "cores": 2, "memory_bytes": 24 * 2**30, "torch": "2.13.0",
            "python": "3.11.7", "system": "Linux", "date": "2025-01-01T10:00:00+00:00"}
@@ -207,5 +207,5 @@ def test_suite_commands_parse_with_the_cli():
 
 
 def test_staleness_labels():
-    assert report._s_label("inf") == "inf" and report._s_label(100) == "100"
-    assert report._staleness("inf") == math.inf
+    assert report_md._s_label("inf") == "inf" and report_md._s_label(100) == "100"
+    assert report_md._staleness("inf") == math.inf
