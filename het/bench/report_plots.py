@@ -83,7 +83,7 @@ def plot_missrate(result: dict, path: str) -> None:
     """Fig. 8: miss rate against cache size, one panel per trace."""
     plt = _pyplot()
     miss = _miss(result)
-    fig, axes = plt.subplots(1, len(miss), figsize=(6 * len(miss), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(miss), figsize=(6 * len(miss), 5.5), squeeze=False)
     styles = {"lru": "o-", "lfu": "s-", "lfu+lookahead": "^-", "belady": "k--", "static-oracle": ":"}
     for ax, (trace, by) in zip(axes[0], miss.items()):
         for policy, style in styles.items():
@@ -102,7 +102,7 @@ def plot_missrate(result: dict, path: str) -> None:
         ax.set_title(f"Miss rate vs cache size: {trace} trace")
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3)  # below: off the curves
     _save(fig, path)
 
 
