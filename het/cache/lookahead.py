@@ -6,10 +6,11 @@ rows needed soon, evict first the row needed last, and let a miss that is needed
 every row it could displace bypass the cache. Outside the window the replacement policy
 decides as before. Announcements are hints: a wrong one costs hits, never correctness.
 
-Steps are numbered in announcement order (1, 2, ...). The window keeps every queued (key,
-step) pair sorted, merging each announced step in and filtering each looked-up step out, so a
-key's next use is one binary search; the cache stores, per slot, the number of the next
-announced step that uses its row.
+Steps are numbered in announcement order (1, 2, ...). Every ``depth // 4`` steps the window
+packs each queued (key, step) pair into one sorted int64 (``key << 20 | step - base``), so a
+key's next use after the current step is one binary search for ``(key, now + 1)``, and a step
+costs one search of its keys, not a rebuild; the cache stores, per slot, the number of the
+next announced step that uses its row.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import collections
 import torch
 
 NEVER = 1 << 40  # the "next use" of a key not announced
+_BITS = 20       # an index entry packs key << 20 | (step number - base)
+_MASK = (1 << _BITS) - 1
+MAX_KEY = 1 << 43
+MAX_DEPTH = 1 << 16  # 4 * depth queued steps, plus the rebuild interval, stay below 2^20
 
 
 class Lookahead:
@@ -39,35 +44,28 @@ class Lookahead:
     """
 
     def __init__(self, depth: int):
-        if not isinstance(depth, int) or depth < 1:
-            raise ValueError(f"lookahead depth must be an int >= 1, got {depth!r}")
+        if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
+            raise ValueError(f"lookahead depth must be an int in [1, {MAX_DEPTH}], got {depth!r}")
         self.depth = depth
+        self.rebuild_every = max(1, depth // 4)
         self.queue: collections.deque[tuple[int, torch.Tensor]] = collections.deque()
         self.announced = 0  # number of the last announced step
         self.now = 0        # number of the step looked up last (0: none yet)
-        # every queued (key, step number), sorted by key, then number: the first entry of a
-        # key is its next use
-        self._keys = self._numbers = None
+        # every queued (key, number) at the last rebuild, packed as key << 20 | (number - base), sorted
+        self._index: torch.Tensor | None = None
+        self._base = 0
 
     def announce(self, keys: torch.Tensor) -> int:
         """Add the keys of the next step after those already announced; its number."""
-        self.announced += 1
         step = torch.unique(keys.reshape(-1).to(torch.int64))
+        if step.numel() and (int(step[0]) < 0 or int(step[-1]) >= MAX_KEY):
+            raise ValueError(f"lookahead keys must lie in [0, 2^43), got {int(step[0])}..{int(step[-1])}")
+        self.announced += 1
         self.queue.append((self.announced, step))
-        if self._keys is None:
-            self._keys, self._numbers = step, torch.full_like(step, self.announced)
-        else:  # merge: the new step's entries go after the same keys' earlier ones
-            step = step.to(self._keys.device)
-            n, m = step.numel(), self._keys.numel()
-            at_new = torch.searchsorted(self._keys, step, right=True) + torch.arange(n, device=step.device)
-            at_old = torch.searchsorted(step, self._keys) + torch.arange(m, device=step.device)
-            keys_ = torch.empty(n + m, dtype=torch.int64, device=step.device)
-            numbers = torch.empty_like(keys_)
-            keys_.index_copy_(0, at_new, step).index_copy_(0, at_old, self._keys)
-            numbers.index_fill_(0, at_new, self.announced).index_copy_(0, at_old, self._numbers)
-            self._keys, self._numbers = keys_, numbers
         while len(self.queue) > 4 * self.depth:  # announcements nobody looks up: keep the newest
-            self._drop(self.queue.popleft()[0])
+            self.queue.popleft()
+        if self._index is None or self._index.numel() == 0:
+            self._index = None  # nothing useful was indexed: take this step in at once
         return self.announced
 
     def advance(self, keys: torch.Tensor) -> bool:
@@ -76,21 +74,28 @@ class Lookahead:
         if not self.queue or not torch.equal(self.queue[0][1], keys.to(self.queue[0][1].device)):
             return False
         self.now = self.queue.popleft()[0]
-        self._drop(self.now)
+        if self.now - self._base >= self.rebuild_every:
+            self._index = None
         return True
 
-    def _drop(self, number: int) -> None:
-        keep = (self._numbers != number).nonzero().flatten()
-        self._keys, self._numbers = self._keys.index_select(0, keep), self._numbers.index_select(0, keep)
-
     def next_use(self, keys: torch.Tensor) -> torch.Tensor:
-        """The number of the first queued step holding each key, ``NEVER`` if none.
-        Shape: any -> same, int64."""
-        if self._keys is None or self._keys.numel() == 0:
+        """The number of the first step after ``now`` holding each key, among the steps queued
+        at the last rebuild (every ``depth // 4`` steps, so the window spans 3/4 to all of
+        ``depth``); ``NEVER`` if none. Shape: any -> same, int64."""
+        if self._index is None:
+            self._build()
+        index = self._index.to(keys.device)
+        if index.numel() == 0 or keys.numel() == 0:
             return torch.full_like(keys, NEVER)
-        fk = self._keys.to(keys.device)
-        pos = torch.searchsorted(fk, keys).clamp(max=fk.numel() - 1)
-        return torch.where(fk[pos] == keys, self._numbers.to(keys.device)[pos], NEVER)
+        first = (keys << _BITS) | (self.now + 1 - self._base)  # the first entry at or after (key, now + 1)
+        pos = torch.searchsorted(index, first).clamp(max=index.numel() - 1)
+        found = index[pos]
+        return torch.where((found >> _BITS) == keys, (found & _MASK) + self._base, NEVER)
+
+    def _build(self) -> None:
+        self._base = self.now
+        parts = [(keys << _BITS) | (number - self._base) for number, keys in self.queue]
+        self._index = torch.sort(torch.cat(parts)).values if parts else torch.empty(0, dtype=torch.int64)
 
     def steps_away(self, numbers: torch.Tensor) -> torch.Tensor:
         """Step numbers (from ``next_use``) -> steps after ``now``; ``NEVER`` for numbers not
@@ -99,4 +104,4 @@ class Lookahead:
 
     def clear(self) -> None:
         self.queue.clear()
-        self._keys = self._numbers = None
+        self._index = None
