@@ -95,6 +95,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
         index, rows, clocks = shard.sync("bench", keys.cpu().numpy(), plan.clocks.cpu().numpy(),
                                          None if staleness == math.inf else staleness)
         index, rows, clocks = (torch.from_numpy(a).to(device) for a in (index, rows, clocks))
+        index, clocks = index.long(), clocks.long()
         t2 = time.perf_counter()
         out = cache.fill(plan, index, rows, clocks)
         due = cache.update(plan, grad_pool[:out.shape[0]])

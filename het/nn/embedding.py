@@ -182,14 +182,14 @@ class Embedding(nn.Module):
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1))
         out.parts.clear()
         self._count_push(pushes)
-        self.traffic["sync"] += 16 * unique.numel()  # keys and clocks, no rows
+        self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
         return _Pending(name, flat, inverse, plan, handle)
 
     def _finish(self, pending: "_Pending") -> torch.Tensor:
         """Wait for the sync's reply; one row per unique key, hooked to the cache's gradient
         update. Shape: -> (n, D)."""
         reply = self._wait(pending.handle)
-        self.traffic["sync"] += 16 * reply.index.numel()               # index and clock of each row sent
+        self.traffic["sync"] += reply.sync_bytes                       # index and clock of each row sent
         self.traffic["sparse_pull"] += reply.rows.numel() * reply.rows.element_size()
         rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks)
         if not torch.is_grad_enabled():

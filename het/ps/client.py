@@ -17,7 +17,7 @@ import torch
 from het.config import ShardConfig, TableConfig
 from het.ps import partition
 from het.ps.auth import check_secret
-from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
+from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode, narrow
 from het.ps.shard import Shard
 from het.ps.transport import LocalTransport, ZmqTransport
 
@@ -33,16 +33,19 @@ class Handle:
     parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
     result: object = None
     done: bool = False
+    sync_bytes: int = 0  # a sync's keys and clocks as sent
 
 
 @dataclass
 class SyncResult:
     """Rows the shards sent back for a sync: ``index`` into the keys synced, their rows and
-    server clocks. Shape: index (m,), rows (m, D), clocks (m,)."""
+    server clocks, and the bytes the index and clocks took on the wire.
+    Shape: index (m,), rows (m, D), clocks (m,)."""
 
     index: torch.Tensor
     rows: torch.Tensor
     clocks: torch.Tensor
+    sync_bytes: int = 0
 
 
 class PSClient:
@@ -113,7 +116,9 @@ class PSClient:
         that are more than ``bound`` updates behind, and every miss."""
         keys = self._check_keys(table, keys)
         clocks = self._check_clocks(keys, clocks)
-        return self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]], {"bound": _bound(bound)})
+        handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]], {"bound": _bound(bound)})
+        handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
+        return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
                   step: int = 1) -> Handle:
@@ -124,7 +129,8 @@ class PSClient:
         clocks = self._check_clocks(sync_keys, clocks)
         push_parts = partition.split(push_keys, self.num_shards)
         meta = {"step": int(step), "bound": _bound(bound)}
-        handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device)
+        handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
+                        sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size())
         for shard, p in enumerate(partition.split(sync_keys, self.num_shards)):
             q = push_parts[shard]
             if len(p) or len(q):
@@ -240,15 +246,16 @@ class PSClient:
         if handle.op is Op.PUSH:
             return sum(m.meta["applied"] for _, m in replies)
         # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
-        index = [p.cpu()[torch.from_numpy(m.arrays[0])] for p, m in replies]
+        index = [p.cpu()[torch.from_numpy(m.arrays[0]).long()] for p, m in replies]
         if not index:
             return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
                               torch.empty(0, dtype=torch.int64, device=dev))
+        wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes for _, m in replies)
         index = torch.cat(index)
         rows = torch.cat([torch.from_numpy(m.arrays[1]) for _, m in replies])
-        clocks = torch.cat([torch.from_numpy(m.arrays[2]) for _, m in replies])
+        clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
         order = torch.argsort(index)
-        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev))
+        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire)
 
     def _check_keys(self, table: str, keys) -> torch.Tensor:
         if table not in self.tables:
@@ -282,7 +289,7 @@ class PSClient:
         clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
         if clocks.shape != keys.shape:
             raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
-        return clocks
+        return narrow(clocks)  # int32 on the wire while every clock fits
 
 
 def _all_finite(t: torch.Tensor) -> bool:

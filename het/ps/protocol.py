@@ -5,7 +5,8 @@ Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
     magic b"HETP" | version u8 | op u8 | status u8 | flags u8 | request_id u64 | meta_len u32
 
 ``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
-little-endian bytes of C-contiguous int64 or float32 arrays, sent and received without copies.
+little-endian bytes of C-contiguous int64, int32 or float32 arrays, sent and received without
+copies.
 
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
 under the shared secret, of the header frame and every array frame, each preceded by its
@@ -22,7 +23,7 @@ op         request arrays (meta)                               reply arrays (met
 =========  ==================================================  =================================
 PULL       keys (n,) i8  (table)                               rows (n, D) f4, clocks (n,) i8
 PUSH       keys (n,), grads (n, D), counts (n,) (table, step)  -- (applied)
-SYNC       keys (n,), clocks (n,) (table, bound)               index (m,), rows (m, D), clocks (m,)
+SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound)      index (m,) i4, rows (m, D), clocks (m,) i4|i8
 PUSH_SYNC  PUSH's three arrays, then SYNC's two                 SYNC's reply
 SAVE/LOAD  -- (path)                                           -- (path)
 STATS      --                                                  -- (stats)
@@ -32,6 +33,8 @@ STOP       --                                                  --
 
 A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
 more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
+Clocks travel as int32 while every clock of the message fits (below 2^31), else as int64
+(:func:`narrow`): the sync is most of what a cached row costs on the wire.
 An error reply has ``status = 1`` and ``meta = {"error": message, "kind": exception name}``.
 """
 
@@ -50,8 +53,25 @@ from het.ps import auth
 MAGIC = b"HETP"
 VERSION = 1
 _HEADER = struct.Struct("<4sBBBBQI")
-_DTYPES = {"i8": np.dtype("<i8"), "f4": np.dtype("<f4")}
+_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "f4": np.dtype("<f4")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+_INT32_MAX = (1 << 31) - 1
+
+
+def narrow(clocks):
+    """Clocks (a torch tensor or numpy array of integers >= -1) as int32 when they all fit,
+    else as int64: what a SYNC sends.
+
+    Example:
+        >>> narrow(np.array([-1, 5])).dtype, narrow(np.array([1 << 40])).dtype
+        (dtype('int32'), dtype('int64'))
+    """
+    fits = len(clocks) == 0 or int(clocks.max()) <= _INT32_MAX
+    if isinstance(clocks, np.ndarray):
+        return clocks.astype(np.int32 if fits else np.int64, copy=False)
+    import torch
+
+    return clocks.to(torch.int32 if fits else torch.int64)
 MAX_ARRAYS = 16
 SIGNED = 0x01  # header flag: the last frame is the MAC
 
@@ -116,7 +136,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     for a in arrays:
         code = _DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
         if code is None:
-            raise ProtocolError(f"arrays must be int64 or float32, got {a.dtype}")
+            raise ProtocolError(f"arrays must be int64, int32 or float32, got {a.dtype}")
         specs.append([code, list(a.shape)])
     meta = dict(msg.meta, arrays=specs)
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode()

@@ -20,7 +20,7 @@ from het.config import ShardConfig, TableConfig
 from het.ps import optim, partition
 from het.staleness import must_refresh
 from het.ps.auth import check_secret
-from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
+from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply, narrow,
                              peek_request_id)
 
 SAVE_FORMAT = 1
@@ -185,12 +185,13 @@ class Shard:
         sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,)."""
         t, local = self._check_sync(table, keys, clocks)
         server = t.clocks.index_select(0, local)
-        sent = torch.from_numpy(clocks)
+        sent = torch.from_numpy(clocks).long()
         index = must_refresh(server, sent, math.inf if bound is None else int(bound)).nonzero().flatten()
         rows = local.index_select(0, index)
         self.stats["rows_out"] += len(rows)
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
-        return [index.numpy(), t.weight.index_select(0, rows).numpy(), server.index_select(0, index).numpy()]
+        return [index.to(torch.int32).numpy(), t.weight.index_select(0, rows).numpy(),
+                narrow(server.index_select(0, index)).numpy()]
 
     def save(self, path: str) -> str:
         state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
@@ -265,8 +266,8 @@ class Shard:
 
     def _check_sync(self, table, keys, clocks):
         t, local = self._rows_of(table, keys)
-        if clocks.dtype != np.int64 or clocks.shape != keys.shape:
-            raise ValueError(f"clocks must be int64 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
+        if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
+            raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
         return t, local
 
 

@@ -121,3 +121,20 @@ def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
         adam.load(str(tmp_path))
     after = adam.wait(adam.pull("t", torch.arange(10)))
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+
+
+def test_sync_clocks_travel_as_int32_until_they_do_not_fit():
+    client = PSClient.local([T], 1)
+    keys = torch.tensor([1, 2])
+    small = client.sync("t", keys, torch.tensor([-1, 0]), 0)
+    assert small.sync_bytes == 2 * 8 + 2 * 4                     # int64 keys, int32 clocks
+    res = client.wait(small)
+    assert res.clocks.dtype == torch.int64 and res.index.dtype == torch.int64  # widened for the cache
+    assert res.sync_bytes == 1 * 4 + 1 * 4                       # one miss: int32 index and clock
+    # a clock past 2^31 (a long-lived hot row) goes as int64, both ways, and compares exactly
+    big = (1 << 31) + 5
+    client.wait(client.push("t", torch.tensor([2]), torch.zeros(1, 3), torch.tensor([big])))
+    wide = client.sync("t", keys, torch.tensor([-1, big - 1]), 0)
+    assert wide.sync_bytes == 2 * 8 + 2 * 8
+    res = client.wait(wide)
+    assert res.index.tolist() == [0, 1] and res.clocks.tolist() == [0, big]
