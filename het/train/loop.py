@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import datetime
+import gc
 import math
 import os
 import signal
@@ -202,13 +203,20 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if worker.stop:
             raise SystemExit(143)
         per_rank = gather(worker.counters(), world)
-        if rank != 0:
-            return None
-        metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
-        metrics = selector.pick(metrics, cfg.steps)
-        return summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
+        summary = None
+        if rank == 0:
+            metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
+            metrics = selector.pick(metrics, cfg.steps)
+            summary = summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
+        # every rank leaves together, and only after its DDP model is gone: a rank that tore its
+        # process group down while a peer still used it, or before DDP's reducer, could abort at
+        # exit ("terminate called without an active exception", seen once in 31 local jobs)
+        barrier(world)
+        return summary
     finally:
         client.close()
+        worker = selector = hooks = None  # DDP's reducer goes before the process group it uses
+        gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
