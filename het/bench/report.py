@@ -79,7 +79,9 @@ def machine() -> dict:
 def run_command(cmd: list[str], timeout_s: float, echo=sys.stderr) -> tuple[int, str, str]:
     """Run ``cmd``; its exit status, stdout, and the tail of its stderr (echoed as it comes).
     Past ``timeout_s`` it gets SIGINT (a local cluster stops its processes on it), then SIGKILL."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # SIGINT must reach the benchmark even when this runs as a background job (which ignores it)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     tail: deque[str] = deque(maxlen=30)
 
     def pump():

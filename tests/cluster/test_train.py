@@ -65,9 +65,11 @@ def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
 
 def start_long_job(tmp_path):
     """A local cluster that would train for hours, once its processes are up; and their pids."""
+    # Ctrl-C as from a terminal: a shell that runs the tests as a background job hands its children
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     launcher = subprocess.Popen([sys.executable, "-m", "het", "train", "--steps", "100000", *SMALL, "--quiet",
                                  "--log-dir", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
+                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not (tmp_path / "pids.json").exists() and time.monotonic() < deadline and launcher.poll() is None:
         time.sleep(0.2)
