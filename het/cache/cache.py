@@ -139,9 +139,10 @@ class EmbeddingCache:
             slot = slot[slot >= 0]
             self.soon.index_copy_(0, slot, self.soon.index_select(0, slot).clamp(max=number))
 
-    def _find(self, keys: torch.Tensor) -> torch.Tensor:
-        """The slot holding each key, -1 where none does. Shape: (n,) -> (n,)."""
-        sets = self.set_of(keys)
+    def _find(self, keys: torch.Tensor, sets: torch.Tensor | None = None) -> torch.Tensor:
+        """The slot holding each key, -1 where none does (``sets``: the keys' sets, if known).
+        Shape: (n,) -> (n,)."""
+        sets = self.set_of(keys) if sets is None else sets
         match = self._by_set(self.keys, sets) == keys[:, None]                # (n, W)
         return torch.where(match.any(1), sets * self.ways + match.to(torch.uint8).argmax(1), -1)
 
@@ -156,20 +157,18 @@ class EmbeddingCache:
         self.step += 1
         n = keys.numel()
         self.counters["lookups"] += n
-        nxt = None
         if self.window is not None:
             self.window.advance(keys)
-            nxt = self.window.next_use(keys)  # the next announced step each key is needed in
         if self.num_sets == 0:
             self.counters["misses"] += n
             self.counters["bypasses"] += n
             slot = torch.full_like(keys, -1)
             return Plan(keys, slot, torch.zeros_like(keys, dtype=torch.bool), slot.clone(), self._no_rows())
+        # the next announced step each key is needed in
+        nxt = self.window.next_use(keys) if self.window is not None else None
         sets = self.set_of(keys)                                              # (n,)
-        match = self._by_set(self.keys, sets) == keys[:, None]                # (n, W)
-        hit = match.any(1)
-        base = sets * self.ways
-        slot = torch.where(hit, base + match.to(torch.uint8).argmax(1), torch.full_like(keys, -1))
+        slot = self._find(keys, sets)
+        hit = slot >= 0
         hit_slots = slot[hit]
         self._touch(hit_slots, self.uses.index_select(0, hit_slots) + 1)
         n_hit = int(hit_slots.numel())
