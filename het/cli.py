@@ -90,6 +90,8 @@ def cmd_train(args) -> None:
         overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k) is not None}
         if args.no_prefetch:
             overrides["prefetch"] = False
+        if args.no_lazy_init:
+            overrides["lazy_init"] = False
         cfg = TrainConfig.load(args.config, overrides)
     secret = load_secret(args.secret_file)
     if args.ps:  # a worker of a multi-node job (torchrun) or of the local launcher
@@ -262,6 +264,8 @@ def parser() -> argparse.ArgumentParser:
     for name, (kind, text) in TRAIN_FLAGS.items():
         t.add_argument("--" + name.replace("_", "-"), type=kind, default=None, help=text)
     t.add_argument("--no-prefetch", action="store_true", help="do not send the next step's sync early")
+    t.add_argument("--no-lazy-init", action="store_true",
+                   help="have the PS send rows no push touched yet, instead of building them from the seed")
     t.add_argument("--ps", help="HOST:PORT,... of running shards (`het serve`): be a worker of that PS")
     t.add_argument("--secret-file", metavar="PATH", help="the shards' shared secret (or HET_SECRET)")
     t.add_argument("--log-dir", help="local cluster: where the processes' logs go (default runs/<time>)")

@@ -21,8 +21,8 @@ class LocalCluster:
         self.names = [self.transport.bind(f"local-{i}", s) for i, s in enumerate(self.shards)]
         self.clients = []
 
-    def client(self) -> PSClient:
-        c = PSClient([self.transport.connect(n) for n in self.names])
+    def client(self, **kwargs) -> PSClient:
+        c = PSClient([self.transport.connect(n) for n in self.names], **kwargs)
         self.clients.append(c)
         return c
 
@@ -39,8 +39,8 @@ class ZmqCluster:
         self.shards = [s.shard for s in self.servers]
         self.clients = []
 
-    def client(self) -> PSClient:
-        c = PSClient.connect([s.address for s in self.servers], timeout_s=30)
+    def client(self, **kwargs) -> PSClient:
+        c = PSClient.connect([s.address for s in self.servers], timeout_s=30, **kwargs)
         self.clients.append(c)
         return c
 

@@ -189,8 +189,8 @@ class Embedding(nn.Module):
         """Wait for the sync's reply; one row per unique key, hooked to the cache's gradient
         update. Shape: -> (n, D)."""
         reply = self._wait(pending.handle)
-        self.traffic["sync"] += reply.sync_bytes                       # index and clock of each row sent
-        self.traffic["sparse_pull"] += reply.rows.numel() * reply.rows.element_size()
+        self.traffic["sync"] += reply.sync_bytes    # index, clock (and lazy's built mark) of each row
+        self.traffic["sparse_pull"] += reply.row_bytes  # rows that travelled: untouched ones are built here
         rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks)
         if not torch.is_grad_enabled():
             return rows

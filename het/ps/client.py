@@ -18,7 +18,7 @@ from het.config import ShardConfig, TableConfig
 from het.ps import partition
 from het.ps.auth import check_secret
 from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode, narrow
-from het.ps.shard import Shard
+from het.ps.shard import Shard, initial_rows
 from het.ps.transport import LocalTransport, ZmqTransport
 
 
@@ -34,18 +34,21 @@ class Handle:
     result: object = None
     done: bool = False
     sync_bytes: int = 0  # a sync's keys and clocks as sent
+    keys: torch.Tensor | None = None  # the keys pulled or synced (CPU): to build untouched rows
 
 
 @dataclass
 class SyncResult:
     """Rows the shards sent back for a sync: ``index`` into the keys synced, their rows and
-    server clocks, and the bytes the index and clocks took on the wire.
+    server clocks; the bytes the index, clocks and ``built`` marks took on the wire, and the
+    bytes of the rows that travelled (rows no push touched are built here, not sent).
     Shape: index (m,), rows (m, D), clocks (m,)."""
 
     index: torch.Tensor
     rows: torch.Tensor
     clocks: torch.Tensor
     sync_bytes: int = 0
+    row_bytes: int = 0
 
 
 class PSClient:
@@ -56,6 +59,9 @@ class PSClient:
         timeout_s: how long ``wait`` waits for a shard before raising TimeoutError.
         secret: the shards' shared secret (bytes): every request is signed with it, and a reply
             not signed with it raises AuthError.
+        lazy_init: ask the shards to leave out rows no push has touched yet and build them
+            here from the table's seed (:func:`het.ps.shard.initial_rows`): the same values,
+            without their bytes on the wire.
 
     Example:
         >>> client = PSClient.local([TableConfig("t", rows=10, dim=2)], num_shards=2)
@@ -67,8 +73,10 @@ class PSClient:
         [1, 1, 1]
     """
 
-    def __init__(self, channels: list, timeout_s: float = 30.0, secret: bytes | None = None):
+    def __init__(self, channels: list, timeout_s: float = 30.0, secret: bytes | None = None,
+                 lazy_init: bool = True):
         self.channels = list(channels)
+        self.lazy_init = bool(lazy_init)
         self.timeout_s = timeout_s
         self.secret = check_secret(secret)
         self._ids = itertools.count(1)
@@ -78,21 +86,22 @@ class PSClient:
 
     @classmethod
     def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None,
-                secret: bytes | None = None, latency_ms: float | None = None) -> "PSClient":
+                secret: bytes | None = None, latency_ms: float | None = None,
+                lazy_init: bool = True) -> "PSClient":
         """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
         give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`).
         ``latency_ms``: an emulated one-way delay each way (None: ``HET_PS_LATENCY_MS`` or 0;
         see :class:`het.ps.transport.DelayedChannel`); ignored when ``transport`` is given."""
         transport = transport or ZmqTransport(latency_ms=latency_ms)
-        return cls([transport.connect(a) for a in addresses], timeout_s, secret)
+        return cls([transport.connect(a) for a in addresses], timeout_s, secret, lazy_init)
 
     @classmethod
-    def local(cls, tables: list[TableConfig], num_shards: int = 1) -> "PSClient":
+    def local(cls, tables: list[TableConfig], num_shards: int = 1, lazy_init: bool = True) -> "PSClient":
         """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
         transport = LocalTransport()
         names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards)))
                  for i in range(num_shards)]
-        return cls([transport.connect(n) for n in names])
+        return cls([transport.connect(n) for n in names], lazy_init=lazy_init)
 
     @property
     def num_shards(self) -> int:
@@ -102,7 +111,7 @@ class PSClient:
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
         keys = self._check_keys(table, keys)
-        return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {})
+        return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
              step: int = 1) -> Handle:
@@ -116,7 +125,8 @@ class PSClient:
         that are more than ``bound`` updates behind, and every miss."""
         keys = self._check_keys(table, keys)
         clocks = self._check_clocks(keys, clocks)
-        handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]], {"bound": _bound(bound)})
+        handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]],
+                            {"bound": _bound(bound), "lazy": self.lazy_init})
         handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
         return handle
 
@@ -128,9 +138,10 @@ class PSClient:
         sync_keys = self._check_keys(table, sync_keys)
         clocks = self._check_clocks(sync_keys, clocks)
         push_parts = partition.split(push_keys, self.num_shards)
-        meta = {"step": int(step), "bound": _bound(bound)}
+        meta = {"step": int(step), "bound": _bound(bound), "lazy": self.lazy_init}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
-                        sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size())
+                        sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
+                        keys=sync_keys)
         for shard, p in enumerate(partition.split(sync_keys, self.num_shards)):
             q = push_parts[shard]
             if len(p) or len(q):
@@ -188,7 +199,7 @@ class PSClient:
         return [self._reply(i, rid, timeout_s) for i, rid in enumerate(rids)]
 
     def _send(self, op, table, keys, arrays_of, meta) -> Handle:
-        handle = Handle(op, table, len(keys), keys.device)
+        handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
         for shard, p in enumerate(partition.split(keys, self.num_shards)):
             if len(p):
@@ -236,11 +247,12 @@ class PSClient:
         if handle.op is Op.PULL:
             if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
                 m = replies[0][1]
-                return torch.from_numpy(m.arrays[0]).to(dev), torch.from_numpy(m.arrays[1]).to(dev)
+                rows = self._rows(handle, replies[0][0], m.arrays[0], m.arrays[2:])
+                return rows.to(dev), torch.from_numpy(m.arrays[1]).to(dev)
             rows = torch.empty(handle.n, dim)
             clocks = torch.empty(handle.n, dtype=torch.int64)
             for p, m in replies:
-                rows[p.cpu()] = torch.from_numpy(m.arrays[0])
+                rows[p.cpu()] = self._rows(handle, p, m.arrays[0], m.arrays[2:])
                 clocks[p.cpu()] = torch.from_numpy(m.arrays[1])
             return rows.to(dev), clocks.to(dev)
         if handle.op is Op.PUSH:
@@ -250,12 +262,35 @@ class PSClient:
         if not index:
             return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
                               torch.empty(0, dtype=torch.int64, device=dev))
-        wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes for _, m in replies)
+        wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[3:]) for _, m in replies)
+        row_bytes = sum(m.arrays[1].nbytes for _, m in replies)
+        rows = torch.cat([self._rows(handle, i, m.arrays[1], m.arrays[3:]) for i, (_, m) in zip(index, replies)])
         index = torch.cat(index)
-        rows = torch.cat([torch.from_numpy(m.arrays[1]) for _, m in replies])
         clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
         order = torch.argsort(index)
-        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire)
+        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes)
+
+    def _rows(self, handle: Handle, positions: torch.Tensor, sent, built) -> torch.Tensor:
+        """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a
+        lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
+        Shape: positions (n,), sent (k, D) -> (n, D)."""
+        sent = torch.from_numpy(sent)
+        if not built:
+            return sent
+        if len(built) != 1:
+            raise PSError(f"a reply with {len(built)} arrays after its rows and clocks: expected at most one (built)")
+        built = torch.from_numpy(built[0]).bool()
+        if len(built) != len(positions) or len(sent) != len(built) - int(built.sum()):
+            raise PSError(f"a lazy reply marks {int(built.sum())} of {len(built)} rows built and sends "
+                          f"{len(sent)}: expected {len(positions)} marks and the rest sent")
+        if not bool(built.any()):
+            return sent
+        table = self.tables[handle.table]
+        keys = handle.keys.cpu()[positions.cpu()[built]]
+        rows = torch.empty(len(built), table.dim)
+        rows[~built] = sent
+        rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))
+        return rows
 
     def _check_keys(self, table: str, keys) -> torch.Tensor:
         if table not in self.tables:

@@ -5,7 +5,7 @@ Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
     magic b"HETP" | version u8 | op u8 | status u8 | flags u8 | request_id u64 | meta_len u32
 
 ``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
-little-endian bytes of C-contiguous int64, int32 or float32 arrays, sent and received without
+little-endian bytes of C-contiguous int64, int32, float32 or uint8 arrays, sent and received without
 copies.
 
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
@@ -21,9 +21,11 @@ Requests and their arrays (``n`` keys, rows of width ``D``):
 =========  ==================================================  =================================
 op         request arrays (meta)                               reply arrays (meta)
 =========  ==================================================  =================================
-PULL       keys (n,) i8  (table)                               rows (n, D) f4, clocks (n,) i8
+PULL       keys (n,) i8  (table, lazy)                         rows (n, D) f4, clocks (n,) i8
+                                                               [lazy: rows (k, D), built (n,) u1]
 PUSH       keys (n,), grads (n, D), counts (n,) (table, step)  -- (applied)
-SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound)      index (m,) i4, rows (m, D), clocks (m,) i4|i8
+SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound,      index (m,) i4, rows (m, D), clocks (m,) i4|i8
+           lazy)                                               [lazy: rows (k, D), built (m,) u1]
 PUSH_SYNC  PUSH's three arrays, then SYNC's two                 SYNC's reply
 SAVE/LOAD  -- (path)                                           -- (path)
 STATS      --                                                  -- (stats)
@@ -33,6 +35,12 @@ STOP       --                                                  --
 
 A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
 more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
+With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
+its initial value, a pure function of the table's seed and the key
+(:func:`het.ps.shard.initial_rows`), which the client builds itself. The reply then carries
+only the touched rows (``k`` of them, in order) and one more array, ``built``: 1 where the row
+was left for the client to build. Untouched rows are most first uses of a key, which every
+cache and every mode must otherwise pull.
 Clocks travel as int32 while every clock of the message fits (below 2^31), else as int64
 (:func:`narrow`): the sync is most of what a cached row costs on the wire.
 An error reply has ``status = 1`` and ``meta = {"error": message, "kind": exception name}``.
@@ -53,7 +61,7 @@ from het.ps import auth
 MAGIC = b"HETP"
 VERSION = 1
 _HEADER = struct.Struct("<4sBBBBQI")
-_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "f4": np.dtype("<f4")}
+_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "f4": np.dtype("<f4"), "u1": np.dtype("u1")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _INT32_MAX = (1 << 31) - 1
 
@@ -136,7 +144,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     for a in arrays:
         code = _DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
         if code is None:
-            raise ProtocolError(f"arrays must be int64, int32 or float32, got {a.dtype}")
+            raise ProtocolError(f"arrays must be int64, int32, float32 or uint8, got {a.dtype}")
         specs.append([code, list(a.shape)])
     meta = dict(msg.meta, arrays=specs)
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
@@ -235,7 +243,7 @@ def _array(spec, frame, i: int) -> np.ndarray:
         dtype = _DTYPES[code]
         shape = tuple(int(s) for s in shape)
     except (KeyError, TypeError, ValueError):
-        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"f4\", shape]") from None
+        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"f4\"|\"u1\", shape]") from None
     if any(s < 0 for s in shape):
         raise ProtocolError(f"array {i}: negative shape {shape}")
     buf = _buffer(frame)

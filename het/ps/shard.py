@@ -64,7 +64,21 @@ class _Table:
             keys = local * num_shards + index
             self.weight[lo:lo + len(local)] = torch.from_numpy(initial_rows(cfg, keys))
         self.clocks = torch.zeros(n, dtype=torch.int64)
+        # rows changed by a push (any push, even one of zero counts): the others still hold
+        # initial_rows, which a client can build itself instead of receiving them
+        self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+
+    def rows_to_send(self, local: torch.Tensor, lazy: bool) -> tuple[list, int]:
+        """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
+        ``[rows of the touched ones, built (n,) uint8]`` where ``built`` marks the untouched
+        rows left out (the client builds them with :func:`initial_rows`); and how many rows
+        were sent."""
+        if not lazy:
+            return [self.weight.index_select(0, local).numpy()], len(local)
+        touched = self.touched.index_select(0, local)
+        sent = local[touched]
+        return [self.weight.index_select(0, sent).numpy(), (~touched).to(torch.uint8).numpy()], len(sent)
 
 
 class Shard:
@@ -127,19 +141,20 @@ class Shard:
         op, meta, a = msg.op, msg.meta, msg.arrays
         if op is Op.PULL:
             _expect_arrays(msg, 1)
-            return {}, self.pull(meta.get("table"), a[0])
+            return {}, self.pull(meta.get("table"), a[0], lazy=_lazy(meta))
         if op is Op.PUSH:
             _expect_arrays(msg, 3)
             return {"applied": self.push(meta.get("table"), *a, step=meta.get("step", 1))}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
-            return {}, self.sync(meta.get("table"), *a, bound=meta.get("bound"))
+            return {}, self.sync(meta.get("table"), *a, bound=meta.get("bound"), lazy=_lazy(meta))
         if op is Op.PUSH_SYNC:
             _expect_arrays(msg, 5)
             table = meta.get("table")
+            lazy = _lazy(meta)
             self._check_sync(table, *a[3:])  # checked before the push changes anything
             self.push(table, *a[:3], step=meta.get("step", 1))
-            return {}, self.sync(table, *a[3:], bound=meta.get("bound"))
+            return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
         if op is Op.SAVE:
             return {"path": self.save(_path(meta))}, []
         if op is Op.LOAD:
@@ -155,11 +170,13 @@ class Shard:
         raise ValueError(f"op {op.name} is not served")
 
     # -- the verbs --------------------------------------------------------------------------
-    def pull(self, table: str, keys: np.ndarray) -> list:
-        """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,)."""
+    def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
+        """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,). With ``lazy``: rows of the
+        touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`_Table.rows_to_send`)."""
         t, local = self._rows_of(table, keys)
-        self.stats["rows_out"] += len(local)
-        return [t.weight.index_select(0, local).numpy(), t.clocks.index_select(0, local).numpy()]
+        rows, sent = t.rows_to_send(local, lazy)
+        self._count_rows(sent, len(local))
+        return [rows[0], t.clocks.index_select(0, local).numpy(), *rows[1:]]
 
     def push(self, table, keys, grads, counts, step: int = 1) -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
@@ -169,6 +186,7 @@ class Shard:
             return 0
         grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
         t.clocks.index_add_(0, local, counts)
+        t.touched.index_fill_(0, local, True)
         rows = local
         if not t.optimizer.accepts_duplicates:
             rows, inverse = torch.unique(local, return_inverse=True)
@@ -180,23 +198,28 @@ class Shard:
         self.stats["rows_in"] += len(local)
         return len(local)
 
-    def sync(self, table, keys, clocks, bound=None) -> list:
+    def sync(self, table, keys, clocks, bound=None, lazy: bool = False) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
-        sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,)."""
+        sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,); with
+        ``lazy`` the rows of untouched keys stay behind: rows (k, D) and a fourth array,
+        built (m,) uint8 (see :meth:`_Table.rows_to_send`)."""
         t, local = self._check_sync(table, keys, clocks)
         server = t.clocks.index_select(0, local)
         sent = torch.from_numpy(clocks).long()
         index = must_refresh(server, sent, math.inf if bound is None else int(bound)).nonzero().flatten()
-        rows = local.index_select(0, index)
-        self.stats["rows_out"] += len(rows)
+        rows, n_sent = t.rows_to_send(local.index_select(0, index), lazy)
+        self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
-        return [index.to(torch.int32).numpy(), t.weight.index_select(0, rows).numpy(),
-                narrow(server.index_select(0, index)).numpy()]
+        return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *rows[1:]]
+
+    def _count_rows(self, sent: int, asked: int) -> None:
+        self.stats["rows_out"] += sent
+        self.stats["rows_built_by_client"] += asked - sent
 
     def save(self, path: str) -> str:
         state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
                  "tables": {name: {"config": t.cfg.to_dict(), "weight": t.weight, "clocks": t.clocks,
-                                   "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
+                                   "touched": t.touched, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         torch.save(state, tmp)
@@ -214,7 +237,9 @@ class Shard:
             raise ValueError(f"{path} holds tables {sorted(state['tables'])}, expected {sorted(self.tables)}")
         for name, t in self.tables.items():
             saved = state["tables"][name]
-            if saved["weight"].shape != t.weight.shape or saved["clocks"].shape != t.clocks.shape:
+            touched = saved.get("touched", t.touched)
+            if (saved["weight"].shape != t.weight.shape or saved["clocks"].shape != t.clocks.shape
+                    or touched.shape != t.touched.shape):
                 raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)}, "
                                  f"expected {tuple(t.weight.shape)}")
             expected = {n: v.shape for n, v in t.optimizer.state.items()}
@@ -226,6 +251,8 @@ class Shard:
             saved = state["tables"][name]
             t.weight.copy_(saved["weight"])
             t.clocks.copy_(saved["clocks"])
+            # a save from before rows were marked touched: count every row as changed
+            t.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(t.touched))
             t.optimizer.load_state_dict(saved["optimizer"])
         return path
 
@@ -274,6 +301,13 @@ class Shard:
 def _expect_arrays(msg: Message, n: int) -> None:
     if len(msg.arrays) != n:
         raise ValueError(f"{msg.op.name} takes {n} arrays, got {len(msg.arrays)}")
+
+
+def _lazy(meta: dict) -> bool:
+    lazy = meta.get("lazy", False)
+    if not isinstance(lazy, bool):
+        raise ValueError(f"meta['lazy'] must be true or false, got {lazy!r}")
+    return lazy
 
 
 def _path(meta: dict) -> str:

@@ -87,6 +87,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: str | None = None
     prefetch: bool = True
+    lazy_init: bool = True  # rows no push touched are built by the worker from the seed, not pulled
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     fanouts: tuple[int, ...] = (10, 5)  # graphs: neighbours sampled per layer
     hidden: int = 128                   # graphs: GraphSAGE's hidden width

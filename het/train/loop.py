@@ -177,7 +177,7 @@ def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank:
         "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
-        "policy": cfg.policy, "optimizer": cfg.optimizer,
+        "policy": cfg.policy, "optimizer": cfg.optimizer, "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
     }
 
 
@@ -190,7 +190,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     if world > 1 and not dist.is_initialized():
         # a peer that died must not hang the others for gloo's default 30 minutes
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
-    client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret)
+    client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret, lazy_init=cfg.lazy_init)
     try:
         worker = Worker(cfg, client, rank, world, device)
         start = 0

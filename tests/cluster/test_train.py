@@ -58,6 +58,17 @@ def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
     assert het_run["sparse_bytes_per_sample"] < 0.5 * hybrid["sparse_bytes_per_sample"]
 
 
+@pytest.mark.slow
+def test_the_acceptance_job_cuts_sparse_bytes_by_80_percent_against_hybrid(tmp_path):
+    """Issue 3's must-show, as a user runs it: the default data and model, 300 steps."""
+    common = ["--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet"]
+    het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
+    hybrid = het("train", *common, "--mode", "hybrid", "--log-dir", str(tmp_path / "b"))
+    assert het_run["auc"] > 0.7 and het_run["hit_rate"] > 0 and het_run["lazy_init"] and hybrid["lazy_init"]
+    cut = 1 - het_run["sparse_bytes_per_sample"] / hybrid["sparse_bytes_per_sample"]
+    assert cut >= 0.80, f"het sends {cut:.1%} fewer sparse bytes per sample than hybrid, not 80%"
+
+
 def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
     s = het("train", "--mode", "ps", "--steps", "40", *SMALL, "--json", "--quiet", "--log-dir", str(tmp_path))
     assert s["time_split"]["allreduce"] == 0 and s["bytes"]["dense"] > 0 and s["hit_rate"] == 0

@@ -155,7 +155,7 @@ def test_client_refuses_a_reply_with_a_bad_mac():
     def tampering_send(frames):
         send(frames)
         reply = channel.replies.pop()
-        reply[1][0] ^= 0x01  # a bit of the first row
+        reply[2][0] ^= 0x01  # a bit of the first clock (an untouched row is not sent)
         channel.replies.append(reply)
 
     channel.send = tampering_send

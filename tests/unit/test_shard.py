@@ -104,11 +104,19 @@ def test_load_refuses_a_file_of_another_layout(tmp_path):
 
 
 def test_stats_count_requests_rows_and_bytes():
-    client = PSClient.local([T], 1)
+    client = PSClient.local([T], 1, lazy_init=False)
     client.wait(client.pull("t", torch.arange(5)))
     stats = client.stats()[0]
     assert stats["requests_pull"] == 1 and stats["rows_out"] == 5
     assert stats["bytes_out"] > 5 * 3 * 4 and stats["bytes_in"] > 5 * 8
+
+
+def test_stats_count_rows_left_for_a_lazy_client_to_build():
+    client = PSClient.local([T], 1)  # lazy_init by default
+    client.wait(client.push("t", torch.tensor([1, 3]), torch.ones(2, 3), torch.ones(2, dtype=torch.int64)))
+    client.wait(client.pull("t", torch.arange(5)))
+    stats = client.stats()[0]
+    assert stats["rows_out"] == 2 and stats["rows_built_by_client"] == 3
 
 
 def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
@@ -130,7 +138,8 @@ def test_sync_clocks_travel_as_int32_until_they_do_not_fit():
     assert small.sync_bytes == 2 * 8 + 2 * 4                     # int64 keys, int32 clocks
     res = client.wait(small)
     assert res.clocks.dtype == torch.int64 and res.index.dtype == torch.int64  # widened for the cache
-    assert res.sync_bytes == 1 * 4 + 1 * 4                       # one miss: int32 index and clock
+    assert res.sync_bytes == 1 * 4 + 1 * 4 + 1                   # one miss: int32 index and clock, built mark
+    assert res.row_bytes == 0                                     # untouched: built by the client
     # a clock past 2^31 (a long-lived hot row) goes as int64, both ways, and compares exactly
     big = (1 << 31) + 5
     client.wait(client.push("t", torch.tensor([2]), torch.zeros(1, 3), torch.tensor([big])))

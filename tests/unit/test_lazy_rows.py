@@ -1,0 +1,127 @@
+"""Lazy rows: a shard leaves out rows no push has touched and the client builds them from the
+table's seed. Whatever a lazy client gets must equal, bit for bit, what an eager one gets."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het.ps.protocol import Message, Op, PSError
+from het.ps.shard import initial_rows
+from conftest import LocalCluster
+
+T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)
+
+
+def _clients(num_shards):
+    cluster = LocalCluster([T], num_shards)
+    return cluster, cluster.client(lazy_init=True), cluster.client(lazy_init=False)
+
+
+@settings(max_examples=40, deadline=None)
+@given(num_shards=st.integers(1, 3),
+       pushes=st.lists(st.tuples(st.lists(st.integers(0, 49), min_size=1, max_size=8), st.integers(0, 2)),
+                       max_size=6),
+       asked=st.lists(st.integers(0, 49), min_size=1, max_size=20),
+       clocks=st.lists(st.integers(-1, 3), min_size=20, max_size=20), bound=st.integers(0, 2))
+def test_a_lazy_client_gets_exactly_what_an_eager_one_gets(num_shards, pushes, asked, clocks, bound):
+    cluster, lazy, eager = _clients(num_shards)
+    for keys, count in pushes:  # zero counts too: a row changed without a clock tick (ps mode's dense table)
+        keys = torch.tensor(keys)
+        eager.wait(eager.push("t", keys, torch.randn(len(keys), 4), torch.full((len(keys),), count)))
+    keys = torch.tensor(sorted(set(asked)))
+    (rows_l, clocks_l), (rows_e, clocks_e) = (c.wait(c.pull("t", keys)) for c in (lazy, eager))
+    assert torch.equal(rows_l, rows_e) and torch.equal(clocks_l, clocks_e)
+    sent = torch.tensor(clocks[:len(keys)])
+    a, b = (c.wait(c.sync("t", keys, sent, bound)) for c in (lazy, eager))
+    assert torch.equal(a.index, b.index) and torch.equal(a.rows, b.rows) and torch.equal(a.clocks, b.clocks)
+    assert a.row_bytes <= b.row_bytes
+    touched = set().union(*(set(k) for k, _ in pushes)) if pushes else set()
+    asked_rows = [int(keys[i]) for i in b.index]
+    assert a.row_bytes == sum(k in touched for k in asked_rows) * 4 * 4  # only touched rows travelled
+    cluster.close()
+
+
+def test_untouched_rows_are_built_not_sent_and_equal_the_shards_initial_rows():
+    cluster, lazy, eager = _clients(2)
+    keys = torch.arange(10)
+    reply = lazy.wait(lazy.sync("t", keys, torch.full((10,), -1), 0))
+    assert reply.row_bytes == 0 and reply.rows.shape == (10, 4)
+    assert torch.equal(reply.rows, torch.from_numpy(initial_rows(T, keys.numpy())))
+    assert sum(s.stats["rows_built_by_client"] for s in cluster.shards) == 10
+    lazy.wait(lazy.push("t", torch.tensor([2]), torch.ones(1, 4), torch.tensor([1])))
+    reply = lazy.wait(lazy.sync("t", keys, torch.full((10,), -1), 0))
+    assert reply.row_bytes == 4 * 4  # the one pushed row travels
+    assert torch.equal(reply.rows, eager.wait(eager.pull("t", keys))[0])
+
+
+def test_a_zero_count_push_still_marks_its_rows_touched():
+    """ps mode installs the dense model with pushes of count 0: the clock stays 0, the row changes."""
+    cluster, lazy, _ = _clients(1)
+    lazy.wait(lazy.push("t", torch.tensor([4]), torch.ones(1, 4), torch.tensor([0])))
+    rows, clocks = lazy.wait(lazy.pull("t", torch.tensor([4])))
+    assert clocks.tolist() == [0]
+    assert not torch.equal(rows, torch.from_numpy(initial_rows(T, np.array([4]))))
+
+
+def test_save_and_load_keep_which_rows_were_touched(tmp_path):
+    cluster, lazy, _ = _clients(1)
+    lazy.wait(lazy.push("t", torch.tensor([1]), torch.ones(1, 4), torch.tensor([1])))
+    lazy.save(str(tmp_path))
+    fresh_cluster, fresh, _ = _clients(1)
+    fresh.load(str(tmp_path))
+    assert fresh_cluster.shards[0].tables["t"].touched.nonzero().flatten().tolist() == [1]
+    # a save from before rows were marked: every row counts as touched, so all are sent
+    path = tmp_path / "shard-0.pt"
+    state = torch.load(path, weights_only=True)
+    del state["tables"]["t"]["touched"]
+    torch.save(state, path)
+    fresh.load(str(tmp_path))
+    assert bool(fresh_cluster.shards[0].tables["t"].touched.all())
+    assert fresh.wait(fresh.sync("t", torch.arange(3), torch.full((3,), -1), 0)).row_bytes == 3 * 4 * 4
+
+
+def test_a_malformed_lazy_flag_is_refused_and_the_shard_keeps_serving():
+    cluster, lazy, _ = _clients(1)
+    shard = cluster.shards[0]
+    reply = shard.handle(Message(Op.PULL, 1, {"table": "t", "lazy": "yes"}, [np.array([1])]))
+    assert reply.status == 1 and "lazy" in reply.meta["error"] and "'yes'" in reply.meta["error"]
+    assert lazy.wait(lazy.pull("t", torch.tensor([1])))[0].shape == (1, 4)
+
+
+def test_a_client_refuses_a_lazy_reply_that_does_not_add_up():
+    cluster, lazy, _ = _clients(1)
+    channel = lazy.channels[0]
+    send = channel.send
+
+    def lying_send(frames):  # the shard claims one row built but sends every row anyway
+        send(frames)
+        reply = channel.replies.pop()
+        reply[-1][0] = 1 if reply[-1][0] == 0 else reply[-1][0]
+        channel.replies.append(reply)
+
+    lazy.wait(lazy.push("t", torch.tensor([0, 1]), torch.ones(2, 4), torch.tensor([1, 1])))
+    channel.send = lying_send
+    with pytest.raises(PSError, match="marks 1 of 2 rows built and sends 2"):
+        lazy.wait(lazy.pull("t", torch.tensor([0, 1])))
+
+
+def test_training_with_lazy_rows_equals_training_without_and_pulls_fewer_bytes():
+    """The same het job, lazy and eager: identical rows at the end, fewer row bytes pulled."""
+    results = []
+    for lazy_init in (True, False):
+        cluster = LocalCluster([T], 2)
+        emb = Embedding(tables=T, client=cluster.client(lazy_init=lazy_init),
+                        cache=CacheConfig(capacity=12, staleness=2, ways=4))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(30):
+            keys = torch.randint(0, T.rows, (16,), generator=g)
+            (emb(keys) ** 2).sum().backward()
+        results.append((emb.read(torch.arange(T.rows)), emb.traffic["sparse_pull"]))
+    (rows_lazy, pulled_lazy), (rows_eager, pulled_eager) = results
+    assert torch.equal(rows_lazy, rows_eager)
+    assert pulled_lazy < pulled_eager and not math.isclose(pulled_lazy, pulled_eager)
