@@ -191,13 +191,13 @@ def test_malformed_lines_are_reported_skipped_and_never_shift_columns(tmp_path):
 
 
 def test_blocks_cut_anywhere_and_endless_lines_change_nothing_else(tmp_path, monkeypatch):
-    import het.data.criteo as criteo
+    import het.data.criteo_tsv as criteo_tsv  # the block reader's limits live there
 
     lines = raw_lines()
     (tmp_path / "raw.tsv").write_text("\n".join(lines[:7] + ["9" * 5000] + lines[7:]) + "\n")
     prepare([HEAD], str(tmp_path / "whole"), progress=False)
-    monkeypatch.setattr(criteo, "_BLOCK_BYTES", 1000)  # ~4 lines a block, most lines cut in two
-    monkeypatch.setattr(criteo, "_MAX_LINE", 1500)  # the 5,000-byte line spans blocks and is cut
+    monkeypatch.setattr(criteo_tsv, "_BLOCK_BYTES", 1000)  # ~4 lines a block, most lines cut in two
+    monkeypatch.setattr(criteo_tsv, "_MAX_LINE", 1500)  # the 5,000-byte line spans blocks and is cut
     s = prepare([str(tmp_path / "raw.tsv")], str(tmp_path / "small"), progress=False)
     assert (s["rows"], s["skipped"], s["first_skipped"]) == (1000, 1, [
         {"line": 8, "source": str(tmp_path / "raw.tsv"), "source_line": 8,
