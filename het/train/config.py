@@ -32,7 +32,7 @@ CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
 GRAPH_MODELS = ("graphsage",)
 MODELS = CTR_MODELS + GRAPH_MODELS
 CTR_DATA = ("synthetic-criteo", "criteo:DIR")
-GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph")
+GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
 
 # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes.
@@ -129,7 +129,7 @@ class TrainConfig:
 
     def _data_fits_model(self) -> bool:
         kinds = GRAPH_DATA if self.model in GRAPH_MODELS else CTR_DATA
-        return any(self.data == k or (k.endswith(("DIR", "PATH")) and self.data.startswith(k.split(":")[0] + ":")
+        return any(self.data == k or (k.endswith(("DIR", "PATH", "NODES")) and self.data.startswith(k.split(":")[0] + ":")
                                       and len(self.data) > len(k.split(":")[0]) + 1) for k in kinds)
 
     @property

@@ -142,9 +142,16 @@ class Worker:
         return bool(flag.item())
 
     def evaluate(self, samples: int) -> dict:
+        """Held-out metrics, computed by all ranks together: every rank must call it. Each
+        scores its share of the held-out data with its own model and cache, and every rank gets
+        the metrics of the whole. In mode ps the dense parameters are pulled first, so every
+        rank scores with the same, latest ones."""
+        if isinstance(self.dense, PSDense):
+            self.dense.before_forward()
         self.model.eval()
         try:
-            return self.task.evaluate(self.model, samples, self.device)
+            return self.task.evaluate(self.model, samples, self.device, self.rank, self.world,
+                                      lambda part: gather(part, self.world))
         finally:
             self.model.train()
 
@@ -203,9 +210,9 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if worker.stop:
             raise SystemExit(143)
         per_rank = gather(worker.counters(), world)
+        metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         summary = None
         if rank == 0:
-            metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
             metrics = selector.pick(metrics, cfg.steps)
             summary = summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
@@ -223,8 +230,9 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
 
 class _Selector:
     """Model selection on held-out data, as published node-classification figures report it:
-    every ``every`` steps rank 0 evaluates, and the summary gives the metrics of the evaluation
-    with the best validation accuracy (``best_step``) beside the final ones (``final_*``)."""
+    every ``every`` steps the ranks evaluate together, and the summary gives the metrics of the
+    evaluation with the best validation accuracy (``best_step``) beside the final ones
+    (``final_*``)."""
 
     def __init__(self, worker: Worker, every: int):
         self.worker, self.every = worker, every
@@ -234,7 +242,7 @@ class _Selector:
         return self.every > 0 and hasattr(self.worker.task, "selection_metric")
 
     def __call__(self, step: int) -> None:
-        if step % self.every == 0 and self.worker.rank == 0:
+        if step % self.every == 0:  # a collective: every rank evaluates its share
             metrics = self.worker.evaluate(0)
             score = metrics[self.worker.task.selection_metric]
             if self.best is None or score > self.best[0]:

@@ -55,22 +55,29 @@ class CTRTask:
         return self.loss_fn(model(batch.dense, batch.sparse), batch.labels)
 
     @torch.no_grad()
-    def evaluate(self, model, samples: int, device, batch_size: int = 8192) -> dict:
-        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC)."""
-        preds, labels, planted = [], [], []
+    def evaluate(self, model, samples: int, device, rank: int = 0, world: int = 1, gather=None,
+                 batch_size: int = 8192) -> dict:
+        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC).
+
+        With ``world`` ranks, rank ``r`` scores the held-out batches ``r, r + world, ...`` and
+        ``gather`` (an all-gather of Python objects: every rank's object, in rank order) brings
+        the scores together, so every rank returns the same metrics.
+        """
+        labels, preds, planted = [], [], []
         has_planted = hasattr(self.data, "planted_logits")
         if hasattr(self.data, "rows"):
             samples = min(samples, self.data.rows["test"])
-        for i in range(math.ceil(samples / batch_size)):
+        for i in range(rank, math.ceil(samples / batch_size), world):
             b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
             preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
             labels.append(b.labels.numpy())
             if has_planted:
                 planted.append(self.data.planted_logits(b.sparse, b.dense))
-        y, p = np.concatenate(labels), np.concatenate(preds)
+        parts = (gather or _alone)(tuple(_cat(x) for x in (labels, preds, planted)))
+        y, p, q = (_cat([part[k] for part in parts]) for k in range(3))
         out = {"auc": _auc(y, p), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))}
         if has_planted:
-            out["planted_auc"] = _auc(y, np.concatenate(planted))
+            out["planted_auc"] = _auc(y, q)
         return out
 
 
@@ -135,19 +142,27 @@ class GraphTask:
         return self.loss_fn(model(batch.input_nodes, batch.features, batch.blocks), batch.labels)
 
     @torch.no_grad()
-    def evaluate(self, model, samples: int, device, batch_size: int = 1024) -> dict:
-        """Accuracy on the validation and test nodes, over their whole neighbourhoods."""
+    def evaluate(self, model, samples: int, device, rank: int = 0, world: int = 1, gather=None,
+                 batch_size: int = 1024) -> dict:
+        """Accuracy on the validation and test nodes, over their whole neighbourhoods. With
+        ``world`` ranks each classifies every ``world``-th batch of nodes and ``gather`` (as in
+        :meth:`CTRTask.evaluate`) sums the counts, so every rank returns the same metrics."""
         from het.data.sampler import NeighborSampler
 
         full = NeighborSampler(self.graph, fanouts=[-1] * len(self.cfg.fanouts), seed=0)  # every neighbour
-        out = {}
+        counts = {}
         for split, mask in (("val", self.graph.val_mask), ("test", self.graph.test_mask)):
             nodes = torch.from_numpy(np.flatnonzero(_np(mask)))
             correct = 0
-            for lo in range(0, len(nodes), batch_size):
+            for lo in range(rank * batch_size, len(nodes), world * batch_size):
                 b = self.gather(nodes[lo:lo + batch_size], full, device)
                 correct += int((model(b.input_nodes, b.features, b.blocks).argmax(1) == b.labels).sum())
-            out[f"{split}_acc"] = correct / len(nodes) if len(nodes) else math.nan
+            counts[split] = (correct, len(nodes))
+        parts = (gather or _alone)(counts)
+        out = {}
+        for split, (_, total) in counts.items():
+            correct = sum(part[split][0] for part in parts)
+            out[f"{split}_acc"] = correct / total if total else math.nan
         return out
 
 
@@ -158,6 +173,18 @@ def make_task(cfg: TrainConfig):
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """ROC AUC, or NaN when the labels hold one class only (a tiny held-out split)."""
     return float(roc_auc_score(labels, scores)) if len(np.unique(labels)) == 2 else math.nan
+
+
+def _alone(obj) -> list:
+    """The all-gather of a job of one rank."""
+    return [obj]
+
+
+def _cat(arrays: list) -> np.ndarray:
+    """The non-empty ``arrays`` concatenated (an empty part, from a rank that had no batch,
+    would change the dtype); empty when all are."""
+    arrays = [a for a in arrays if a.size]
+    return np.concatenate(arrays) if arrays else np.empty(0)
 
 
 def _np(x) -> np.ndarray:
