@@ -19,7 +19,7 @@ from torch import nn
 
 from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.ps.client import PSClient
+from het.ps.client import PSClient, all_finite
 
 POOLING = ("sum", "mean")
 
@@ -198,7 +198,7 @@ class Embedding(nn.Module):
         return _HandGradsToCache.apply(anchor, (self, pending.name, pending.plan, rows))
 
     def _apply_grads(self, name: str, plan: Plan, grads: torch.Tensor) -> None:
-        if not bool(torch.isfinite(grads).all()):
+        if not all_finite(grads):
             raise ValueError(f"gradient for table {name!r} holds NaN or inf: refused before it reached "
                              f"the cache or the PS (the rows are unchanged)")
         out = self._outbox[name]

@@ -312,7 +312,7 @@ class PSClient:
         if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
             raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
                              f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
-        if not _all_finite(grads):
+        if not all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: not pushed")
         counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
         if counts.shape != (n,):
@@ -327,7 +327,7 @@ class PSClient:
         return narrow(clocks)  # int32 on the wire while every clock fits
 
 
-def _all_finite(t: torch.Tensor) -> bool:
+def all_finite(t: torch.Tensor) -> bool:
     """NaN and inf reach the sum, so a finite sum clears the tensor in one cheap pass."""
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 

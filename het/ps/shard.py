@@ -41,15 +41,22 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     """
     salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
     cols = np.arange(table.dim, dtype=np.uint64)
-    x = keys.astype(np.uint64)[:, None] * np.uint64(table.dim) + cols[None, :]
+    x = keys.astype(np.uint64)[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
+    shifted = np.empty_like(x)
     with np.errstate(over="ignore"):
-        x = x ^ salt
-        x = x + np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
-    unit = (x >> np.uint64(40)).astype(np.float64) / float(1 << 24)  # [0, 1)
-    return ((unit * 2 - 1) * table.init_scale).astype(np.float32)
+        x ^= salt
+        x += np.uint64(0x9E3779B97F4A7C15)
+        for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
+            np.right_shift(x, np.uint64(shift), out=shifted)
+            x ^= shifted
+            if mul is not None:
+                x *= np.uint64(mul)
+    x >>= np.uint64(40)
+    unit = x.astype(np.float64)  # 24 random bits
+    unit *= 2.0 / (1 << 24)      # exact: [0, 2)
+    unit -= 1
+    unit *= table.init_scale
+    return unit.astype(np.float32)
 
 
 class _Table:
@@ -285,7 +292,7 @@ class Shard:
             raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
         if counts.dtype != np.int64 or counts.shape != (n,):
             raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
-        if n and not np.isfinite(grads).all():
+        if n and not _all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
         if n and counts.min() < 0:
             raise ValueError(f"counts must be >= 0, got {counts.min()}")
@@ -296,6 +303,12 @@ class Shard:
         if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
             raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
         return t, local
+
+
+def _all_finite(a: np.ndarray) -> bool:
+    """NaN and inf reach the sum, so a finite sum clears the array in one cheap pass."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
 
 
 def _expect_arrays(msg: Message, n: int) -> None:

@@ -7,7 +7,7 @@ import torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
 from het.ps.protocol import Message, Op, PSError
-from het.ps.shard import Shard
+from het.ps.shard import Shard, initial_rows
 
 T = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0))
 
@@ -19,6 +19,15 @@ def test_initial_rows_do_not_depend_on_the_number_of_shards():
     assert torch.equal(one.wait(one.pull("t", keys))[0], three.wait(three.pull("t", keys))[0])
     other_seed = PSClient.local([TableConfig("t", rows=20, dim=3, seed=1)], 1)
     assert not torch.equal(one.wait(one.pull("t", keys))[0], other_seed.wait(other_seed.pull("t", keys))[0])
+
+
+def test_initial_rows_are_pinned_bit_for_bit():
+    """Clients build untouched rows themselves (lazy rows): the function must never drift
+    between versions, or a client would build other values than its shard holds."""
+    t = TableConfig("t", rows=1 << 40, dim=3, init_scale=0.5, seed=7)
+    bits = initial_rows(t, np.array([0, 12345, (1 << 40) - 1])).view(np.uint32).tolist()
+    assert bits == [[3199964842, 1044457932, 1007611456], [3203895612, 3179800648, 3181797632],
+                    [3189853324, 1033799144, 1052180436]]
 
 
 def test_push_sums_duplicate_keys_and_counts_clocks():
