@@ -227,7 +227,7 @@ def cmd_bench_e2e(args) -> None:
               f"{r['dense_bytes_per_sample']:>14,.0f}  {t['compute']:.0%}/{t['wait_ps']:.0%}/{t['allreduce']:.0%}")
 
 
-PLUGGED_BENCHES = ("staleness", "scale", "missrate", "report")
+PLUGGED_BENCHES = ("staleness", "scale", "missrate", "report", "profile")
 
 
 def parser() -> argparse.ArgumentParser:

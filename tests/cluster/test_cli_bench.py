@@ -71,3 +71,23 @@ def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
 def test_bad_training_input_gets_a_clear_error_and_no_traceback(args, message):
     out = subprocess.run([sys.executable, "-m", "het", *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_profile_ranks_a_workers_functions_per_step():
+    result = last_json(het("bench", "profile", "--steps", "6", "--warmup", "2", "--top", "4", "--dim", "8",
+                           "--batch", "64", "--synthetic-cap", "2000", "--lookahead", "3", "--json"))
+    assert result["bench"] == "profile" and result["steps"] == 6 and result["config"]["lookahead"] == 3
+    assert result["s_per_step"] > 0 and result["flush_s"] > 0 and 0 < result["hit_rate"] < 1
+    for key in ("tottime", "cumtime"):
+        rows = result[f"by_{key}"]
+        assert len(rows) == 4
+        times = [r[f"{key}_ms_per_step"] for r in rows]
+        assert times == sorted(times, reverse=True) and times[0] > 0
+    # the whole step is under the train loop, so it leads the cumulative ranking
+    assert result["by_cumtime"][0]["function"].startswith("het/train/loop.py")
+
+
+def test_bench_profile_refuses_zero_steps():
+    out = subprocess.run([sys.executable, "-m", "het", "bench", "profile", "--steps", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode != 0 and "steps >= 1" in out.stderr

@@ -1,0 +1,112 @@
+"""`het bench profile`: where one worker's step spends its time, under cProfile.
+
+One rank of a training job (any `het train` flags' job: model, data, mode, cache, lookahead)
+runs in this process against in-process shards (no sockets, no AllReduce), first
+``--warmup`` steps unprofiled, then ``--steps`` under cProfile. The result: seconds per step
+and the functions with the most time of their own (``tottime``) and in total (``cumtime``),
+per step. The shard's work is in the profile too (an in-process shard answers inside the
+client's send), under ``het/ps/shard.py`` and ``het/ps/optim.py``.
+
+Compare configurations in one run of this command on the same machine, not across runs:
+timings here are noisy.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import json
+import os
+import pstats
+import time
+
+import torch
+
+from het.ps.client import PSClient
+from het.train.config import TrainConfig
+from het.train.loop import Worker, job_tables
+
+
+def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
+    """Profile ``steps`` steps of one rank of ``cfg`` after ``warmup`` unprofiled ones.
+
+    Returns ``{"s_per_step", "flush_s", "steps", "by_tottime": [...], "by_cumtime": [...]}``,
+    each row ``{"function", "calls_per_step", "tottime_ms_per_step", "cumtime_ms_per_step"}``.
+    The caches' flush at the end (every dirty cached row pushed) is left out of ``s_per_step``
+    and given as ``flush_s``; the rankings include it.
+    """
+    if steps < 1 or warmup < 0 or top < 1:
+        raise ValueError(f"steps >= 1, warmup >= 0 and top >= 1 expected, got {steps}, {warmup}, {top}")
+    client = PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
+    worker = Worker(cfg, client)
+    worker.train(warmup, 0, progress=False)
+    profiler = cProfile.Profile()
+    start = time.perf_counter()
+    profiler.enable()
+    worker.train(warmup + steps, warmup, progress=False)  # ends with a flush of the caches
+    profiler.disable()
+    wall = time.perf_counter() - start
+    stats = pstats.Stats(profiler)
+    flush = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
+                if name == "flush" and path.endswith(os.path.join("het", "nn", "embedding.py")))
+    return {"s_per_step": (wall - flush) / steps, "flush_s": flush, "steps": steps, "warmup": warmup,
+            "by_tottime": _rows(stats, "tottime", steps, top), "by_cumtime": _rows(stats, "cumtime", steps, top),
+            "hit_rate": worker.embedding.stats()["embedding"].get("hit_rate", 0.0)}
+
+
+def _rows(stats: pstats.Stats, key: str, steps: int, top: int) -> list[dict]:
+    col = {"tottime": 2, "cumtime": 3}[key]
+    ranked = sorted(stats.stats.items(), key=lambda kv: kv[1][col], reverse=True)[:top]
+    return [{"function": _name(func), "calls_per_step": calls / steps,
+             "tottime_ms_per_step": 1e3 * tt / steps, "cumtime_ms_per_step": 1e3 * ct / steps}
+            for func, (_, calls, tt, ct, _) in ranked]
+
+
+def _name(func) -> str:
+    path, line, name = func
+    if path == "~":
+        return name  # a builtin: "<method 'index_add_' ...>"
+    marker = f"{os.sep}het{os.sep}"
+    short = path[path.rindex(marker) + 1:] if marker in path else os.path.basename(path)
+    return f"{short}:{line}({name})"
+
+
+def cmd_profile(args) -> None:
+    from het.cli import TRAIN_FLAGS
+
+    torch.set_num_threads(args.threads)
+    overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k, None) is not None}
+    if args.no_prefetch:
+        overrides["prefetch"] = False
+    if args.no_lazy_init:
+        overrides["lazy_init"] = False
+    cfg = TrainConfig.load(args.config, {**overrides, "eval_samples": 0, "workers": 1})
+    result = {"bench": "profile", "config": {k: overrides.get(k) for k in sorted(overrides)},
+              **run(cfg, args.steps, args.warmup, args.top)}
+    if args.json:
+        print(json.dumps(result, sort_keys=True))
+        return
+    print(f"{1e3 * result['s_per_step']:.1f} ms per step over {args.steps} steps, then {result['flush_s']:.2f} s "
+          f"of flush (hit rate {result['hit_rate']:.3f})")
+    for key in ("tottime", "cumtime"):
+        print(f"\nby {key} (ms per step):")
+        for r in result[f"by_{key}"]:
+            print(f"  {r[f'{key}_ms_per_step']:8.2f}  {r['calls_per_step']:7.1f} calls  {r['function']}")
+
+
+def add_parser(bsub) -> None:
+    from het.cli import TRAIN_FLAGS
+
+    p = bsub.add_parser("profile", help="cProfile of one worker's steps (in-process shards): where a step's "
+                        "time goes, per function")
+    p.add_argument("--config", help="a job's TOML file (as het train)")
+    for name, (kind, text) in TRAIN_FLAGS.items():
+        if name not in ("steps", "workers", "eval_samples", "checkpoint", "checkpoint_every", "resume"):
+            p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
+    p.add_argument("--no-prefetch", action="store_true", help="as het train")
+    p.add_argument("--no-lazy-init", action="store_true", help="as het train")
+    p.add_argument("--steps", type=int, default=200, help="profiled steps")
+    p.add_argument("--warmup", type=int, default=20, help="unprofiled steps first")
+    p.add_argument("--top", type=int, default=20, help="functions listed, per ranking")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
+    p.set_defaults(func=cmd_profile)
