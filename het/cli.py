@@ -133,6 +133,16 @@ def _report(summary: dict, as_json: bool) -> None:
           f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}")
 
 
+def cmd_reshard(args) -> None:
+    from het.ps.reshard import reshard, reshard_checkpoint
+
+    checkpoint = os.path.exists(os.path.join(args.src, "worker.pt"))
+    paths = (reshard_checkpoint if checkpoint else reshard)(args.src, args.dst, args.shards)
+    what = "checkpoint" if checkpoint else "PS save"
+    print(f"het reshard: {what} {args.src} -> {args.dst}: {len(paths)} shard files"
+          + (f"; continue it with het train --resume {args.dst} --servers {args.shards}" if checkpoint else ""))
+
+
 def cmd_demo(args) -> None:
     from het.demo import run
 
@@ -234,6 +244,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="het", description="Huge embedding model training: sharded parameter "
                                 "servers, per-worker caches with per-row clocks, AllReduce for dense layers.")
     sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("reshard", help="a saved PS or a training checkpoint, moved to another number of shards")
+    r.add_argument("src", help="a PS save directory (shard-<i>.pt) or a checkpoint directory (ps/, worker.pt)")
+    r.add_argument("dst", help="a new (or empty) directory")
+    r.add_argument("--shards", type=int, required=True, help="the number of shards to write")
+    r.set_defaults(func=cmd_reshard)
 
     s = sub.add_parser("serve", help="run one PS shard in the foreground")
     s.add_argument("--bind", default="127.0.0.1:5555", help="HOST:PORT to listen on (port 0: any free port); "

@@ -136,6 +136,28 @@ def test_checkpoint_and_resume_equal_training_straight_through(tmp_path):
     assert torch.equal(rows_a["clocks"], rows_b["clocks"]) and int(rows_a["clocks"].sum()) > 0
 
 
+def test_a_checkpoint_resharded_resumes_on_another_number_of_servers(tmp_path):
+    """1 server for 4 steps, `het reshard` to 2, 4 more steps on 2 servers: the rows equal 8 steps
+    straight on 1 (resharded back to 1 to compare)."""
+    args = ["--staleness", "0", "--optimizer", "sgd", "--lr", "0.5", *SMALL, "--eval-samples", "0", "--json", "--quiet"]
+    het("train", *args, "--steps", "8", "--checkpoint", str(tmp_path / "straight"), "--checkpoint-every", "8",
+        "--log-dir", str(tmp_path / "l1"))
+    het("train", *args, "--steps", "4", "--checkpoint", str(tmp_path / "half"), "--checkpoint-every", "4",
+        "--log-dir", str(tmp_path / "l2"))
+    out = subprocess.run([sys.executable, "-m", "het", "reshard", str(tmp_path / "half"), str(tmp_path / "half2"),
+                          "--shards", "2"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "--servers 2" in out.stdout, out.stderr
+    resumed = het("train", *args, "--steps", "8", "--servers", "2", "--resume", str(tmp_path / "half2"),
+                  "--checkpoint", str(tmp_path / "resumed"), "--checkpoint-every", "8", "--log-dir", str(tmp_path / "l3"))
+    assert resumed["servers"] == 2 and resumed["steps"] == 4
+    subprocess.run([sys.executable, "-m", "het", "reshard", str(tmp_path / "resumed" / "ps"), str(tmp_path / "back"),
+                    "--shards", "1"], check=True, capture_output=True, timeout=120)
+    rows_a = torch.load(tmp_path / "straight" / "ps" / "shard-0.pt", weights_only=True)["tables"]["embedding"]
+    rows_b = torch.load(tmp_path / "back" / "shard-0.pt", weights_only=True)["tables"]["embedding"]
+    assert torch.allclose(rows_a["weight"], rows_b["weight"], atol=1e-5)
+    assert torch.equal(rows_a["clocks"], rows_b["clocks"]) and int(rows_a["clocks"].sum()) > 0
+
+
 def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_batches(tmp_path):
     """The gradient-scaling rule: each worker's gradients are divided by the number of workers."""
     steps, batch = 6, 64

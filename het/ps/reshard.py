@@ -1,0 +1,114 @@
+"""Resharding a saved PS: the shard files of ``S`` shards -> those of ``S'`` shards.
+
+Keys are spread by ``key % S`` (:mod:`het.ps.partition`), so a PS saved with one number of
+shards cannot be loaded by another. :func:`reshard` moves every row with its clock, its
+``touched`` mark and its optimizer state to the shard and local row it has under ``S'``. It
+works one new shard at a time, with the old files memory-mapped, so it needs about one new
+shard's worth of memory, not the whole table's.
+
+``het reshard SRC DST --shards N`` runs it on a PS save directory (``shard-<i>.pt``, as
+``PSClient.save`` writes) or on a training checkpoint (``ps/`` and ``worker.pt``): then the
+checkpoint is copied whole, with the job's ``servers`` set to ``N``, so ``het train --resume
+DST --servers N`` continues it on ``N`` shards.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import shutil
+
+import torch
+
+from het.ps import partition
+from het.ps.shard import SAVE_FORMAT
+
+_FILE = re.compile(r"shard-(\d+)\.pt$")
+
+
+def reshard(src: str, dst: str, num_shards: int) -> list[str]:
+    """Write the shards of the PS saved in ``src`` as ``num_shards`` shard files in ``dst``
+    (which must not exist or be empty); returns their paths. Every row, clock, ``touched``
+    mark and optimizer state lands where ``key % num_shards`` puts it."""
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"num_shards must be an int >= 1, got {num_shards!r}")
+    old = _load_all(src)
+    if os.path.isdir(dst) and os.listdir(dst):
+        raise ValueError(f"{dst} is not empty: reshard writes into a new directory")
+    os.makedirs(dst, exist_ok=True)
+    paths = []
+    for j in range(num_shards):
+        state = {"format": SAVE_FORMAT, "index": j, "num_shards": num_shards,
+                 "tables": {name: _table_slice(name, old, j, num_shards) for name in old[0]["tables"]}}
+        path = os.path.join(dst, f"shard-{j}.pt")
+        tmp = f"{path}.tmp-{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+        paths.append(path)
+    return paths
+
+
+def reshard_checkpoint(src: str, dst: str, num_shards: int) -> list[str]:
+    """A training checkpoint (``src/ps/`` and ``src/worker.pt``) copied to ``dst`` with its PS
+    resharded to ``num_shards`` and the job's ``servers`` set to match."""
+    worker = os.path.join(src, "worker.pt")
+    if not os.path.exists(worker):
+        raise ValueError(f"no checkpoint at {src!r}: expected {worker}")
+    if os.path.exists(dst) and os.listdir(dst):
+        raise ValueError(f"{dst} is not empty: reshard writes into a new directory")
+    state = torch.load(worker, weights_only=False, map_location="cpu")
+    paths = reshard(os.path.join(src, "ps"), os.path.join(dst, "ps"), num_shards)
+    state["config"] = {**state["config"], "servers": num_shards}
+    torch.save(state, os.path.join(dst, "worker.pt"))
+    for extra in os.listdir(src):  # anything else the checkpoint holds travels as is
+        if extra not in ("ps", "worker.pt"):
+            copy = shutil.copytree if os.path.isdir(os.path.join(src, extra)) else shutil.copy2
+            copy(os.path.join(src, extra), os.path.join(dst, extra))
+    return paths
+
+
+def _load_all(src: str) -> list[dict]:
+    """Every shard file of ``src``, memory-mapped, checked to be one whole PS."""
+    files = {int(_FILE.search(p).group(1)): p for p in glob.glob(os.path.join(src, "shard-*.pt")) if _FILE.search(p)}
+    if not files:
+        raise ValueError(f"no shard files (shard-<i>.pt) in {src!r}")
+    states = []
+    for i in sorted(files):
+        state = torch.load(files[i], mmap=True, weights_only=True)
+        if state.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{files[i]}: save format {state.get('format')}, expected {SAVE_FORMAT}")
+        if state["index"] != i:
+            raise ValueError(f"{files[i]} holds shard {state['index']}, not {i}")
+        states.append(state)
+    total = states[0]["num_shards"]
+    if sorted(files) != list(range(total)) or any(s["num_shards"] != total for s in states):
+        raise ValueError(f"{src} holds shards {sorted(files)} of {[s['num_shards'] for s in states]}: "
+                         f"expected shards 0..{total - 1} of {total}")
+    for s in states[1:]:
+        if {n: t["config"] for n, t in s["tables"].items()} != {n: t["config"] for n, t in states[0]["tables"].items()}:
+            raise ValueError(f"the shards in {src} hold different tables")
+    return states
+
+
+def _table_slice(name: str, old: list[dict], index: int, num_shards: int) -> dict:
+    """Table ``name``'s rows of new shard ``index`` of ``num_shards``, gathered from ``old``."""
+    tables = [s["tables"][name] for s in old]
+    rows = tables[0]["config"]["rows"]
+    keys = partition.global_keys(torch.arange(partition.rows_on_shard(rows, index, num_shards)), index, num_shards)
+    src_shard, src_row = partition.shard_of(keys, len(old)), partition.local_rows(keys, len(old))
+    where = [(src_shard == i).nonzero().flatten() for i in range(len(old))]
+
+    def gather(get) -> torch.Tensor:
+        first = get(tables[0])
+        out = torch.empty((len(keys), *first.shape[1:]), dtype=first.dtype)
+        for i, pos in enumerate(where):
+            out[pos] = get(tables[i]).index_select(0, src_row[pos])
+        return out
+
+    out = {"config": tables[0]["config"], "weight": gather(lambda t: t["weight"]),
+           "clocks": gather(lambda t: t["clocks"]),
+           "optimizer": {k: gather(lambda t, k=k: t["optimizer"][k]) for k in tables[0]["optimizer"]}}
+    if all("touched" in t for t in tables):
+        out["touched"] = gather(lambda t: t["touched"])
+    return out
