@@ -10,6 +10,7 @@ optimizer: give the dense layers' parameters to yours as usual.
 from __future__ import annotations
 
 import collections
+import contextlib
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -255,6 +256,29 @@ class Embedding(nn.Module):
         self.flush()
         rows, _ = self._wait(self.client.pull(name, keys.reshape(-1)))
         return rows.reshape(*keys.shape, -1).to(self.device)
+
+    @contextlib.contextmanager
+    def fresh(self):
+        """Within it, every lookup reads rows as the PS holds them now (plus this worker's own
+        updates not yet pushed): the caches' staleness bound is 0, so a cached row behind the
+        server by any update is refreshed. For evaluation: after a flush, every rank then
+        scores the same, latest model whatever the training bound.
+
+        Example:
+            >>> emb = Embedding(10, 2, cache=CacheConfig(capacity=4, staleness=100))
+            >>> with emb.fresh():
+            ...     rows = emb(torch.tensor([1, 2]))
+            >>> emb.caches["embedding"].bound
+            100
+        """
+        bounds = {name: cache.bound for name, cache in self.caches.items()}
+        for cache in self.caches.values():
+            cache.bound = 0
+        try:
+            yield self
+        finally:
+            for name, cache in self.caches.items():
+                cache.bound = bounds[name]
 
     def stats(self) -> dict:
         return {name: cache.stats() for name, cache in self.caches.items()}

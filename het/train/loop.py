@@ -143,15 +143,17 @@ class Worker:
 
     def evaluate(self, samples: int) -> dict:
         """Held-out metrics, computed by all ranks together: every rank must call it. Each
-        scores its share of the held-out data with its own model and cache, and every rank gets
-        the metrics of the whole. In mode ps the dense parameters are pulled first, so every
-        rank scores with the same, latest ones."""
+        scores its share of the held-out data, reading rows as the PS holds them (the cache's
+        bound is 0 meanwhile: ``Embedding.fresh``), and every rank gets the metrics of the
+        whole. In mode ps the dense parameters are pulled first, so every rank scores with the
+        same, latest ones."""
         if isinstance(self.dense, PSDense):
             self.dense.before_forward()
         self.model.eval()
         try:
-            return self.task.evaluate(self.model, samples, self.device, self.rank, self.world,
-                                      lambda part: gather(part, self.world))
+            with self.embedding.fresh():
+                return self.task.evaluate(self.model, samples, self.device, self.rank, self.world,
+                                          lambda part: gather(part, self.world))
         finally:
             self.model.train()
 

@@ -171,3 +171,23 @@ def test_a_flush_between_steps_does_not_break_prefetching():
     unique = sum(torch.unique(b).numel() for b in batches)
     # every batch looked up once; batch 3 twice (its prefetch was flushed away and redone)
     assert emb.stats()["embedding"]["lookups"] == unique + torch.unique(batches[3]).numel()
+
+
+def test_fresh_lookups_read_the_rows_other_workers_changed(cluster_factory):
+    """Two workers at s = inf: B's pushed update never reaches A's cached copy, except inside
+    ``fresh()``, which reads what the PS holds (and keeps A's own unpushed update on top)."""
+    table = TableConfig("embedding", rows=8, dim=2, optimizer=OptimizerConfig("sgd", lr=1.0))
+    cluster = cluster_factory([table])
+    a, b = (Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=8, staleness=math.inf))
+            for _ in range(2))
+    keys = torch.tensor([3])
+    before = a(keys).detach().clone()       # A caches row 3
+    b(keys).sum().backward()
+    b.flush()                                # the PS's row 3 moved by -1 in each column
+    assert torch.equal(a(keys).detach(), before)  # A's copy is stale, as s = inf allows
+    with torch.no_grad(), a.fresh():
+        assert torch.allclose(a(keys), before - 1)
+    a(keys).sum().backward()                 # A's own update, not pushed (s = inf)
+    with torch.no_grad(), a.fresh():
+        assert torch.allclose(a(keys), before - 2)
+    assert a.caches["embedding"].bound == math.inf
