@@ -68,6 +68,7 @@ TRAIN_FLAGS = {  # flag -> (type, help); each one given overrides the config fil
     "cache_frac": (float, "cache rows as a fraction of the table"), "cache_rows": (int, "cache rows"),
     "policy": (str, "lru | lfu"),
     "lookahead": (int, "announce the next N steps' keys to the cache: Belady's rule within them"),
+    "push_dtype": (str, "f32 | bf16: pushed gradients in bfloat16 travel in half the bytes (rounded)"),
     "workers": (int, "local cluster: worker processes"),
     "servers": (int, "local cluster: PS shard processes"), "eval_samples": (int, "held-out samples"),
     "seed": (int, "seed of the data and the model"), "checkpoint": (str, "checkpoint directory"),

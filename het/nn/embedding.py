@@ -20,7 +20,7 @@ from torch import nn
 
 from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.ps.client import PSClient, all_finite
+from het.ps.client import GRAD_BYTES, PSClient, all_finite
 
 POOLING = ("sum", "mean")
 
@@ -62,6 +62,8 @@ class Embedding(nn.Module):
         device: where the cache and the returned rows live.
         grad_scale: multiplies the rows' gradients before they reach the cache (the trainer
             sets ``1 / workers``: see docs/ARCHITECTURE.md, "Gradient scaling").
+        push_dtype: how pushed gradients travel: ``"f32"``, or ``"bf16"`` (half the bytes,
+            rounded to nearest: about three significant digits per value).
 
     Shape:
         - keys: int64 of any shape ``(*)``; output ``(*, D)``.
@@ -84,8 +86,12 @@ class Embedding(nn.Module):
                  cache: CacheConfig | dict[str, CacheConfig] | None = None,
                  client: PSClient | None = None, num_shards: int = 1,
                  mode: str | None = None, padding_idx: int | None = None,
-                 device: torch.device | str | None = None, grad_scale: float = 1.0):
+                 device: torch.device | str | None = None, grad_scale: float = 1.0,
+                 push_dtype: str = "f32"):
         super().__init__()
+        if push_dtype not in GRAD_BYTES:
+            raise ValueError(f"push_dtype must be one of {sorted(GRAD_BYTES)}, got {push_dtype!r}")
+        self.push_dtype = push_dtype
         tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
         if mode not in (None, *POOLING):
             raise ValueError(f"mode must be None, 'sum' or 'mean', got {mode!r}")
@@ -180,7 +186,8 @@ class Embedding(nn.Module):
             out.parts.append(plan.writeback)  # kept until sent: an error below loses no update
         pushes = Rows.cat(out.parts) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
-                                       unique, plan.clocks, cache.bound, step=max(out.step, 1))
+                                       unique, plan.clocks, cache.bound, step=max(out.step, 1),
+                                       grad_dtype=self.push_dtype)
         out.parts.clear()
         self._count_push(pushes)
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
@@ -233,7 +240,8 @@ class Embedding(nn.Module):
             out = self._outbox[name]
             out.parts.clear()
             if len(rows):
-                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1)))
+                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
+                                                grad_dtype=self.push_dtype))
                 self._count_push(rows)
         for h in handles:
             self._wait(h)
@@ -246,7 +254,7 @@ class Embedding(nn.Module):
             self.wait_s += time.perf_counter() - start
 
     def _count_push(self, rows: Rows) -> None:
-        self.traffic["sparse_push"] += 16 * len(rows) + rows.grads.numel() * 4  # keys, counts, grads
+        self.traffic["sparse_push"] += 16 * len(rows) + rows.grads.numel() * GRAD_BYTES[self.push_dtype]  # keys, counts, grads
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.

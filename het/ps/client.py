@@ -114,11 +114,13 @@ class PSClient:
         return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
-             step: int = 1) -> Handle:
-        """Send gradients and update counts; ``wait`` gives the number of rows applied."""
+             step: int = 1, grad_dtype: str = "f32") -> Handle:
+        """Send gradients and update counts; ``wait`` gives the number of rows applied.
+        ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest)."""
         keys = self._check_keys(table, keys)
-        grads, counts = self._check_push(table, keys, grads, counts)
-        return self._send(Op.PUSH, table, keys, lambda p: [keys[p], grads[p], counts[p]], {"step": int(step)})
+        grads, counts = self._check_push(table, keys, grads, counts, grad_dtype)
+        return self._send(Op.PUSH, table, keys, lambda p: [keys[p], grads[p], counts[p]],
+                          {"step": int(step), **_grads_meta(grad_dtype)})
 
     def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float) -> Handle:
         """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
@@ -131,14 +133,14 @@ class PSClient:
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
-                  step: int = 1) -> Handle:
+                  step: int = 1, grad_dtype: str = "f32") -> Handle:
         """A push and a sync in one message per shard; the push is applied first."""
         push_keys = self._check_keys(table, push_keys)
-        grads, counts = self._check_push(table, push_keys, grads, counts)
+        grads, counts = self._check_push(table, push_keys, grads, counts, grad_dtype)
         sync_keys = self._check_keys(table, sync_keys)
         clocks = self._check_clocks(sync_keys, clocks)
         push_parts = partition.split(push_keys, self.num_shards)
-        meta = {"step": int(step), "bound": _bound(bound), "lazy": self.lazy_init}
+        meta = {"step": int(step), "bound": _bound(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype)}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
                         sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
                         keys=sync_keys)
@@ -307,7 +309,9 @@ class PSClient:
                 raise ValueError(f"key {lo if lo < 0 else hi} out of range for table {table!r} with {rows} rows")
         return keys
 
-    def _check_push(self, table, keys, grads, counts):
+    def _check_push(self, table, keys, grads, counts, grad_dtype: str = "f32"):
+        if grad_dtype not in GRAD_BYTES:
+            raise ValueError(f"grad_dtype must be one of {sorted(GRAD_BYTES)}, got {grad_dtype!r}")
         n, d = len(keys), self.tables[table].dim
         if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
             raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
@@ -317,6 +321,8 @@ class PSClient:
         counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
         if counts.shape != (n,):
             raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
+        if grad_dtype == "bf16":  # rounded to nearest even; int16 bits on the wire
+            return grads.to(torch.bfloat16).view(torch.int16), counts
         return grads.float(), counts
 
     @staticmethod
@@ -333,6 +339,11 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
+GRAD_BYTES = {"f32": 4, "bf16": 2}  # bytes per gradient value on the wire
+
+
+def _grads_meta(grad_dtype: str) -> dict:
+    return {"grads": grad_dtype} if grad_dtype != "f32" else {}  # f32 messages are unchanged
 
 
 def _bound(bound: float):

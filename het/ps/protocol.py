@@ -5,7 +5,7 @@ Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
     magic b"HETP" | version u8 | op u8 | status u8 | flags u8 | request_id u64 | meta_len u32
 
 ``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
-little-endian bytes of C-contiguous int64, int32, float32 or uint8 arrays, sent and received without
+little-endian bytes of C-contiguous int64, int32, int16, float32 or uint8 arrays, sent and received without
 copies.
 
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
@@ -23,7 +23,8 @@ op         request arrays (meta)                               reply arrays (met
 =========  ==================================================  =================================
 PULL       keys (n,) i8  (table, lazy)                         rows (n, D) f4, clocks (n,) i8
                                                                [lazy: rows (k, D), built (n,) u1]
-PUSH       keys (n,), grads (n, D), counts (n,) (table, step)  -- (applied)
+PUSH       keys (n,), grads (n, D), counts (n,) (table, step,  -- (applied)
+           grads: "f32" | "bf16")
 SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound,      index (m,) i4, rows (m, D), clocks (m,) i4|i8
            lazy)                                               [lazy: rows (k, D), built (m,) u1]
 PUSH_SYNC  PUSH's three arrays, then SYNC's two                 SYNC's reply
@@ -35,6 +36,10 @@ STOP       --                                                  --
 
 A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
 more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
+Gradients travel as float32, or with ``grads: "bf16"`` in the meta as bfloat16 (the upper 16 bits
+of each float32, rounded to nearest even; sent as int16 bits): half the bytes of a push, about
+three significant digits per value.
+
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key
 (:func:`het.ps.shard.initial_rows`), which the client builds itself. The reply then carries
@@ -61,7 +66,8 @@ from het.ps import auth
 MAGIC = b"HETP"
 VERSION = 1
 _HEADER = struct.Struct("<4sBBBBQI")
-_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "f4": np.dtype("<f4"), "u1": np.dtype("u1")}
+_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
+           "u1": np.dtype("u1")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _INT32_MAX = (1 << 31) - 1
 
@@ -144,7 +150,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     for a in arrays:
         code = _DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
         if code is None:
-            raise ProtocolError(f"arrays must be int64, int32, float32 or uint8, got {a.dtype}")
+            raise ProtocolError(f"arrays must be int64, int32, int16, float32 or uint8, got {a.dtype}")
         specs.append([code, list(a.shape)])
     meta = dict(msg.meta, arrays=specs)
     meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
@@ -243,7 +249,7 @@ def _array(spec, frame, i: int) -> np.ndarray:
         dtype = _DTYPES[code]
         shape = tuple(int(s) for s in shape)
     except (KeyError, TypeError, ValueError):
-        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"f4\"|\"u1\", shape]") from None
+        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"i2\"|\"f4\"|\"u1\", shape]") from None
     if any(s < 0 for s in shape):
         raise ProtocolError(f"array {i}: negative shape {shape}")
     buf = _buffer(frame)

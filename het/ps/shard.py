@@ -151,7 +151,7 @@ class Shard:
             return {}, self.pull(meta.get("table"), a[0], lazy=_lazy(meta))
         if op is Op.PUSH:
             _expect_arrays(msg, 3)
-            return {"applied": self.push(meta.get("table"), *a, step=meta.get("step", 1))}, []
+            return {"applied": self.push(meta.get("table"), *a, step=meta.get("step", 1), grads_as=_grads_as(meta))}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
             return {}, self.sync(meta.get("table"), *a, bound=meta.get("bound"), lazy=_lazy(meta))
@@ -160,7 +160,7 @@ class Shard:
             table = meta.get("table")
             lazy = _lazy(meta)
             self._check_sync(table, *a[3:])  # checked before the push changes anything
-            self.push(table, *a[:3], step=meta.get("step", 1))
+            self.push(table, *a[:3], step=meta.get("step", 1), grads_as=_grads_as(meta))
             return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
         if op is Op.SAVE:
             return {"path": self.save(_path(meta))}, []
@@ -185,9 +185,14 @@ class Shard:
         self._count_rows(sent, len(local))
         return [rows[0], t.clocks.index_select(0, local).numpy(), *rows[1:]]
 
-    def push(self, table, keys, grads, counts, step: int = 1) -> int:
+    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32") -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
-        summed first. Shape: (n,), (n, D), (n,)."""
+        summed first. ``grads_as="bf16"``: ``grads`` are int16 bits of bfloat16 values.
+        Shape: (n,), (n, D), (n,)."""
+        if grads_as == "bf16":
+            if grads.dtype != np.int16:
+                raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
+            grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         t, local = self._check_push(table, keys, grads, counts)
         if len(local) == 0:
             return 0
@@ -314,6 +319,13 @@ def _all_finite(a: np.ndarray) -> bool:
 def _expect_arrays(msg: Message, n: int) -> None:
     if len(msg.arrays) != n:
         raise ValueError(f"{msg.op.name} takes {n} arrays, got {len(msg.arrays)}")
+
+
+def _grads_as(meta: dict) -> str:
+    grads = meta.get("grads", "f32")
+    if grads not in ("f32", "bf16"):
+        raise ValueError(f"meta['grads'] must be 'f32' or 'bf16', got {grads!r}")
+    return grads
 
 
 def _lazy(meta: dict) -> bool:

@@ -88,6 +88,7 @@ class TrainConfig:
     resume: str | None = None
     prefetch: bool = True
     lazy_init: bool = True  # rows no push touched are built by the worker from the seed, not pulled
+    push_dtype: str = "f32"  # how pushed row gradients travel: f32, or bf16 (half the bytes, rounded)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     fanouts: tuple[int, ...] = (10, 5)  # graphs: neighbours sampled per layer
     hidden: int = 128                   # graphs: GraphSAGE's hidden width
@@ -103,6 +104,7 @@ class TrainConfig:
             (self.dense_optimizer in (None, *OPTIMIZERS),
              f"dense_optimizer must be one of {OPTIMIZERS}, got {self.dense_optimizer!r}"),
             (self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"),
+            (self.push_dtype in ("f32", "bf16"), f"push_dtype must be 'f32' or 'bf16', got {self.push_dtype!r}"),
             (self.staleness == math.inf or (float(self.staleness).is_integer() and self.staleness >= 0),
              f"staleness must be an integer >= 0 or inf, got {self.staleness!r}"),
             (self.steps >= 0 and self.batch > 0 and self.dim > 0,

@@ -54,7 +54,7 @@ class Worker:
         cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
                             lookahead=cfg.lookahead if capacity else 0)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
-                                   grad_scale=1.0 / world)
+                                   grad_scale=1.0 / world, push_dtype=cfg.push_dtype)
         self.model = self.task.build_model(self.embedding).to(self.device)
         if cfg.mode == "ps":
             self.dense = PSDense(self.model, client, world, rank)
@@ -187,6 +187,7 @@ def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank:
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
         "policy": cfg.policy, "optimizer": cfg.optimizer, "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
+        "push_dtype": cfg.push_dtype,
     }
 
 
