@@ -17,7 +17,7 @@ def test_round_trip_keeps_arrays_and_meta():
 
 
 def test_rejects_float64_arrays():
-    with pytest.raises(ProtocolError, match="int64, int32, float32 or uint8, got float64"):
+    with pytest.raises(ProtocolError, match="int64, int32, int16, float32 or uint8, got float64"):
         encode(Message(Op.PULL, 1, {}, [np.zeros(3)]))
 
 
