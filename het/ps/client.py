@@ -34,7 +34,7 @@ class Handle:
     result: object = None
     done: bool = False
     sync_bytes: int = 0  # a sync's keys and clocks as sent
-    keys: torch.Tensor | None = None  # the keys pulled or synced (CPU): to build untouched rows
+    keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
 
 
 @dataclass
