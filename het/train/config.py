@@ -39,6 +39,10 @@ GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic
 GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam", "lr": 0.001,
                   "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1,
                   "eval_samples": 1, "eval_every": 10}
+# DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR default sparse
+# lr of 0.05 (Adagrad) its logits blow up early and it ends far below the others (AUC 0.742
+# after 1M samples, 0.792 at 0.01; docs/RESULTS.md, "Workloads").
+MODEL_DEFAULTS = {"deepfm": {"lr": 0.01}}
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,7 @@ class TrainConfig:
         model = overrides.get("model", d.get("model", "wdl"))
         if model in GRAPH_MODELS:  # a graph job's defaults differ from a CTR job's
             d = {**GRAPH_DEFAULTS, **d}
+        d = {**MODEL_DEFAULTS.get(model, {}), **d}
         synthetic = dict(d.pop("synthetic", {}))
         for key, value in overrides.items():
             if key.startswith("synthetic_"):

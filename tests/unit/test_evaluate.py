@@ -41,12 +41,3 @@ def test_graph_evaluation_shared_among_ranks_equals_one_ranks():
     assert 0 <= alone["val_acc"] <= 1 and 0 <= alone["test_acc"] <= 1
     assert ranks_together(task, model, 0, 3, batch_size=64) == alone
 
-
-@pytest.mark.parametrize("data, ok", [("synthetic-graph", True), ("synthetic-graph:600", True), ("cora", True),
-                                      ("npz:g.npz", True), ("synthetic-graph:", False), ("synthetic-criteo", False)])
-def test_graph_jobs_take_every_graph_spec_the_loader_reads(data, ok):
-    if ok:
-        assert TrainConfig(model="graphsage", data=data).data == data
-    else:
-        with pytest.raises(ValueError, match="model 'graphsage' takes data"):
-            TrainConfig(model="graphsage", data=data)
