@@ -252,8 +252,9 @@ class Shard:
             touched = saved.get("touched", t.touched)
             if (saved["weight"].shape != t.weight.shape or saved["clocks"].shape != t.clocks.shape
                     or touched.shape != t.touched.shape):
-                raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)}, "
-                                 f"expected {tuple(t.weight.shape)}")
+                raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)} (clocks "
+                                 f"{tuple(saved['clocks'].shape)}, touched {tuple(touched.shape)}), expected "
+                                 f"{tuple(t.weight.shape)} ({tuple(t.clocks.shape)} each)")
             expected = {n: v.shape for n, v in t.optimizer.state.items()}
             got = {n: v.shape for n, v in saved["optimizer"].items()}
             if got != expected:
