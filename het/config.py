@@ -10,6 +10,8 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from het.staleness import check_staleness
+
 OPTIMIZERS = ("sgd", "adagrad", "adam")
 POLICIES = ("lru", "lfu")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
@@ -137,10 +139,7 @@ class CacheConfig:
         _require(isinstance(self.capacity, int) and self.capacity >= 0,
                  f"cache capacity must be an int >= 0, got {self.capacity!r}")
         _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
-        s = self.staleness
-        _require(s == math.inf or (float(s).is_integer() and s >= 0),
-                 f"staleness must be an integer >= 0 or inf, got {s!r}")
-        object.__setattr__(self, "staleness", math.inf if s == math.inf else int(s))
+        object.__setattr__(self, "staleness", check_staleness(self.staleness))
         _require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
                  f"ways must be an int in [1, 256], got {self.ways!r}")
         _require(isinstance(self.lookahead, int) and self.lookahead >= 0,

@@ -22,6 +22,7 @@ from het.data.zipf import Zipf
 from het.nn.embedding import Embedding
 from het.ps.client import PSClient
 from het.ps.server import ServerProcess
+from het.staleness import staleness_flag
 
 
 class PlantedKeys:
@@ -93,3 +94,21 @@ def run(steps: int = 600, batch: int = 512, staleness: float = 10, num_keys: int
           f"held-out AUC {auc:.3f} (the planted model's own: {planted_auc:.3f}); cache hit rate {stats['hit_rate']:.1%}; "
           f"PS sent {ps['bytes_out'] / 1e6:.1f} MB, received {ps['bytes_in'] / 1e6:.1f} MB")
     return result
+
+
+def add_parser(sub) -> None:
+    """Register ``het demo`` on the ``het`` command's subparsers."""
+    d = sub.add_parser("demo", help="train het.Embedding against a local shard process and show its hit rate")
+    d.add_argument("--steps", type=int, default=600)
+    d.add_argument("--batch", type=int, default=512)
+    d.add_argument("--staleness", type=staleness_flag, default=10, help="the bound s: an integer or inf")
+    d.add_argument("--json", action="store_true")
+    d.set_defaults(func=_main)
+
+
+def _main(args) -> None:
+    import json
+
+    result = run(steps=args.steps, batch=args.batch, staleness=args.staleness)
+    if args.json:
+        print(json.dumps(result, sort_keys=True, default=str))

@@ -12,6 +12,7 @@ updates of each other (HET, Lemma 1).
 
 from __future__ import annotations
 
+import argparse
 import math
 
 import torch
@@ -40,3 +41,100 @@ def must_push(updates: torch.Tensor, bound: float) -> torch.Tensor:
     if bound == math.inf:
         return torch.zeros_like(updates, dtype=torch.bool)
     return updates > bound
+
+
+INFINITE = ("inf", "infinity")  # how a text (a flag, a TOML string, JSON) spells s = inf
+
+
+def check_staleness(value, what: str = "staleness") -> float:
+    """``value`` as a bound: an ``int >= 0``, or ``math.inf``. Accepts an int, a float that is
+    a whole number or inf, and the strings of :data:`INFINITE`; refuses bools, fractions,
+    negative numbers and other text, naming ``what`` and the value.
+
+    Example:
+        >>> check_staleness(100), check_staleness("inf"), check_staleness(float("inf"))
+        (100, inf, inf)
+        >>> check_staleness(1.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: staleness: expected an integer >= 0 or 'inf', got 1.5 (float)
+    """
+    if isinstance(value, str) and value.strip().lower() in INFINITE:
+        return math.inf
+    if isinstance(value, float) and value == math.inf:
+        return math.inf
+    whole = isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if isinstance(value, bool) or not whole or value < 0:
+        raise ValueError(f"{what}: expected an integer >= 0 or 'inf', got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def parse_staleness(text: str) -> float:
+    """A bound from text (a flag): ``"100"`` -> 100, ``"inf"`` -> inf.
+
+    Example:
+        >>> parse_staleness("100"), parse_staleness("Inf")
+        (100, inf)
+    """
+    text = str(text).strip()
+    if text.lower() in INFINITE:
+        return math.inf
+    if not text.isdigit():
+        raise ValueError(f"expected an integer >= 0 or 'inf', got {text!r}")
+    return int(text)
+
+
+def staleness_flag(text: str) -> float:
+    """:func:`parse_staleness` as an argparse ``type``: a bad value's error says what was expected."""
+    try:
+        return parse_staleness(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def parse_stalenesses(text: str) -> list[float]:
+    """``"0,100,inf"`` -> ``[0, 100, inf]``: comma-separated bounds, at least one.
+
+    Example:
+        >>> parse_stalenesses("0,100,10000,inf")
+        [0, 100, 10000, inf]
+    """
+    try:
+        return [parse_staleness(part) for part in str(text).split(",")]
+    except ValueError as e:
+        raise ValueError(f"expected comma-separated staleness bounds, e.g. 0,100,inf: {e} in {text!r}") from None
+
+
+def format_staleness(bound: float) -> int | str:
+    """A bound as JSON and TOML hold it: the int, or ``"inf"``.
+
+    Example:
+        >>> format_staleness(100), format_staleness(math.inf)
+        (100, 'inf')
+    """
+    return "inf" if bound == math.inf else int(bound)
+
+
+def bound_to_wire(bound: float) -> int | None:
+    """A bound as a request's meta carries it: the int, or None for inf.
+
+    Example:
+        >>> bound_to_wire(100), bound_to_wire(math.inf)
+        (100, None)
+    """
+    bound = check_staleness(bound, "staleness bound")
+    return None if bound == math.inf else bound
+
+
+def bound_from_wire(value) -> float:
+    """A request's bound: None is inf, else an int >= 0 (no bool, no float).
+
+    Example:
+        >>> bound_from_wire(None), bound_from_wire(3)
+        (inf, 3)
+    """
+    if value is None:
+        return math.inf
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ValueError(f"meta['bound'] must be an integer >= 0 or null (inf), got {value!r}")
+    return value

@@ -9,7 +9,6 @@ reported as ``ps_s``, so ``keys_per_s_with_ps`` is the rate of the whole loop.
 
 from __future__ import annotations
 
-import math
 import time
 
 import numpy as np
@@ -18,6 +17,7 @@ import torch
 from het.cache.cache import EmbeddingCache
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
 from het.ps.shard import Shard
+from het.staleness import bound_to_wire, format_staleness
 
 
 def load_trace(path: str) -> np.ndarray:
@@ -93,7 +93,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
             wb = plan.writeback
             shard.push("bench", wb.keys.cpu().numpy(), wb.grads.cpu().numpy(), wb.counts.cpu().numpy())
         index, rows, clocks = shard.sync("bench", keys.cpu().numpy(), plan.clocks.cpu().numpy(),
-                                         None if staleness == math.inf else staleness)
+                                         bound_to_wire(staleness))
         index, rows, clocks = (torch.from_numpy(a).to(device) for a in (index, rows, clocks))
         index, clocks = index.long(), clocks.long()
         t2 = time.perf_counter()
@@ -110,7 +110,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
     stats = cache.stats()
     return {
         "bench": "cache", "policy": policy, "capacity": cache.slots, "ways": cache.ways, "dim": dim,
-        "batch": batch, "lookahead": lookahead, "staleness": staleness if staleness != math.inf else "inf", "steps": len(steps),
+        "batch": batch, "lookahead": lookahead, "staleness": format_staleness(staleness), "steps": len(steps),
         "trace_keys": sum(k.numel() for k in steps), "distinct_keys": int(torch.unique(torch.cat(steps)).numel()),
         "lookups": stats.get("lookups", 0), "hits": stats.get("hits", 0), "misses": stats.get("misses", 0),
         "miss_rate": stats["miss_rate"], "bypasses": stats.get("bypasses", 0),
@@ -120,3 +120,86 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
         "keys_per_s_with_ps": timed_keys / (cache_s + ps_s) if cache_s + ps_s else 0.0,
         "cache_s": cache_s, "ps_s": ps_s, "threads": torch.get_num_threads(), "device": str(device),
     }
+
+
+def add_parser(bsub) -> None:
+    """Register ``het bench cache`` on the subparsers of ``het bench``."""
+    from het.config import POLICIES
+    from het.staleness import staleness_flag
+
+    c = bsub.add_parser("cache", help="cache miss rate and unique keys/s on a trace or a Zipf stream")
+    c.add_argument("--trace", help="1-D int64 .npy of keys in access order")
+    c.add_argument("--graph", help="a graph (cora, planetoid:DIR, npz:PATH, synthetic-graph): the trace is "
+                   "GraphSAGE's node accesses, --batch seed nodes a step; --capacity-frac is of the nodes")
+    c.add_argument("--ctr", action="store_true", help="the trace is rank 0's keys of the default synthetic "
+                   "Criteo job (2 workers), --batch samples a step; --capacity-frac is of the table")
+    c.add_argument("--fanouts", type=lambda t: tuple(int(x) for x in t.split(",")), default=(10, 5),
+                   help="with --graph: neighbours per layer")
+    c.add_argument("--alpha", type=float, default=1.05, help="Zipf exponent of the generated stream")
+    c.add_argument("--keys", type=int, default=1_000_000, help="distinct keys of the generated stream")
+    c.add_argument("--batches", type=int, default=200, help="steps of the generated stream")
+    c.add_argument("--batch", type=int, default=4096, help="trace keys per step (de-duplicated); "
+                   "with --graph, seed nodes per step")
+    c.add_argument("--capacity", type=int, help="cache rows")
+    c.add_argument("--capacity-frac", type=float, help="cache rows as a fraction of the distinct keys")
+    c.add_argument("--policy", default="lfu", choices=POLICIES)
+    c.add_argument("--dim", type=int, default=128)
+    c.add_argument("--staleness", type=staleness_flag, default=100)
+    c.add_argument("--ways", type=int, default=32)
+    c.add_argument("--lookahead", type=int, default=0, help="steps of keys the cache sees ahead "
+                   "(Belady's rule within that window; 0: the policy alone)")
+    c.add_argument("--belady", action="store_true", help="also Belady's optimal miss rate on the same trace "
+                   "(the floor; a slow reference)")
+    c.add_argument("--threads", type=int, default=1, help="torch threads (the target is for one core)")
+    c.add_argument("--device", default="cpu")
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=_main)
+
+
+def _trace(args) -> tuple:
+    """The flags' trace and its distinct keys."""
+    from het.data.zipf import zipf_keys
+
+    if args.graph:
+        return graph_steps(args.graph, args.fanouts, args.batch, args.batches, args.seed)
+    if args.ctr:
+        return ctr_steps(args.batch, args.batches)
+    if args.trace:
+        trace = load_trace(args.trace)
+        return trace, int(np.unique(trace).size)
+    return zipf_keys(args.keys, args.alpha, args.batch * args.batches, seed=args.seed), args.keys
+
+
+def _main(args) -> None:
+    import json
+
+    torch.set_num_threads(args.threads)
+    trace, distinct = _trace(args)
+    if args.capacity is not None:
+        capacity = args.capacity
+    elif args.capacity_frac is not None:
+        capacity = max(1, int(round(args.capacity_frac * distinct)))
+    else:
+        raise SystemExit("het bench cache: give --capacity N or --capacity-frac F")
+    result = run(trace, args.batch, capacity, args.policy, dim=args.dim, staleness=args.staleness,
+                 ways=args.ways, device=args.device, lookahead=args.lookahead)
+    if args.belady:
+        from het.cache.belady import belady_miss_rate
+
+        steps = trace_steps(trace, args.batch) if isinstance(trace, np.ndarray) else trace
+        result["belady_miss_rate"] = belady_miss_rate(steps, capacity)
+    if args.graph:
+        result.update(graph=args.graph, fanouts=list(args.fanouts), nodes=distinct, seeds_per_batch=args.batch)
+    elif args.ctr:
+        result.update(ctr="synthetic-criteo rank 0 of 2", rows=distinct, samples_per_batch=args.batch)
+    elif args.trace:
+        result.update(trace=args.trace)
+    else:
+        result.update(alpha=args.alpha, keys=args.keys)
+    if args.json:
+        print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        print(f"miss rate {result['miss_rate']:.4f} over {result['lookups']} lookups; "
+              f"{result['keys_per_s']:,.0f} unique keys/s through the cache "
+              f"({result['keys_per_s_with_ps']:,.0f} with the in-process shard)")

@@ -23,7 +23,9 @@ import torch
 
 from het.ps.client import PSClient
 from het.train.config import TrainConfig
-from het.train.loop import Worker, job_tables
+from het.train.flags import add_config_flags, config_from_args, overrides
+from het.train.loop import Worker
+from het.train.tasks import job_tables
 
 
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
@@ -70,20 +72,28 @@ def _name(func) -> str:
     return f"{short}:{line}({name})"
 
 
-def cmd_profile(args) -> None:
-    from het.cli import TRAIN_FLAGS
+def add_parser(bsub) -> None:
+    """Register ``het bench profile`` on the subparsers of ``het bench``."""
+    p = bsub.add_parser("profile", help="cProfile of one worker's steps (in-process shards): where a step's "
+                        "time goes, per function")
+    p.add_argument("--steps", type=int, default=200, help="profiled steps")
+    p.add_argument("--warmup", type=int, default=20, help="unprofiled steps first")
+    p.add_argument("--top", type=int, default=20, help="functions listed, per ranking")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
+    add_config_flags(p, exclude=("steps", "checkpoint", "checkpoint_every", "resume"),
+                     fixed={"eval_samples": 0, "workers": 1})
+    p.set_defaults(func=_main)
 
+
+def _main(args) -> None:
     torch.set_num_threads(args.threads)
-    overrides = {k: getattr(args, k) for k in TRAIN_FLAGS if getattr(args, k, None) is not None}
-    if args.no_prefetch:
-        overrides["prefetch"] = False
-    if args.no_lazy_init:
-        overrides["lazy_init"] = False
-    cfg = TrainConfig.load(args.config, {**overrides, "eval_samples": 0, "workers": 1})
-    result = {"bench": "profile", "config": {k: overrides.get(k) for k in sorted(overrides)},
+    cfg = config_from_args(args)
+    given = overrides(args)
+    result = {"bench": "profile", "config": {k: given[k] for k in sorted(given)},
               **run(cfg, args.steps, args.warmup, args.top)}
     if args.json:
-        print(json.dumps(result, sort_keys=True))
+        print(json.dumps(result, sort_keys=True, default=str))
         return
     print(f"{1e3 * result['s_per_step']:.1f} ms per step over {args.steps} steps, then {result['flush_s']:.2f} s "
           f"of flush (hit rate {result['hit_rate']:.3f})")
@@ -91,22 +101,3 @@ def cmd_profile(args) -> None:
         print(f"\nby {key} (ms per step):")
         for r in result[f"by_{key}"]:
             print(f"  {r[f'{key}_ms_per_step']:8.2f}  {r['calls_per_step']:7.1f} calls  {r['function']}")
-
-
-def add_parser(bsub) -> None:
-    from het.cli import TRAIN_FLAGS
-
-    p = bsub.add_parser("profile", help="cProfile of one worker's steps (in-process shards): where a step's "
-                        "time goes, per function")
-    p.add_argument("--config", help="a job's TOML file (as het train)")
-    for name, (kind, text) in TRAIN_FLAGS.items():
-        if name not in ("steps", "workers", "eval_samples", "checkpoint", "checkpoint_every", "resume"):
-            p.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind, help=text)
-    p.add_argument("--no-prefetch", action="store_true", help="as het train")
-    p.add_argument("--no-lazy-init", action="store_true", help="as het train")
-    p.add_argument("--steps", type=int, default=200, help="profiled steps")
-    p.add_argument("--warmup", type=int, default=20, help="unprofiled steps first")
-    p.add_argument("--top", type=int, default=20, help="functions listed, per ranking")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
-    p.set_defaults(func=cmd_profile)

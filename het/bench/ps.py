@@ -98,3 +98,27 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
            "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed, **raw}
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
     return out
+
+
+def add_parser(bsub) -> None:
+    """Register ``het bench ps`` on the subparsers of ``het bench``."""
+    q = bsub.add_parser("ps", help="pull + push rows/s through one shard over TCP loopback vs raw ZeroMQ")
+    q.add_argument("--batch", type=int, default=4096)
+    q.add_argument("--dim", type=int, default=128)
+    q.add_argument("--rows", type=int, default=200_000)
+    q.add_argument("--seconds", type=float, default=5.0)
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(func=_main)
+
+
+def _main(args) -> None:
+    import json
+
+    torch.set_num_threads(args.threads)
+    result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds)
+    if args.json:
+        print(json.dumps(result, sort_keys=True, default=str))
+    else:
+        print(f"{result['rows_per_s']:,.0f} rows/s, {result['bytes_per_s'] / 1e6:,.0f} MB/s through the PS; "
+              f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 
+from het.staleness import check_staleness, format_staleness, parse_staleness
+
 BEGIN = "<!-- het bench report: begin -->"
 END = "<!-- het bench report: end -->"
 PAPER_AUC_WDL = {0: 0.7964, 100: 0.7962, 10_000: 0.7884, math.inf: 0.7461}  # Table 2, Criteo
@@ -37,7 +39,7 @@ def _num(x, spec: str = ",.0f") -> str:
 
 
 def _staleness(s) -> float:
-    return math.inf if str(s).lower() in ("inf", "infinity") else float(s)
+    return parse_staleness(s) if isinstance(s, str) else check_staleness(s)
 
 
 def _bandwidth(b: str) -> str:
@@ -51,8 +53,7 @@ def _mode(mode: str, staleness=None) -> str:
 
 
 def _s_label(s) -> str:
-    s = _staleness(s)
-    return "inf" if s == math.inf else f"{s:.0f}"
+    return str(format_staleness(_staleness(s)))
 
 
 def _header(record: dict, title: str) -> list[str]:

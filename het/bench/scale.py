@@ -3,7 +3,7 @@ measured on this machine and projected to a cluster with a small, stated model.
 
 Measured: samples/s of each mode (``--modes``) at W = 1..4 workers (``--workers``), at the
 config's dim, over loopback (``--bandwidth none``) or an emulated network (``1gbit``: network
-namespaces and tbf, root; see het.dist.netns); then at each of ``--dims`` at the reference W0
+namespaces and tbf, root; see het.bench.netns); then at each of ``--dims`` at the reference W0
 (below). Every process of a run shares this machine's cores: a run whose workers need more
 threads than there are cores (W x threads > cores) is CPU-bound here and is marked so.
 
@@ -55,7 +55,11 @@ import tempfile
 import textwrap
 
 from het.bench.e2e import parse_mode
+from het.dist.dense import ps_dense_bytes
+from het.dist.launch import threads_per_process
 from het.train.config import TrainConfig
+from het.train.flags import add_config_flags, config_from_args
+from het.train.tasks import dense_params
 
 DEFAULTS = {"workers": "1,2,3,4", "modes": "het:100,hybrid,ps", "dims": "128,512",
             "project_workers": "1,2,4,8,16,32", "project_dims": "128,256,512,1024,2048,4096",
@@ -88,7 +92,7 @@ def parse_ints(text: str, what: str) -> list[int]:
 
 def link_rate(bandwidth: str) -> float:
     """Bytes/s of a link: ``"none"`` -> inf, else tc's rate (``"1gbit"`` -> 1.25e8)."""
-    from het.dist.netns import parse_rate
+    from het.bench.netns import parse_rate
 
     return math.inf if str(bandwidth).lower() == "none" else parse_rate(bandwidth)
 
@@ -98,39 +102,9 @@ def ring(workers: int) -> float:
     return 2 * (workers - 1) / workers
 
 
-def threads_per_process(workers: int, servers: int, cores: int) -> int:
-    """Threads each process of a local cluster gets (as het.dist.launch splits the cores)."""
-    if "OMP_NUM_THREADS" in os.environ:
-        return int(os.environ["OMP_NUM_THREADS"])
-    return max(1, cores // (workers + servers))
-
-
 def contention(workers: int, servers: int, cores: int) -> float:
     """How much this machine stretches each worker's CPU time: max(1, W threads / cores)."""
-    return max(1.0, workers * threads_per_process(workers, servers, cores) / cores)
-
-
-def dense_params(cfg: TrainConfig, dim: int) -> int:
-    """Dense (non-embedding) parameters of ``cfg``'s model at embedding width ``dim``, counted
-    on meta tensors (no memory, so dim 4096 is free)."""
-    import torch
-
-    from het.train.tasks import make_task
-
-    cfg = dataclasses.replace(cfg, dim=dim)
-    with torch.device("meta"):
-        model = make_task(cfg).build_model(torch.nn.Embedding(1, dim))
-    model.embedding = torch.nn.Identity()
-    return sum(p.numel() for p in model.parameters() if p.requires_grad)
-
-
-def dense_ps_bytes(params: int) -> int:
-    """Bytes per worker-step of mode ps's dense table, as PSDense counts them: a pull and a push
-    of R = ceil(P / 256) rows of 256 floats, plus 16 bytes per row (key and count or clock)."""
-    from het.dist.dense import DENSE_ROW
-
-    rows = math.ceil(params / DENSE_ROW)
-    return 2 * rows * (4 * DENSE_ROW + 16)
+    return max(1.0, workers * threads_per_process(workers + servers, cores) / cores)
 
 
 def fit_line(xs: list[float], ys: list[float]) -> dict:
@@ -174,7 +148,7 @@ def measured_point(run: dict, rate: float, servers: int, params: int) -> dict:
     """One run's per-step quantities of the model: t_c, b_ps, o_ps, o_ar (see the module)."""
     mode, workers, steps, split = run["mode"].split(":")[0], run["workers"], run["steps"], run["time_split"]
     step_s = run["wall_s"] / steps
-    ps_bytes = run["sparse_bytes_per_sample"] * run["batch"] + (dense_ps_bytes(params) if mode == "ps" else 0)
+    ps_bytes = run["sparse_bytes_per_sample"] * run["batch"] + (ps_dense_bytes(params) if mode == "ps" else 0)
     wire_ps, wire_ar = wire(mode, workers, servers, rate, ps_bytes, params)
     return {"t_compute_s": split["compute"] * step_s, "ps_bytes_per_worker_step": ps_bytes,
             "ps_overhead_s": max(0.0, split["wait_ps"] * step_s - wire_ps),
@@ -221,7 +195,7 @@ def run(base: TrainConfig, workers: list[int], modes: list[str], bandwidth: str 
     """
     if not workers or not modes or not dims:
         raise ValueError(f"expected at least one worker count, mode and dim, got {workers}, {modes}, {dims}")
-    if base.graph:
+    if base.is_graph:
         raise ValueError(f"het bench scale measures a CTR job, got model {base.model!r}")
     rate = link_rate(bandwidth)
     for b in project_bandwidths:
@@ -242,7 +216,7 @@ def run(base: TrainConfig, workers: list[int], modes: list[str], bandwidth: str 
         cfg = dataclasses.replace(base, mode=mode, staleness=staleness, workers=w, dim=d)
         summary = _measure(cfg, bandwidth, os.path.join(log_dir, f"{text.replace(':', '-')}-w{w}-d{d}"), progress)
         measured[text, w, d] = _measured_entry(summary, text, bandwidth, cores, bound.get(w, True))
-    dense = {d: dense_params(base, d) for d in sorted({base.dim, *dims, *project_dims})}
+    dense = {d: dense_params(dataclasses.replace(base, dim=d)) for d in sorted({base.dim, *dims, *project_dims})}
     params = {text: mode_params([m for (t, w, _), m in measured.items() if t == text and w == w0], rate, servers,
                                 dense) for text in modes}
     check = [_check(m, parsed[m["mode"]][0], params[m["mode"]], rate, dense, servers, cores, w0)
@@ -256,7 +230,7 @@ def run(base: TrainConfig, workers: list[int], modes: list[str], bandwidth: str 
                                                        dense[d])}
                   for text in modes for b in project_bandwidths for d in project_dims]
     return {"bench": "scale", "cores": cores, "reference_workers": w0,
-            "threads": {w: threads_per_process(w, servers, cores) for w in workers},
+            "threads": {w: threads_per_process(w + servers, cores) for w in workers},
             "note": f"{cores} cores: runs with workers x threads > cores ({cores}) share the CPUs "
                     f"(cpu_bound: true); their samples/s measure this machine, not the system",
             "bandwidth": bandwidth, "config": base.to_dict(), "log_dir": log_dir,
@@ -266,15 +240,15 @@ def run(base: TrainConfig, workers: list[int], modes: list[str], bandwidth: str 
 
 def _measure(cfg: TrainConfig, bandwidth: str, run_dir: str, progress: bool) -> dict:
     """One local-cluster run: over loopback, or inside an emulated network at ``bandwidth``."""
-    from het.dist.launch import LocalCluster
+    from het.train.local import run_local
 
     if bandwidth == "none":
-        return LocalCluster(cfg, run_dir, progress=progress).run()
-    from het.dist.netns import EmulatedNetwork
+        return run_local(cfg, run_dir, progress=progress)
+    from het.bench.netns import EmulatedNetwork
 
     hosts = [f"ps{i}" for i in range(cfg.servers)] + [f"worker{r}" for r in range(cfg.workers)]
     with EmulatedNetwork(hosts, bandwidth=bandwidth) as net:
-        return LocalCluster(cfg, run_dir, secrets.token_hex(16).encode(), progress=progress, network=net).run()
+        return run_local(cfg, run_dir, secrets.token_hex(16).encode(), progress=progress, network=net)
 
 
 def _measured_entry(summary: dict, text: str, bandwidth: str, cores: int, cpu_bound: bool) -> dict:
@@ -284,7 +258,7 @@ def _measured_entry(summary: dict, text: str, bandwidth: str, cores: int, cpu_bo
             "batch": summary["batch"], "time_split": summary["time_split"], "hit_rate": summary["hit_rate"],
             "sparse_bytes_per_sample": summary["sparse_bytes_per_sample"],
             "dense_bytes_per_sample": summary["bytes"]["dense"] / samples,
-            "threads": threads_per_process(summary["workers"], summary["servers"], cores), "cpu_bound": cpu_bound}
+            "threads": threads_per_process(summary["workers"] + summary["servers"], cores), "cpu_bound": cpu_bound}
 
 
 def _check(m: dict, mode: str, params: dict, rate: float, dense: dict, servers: int, cores: int, w0: int) -> dict:
@@ -344,13 +318,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--dim-workers", type=int, default=8, help="workers of the dim projection (default 8, the paper's)")
     p.add_argument("--reference-workers", type=int, help="W0, the measured W the model is fitted at (default: "
                    "the largest of --workers that is not CPU-bound here)")
-    p.add_argument("--steps", type=int, help="steps per measured run (default 200)")
-    for name in ("batch", "servers"):
-        p.add_argument("--" + name, type=int, help="default: the config's")
-    p.add_argument("--model", help="wdl | deepfm | dcn | dlrm (default: the config's, else wdl)")
-    p.add_argument("--config", help="the job's TOML (flags override it); its mode, staleness, workers are ignored")
     p.add_argument("--log-dir", help="where each run's logs go (default: a new temporary directory)")
     p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
+    add_config_flags(p, exclude=("mode", "staleness", "workers"), defaults={"steps": 200}, fixed={"eval_samples": 0})
     p.set_defaults(func=_main)
 
 
@@ -358,16 +328,14 @@ def _main(args) -> None:
     import json
 
     from het.dist.launch import ClusterError
-    from het.dist.netns import NetworkEmulationUnavailable
+    from het.bench.netns import NetworkEmulationUnavailable
 
     lists = {k: parse_ints(getattr(args, k), "--" + k.replace("_", "-"))
              for k in ("workers", "dims", "project_workers", "project_dims")}
     modes = args.modes.split(",")
     for text in modes:
         parse_mode(text)
-    overrides = {k: getattr(args, k) for k in ("batch", "servers", "model") if getattr(args, k) is not None}
-    overrides["steps"] = args.steps if args.steps is not None else 200
-    base = TrainConfig.load(args.config, {"eval_samples": 0, **overrides})
+    base = config_from_args(args)
     try:
         result = run(base, lists["workers"], modes, args.bandwidth, lists["dims"], lists["project_workers"],
                      lists["project_dims"], args.project_bandwidths.split(","), args.dim_workers,

@@ -19,31 +19,13 @@ import math
 import os
 import tempfile
 
+from het.staleness import format_staleness, parse_stalenesses
 from het.train.config import TrainConfig
+from het.train.flags import add_config_flags, config_from_args
 
 DEFAULT_STALENESSES = "0,100,10000,inf"
 RESULT_KEYS = ("auc", "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "samples_per_s",
                "wall_s")
-
-
-def parse_stalenesses(text: str) -> list[float]:
-    """``"0,100,inf"`` -> ``[0, 100, inf]``: integers >= 0 or ``inf``, at least one.
-
-    Example:
-        >>> parse_stalenesses("0,100,10000,inf")
-        [0, 100, 10000, inf]
-    """
-    out = []
-    for part in str(text).split(","):
-        part = part.strip().lower()
-        if part in ("inf", "infinity"):
-            out.append(math.inf)
-        elif part.isdigit():
-            out.append(int(part))
-        else:
-            raise ValueError(f"expected comma-separated staleness bounds (integers >= 0 or inf), "
-                             f"e.g. {DEFAULT_STALENESSES}, got {part!r} in {text!r}")
-    return out
 
 
 def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None, progress: bool = False) -> dict:
@@ -60,11 +42,11 @@ def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None,
         ``"inf"``; a metric the evaluation did not give is None); ``config`` is ``base``'s,
         mode ``het``, without a staleness.
     """
-    from het.dist.launch import LocalCluster
+    from het.train.local import run_local
 
     if not stalenesses:
         raise ValueError("expected at least one staleness bound, got none")
-    if base.graph:
+    if base.is_graph:
         raise ValueError(f"het bench staleness trains a CTR model (AUC), got model {base.model!r}")
     if not base.eval_samples:
         raise ValueError("het bench staleness compares AUCs: eval_samples must be > 0, got 0")
@@ -72,8 +54,8 @@ def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None,
     results = []
     for s in stalenesses:
         cfg = dataclasses.replace(base, mode="het", staleness=s)  # validated again by __post_init__
-        label = "inf" if cfg.staleness == math.inf else cfg.staleness
-        summary = LocalCluster(cfg, os.path.join(log_dir, f"s{label}"), progress=progress).run()
+        label = format_staleness(cfg.staleness)
+        summary = run_local(cfg, os.path.join(log_dir, f"s{label}"), progress=progress)
         results.append({"staleness": label, **{k: summary.get(k) for k in RESULT_KEYS}})
     config = {k: v for k, v in base.to_dict().items() if k != "staleness"} | {"mode": "het"}
     return {"bench": "staleness", "log_dir": log_dir, "config": config, "results": results}
@@ -104,12 +86,9 @@ def add_parser(bsub) -> None:
                         description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--stalenesses", default=DEFAULT_STALENESSES,
                    help=f"comma-separated bounds, integers >= 0 or inf (default {DEFAULT_STALENESSES})")
-    p.add_argument("--steps", type=int, help="training steps per run (default: the config's, else 1000)")
-    p.add_argument("--workers", type=int, help="worker processes (default: the config's, else 2)")
-    p.add_argument("--model", help="wdl | deepfm | dcn | dlrm (default: the config's, else wdl)")
-    p.add_argument("--config", help="the job's TOML (flags override it); its mode and staleness are ignored")
     p.add_argument("--log-dir", help="where each run's logs go (default: a new temporary directory)")
     p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
+    add_config_flags(p, exclude=("mode", "staleness"))
     p.set_defaults(func=_main)
 
 
@@ -119,8 +98,7 @@ def _main(args) -> None:
     from het.dist.launch import ClusterError
 
     stalenesses = parse_stalenesses(args.stalenesses)  # bad input fails before anything starts
-    overrides = {k: getattr(args, k) for k in ("steps", "workers", "model") if getattr(args, k) is not None}
-    base = TrainConfig.load(args.config, overrides)
+    base = config_from_args(args)
     try:
         result = run(base, stalenesses, args.log_dir)
     except ClusterError as e:

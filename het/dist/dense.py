@@ -1,4 +1,4 @@
-"""How the dense (MLP) parameters stay the same on every worker.
+"""How the dense (MLP) parameters stay the same on every worker: a :class:`DenseSync`.
 
 - :class:`AllReduceDense` (modes ``het`` and ``hybrid``): DistributedDataParallel over gloo
   (CPU) or NCCL (GPU); the gradients of a step are averaged over the workers during backward.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -26,25 +27,72 @@ DENSE_TABLE = "dense"
 DENSE_ROW = 256  # floats per row of the dense table
 
 
-class AllReduceDense:
-    """DDP around ``model`` (when there is more than one worker), timing its AllReduce."""
+class DenseSync(Protocol):
+    """What a training step asks of its dense synchronisation, in the step's order.
 
-    def __init__(self, model: nn.Module, world: int, device: torch.device):
+    ``forward_module`` is what the forward pass calls: the DistributedDataParallel wrapper
+    around the model with several workers, else the model itself (checkpoints and evaluation
+    use the model, never the wrapper).
+    """
+
+    forward_module: nn.Module
+
+    def before_forward(self) -> None:
+        """Make the dense parameters current (mode ps: pull them)."""
+
+    def zero_grad(self) -> None:
+        """Clear the dense gradients before the backward pass."""
+
+    def after_backward(self) -> None:
+        """Apply the step's dense gradients (a local optimizer step, or a push to the PS)."""
+
+    def counters(self) -> dict:
+        """``{"dense": bytes sent, "wait_ps_s": s, "allreduce_s": s}`` so far."""
+
+    def state_dict(self) -> dict | None:
+        """The dense optimizer's state for a checkpoint (None: it lives on the PS)."""
+
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore :meth:`state_dict`'s state."""
+
+
+class AllReduceDense:
+    """A local optimizer over ``model``'s dense parameters, and DDP around the model (when
+    there is more than one worker), timing its AllReduce. Modes ``het`` and ``hybrid``."""
+
+    def __init__(self, model: nn.Module, world: int, device: torch.device, optimizer: type[torch.optim.Optimizer],
+                 **optimizer_args):
         self.world = world
         self.allreduce_s = 0.0
+        self.steps = 0
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
-        self.model = model
+        self.optimizer = optimizer(self.params, **optimizer_args)
+        self.forward_module = model
         if world > 1:
             ids = [device.index] if device.type == "cuda" else None
-            self.model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-            self.model.register_comm_hook(self, _timed_allreduce)
+            self.forward_module = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+            self.forward_module.register_comm_hook(self, _timed_allreduce)
 
     def before_forward(self) -> None:
         pass
 
-    def after_backward(self, optimizer: torch.optim.Optimizer) -> None:
-        optimizer.step()
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad()
+
+    def after_backward(self) -> None:
+        self.optimizer.step()
+        self.steps += 1
+
+    def counters(self) -> dict:
+        return {"dense": self.bytes_per_step() * self.steps, "wait_ps_s": 0.0, "allreduce_s": self.allreduce_s}
+
+    def state_dict(self) -> dict:
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state: dict | None) -> None:
+        if state is not None:
+            self.optimizer.load_state_dict(state)
 
     def bytes_per_step(self) -> int:
         """Bytes one worker sends in a ring AllReduce of the dense gradients: 2 (W - 1) / W of them."""
@@ -62,22 +110,38 @@ def _timed_allreduce(state: AllReduceDense, bucket):
     return fut.then(done)
 
 
-def dense_table(model: nn.Module, lr: float) -> TableConfig:
-    """The PS table that holds ``model``'s dense parameters in mode ``ps`` (SGD on the shard)."""
-    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
+def dense_table(numel: int, lr: float) -> TableConfig:
+    """The PS table that holds ``numel`` dense parameters in mode ``ps`` (SGD on the shard)."""
     return TableConfig(DENSE_TABLE, rows=math.ceil(numel / DENSE_ROW), dim=DENSE_ROW,
                        optimizer=OptimizerConfig("sgd", lr=lr), init_scale=0.0)
 
 
+def ps_dense_bytes(numel: int) -> int:
+    """Bytes a worker's step moves in mode ps for ``numel`` dense parameters: a pull and a push
+    of the whole dense table (rows of DENSE_ROW floats, 16 bytes a row of key and count or
+    clock). :class:`PSDense` counts them as they travel.
+
+    Example:
+        >>> ps_dense_bytes(300)  # 2 rows, both ways
+        4160
+    """
+    return 2 * _one_way_bytes(math.ceil(numel / DENSE_ROW))
+
+
+def _one_way_bytes(rows: int) -> int:
+    return rows * (4 * DENSE_ROW + 16)
+
+
 class PSDense:
-    """Dense parameters on the PS: pulled before every forward, gradients pushed after backward.
+    """Dense parameters on the PS: pulled before every forward, gradients pushed after backward
+    (mode ``ps``, TensorFlow-PS style).
 
     Rank 0 writes the model's initial values into the (zero) table before training; the shard
     applies SGD with the job's ``dense_lr``.
     """
 
     def __init__(self, model: nn.Module, client, world: int, rank: int):
-        self.model, self.client, self.world = model, client, world
+        self.forward_module, self.client, self.world = model, client, world
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         table = client.tables[DENSE_TABLE]
@@ -102,7 +166,7 @@ class PSDense:
         start = time.perf_counter()
         rows, _ = self.client.wait(self.client.pull(DENSE_TABLE, self.keys))
         self.wait_s += time.perf_counter() - start
-        self.bytes += rows.numel() * 4 + self.keys.numel() * 16
+        self.bytes += _one_way_bytes(self.rows)
         flat = rows.reshape(-1)
         offset = 0
         with torch.no_grad():
@@ -110,7 +174,10 @@ class PSDense:
                 p.copy_(flat[offset:offset + p.numel()].view_as(p))
                 offset += p.numel()
 
-    def after_backward(self, optimizer) -> None:
+    def zero_grad(self) -> None:
+        self.forward_module.zero_grad()
+
+    def after_backward(self) -> None:
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         grads = (grads / self.world).reshape(self.rows, self.row_width)
         self.step += 1
@@ -118,10 +185,16 @@ class PSDense:
         self.client.wait(self.client.push(DENSE_TABLE, self.keys, grads, torch.ones(self.rows, dtype=torch.int64),
                                           step=self.step))
         self.wait_s += time.perf_counter() - start
-        self.bytes += grads.numel() * 4 + self.keys.numel() * 16
+        self.bytes += _one_way_bytes(self.rows)
 
-    def bytes_per_step(self) -> int:
-        return 0  # counted as it travels, in self.bytes
+    def counters(self) -> dict:
+        return {"dense": self.bytes, "wait_ps_s": self.wait_s, "allreduce_s": 0.0}
+
+    def state_dict(self) -> None:
+        return None  # the dense parameters and their SGD live on the PS, saved with it
+
+    def load_state_dict(self, state) -> None:
+        pass
 
     def _flat(self, tensors) -> torch.Tensor:
         flat = torch.zeros(self.rows * self.row_width)

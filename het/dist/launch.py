@@ -1,4 +1,4 @@
-"""A whole local cluster in one command: S shard processes and W worker processes on this
+"""A whole local cluster: S shard processes and W worker processes (``het train --ps``) on this
 machine, watched until the job ends and torn down on exit, on Ctrl-C and when any of them dies.
 
 Workers get torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT),
@@ -21,9 +21,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from het.config import ShardConfig
-from het.ps.server import ServerProcess, die_with_parent
-from het.train.config import TrainConfig
+from het.config import ShardConfig, TableConfig
+from het.process import die_with_parent
+from het.ps.server import ServerProcess
 
 
 class ClusterError(RuntimeError):
@@ -43,33 +43,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class LocalCluster:
-    """Start, watch and stop the processes of one local training job."""
+def threads_per_process(processes: int, cores: int | None = None) -> int:
+    """Threads each of ``processes`` processes on one machine gets (``OMP_NUM_THREADS`` if set):
+    the cores split evenly, or their thread pools spin against each other (measured here: 18x
+    slower with 2 threads each on 2 cores)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return int(os.environ["OMP_NUM_THREADS"])
+    return max(1, (cores or os.cpu_count() or 1) // processes)
 
-    def __init__(self, cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
-                 network=None):
-        """``network``: an open :class:`het.dist.netns.EmulatedNetwork` with hosts ``ps<i>`` and
+
+class LocalCluster:
+    """Start, watch and stop the processes of one local training job: ``servers`` shards of
+    ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``."""
+
+    def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
+                 secret: bytes | None = None, progress: bool = True, network=None):
+        """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``)."""
-        self.cfg, self.log_dir, self.secret, self.progress = cfg, log_dir, secret, progress
+        self.tables, self.num_workers, self.num_servers = tuple(tables), workers, servers
+        self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network = network
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
         os.makedirs(log_dir, exist_ok=True)
-        # One machine for every process: split its cores, or their thread pools spin against
-        # each other (measured here: 18x slower with 2 threads each on 2 cores).
-        threads = max(1, (os.cpu_count() or 1) // (cfg.workers + cfg.servers))
+        threads = threads_per_process(workers + servers)
         self.threads_env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
 
     def run(self) -> dict:
         """Run the job to the end; the summary of rank 0. Raises ClusterError if a process fails."""
-        from het.train.loop import job_tables
-
         try:
-            tables = tuple(job_tables(self.cfg))
-            for i in range(self.cfg.servers):
+            for i in range(self.num_servers):
                 host = f"ps{i}"
-                self.servers.append(ServerProcess(ShardConfig(tables, i, self.cfg.servers), bind=f"{self._ip(host)}:0",
+                self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers),
+                                                  bind=f"{self._ip(host)}:0",
                                                   secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
                                                   popen=self._popen(host)))
@@ -94,16 +101,15 @@ class LocalCluster:
 
     def _start_workers(self, addresses: list[str], summary_path: str) -> None:
         port = free_port() if self.network is None else 29500  # worker0's namespace is empty
-        for rank in range(self.cfg.workers):
+        for rank in range(self.num_workers):
             env = dict(os.environ, **self.threads_env, RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(self.cfg.workers), MASTER_ADDR=self._ip("worker0"), MASTER_PORT=str(port),
+                       WORLD_SIZE=str(self.num_workers), MASTER_ADDR=self._ip("worker0"), MASTER_PORT=str(port),
                        PYTHONUNBUFFERED="1")
             if self.network is not None:
                 env["GLOO_SOCKET_IFNAME"] = "eth0"  # advertise the namespace's link, not the hostname's 127.0.0.1
             if self.secret:
                 env["HET_SECRET"] = os.fsdecode(self.secret)
-            cmd = [sys.executable, "-m", "het", "train", "--ps", ",".join(addresses),
-                   "--config-json", json.dumps(self.cfg.to_dict())]
+            cmd = [sys.executable, "-m", "het", "train", "--ps", ",".join(addresses), *self.worker_args]
             if rank == 0:
                 cmd += ["--summary", summary_path]
             log = os.path.join(self.log_dir, f"worker-{rank}.log")

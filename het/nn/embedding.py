@@ -20,7 +20,8 @@ from torch import nn
 
 from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.ps.client import GRAD_BYTES, PSClient, all_finite
+from het.ps.client import PSClient, all_finite
+from het.ps.protocol import GRAD_BYTES, PUSH_DTYPES
 
 POOLING = ("sum", "mean")
 
@@ -89,8 +90,8 @@ class Embedding(nn.Module):
                  device: torch.device | str | None = None, grad_scale: float = 1.0,
                  push_dtype: str = "f32"):
         super().__init__()
-        if push_dtype not in GRAD_BYTES:
-            raise ValueError(f"push_dtype must be one of {sorted(GRAD_BYTES)}, got {push_dtype!r}")
+        if push_dtype not in PUSH_DTYPES:
+            raise ValueError(f"push_dtype must be one of {PUSH_DTYPES}, got {push_dtype!r}")
         self.push_dtype = push_dtype
         tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
         if mode not in (None, *POOLING):
@@ -219,6 +220,14 @@ class Embedding(nn.Module):
             out.parts.append(due)
 
     # -- consistency ------------------------------------------------------------------------
+    def resume_at(self, step: int) -> None:
+        """Number the coming steps from ``step`` on, as a checkpoint taken at ``step`` left them:
+        every push carries its step, by which the PS's Adam corrects its bias."""
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise ValueError(f"step must be an int >= 0, got {step!r}")
+        for out in self._outbox.values():
+            out.step = step
+
     def push_due(self) -> None:
         """Push the rows due now (``u > s``) and wait until the PS applied them, instead of
         sending them with the next sync: synchronous training puts a barrier after this."""

@@ -9,7 +9,6 @@ arrays and come back on the device they were sent from.
 from __future__ import annotations
 
 import itertools
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -17,9 +16,11 @@ import torch
 from het.config import ShardConfig, TableConfig
 from het.ps import partition
 from het.ps.auth import check_secret
-from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode, narrow
+from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
+                             narrow)
 from het.ps.shard import Shard, initial_rows
 from het.ps.transport import LocalTransport, ZmqTransport
+from het.staleness import bound_to_wire
 
 
 @dataclass
@@ -128,7 +129,7 @@ class PSClient:
         keys = self._check_keys(table, keys)
         clocks = self._check_clocks(keys, clocks)
         handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]],
-                            {"bound": _bound(bound), "lazy": self.lazy_init})
+                            {"bound": bound_to_wire(bound), "lazy": self.lazy_init})
         handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
         return handle
 
@@ -140,7 +141,7 @@ class PSClient:
         sync_keys = self._check_keys(table, sync_keys)
         clocks = self._check_clocks(sync_keys, clocks)
         push_parts = partition.split(push_keys, self.num_shards)
-        meta = {"step": int(step), "bound": _bound(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype)}
+        meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype)}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
                         sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
                         keys=sync_keys)
@@ -310,8 +311,8 @@ class PSClient:
         return keys
 
     def _check_push(self, table, keys, grads, counts, grad_dtype: str = "f32"):
-        if grad_dtype not in GRAD_BYTES:
-            raise ValueError(f"grad_dtype must be one of {sorted(GRAD_BYTES)}, got {grad_dtype!r}")
+        if grad_dtype not in PUSH_DTYPES:
+            raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
         n, d = len(keys), self.tables[table].dim
         if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
             raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
@@ -339,19 +340,10 @@ def all_finite(t: torch.Tensor) -> bool:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
-GRAD_BYTES = {"f32": 4, "bf16": 2}  # bytes per gradient value on the wire
 
 
 def _grads_meta(grad_dtype: str) -> dict:
     return {"grads": grad_dtype} if grad_dtype != "f32" else {}  # f32 messages are unchanged
-
-
-def _bound(bound: float):
-    if bound == math.inf:
-        return None
-    if bound < 0 or not float(bound).is_integer():
-        raise ValueError(f"staleness bound must be an integer >= 0 or inf, got {bound!r}")
-    return int(bound)
 
 
 def _shard_file(directory: str, index: int) -> str:

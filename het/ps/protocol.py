@@ -70,6 +70,10 @@ _DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), 
            "u1": np.dtype("u1")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 _INT32_MAX = (1 << 31) - 1
+# How pushed gradients travel, and their bytes per value: "f32", or "bf16" (the upper 16 bits
+# of each float32, rounded to nearest even; int16 on the wire). The one list of push dtypes.
+GRAD_BYTES = {"f32": 4, "bf16": 2}
+PUSH_DTYPES = tuple(GRAD_BYTES)
 
 
 def narrow(clocks):

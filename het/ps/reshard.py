@@ -112,3 +112,20 @@ def _table_slice(name: str, old: list[dict], index: int, num_shards: int) -> dic
     if all("touched" in t for t in tables):
         out["touched"] = gather(lambda t: t["touched"])
     return out
+
+
+def add_parser(sub) -> None:
+    """Register ``het reshard`` on the ``het`` command's subparsers."""
+    r = sub.add_parser("reshard", help="a saved PS or a training checkpoint, moved to another number of shards")
+    r.add_argument("src", help="a PS save directory (shard-<i>.pt) or a checkpoint directory (ps/, worker.pt)")
+    r.add_argument("dst", help="a new (or empty) directory")
+    r.add_argument("--shards", type=int, required=True, help="the number of shards to write")
+    r.set_defaults(func=_main)
+
+
+def _main(args) -> None:
+    checkpoint = os.path.exists(os.path.join(args.src, "worker.pt"))
+    paths = (reshard_checkpoint if checkpoint else reshard)(args.src, args.dst, args.shards)
+    what = "checkpoint" if checkpoint else "PS save"
+    print(f"het reshard: {what} {args.src} -> {args.dst}: {len(paths)} shard files"
+          + (f"; continue it with het train --resume {args.dst} --servers {args.shards}" if checkpoint else ""))

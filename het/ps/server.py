@@ -10,7 +10,6 @@ served (see :mod:`het.ps.auth`). Binding any address but loopback without one is
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -20,6 +19,7 @@ import sys
 import threading
 
 from het.config import ShardConfig
+from het.process import die_with_parent
 from het.ps.auth import SECRET_ENV, check_bind, check_secret
 from het.ps.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
@@ -101,7 +101,7 @@ class ServerProcess:
 
     The child's output goes to ``log_path`` when given; ``env`` adds environment variables;
     ``new_session`` keeps Ctrl-C of the terminal from reaching it; ``popen`` starts it (e.g. inside
-    a network namespace, :meth:`het.dist.netns.EmulatedNetwork.popen`). It gets SIGTERM if this
+    a network namespace, :meth:`het.bench.netns.EmulatedNetwork.popen`). It gets SIGTERM if this
     process dies. ``stop()`` asks it to end (SIGTERM), then kills it if it has not ended within
     ``grace_s``. A ``secret`` reaches the child in its
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
@@ -168,14 +168,6 @@ def _child_env(secret: bytes | None) -> dict:
     if secret is not None:
         env[SECRET_ENV] = os.fsdecode(secret)  # the child's os.fsencode gives back the same bytes
     return env
-
-
-def die_with_parent() -> None:
-    """In a child, before exec: ask Linux to send SIGTERM when the parent dies (no orphans)."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the parent's own cleanup still runs
-        pass
 
 
 def _cfg_dict(cfg: ShardConfig) -> dict:

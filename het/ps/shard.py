@@ -7,7 +7,6 @@ refused whole and the shard keeps serving.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import zlib
@@ -18,10 +17,10 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import optim, partition
-from het.staleness import must_refresh
+from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
-from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply, narrow,
-                             peek_request_id)
+from het.ps.protocol import (PUSH_DTYPES, AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
+                             narrow, peek_request_id)
 
 SAVE_FORMAT = 1
 
@@ -218,7 +217,7 @@ class Shard:
         t, local = self._check_sync(table, keys, clocks)
         server = t.clocks.index_select(0, local)
         sent = torch.from_numpy(clocks).long()
-        index = must_refresh(server, sent, math.inf if bound is None else int(bound)).nonzero().flatten()
+        index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
         rows, n_sent = t.rows_to_send(local.index_select(0, index), lazy)
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
@@ -324,8 +323,8 @@ def _expect_arrays(msg: Message, n: int) -> None:
 
 def _grads_as(meta: dict) -> str:
     grads = meta.get("grads", "f32")
-    if grads not in ("f32", "bf16"):
-        raise ValueError(f"meta['grads'] must be 'f32' or 'bf16', got {grads!r}")
+    if grads not in PUSH_DTYPES:
+        raise ValueError(f"meta['grads'] must be one of {PUSH_DTYPES}, got {grads!r}")
     return grads
 
 

@@ -14,7 +14,7 @@ server endpoints have ``recv(timeout_s) -> (peer, frames) | None`` and ``send(pe
 Latency: ``ZmqTransport(latency_ms=L)`` (default: the environment variable
 ``HET_PS_LATENCY_MS``, else 0) gives every client channel a one-way delay of ``L`` ms in each
 direction, so a request-reply round trip takes at least ``2 L``. The emulated cluster network
-(het.dist.netns) shapes bandwidth with tbf but cannot add delay (no netem on these kernels), so
+(het.bench.netns) shapes bandwidth with tbf but cannot add delay (no netem on these kernels), so
 latency is added here. See :class:`DelayedChannel` for how it keeps requests in flight at once.
 """
 

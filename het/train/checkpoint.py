@@ -14,6 +14,7 @@ import shutil
 
 import torch
 
+from het.dist.collectives import barrier
 from het.train.config import TrainConfig
 
 FORMAT = 1
@@ -21,8 +22,6 @@ FORMAT = 1
 
 def save(worker, directory: str, step: int) -> None:
     """Flush every cache (no update left behind), then write the checkpoint (all ranks call this)."""
-    from het.train.loop import barrier
-
     worker.embedding.flush()
     barrier(worker.world)
     if worker.rank == 0:
@@ -34,7 +33,7 @@ def save(worker, directory: str, step: int) -> None:
         worker.client.save(os.path.join(tmp, "ps"))
         state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
                  "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
-                 "optimizer": worker.optimizer.state_dict() if worker.optimizer is not None else None}
+                 "optimizer": worker.dense.state_dict()}
         torch.save(state, os.path.join(tmp, "worker.pt"))
         if os.path.exists(final):
             os.replace(final, old)
@@ -45,8 +44,6 @@ def save(worker, directory: str, step: int) -> None:
 
 def restore(worker, directory: str) -> int:
     """Load a checkpoint written by :func:`save`; returns the step to continue from."""
-    from het.train.loop import barrier
-
     path = os.path.join(directory, "worker.pt")
     if not os.path.exists(path):
         raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
@@ -58,10 +55,8 @@ def restore(worker, directory: str) -> int:
     missing, unexpected = worker.model.load_state_dict(state["model"], strict=False)
     if unexpected or any(not k.startswith("embedding.") for k in missing):
         raise ValueError(f"{path} does not fit this model: missing {missing}, unexpected {unexpected}")
-    if worker.optimizer is not None and state["optimizer"] is not None:
-        worker.optimizer.load_state_dict(state["optimizer"])
-    for out in worker.embedding._outbox.values():
-        out.step = int(state["step"])  # the PS's Adam corrects its bias by the step number
+    worker.dense.load_state_dict(state["optimizer"])
+    worker.embedding.resume_at(int(state["step"]))  # the PS's Adam corrects its bias by the step number
     barrier(worker.world)
     return int(state["step"])
 

@@ -1,16 +1,21 @@
-"""The training job's config: one frozen dataclass, from a TOML file and flags.
+"""The training job's config: one frozen dataclass, the only source of a job's settings.
 
-A TOML file holds the same keys as the dataclass (flags override it)::
+Every setting is a field with its help text beside it; the ``het train`` flags and the TOML
+keys are generated from the fields (:mod:`het.train.flags`), so adding a setting is one line
+here. A field whose default depends on the model is ``None`` in the dataclass and takes its
+model's value from :data:`MODEL_DEFAULTS` when the config is built, whichever way it is built
+(``TrainConfig(model="deepfm")``, a TOML file, ``het train --model deepfm``)::
 
-    model = "wdl"
-    data = "synthetic-criteo"
-    mode = "het"
-    staleness = 100
+    model = "wdl"            # --model wdl
+    staleness = 100          # --staleness 100 ("inf" for none)
     steps = 300
-    batch = 512
-    dim = 16
-    [synthetic]
+    [synthetic]              # --synthetic-cap 100000: a nested table's key is --TABLE-KEY
     cap = 100000
+    [graph]                  # GraphSAGE only: --graph-fanouts 10,5
+    fanouts = [10, 5]
+
+Types are strict: a TOML ``steps = "abc"``, ``workers = 1.0`` or ``staleness = true`` is
+refused with one line naming the key, the type expected and the value found.
 """
 
 from __future__ import annotations
@@ -18,9 +23,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import typing
 from dataclasses import dataclass, field
 
 from het.config import OPTIMIZERS, POLICIES
+from het.ps.protocol import PUSH_DTYPES
+from het.staleness import check_staleness, format_staleness
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,112 +42,145 @@ MODELS = CTR_MODELS + GRAPH_MODELS
 CTR_DATA = ("synthetic-criteo", "criteo:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
+# A job's defaults by model, for the fields whose default is None.
+_CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
+                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536}
+MODEL_DEFAULTS = {
+    "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
+    # DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR sparse lr of
+    # 0.05 (Adagrad) its logits blow up early and it ends far below the others (AUC 0.742 after 1M
+    # samples, 0.792 at 0.01; docs/RESULTS.md, "Workloads").
+    "deepfm": {**_CTR_DEFAULTS, "lr": 0.01},
+    # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes;
+    # eval_samples only switches the final evaluation on (every node is scored).
+    "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
+                  "lr": 0.001, "dense_lr": 0.01, "eval_samples": 1},
+}
 
-# GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes.
-GRAPH_DEFAULTS = {"data": "cora", "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam", "lr": 0.001,
-                  "dense_optimizer": "adam", "dense_lr": 0.01, "staleness": 10, "cache_frac": 0.1,
-                  "eval_samples": 1, "eval_every": 10}
-# DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR default sparse
-# lr of 0.05 (Adagrad) its logits blow up early and it ends far below the others (AUC 0.742
-# after 1M samples, 0.792 at 0.01; docs/RESULTS.md, "Workloads").
-MODEL_DEFAULTS = {"deepfm": {"lr": 0.01}}
+
+def setting(default=None, help: str = "", *, choices: tuple = (), factory=None, aliases: tuple = (),
+            kind: str | None = None):
+    """A config field with its help text (and closed choices, old flag names) in its metadata."""
+    meta = {"help": help, "choices": tuple(choices), "aliases": tuple(aliases), "kind": kind}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
 class SyntheticConfig:
-    """Size and skew of the synthetic Criteo-like data."""
+    """Size and skew of the synthetic Criteo-like data (``[synthetic]``, ``--synthetic-KEY``)."""
 
-    cap: int | None = 100_000
-    scale: float = 1.0
-    alpha: float = 1.05
-    seed: int = 0
+    cap: int | None = setting(100_000, "cap on each synthetic field's cardinality")
+    scale: float = setting(1.0, "multiplies every field's cardinality (before the cap)")
+    alpha: float = setting(1.05, "power-law exponent of the synthetic ids' popularity")
+    seed: int = setting(0, "seed of the synthetic data set (ids, features, planted model)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "synthetic.")
+        _require(self.cap is None or self.cap >= 1, f"synthetic.cap must be >= 1, got {self.cap}")
+        _require(self.scale > 0, f"synthetic.scale must be > 0, got {self.scale}")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """GraphSAGE's settings (``[graph]``, ``--graph-KEY``); CTR jobs ignore them."""
+
+    fanouts: tuple[int, ...] = setting((10, 5), "neighbours sampled per layer, e.g. 10,5", aliases=("--fanouts",))
+    hidden: int = setting(128, "GraphSAGE's hidden width", aliases=("--hidden",))
+    dropout: float = setting(0.5, "dropout between GraphSAGE's layers", aliases=("--dropout",))
+    eval_every: int = setting(10, "evaluate every N steps and report the metrics of the best validation "
+                              "(0: the final step's)", aliases=("--eval-every",))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "graph.")
+        _require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,
+                 f"graph.fanouts must be positive integers, got {self.fanouts}")
+        _require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
+        _require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
+        _require(self.eval_every >= 0, f"graph.eval_every must be >= 0, got {self.eval_every}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """A training job. ``batch`` is per worker; ``lr`` is the sparse (PS) learning rate.
+    """A training job. ``batch`` is per worker; ``lr`` is the sparse (PS) learning rate. Fields
+    left ``None`` take their model's default (:data:`MODEL_DEFAULTS`).
 
     Example:
-        >>> TrainConfig(mode="hybrid").cache_rows_for(1000)
-        0
-        >>> TrainConfig(cache_frac=0.1).cache_rows_for(1000)
-        100
+        >>> TrainConfig(model="deepfm").lr, TrainConfig(model="deepfm", lr=0.05).lr
+        (0.01, 0.05)
+        >>> TrainConfig(model="graphsage").data
+        'cora'
+        >>> TrainConfig(mode="hybrid").cache_rows_for(1000), TrainConfig(cache_frac=0.2).cache_rows_for(1000)
+        (0, 200)
     """
 
-    model: str = "wdl"
-    data: str = "synthetic-criteo"
-    mode: str = "het"
-    staleness: float = 100
-    steps: int = 1000
-    batch: int = 512
-    dim: int = 128
-    optimizer: str = "adagrad"
-    lr: float = 0.05
-    dense_optimizer: str | None = None  # None: the same as `optimizer`
-    dense_lr: float = 0.001
-    weight_decay: float = 0.0  # the dense optimizer's L2 penalty
-    cache_frac: float = 0.1
-    cache_rows: int | None = None
-    policy: str = "lfu"
-    lookahead: int = 0  # steps whose keys the data loader announces to the cache ahead of time
-    workers: int = 2
-    servers: int = 1
-    eval_samples: int = 65_536
-    eval_every: int = 0  # graphs: evaluate every N steps and report the best validation's metrics
-    seed: int = 0
-    checkpoint: str | None = None
-    checkpoint_every: int = 0
-    resume: str | None = None
-    prefetch: bool = True
-    lazy_init: bool = True  # rows no push touched are built by the worker from the seed, not pulled
-    push_dtype: str = "f32"  # how pushed row gradients travel: f32, or bf16 (half the bytes, rounded)
-    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
-    fanouts: tuple[int, ...] = (10, 5)  # graphs: neighbours sampled per layer
-    hidden: int = 128                   # graphs: GraphSAGE's hidden width
-    dropout: float = 0.5                # graphs
+    model: str = setting("wdl", "the model: CTR models take Criteo-like data, graphsage a graph", choices=MODELS)
+    data: str | None = setting(None, f"the data: {', '.join(CTR_DATA)} (CTR); {', '.join(GRAPH_DATA)} (graphsage)")
+    mode: str = setting("het", "het: PS + worker caches; hybrid: PS, no cache; ps: the dense layers on the "
+                        "PS too (TF-PS)", choices=MODES)
+    staleness: float | None = setting(None, "the bound s: an integer (0: BSP) or inf", kind="staleness")
+    steps: int | None = setting(None, "training steps")
+    batch: int | None = setting(None, "samples per worker per step")
+    dim: int | None = setting(None, "embedding width")
+    optimizer: str | None = setting(None, "the sparse optimizer, applied by the PS", choices=OPTIMIZERS)
+    lr: float | None = setting(None, "the sparse learning rate")
+    dense_optimizer: str | None = setting(None, "the dense layers' optimizer (default: the sparse one's)",
+                                          choices=OPTIMIZERS)
+    dense_lr: float | None = setting(None, "the dense learning rate")
+    weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
+    cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
+    cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
+    policy: str = setting("lfu", "the cache's replacement policy", choices=POLICIES)
+    lookahead: int = setting(0, "announce the next N steps' keys to the cache: Belady's rule within them")
+    workers: int = setting(2, "local cluster: worker processes")
+    servers: int = setting(1, "local cluster: PS shard processes")
+    eval_samples: int | None = setting(None, "held-out samples evaluated at the end (0: no evaluation)")
+    seed: int = setting(0, "seed of the data order and the model")
+    checkpoint: str | None = setting(None, "checkpoint directory")
+    checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
+    resume: str | None = setting(None, "a checkpoint directory to resume from")
+    prefetch: bool = setting(True, "send the next step's sync while this step computes")
+    lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
+    push_dtype: str = setting("f32", "how pushed gradients travel: bf16 takes half the bytes (rounded)",
+                              choices=PUSH_DTYPES)
+    synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
+    graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
 
     def __post_init__(self) -> None:
+        _require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
+        for name, value in MODEL_DEFAULTS[self.model].items():
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value)
+        check_fields(self)
         checks = [
-            (self.model in MODELS, f"model must be one of {MODELS}, got {self.model!r}"),
             (self._data_fits_model(), f"model {self.model!r} takes data "
-             f"{GRAPH_DATA if self.model in GRAPH_MODELS else CTR_DATA}, got {self.data!r}"),
-            (self.mode in MODES, f"mode must be one of {MODES}, got {self.mode!r}"),
-            (self.optimizer in OPTIMIZERS, f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}"),
-            (self.dense_optimizer in (None, *OPTIMIZERS),
-             f"dense_optimizer must be one of {OPTIMIZERS}, got {self.dense_optimizer!r}"),
-            (self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}"),
-            (self.push_dtype in ("f32", "bf16"), f"push_dtype must be 'f32' or 'bf16', got {self.push_dtype!r}"),
-            (self.staleness == math.inf or (float(self.staleness).is_integer() and self.staleness >= 0),
-             f"staleness must be an integer >= 0 or inf, got {self.staleness!r}"),
+             f"{GRAPH_DATA if self.is_graph else CTR_DATA}, got {self.data!r}"),
             (self.steps >= 0 and self.batch > 0 and self.dim > 0,
              f"steps >= 0, batch > 0 and dim > 0 expected, got {self.steps}, {self.batch}, {self.dim}"),
+            (self.lr > 0 and self.dense_lr > 0, f"lr and dense_lr must be > 0, got {self.lr} and {self.dense_lr}"),
+            (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
-            (isinstance(self.lookahead, int) and self.lookahead >= 0,
-             f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}"),
+            (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),
             (self.workers >= 1 and self.servers >= 1,
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
+            (self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
         ]
         for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        object.__setattr__(self, "fanouts", tuple(int(f) for f in self.fanouts))
-        if not self.fanouts or min(self.fanouts) < 1:
-            raise ValueError(f"fanouts must be positive integers, got {self.fanouts}")
-        if isinstance(self.synthetic, dict):
-            object.__setattr__(self, "synthetic", SyntheticConfig(**self.synthetic))
-        if self.staleness != math.inf:
-            object.__setattr__(self, "staleness", int(self.staleness))
+            _require(ok, message)
 
     def _data_fits_model(self) -> bool:
-        kinds = GRAPH_DATA if self.model in GRAPH_MODELS else CTR_DATA
-        return any(self.data == k or (k.endswith(("DIR", "PATH", "NODES")) and self.data.startswith(k.split(":")[0] + ":")
-                                      and len(self.data) > len(k.split(":")[0]) + 1) for k in kinds)
+        for kind in (GRAPH_DATA if self.is_graph else CTR_DATA):
+            prefix, _, arg = kind.partition(":")
+            if self.data == kind or (arg and self.data.startswith(prefix + ":") and len(self.data) > len(prefix) + 1):
+                return True
+        return False
 
     @property
-    def graph(self) -> bool:
+    def is_graph(self) -> bool:
         return self.model in GRAPH_MODELS
 
     @property
@@ -155,43 +196,113 @@ class TrainConfig:
         return int(self.cache_frac * table_rows)
 
     def to_dict(self) -> dict:
+        """Plain data (JSON and TOML alike): nested configs as dicts, s = inf as ``"inf"``."""
         d = dataclasses.asdict(self)
-        d["staleness"] = "inf" if self.staleness == math.inf else self.staleness
+        d["staleness"] = format_staleness(self.staleness)
+        d["graph"]["fanouts"] = list(self.graph.fanouts)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        d = dict(d)
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(d) - names
-        if unknown:
-            raise ValueError(f"unknown config keys {sorted(unknown)}; known: {sorted(names)}")
-        if d.get("staleness") in ("inf", "infinity"):
-            d["staleness"] = math.inf
-        if isinstance(d.get("synthetic"), dict):
-            d["synthetic"] = SyntheticConfig(**d["synthetic"])
-        return cls(**d)
+        """The config of :meth:`to_dict`'s form (or a TOML file's); unknown keys are refused."""
+        return _build(cls, dict(d), "")
 
     @classmethod
-    def load(cls, path: str | None, overrides: dict) -> "TrainConfig":
-        """The TOML file at ``path`` (if any), then ``overrides`` (flags that were given)."""
+    def load(cls, path: str | None, overrides: dict | None = None, defaults: dict | None = None) -> "TrainConfig":
+        """``defaults``, then the TOML file at ``path`` (if any), then ``overrides`` (flags that
+        were given); keys of nested tables are dotted (``"synthetic.cap"``)."""
         d: dict = {}
+        for key, value in (defaults or {}).items():
+            _set_dotted(d, key, value)
         if path:
-            with open(path, "rb") as f:
-                try:
-                    d = tomllib.load(f)
-                except tomllib.TOMLDecodeError as e:
-                    raise ValueError(f"{path}: not valid TOML: {e}") from None
-        model = overrides.get("model", d.get("model", "wdl"))
-        if model in GRAPH_MODELS:  # a graph job's defaults differ from a CTR job's
-            d = {**GRAPH_DEFAULTS, **d}
-        d = {**MODEL_DEFAULTS.get(model, {}), **d}
-        synthetic = dict(d.pop("synthetic", {}))
-        for key, value in overrides.items():
-            if key.startswith("synthetic_"):
-                synthetic[key[len("synthetic_"):]] = value
-            else:
-                d[key] = value
-        if synthetic:
-            d["synthetic"] = synthetic
-        return cls.from_dict(d)
+            try:
+                with open(path, "rb") as f:
+                    _merge(d, tomllib.load(f))
+            except tomllib.TOMLDecodeError as e:
+                raise ValueError(f"{path}: not valid TOML: {e}") from None
+        for key, value in (overrides or {}).items():
+            _set_dotted(d, key, value)
+        try:
+            return cls.from_dict(d)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}" if path else str(e)) from None
+
+
+def check_fields(config, prefix: str = "") -> None:
+    """Check every field of a config dataclass against its declared type, strictly (no bool
+    for an int, no float for an int, no text for a number), and normalise in place: floats
+    from ints, tuples from lists, ``staleness`` to an int or inf. Raises ValueError naming
+    the key (``prefix`` + field), the type expected and the value found."""
+    hints = typing.get_type_hints(type(config))
+    for f in dataclasses.fields(config):
+        value, key = getattr(config, f.name), prefix + f.name
+        if f.metadata.get("kind") == "staleness":
+            value = check_staleness(value, key)
+        else:
+            value = _check_type(hints[f.name], value, key)
+        choices = f.metadata.get("choices")
+        if choices and value is not None and value not in choices:
+            raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
+        object.__setattr__(config, f.name, value)
+
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _check_type(hint, value, key: str):
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        if value is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):
+            return _build(hint, value, key + ".")
+        raise ValueError(f"{key}: expected a table of {sorted(f.name for f in dataclasses.fields(hint))}, "
+                         f"got {value!r} ({type(value).__name__})")
+    if typing.get_origin(hint) is tuple:
+        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            return tuple(value)
+        raise ValueError(f"{key}: expected a list of integers, got {value!r} ({type(value).__name__})")
+    ok = isinstance(value, hint) and not (isinstance(value, bool) and hint is not bool)
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if ok and hint is float and not math.isfinite(value):
+        raise ValueError(f"{key}: expected a finite number, got {value!r}")
+    if not ok:
+        raise ValueError(f"{key}: expected {_TYPE_NAMES.get(hint, hint)}, got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _build(cls, d: dict, prefix: str):
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(d) - names)
+    if unknown:
+        raise ValueError(f"unknown config keys {[prefix + k for k in unknown]}; known: {sorted(names)}")
+    return cls(**d)
+
+
+def _set_dotted(d: dict, key: str, value) -> None:
+    head, _, rest = key.partition(".")
+    if rest:
+        inner = d.setdefault(head, {})
+        if not isinstance(inner, dict):
+            raise ValueError(f"{head}: expected a table (for {key}), got {inner!r}")
+        _set_dotted(inner, rest, value)
+    else:
+        d[head] = value
+
+
+def _merge(into: dict, other: dict) -> None:
+    for key, value in other.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _require(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

@@ -17,32 +17,26 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.dist.dense import AllReduceDense, PSDense, dense_table
+from het.config import CacheConfig
+from het.dist.collectives import barrier, gather
+from het.dist.dense import AllReduceDense, DenseSync, PSDense
 from het.nn.embedding import Embedding
 from het.ps.client import PSClient
+from het.staleness import format_staleness
 from het.train import checkpoint
 from het.train.config import TrainConfig
-from het.train.tasks import make_task
+from het.train.tasks import EMBEDDING_TABLE, make_task
 
-EMBEDDING_TABLE = "embedding"
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
-def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
-    """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``."""
-    task = task or make_task(cfg)
-    tables = [TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
-                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)]
-    if cfg.mode == "ps":
-        model = task.build_model(torch.nn.Embedding(1, cfg.dim))
-        model.embedding = torch.nn.Identity()
-        tables.append(dense_table(model, cfg.dense_lr))
-    return tables
-
-
 class Worker:
-    """One rank's task, model, caches, dense synchronisation and counters."""
+    """One rank's task, model, caches, dense synchronisation and counters.
+
+    ``model`` is the model itself (checkpoints and evaluation read it); the training step calls
+    ``dense.forward_module``, which is the DistributedDataParallel wrapper around it when there
+    are several workers in modes het and hybrid.
+    """
 
     def __init__(self, cfg: TrainConfig, client: PSClient, rank: int = 0, world: int = 1,
                  device: torch.device | str = "cpu"):
@@ -56,20 +50,22 @@ class Worker:
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
                                    grad_scale=1.0 / world, push_dtype=cfg.push_dtype)
         self.model = self.task.build_model(self.embedding).to(self.device)
-        if cfg.mode == "ps":
-            self.dense = PSDense(self.model, client, world, rank)
-            self.optimizer = None
-            barrier(world)  # rank 0 has written the initial dense values
-        else:
-            self.dense = AllReduceDense(self.model, world, self.device)
-            self.optimizer = DENSE_OPTIMIZERS[cfg.dense_optimizer or cfg.optimizer](
-                self.dense.params, lr=cfg.dense_lr, weight_decay=cfg.weight_decay)
+        self.dense = self._dense_sync()
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
         self.lookahead = cache.lookahead
         self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
         self.step_count = 0
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
+
+    def _dense_sync(self) -> DenseSync:
+        if self.cfg.mode == "ps":
+            dense = PSDense(self.model, self.client, self.world, self.rank)
+            barrier(self.world)  # rank 0 has written the initial dense values
+            return dense
+        optimizer = DENSE_OPTIMIZERS[self.cfg.dense_optimizer or self.cfg.optimizer]
+        return AllReduceDense(self.model, self.world, self.device, optimizer, lr=self.cfg.dense_lr,
+                              weight_decay=self.cfg.weight_decay)
 
     def batch(self, step: int):
         """The batch of ``step``. With a lookahead window the batches are made ``lookahead``
@@ -90,28 +86,33 @@ class Worker:
     def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""
         self.dense.before_forward()                               # mode ps: pull the dense parameters
-        if self.prefetch and next_batch is not None:
-            self.embedding.prefetch(self.task.keys(next_batch))   # next step's sync flies during this one
-        loss = self.task.loss(self.dense.model, batch)
-        if self.optimizer is not None:
-            self.optimizer.zero_grad()
-        else:
-            self.model.zero_grad()
+        self._prefetch(batch, next_batch)                         # syncs fly while this step computes
+        loss = self.task.loss(self.dense.forward_module, batch)   # rows: cache, or the prefetched sync
+        self.dense.zero_grad()
         loss.backward()                                           # rows' gradients -> cache; dense AllReduce
-        self.dense.after_backward(self.optimizer)                 # local optimizer step, or push to the PS
+        self.dense.after_backward()                               # local optimizer step, or push to the PS
         if self.bsp:                                              # s = 0: every push applied before any pull
             self.embedding.push_due()
             barrier(self.world)
         self.step_count += 1
         return float(loss.detach())
 
+    def _prefetch(self, batch, next_batch) -> None:
+        """Send this step's sync, unless it is in flight already (the previous step sent it,
+        and no checkpoint or evaluation in between used it up), and the next step's, so the
+        PS answers while this step computes. The next step's carries this step's pushes."""
+        if not self.prefetch:
+            return
+        if not self.embedding.prefetching():
+            self.embedding.prefetch(self.task.keys(batch))
+        if next_batch is not None:
+            self.embedding.prefetch(self.task.keys(next_batch))
+
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
         bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
         start_time = time.perf_counter()
         batch = self.batch(start) if start < steps else None
-        if self.prefetch and batch is not None:
-            self.embedding.prefetch(self.task.keys(batch))
         loss = math.nan
         for step in range(start, steps):
             next_batch = self.batch(step + 1) if step + 1 < steps else None
@@ -124,9 +125,7 @@ class Worker:
                             samples_per_s=f"{(step + 1 - start) * self.cfg.batch * self.world / elapsed:,.0f}",
                             refresh=False)
             if on_step is not None:
-                on_step(step + 1)  # a checkpoint or an evaluation may have used up the prefetch
-            if self.prefetch and batch is not None and not self.embedding.prefetching():
-                self.embedding.prefetch(self.task.keys(batch))
+                on_step(step + 1)  # a checkpoint or an evaluation: the next step prefetches again
             if self._stop_requested():
                 break
         self.embedding.flush()
@@ -147,8 +146,7 @@ class Worker:
         bound is 0 meanwhile: ``Embedding.fresh``), and every rank gets the metrics of the
         whole. In mode ps the dense parameters are pulled first, so every rank scores with the
         same, latest ones."""
-        if isinstance(self.dense, PSDense):
-            self.dense.before_forward()
+        self.dense.before_forward()
         self.model.eval()
         try:
             with self.embedding.fresh():
@@ -160,24 +158,25 @@ class Worker:
     def counters(self) -> dict:
         """This rank's traffic, cache and time counters (summed over ranks by the summary)."""
         stats = self.embedding.stats()[EMBEDDING_TABLE]
-        dense_bytes = (self.dense.bytes if isinstance(self.dense, PSDense)
-                       else self.dense.bytes_per_step() * self.step_count)
+        dense = self.dense.counters()
         return {**{k: stats.get(k, 0) for k in ("lookups", "hits", "misses", "stale_refreshes", "evictions")},
                 **{k: self.embedding.traffic.get(k, 0) for k in ("sparse_pull", "sparse_push", "sync")},
-                "dense": dense_bytes, "wait_ps_s": self.embedding.wait_s + getattr(self.dense, "wait_s", 0.0),
-                "allreduce_s": getattr(self.dense, "allreduce_s", 0.0)}
+                "dense": dense["dense"], "wait_ps_s": self.embedding.wait_s + dense["wait_ps_s"],
+                "allreduce_s": dense["allreduce_s"]}
 
 
-def summarise(cfg: TrainConfig, world: int, steps: int, wall_s: float, per_rank: list[dict], metrics: dict,
-              table_rows: int) -> dict:
+def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: float, per_rank: list[dict],
+              metrics: dict, table_rows: int) -> dict:
+    """The job's summary from every rank's :meth:`Worker.counters`; ``servers``: the shards the
+    job really used (``--ps`` may name others than ``cfg.servers``)."""
     total = {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
     samples = steps * cfg.batch * world
     sparse = total["sparse_pull"] + total["sparse_push"] + total["sync"]
     busy = wall_s * world
     wait, allreduce = total["wait_ps_s"], total["allreduce_s"]
     return {
-        "mode": cfg.mode, "staleness": "inf" if cfg.staleness == math.inf else cfg.staleness,
-        "workers": world, "servers": cfg.servers, "steps": steps, "samples": samples, "wall_s": wall_s,
+        "mode": cfg.mode, "staleness": format_staleness(cfg.staleness),
+        "workers": world, "servers": servers, "steps": steps, "samples": samples, "wall_s": wall_s,
         "samples_per_s": samples / wall_s if wall_s else 0.0, **metrics,
         "hit_rate": total["hits"] / total["lookups"] if total["lookups"] else 0.0,
         "stale_refreshes": total["stale_refreshes"], "evictions": total["evictions"],
@@ -206,7 +205,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         start = 0
         if cfg.resume:
             start = checkpoint.restore(worker, cfg.resume)
-        selector = _Selector(worker, cfg.eval_every)
+        selector = _Selector(worker, cfg.graph.eval_every)
         hooks = [h for h in (checkpoint.saver(worker, cfg), selector) if h]
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
@@ -217,7 +216,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         summary = None
         if rank == 0:
             metrics = selector.pick(metrics, cfg.steps)
-            summary = summarise(cfg, world, cfg.steps - start, run["wall_s"], per_rank, metrics, worker.task.num_rows)
+            summary = summarise(cfg, world, client.num_shards, cfg.steps - start, run["wall_s"], per_rank, metrics,
+                                worker.task.num_rows)
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)
@@ -271,19 +271,6 @@ def _stop_on_sigterm(worker: Worker):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def barrier(world: int) -> None:
-    if world > 1:
-        dist.barrier()
-
-
-def gather(obj, world: int) -> list:
-    if world == 1:
-        return [obj]
-    out = [None] * world
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def _device() -> torch.device:

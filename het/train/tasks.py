@@ -16,11 +16,14 @@ import numpy as np
 import torch
 from sklearn.metrics import log_loss, roc_auc_score
 
+from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
+from het.dist.dense import dense_table
 from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.train.config import TrainConfig
 
 CTR_MODELS = {"wdl": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+EMBEDDING_TABLE = "embedding"
 
 
 class CTRTask:
@@ -93,7 +96,7 @@ class GraphBatch:
 
 
 class GraphTask:
-    selection_metric = "val_acc"  # what model selection (eval_every) maximises
+    selection_metric = "val_acc"  # what model selection (graph.eval_every) maximises
 
     def __init__(self, cfg: TrainConfig):
         from het.data.graph import load, normalize_features
@@ -102,7 +105,7 @@ class GraphTask:
         self.cfg = cfg
         self.graph = normalize_features(load(cfg.data))
         self.num_rows = self.graph.num_nodes
-        self.sampler = NeighborSampler(self.graph, fanouts=cfg.fanouts, seed=cfg.seed)
+        self.sampler = NeighborSampler(self.graph, fanouts=cfg.graph.fanouts, seed=cfg.seed)
         self.train_nodes = torch.from_numpy(np.flatnonzero(_np(self.graph.train_mask)))
         self.loss_fn = torch.nn.CrossEntropyLoss()
 
@@ -112,8 +115,8 @@ class GraphTask:
         torch.manual_seed(self.cfg.seed)
         features = self.graph.features
         return GraphSAGE(embedding, dim=self.cfg.dim, in_features=0 if features is None else features.shape[1],
-                         num_classes=self.graph.num_classes, hidden=self.cfg.hidden, layers=len(self.cfg.fanouts),
-                         dropout=self.cfg.dropout)
+                         num_classes=self.graph.num_classes, hidden=self.cfg.graph.hidden,
+                         layers=len(self.cfg.graph.fanouts), dropout=self.cfg.graph.dropout)
 
     def batch(self, step: int, rank: int, world: int, device) -> GraphBatch:
         """Rank ``rank``'s seeds of a step: the training nodes in a fresh seeded order every
@@ -149,7 +152,7 @@ class GraphTask:
         :meth:`CTRTask.evaluate`) sums the counts, so every rank returns the same metrics."""
         from het.data.sampler import NeighborSampler
 
-        full = NeighborSampler(self.graph, fanouts=[-1] * len(self.cfg.fanouts), seed=0)  # every neighbour
+        full = NeighborSampler(self.graph, fanouts=[-1] * len(self.cfg.graph.fanouts), seed=0)  # every neighbour
         counts = {}
         for split, mask in (("val", self.graph.val_mask), ("test", self.graph.test_mask)):
             nodes = torch.from_numpy(np.flatnonzero(_np(mask)))
@@ -167,7 +170,27 @@ class GraphTask:
 
 
 def make_task(cfg: TrainConfig):
-    return GraphTask(cfg) if cfg.graph else CTRTask(cfg)
+    return GraphTask(cfg) if cfg.is_graph else CTRTask(cfg)
+
+
+def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
+    """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``."""
+    task = task or make_task(cfg)
+    tables = [TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
+                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)]
+    if cfg.mode == "ps":
+        tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
+    return tables
+
+
+def dense_params(cfg: TrainConfig, task=None) -> int:
+    """Dense (non-embedding) parameters of ``cfg``'s model, counted on meta tensors (no memory,
+    so dim 4096 is free)."""
+    task = task or make_task(cfg)
+    with torch.device("meta"):
+        model = task.build_model(torch.nn.Embedding(1, cfg.dim))
+    model.embedding = torch.nn.Identity()
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float:

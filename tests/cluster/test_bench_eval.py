@@ -103,7 +103,7 @@ def test_the_latency_variable_reaches_every_worker_of_a_local_cluster(tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["staleness", "--stalenesses", "0,soon"], "got 'soon' in '0,soon'"),
     (["scale", "--workers", "0,2"], "--workers expects comma-separated positive integers"),
-    (["scale", "--modes", "het,fast"], "expected a mode ps, hybrid or het[:STALENESS], got 'fast'"),
+    (["scale", "--modes", "het,fast"], "expected a mode hybrid, ps or het[:STALENESS], got 'fast'"),
     (["scale", "--project-bandwidths", "none,fast"], "bandwidth 'fast' is not a rate tc understands"),
 ])
 def test_bad_bench_input_gets_a_clear_error_before_anything_runs(args, message):

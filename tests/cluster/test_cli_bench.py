@@ -63,7 +63,7 @@ def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
 
 
 @pytest.mark.parametrize("args, message", [
-    (["train", "--mode", "fast"], "mode must be one of ('het', 'hybrid', 'ps'), got 'fast'"),
+    (["train", "--mode", "fast"], "argument --mode: expected one of het, hybrid, ps, got 'fast'"),
     (["train", "--config", "/nonexistent/job.toml"], "No such file or directory: '/nonexistent/job.toml'"),
     (["train", "--model", "graphsage", "--data", "synthetic-criteo"], "model 'graphsage' takes data"),
     (["train", "--staleness", "-3"], "expected an integer >= 0 or 'inf'"),

@@ -1,4 +1,4 @@
-"""The emulated cluster network (het/dist/netns.py): namespaces joined by a bridge, links shaped
+"""The emulated cluster network (het/bench/netns.py): namespaces joined by a bridge, links shaped
 with tc, everything removed at the end. Needs root and network namespaces; skipped otherwise.
 Traffic goes only between the 192.0.2.x addresses inside the namespaces made here."""
 
@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from het.dist import netns as netns_module
-from het.dist.netns import (EmulatedNetwork, NetworkEmulationUnavailable, cleanup_stale, measure_bandwidth,
+from het.bench import netns as netns_module
+from het.bench.netns import (EmulatedNetwork, NetworkEmulationUnavailable, cleanup_stale, measure_bandwidth,
                             parse_rate, unavailable_reason)
 
 pytestmark = pytest.mark.cluster
@@ -85,7 +85,7 @@ def test_a_failed_setup_removes_what_it_made(netns, monkeypatch):
 
 HOLDER = """
 import time
-from het.dist.netns import EmulatedNetwork
+from het.bench.netns import EmulatedNetwork
 with EmulatedNetwork(["a", "b"]) as net:
     print(net.prefix, net.popen("a", ["sleep", "60"]).pid, flush=True)
     time.sleep(60)

@@ -13,7 +13,8 @@ import torch
 from het.data.batch import Batch
 from het.ps.client import PSClient
 from het.train.config import TrainConfig
-from het.train.loop import Worker, job_tables
+from het.train.loop import Worker
+from het.train.tasks import job_tables
 
 pytestmark = pytest.mark.cluster
 

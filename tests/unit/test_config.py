@@ -24,3 +24,149 @@ def test_a_jobs_defaults_follow_its_model_and_flags_still_win(tmp_path):
     assert TrainConfig.load(str(job), {}).lr == 0.02
     graph = TrainConfig.load(None, {"model": "graphsage"})
     assert (graph.data, graph.lr, graph.optimizer) == ("cora", 0.001, "adam")
+
+
+# -- one source of truth: every setting is a documented flag and a TOML key -----------------
+
+import ast  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import typing  # noqa: E402
+
+import het  # noqa: E402
+from het import cli  # noqa: E402
+from het.train import local  # noqa: E402
+from het.train.config import MODELS  # noqa: E402
+from het.train.flags import config_fields, config_from_args, flag_name  # noqa: E402
+
+EXTRA = {"checkpoint_every": {"checkpoint": "ck"}}  # settings that need another to be valid
+
+
+def a_value(key, f, hint):
+    """A value of the setting other than its default, and how a flag spells it."""
+    choices = f.metadata.get("choices")
+    default = TrainConfig().__getattribute__(key) if "." not in key else None
+    if key == "data":
+        return "criteo:some-dir", "criteo:some-dir"
+    if choices:
+        value = next(c for c in choices if c != default)
+        return value, value
+    if f.metadata.get("kind") == "staleness":
+        return 7, "7"
+    inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    kind = tuple if typing.get_origin(hint) is tuple else inner[0]
+    if kind is tuple:
+        return (3, 2), "3,2"
+    if kind is bool:
+        return not f.default, None
+    if kind is int:
+        return 7, "7"
+    if kind is float:
+        return 0.25, "0.25"
+    return "some-text", "some-text"
+
+
+def test_every_setting_has_help_and_is_a_flag_and_a_toml_key(tmp_path):
+    keys = list(config_fields())
+    assert len(keys) > 25
+    for key, f, hint in keys:
+        assert len(f.metadata.get("help", "")) > 10, f"{key} has no help text"
+        value, text = a_value(key, f, hint)
+        extra = EXTRA.get(key, {})
+        if text is None:  # a bool: --x / --no-x
+            argv = ["train", flag_name(key) if value else "--no-" + flag_name(key)[2:]]
+        else:
+            argv = ["train", flag_name(key), text]
+        for k, v in extra.items():
+            argv += [flag_name(k), v]
+        by_flag = config_from_args(cli.parser().parse_args(argv))
+        head, _, leaf = key.rpartition(".")
+        toml = tmp_path / "job.toml"
+        lines = [f"{k} = {_toml(v)}" for k, v in extra.items()]
+        lines += [f"[{head}]\n{leaf} = {_toml(value)}"] if head else [f"{key} = {_toml(value)}"]
+        toml.write_text("\n".join(lines) + "\n")
+        by_toml = TrainConfig.load(str(toml))
+        for cfg in (by_flag, by_toml):
+            got = getattr(getattr(cfg, head) if head else cfg, leaf)
+            assert got == value, f"{key}: expected {value!r}, got {got!r}"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_model_gives_the_same_job_whichever_way_it_is_built(model, monkeypatch, capsys):
+    """``TrainConfig(model=M)`` is the job ``het train --model M`` runs (its launcher is
+    replaced here, to catch the config it is handed)."""
+    ran = []
+    monkeypatch.setattr(local, "run_local", lambda cfg, *a, **k: ran.append(cfg) or {})
+    cli.main(["train", "--model", model, "--quiet", "--json"])
+    assert ran == [TrainConfig(model=model)] == [TrainConfig.load(None, {"model": model})]
+
+
+@pytest.mark.parametrize("toml, message", [
+    ('steps = "abc"', "steps: expected an integer, got 'abc' (str)"),
+    ("workers = 1.0", "workers: expected an integer, got 1.0 (float)"),
+    ("staleness = true", "staleness: expected an integer >= 0 or 'inf', got True (bool)"),
+    ("staleness = 1.5", "staleness: expected an integer >= 0 or 'inf', got 1.5 (float)"),
+    ("dense_lr = inf", "dense_lr: expected a finite number, got inf"),
+    ("batch = 512.0", "batch: expected an integer, got 512.0 (float)"),
+    ("prefetch = 1", "prefetch: expected true or false, got 1 (int)"),
+    ('mode = "fast"', "mode: expected one of ('het', 'hybrid', 'ps'), got 'fast'"),
+    ("[synthetic]\ncap = \"x\"", "synthetic.cap: expected an integer, got 'x' (str)"),
+    ("[graph]\nfanouts = [10, 1.5]", "graph.fanouts: expected a list of integers, got [10, 1.5] (list)"),
+    ("steps_typo = 3", "unknown config keys ['steps_typo']"),
+])
+def test_a_wrong_typed_toml_value_is_one_line_and_exit_code_2(toml, message, tmp_path, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text(toml + "\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--config", str(job)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_a_wrong_typed_toml_value_prints_no_traceback(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("workers = 1.0\n")
+    run = subprocess.run([sys.executable, "-m", "het", "train", "--config", str(job)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == f"het train: error: {job}: workers: expected an integer, got 1.0 (float)"
+
+
+def test_help_lists_the_choices_of_every_closed_setting():
+    text = cli.parser()._subparsers._group_actions[0].choices["train"].format_help()
+    for choices in ("{wdl,deepfm,dcn,dlrm,graphsage}", "{het,hybrid,ps}", "{lru,lfu}", "{f32,bf16}",
+                    "{sgd,adagrad,adam}"):
+        assert choices in text
+
+
+def test_strict_types_when_built_in_python():
+    with pytest.raises(ValueError, match="steps: expected an integer, got '3'"):
+        TrainConfig(steps="3")
+    with pytest.raises(ValueError, match="lookahead: expected an integer, got True"):
+        TrainConfig(lookahead=True)
+    assert TrainConfig(lr=1).lr == 1.0 and isinstance(TrainConfig(lr=1).lr, float)  # an int is a number
+    assert TrainConfig(staleness="inf").staleness == math.inf and TrainConfig(staleness=5.0).staleness == 5
+    assert TrainConfig.from_dict(TrainConfig(model="graphsage").to_dict()) == TrainConfig(model="graphsage")
+
+
+def test_no_function_in_het_is_60_lines_or_longer():
+    long = []
+    for path in pathlib.Path(het.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines >= 60:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []

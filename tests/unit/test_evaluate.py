@@ -34,7 +34,7 @@ def test_ctr_evaluation_shared_among_ranks_equals_one_ranks(world):
 
 
 def test_graph_evaluation_shared_among_ranks_equals_one_ranks():
-    task = make_task(TrainConfig(model="graphsage", data="synthetic-graph:600", dim=8, hidden=8, fanouts=(3,)))
+    task = make_task(TrainConfig(model="graphsage", data="synthetic-graph:600", dim=8, graph={"hidden": 8, "fanouts": (3,)}))
     torch.manual_seed(0)
     model = task.build_model(torch.nn.Embedding(task.num_rows, 8)).eval()
     alone = task.evaluate(model, 0, "cpu", batch_size=64)

@@ -106,7 +106,8 @@ def test_wrong_announcements_cost_hits_never_correctness(cluster_factory):
 def test_the_worker_announces_the_batches_it_trains_on():
     from het.ps.client import PSClient
     from het.train.config import TrainConfig
-    from het.train.loop import Worker, job_tables
+    from het.train.loop import Worker
+    from het.train.tasks import job_tables
 
     def batches(lookahead):
         cfg = TrainConfig(steps=6, batch=32, dim=4, lookahead=lookahead, eval_samples=0,

@@ -45,7 +45,7 @@ def test_a_bad_gradient_format_is_refused_and_the_shard_keeps_serving():
     shard = client.channels[0].shard
     bad = shard.handle(Message(Op.PUSH, 1, {"table": "t", "grads": "fp8"},
                                [np.array([1]), np.zeros((1, 8), np.int16), np.array([1])]))
-    assert bad.status == 1 and "'f32' or 'bf16', got 'fp8'" in bad.meta["error"]
+    assert bad.status == 1 and "one of ('f32', 'bf16'), got 'fp8'" in bad.meta["error"]
     wrong = shard.handle(Message(Op.PUSH, 2, {"table": "t", "grads": "bf16"},
                                  [np.array([1]), np.zeros((1, 8), np.float32), np.array([1])]))
     assert wrong.status == 1 and "int16 bits" in wrong.meta["error"]

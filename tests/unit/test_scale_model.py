@@ -6,11 +6,12 @@ import math
 import pytest
 import torch
 
-from het.bench import scale, staleness
-from het.dist.dense import PSDense, dense_table
+from het.bench import scale
+from het.dist.dense import PSDense, dense_table, ps_dense_bytes
 from het.ps.client import PSClient
+from het.staleness import parse_stalenesses
 from het.train.config import TrainConfig
-from het.train.tasks import make_task
+from het.train.tasks import dense_params, make_task
 
 
 def fake_run(mode="het:100", workers=2, dim=16, steps=100, wall_s=2.0, split=(0.6, 0.3, 0.1), bps=1000.0,
@@ -44,7 +45,7 @@ def test_the_wire_terms_follow_the_formula():
         assert got["samples_per_s"] == pytest.approx(w * 64 / expected)
     # mode ps: no AllReduce, the dense table rides the PS link
     ps_params = scale.mode_params([{**run, "mode": "ps"}], math.inf, servers=2, dense={16: params_count})
-    ps_bytes = b + scale.dense_ps_bytes(params_count)
+    ps_bytes = b + ps_dense_bytes(params_count)
     assert ps_params["ps_bytes_per_worker_step"]["a"] == pytest.approx(ps_bytes)
     assert scale.predict("ps", ps_params, 4, 16, rate, params_count)["step_s"] == pytest.approx(
         t_c + o_ps + 4 * ps_bytes / (2 * rate))
@@ -70,24 +71,24 @@ def test_dense_params_match_the_model_the_worker_trains():
     cfg = TrainConfig(dim=8, synthetic={"cap": 2000})
     model = make_task(cfg).build_model(torch.nn.Embedding(1, 8))
     model.embedding = torch.nn.Identity()
-    assert scale.dense_params(cfg, 8) == sum(p.numel() for p in model.parameters())
+    assert dense_params(cfg) == sum(p.numel() for p in model.parameters())
 
 
 def test_dense_ps_bytes_match_what_mode_ps_counts():
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 1))
     numel = sum(p.numel() for p in model.parameters())
-    dense = PSDense(model, PSClient.local([dense_table(model, 0.1)]), world=1, rank=0)
+    dense = PSDense(model, PSClient.local([dense_table(numel, 0.1)]), world=1, rank=0)
     dense.before_forward()
     model(torch.zeros(2, 30)).sum().backward()
-    dense.after_backward(None)
-    assert dense.bytes == scale.dense_ps_bytes(numel)
+    dense.after_backward()
+    assert dense.counters()["dense"] == ps_dense_bytes(numel)
 
 
 @pytest.mark.parametrize("text, message", [
     ("0,fast", "got 'fast' in '0,fast'"), ("-1", "got '-1'"), ("", "got ''")])
 def test_bad_staleness_lists_are_refused(text, message):
     with pytest.raises(ValueError, match=message):
-        staleness.parse_stalenesses(text)
+        parse_stalenesses(text)
 
 
 def test_bad_integer_lists_are_refused():

@@ -38,7 +38,7 @@ import threading
 import time
 import warnings
 
-from het.ps.server import die_with_parent
+from het.process import die_with_parent
 
 SUBNET = "192.0.2"  # RFC 5737 TEST-NET-1: never routed, used only inside the namespaces
 FIRST_HOST = 10  # host i is 192.0.2.(10 + i)

@@ -1,0 +1,57 @@
+"""``het serve``: one PS shard in the foreground, holding tables named on the command line or
+the tables a training job's TOML needs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from het.config import OPTIMIZERS, OptimizerConfig, ShardConfig, TableConfig
+
+
+def add_parser(sub) -> None:
+    """Register ``het serve`` on the ``het`` command's subparsers."""
+    s = sub.add_parser("serve", help="run one PS shard in the foreground")
+    s.add_argument("--bind", default="127.0.0.1:5555", help="HOST:PORT to listen on (port 0: any free port); "
+                   "an address other than 127.0.0.1 needs a shared secret")
+    s.add_argument("--secret-file", metavar="PATH", help="file holding the shared secret that every request "
+                   "must be signed with (default: the environment variable HET_SECRET, if set)")
+    s.add_argument("--table", action="append", type=_table, default=[], metavar="NAME:ROWS:DIM",
+                   help="a table to hold (repeat for several)")
+    s.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS, help="the tables' optimizer (default sgd)")
+    s.add_argument("--lr", type=float, default=0.01, help="the tables' learning rate (default 0.01)")
+    s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
+    s.add_argument("--shard-index", type=int, default=0, help="which shard of --num-shards this one is")
+    s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
+    s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
+    s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
+    s.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args) -> None:
+    from het.ps.auth import load_secret
+    from het.ps.server import run_foreground
+
+    if args.shard_config:
+        d = json.loads(args.shard_config)
+        cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"])
+    elif args.config:
+        from het.train.config import TrainConfig
+        from het.train.tasks import job_tables
+
+        tables = tuple(job_tables(TrainConfig.load(args.config)))
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
+    else:
+        if not args.table:
+            raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
+        opt = OptimizerConfig(args.optimizer, lr=args.lr)
+        tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
+    run_foreground(cfg, args.bind, load_secret(args.secret_file))
+
+
+def _table(text: str) -> tuple[str, int, int]:
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME:ROWS:DIM, e.g. user:1000000:128, got {text!r}")
+    return parts[0], int(parts[1]), int(parts[2])

@@ -1,0 +1,79 @@
+"""``het train``: a job on a local cluster by default, or one worker of a multi-node job
+(``--ps``, under torchrun). Its settings are TrainConfig's, as generated flags and TOML keys."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from het.train.config import TrainConfig
+from het.train.flags import add_config_flags, config_from_args
+
+
+def add_parser(sub) -> None:
+    """Register ``het train`` on the ``het`` command's subparsers."""
+    t = sub.add_parser("train", help="train a model: a local cluster by default, or a worker of a "
+                       "multi-node job with --ps (under torchrun)",
+                       description="Train a model. Every job setting is a flag and a key of the --config TOML "
+                       "file (flags override it); the defaults of some depend on --model.")
+    add_config_flags(t)
+    t.add_argument("--ps", help="HOST:PORT,... of running shards (`het serve`): be a worker of that PS")
+    t.add_argument("--secret-file", metavar="PATH", help="the shards' shared secret (or HET_SECRET)")
+    t.add_argument("--log-dir", help="local cluster: where the processes' logs go (default runs/<time>)")
+    t.add_argument("--quiet", action="store_true", help="no progress bar")
+    t.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
+    t.add_argument("--config-json", help=argparse.SUPPRESS)  # a worker started by the local launcher
+    t.add_argument("--summary", help=argparse.SUPPRESS)
+    t.set_defaults(func=cmd_train)
+
+
+def cmd_train(args) -> None:
+    from het.ps.auth import load_secret
+
+    if args.config_json:
+        cfg = TrainConfig.from_dict(json.loads(args.config_json))
+    else:
+        cfg = config_from_args(args)
+    secret = load_secret(args.secret_file)
+    if args.ps:  # a worker of a multi-node job (torchrun) or of the local launcher
+        from het.train.loop import run_worker
+
+        summary = run_worker(cfg, args.ps.split(","), secret, progress=not args.quiet)
+        if summary is None:
+            return
+        if args.summary:
+            with open(args.summary, "w") as f:
+                json.dump(summary, f)
+    else:
+        from het.dist.launch import ClusterError
+        from het.train.local import run_local
+
+        log_dir = args.log_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
+        try:
+            summary = run_local(cfg, log_dir, secret, progress=not args.quiet)
+        except ClusterError as e:
+            print(f"het train: {e}", file=sys.stderr)
+            raise SystemExit(1) from None
+        except KeyboardInterrupt:
+            print("het train: interrupted; every process was stopped", file=sys.stderr)
+            raise SystemExit(130) from None
+    if args.json:
+        print(json.dumps(summary, sort_keys=True, default=str))
+    else:
+        print(format_summary(summary))
+
+
+def format_summary(summary: dict) -> str:
+    """The summary as three readable lines."""
+    split = summary["time_split"]
+    metrics = ", ".join(f"{k} {summary[k]:.4f}" for k in ("auc", "planted_auc", "logloss", "val_acc", "test_acc")
+                        if k in summary)
+    return (f"het train: {summary['mode']} s={summary['staleness']}, {summary['workers']} workers x "
+            f"{summary['servers']} servers, {summary['steps']} steps in {summary['wall_s']:.1f} s "
+            f"({summary['samples_per_s']:,.0f} samples/s)\n"
+            f"  {metrics}; hit rate {summary['hit_rate']:.3f}\n"
+            f"  sparse bytes/sample {summary['sparse_bytes_per_sample']:,.0f}; time: compute {split['compute']:.0%}, "
+            f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}")
