@@ -43,7 +43,8 @@ def must_push(updates: torch.Tensor, bound: float) -> torch.Tensor:
     return updates > bound
 
 
-INFINITE = ("inf", "infinity")  # how a text (a flag, a TOML string, JSON) spells s = inf
+INFINITE = ("inf", "infinity")
+MAX_BOUND = 1 << 62  # a finite bound on the wire: clocks never pass it either  # how a text (a flag, a TOML string, JSON) spells s = inf
 
 
 def check_staleness(value, what: str = "staleness") -> float:
@@ -135,6 +136,6 @@ def bound_from_wire(value) -> float:
     """
     if value is None:
         return math.inf
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise ValueError(f"meta['bound'] must be an integer >= 0 or null (inf), got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_BOUND:
+        raise ValueError(f"meta['bound'] must be an integer in [0, {MAX_BOUND}] or null (inf), got {value!r}")
     return value

@@ -20,7 +20,8 @@ from torch import nn
 
 from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.ps.client import PSClient, all_finite
+from het.ps.checks import all_finite
+from het.ps.client import PSClient
 from het.ps.protocol import GRAD_BYTES, PUSH_DTYPES
 
 POOLING = ("sum", "mean")

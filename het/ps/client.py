@@ -15,6 +15,7 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import partition
+from het.ps.checks import all_finite
 from het.ps.auth import check_secret
 from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
                              narrow)
@@ -332,11 +333,6 @@ class PSClient:
         if clocks.shape != keys.shape:
             raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
         return narrow(clocks)  # int32 on the wire while every clock fits
-
-
-def all_finite(t: torch.Tensor) -> bool:
-    """NaN and inf reach the sum, so a finite sum clears the tensor in one cheap pass."""
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather

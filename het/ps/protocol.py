@@ -251,9 +251,12 @@ def _array(spec, frame, i: int) -> np.ndarray:
     try:
         code, shape = spec
         dtype = _DTYPES[code]
-        shape = tuple(int(s) for s in shape)
+        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+            raise TypeError
+        shape = tuple(shape)
     except (KeyError, TypeError, ValueError):
-        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"i2\"|\"f4\"|\"u1\", shape]") from None
+        raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"i2\"|\"f4\"|\"u1\", "
+                            f"[integer, ...]]") from None
     if any(s < 0 for s in shape):
         raise ProtocolError(f"array {i}: negative shape {shape}")
     buf = _buffer(frame)

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import optim, partition
+from het.ps import checks, optim, partition
 from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
-from het.ps.protocol import (PUSH_DTYPES, AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
+from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
                              narrow, peek_request_id)
 
 SAVE_FORMAT = 1
@@ -74,6 +74,30 @@ class _Table:
         # initial_rows, which a client can build itself instead of receiving them
         self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+
+    def snapshot(self, rows: torch.Tensor) -> dict:
+        """What a push to ``rows`` (unique) may change: their rows, clocks, marks and state."""
+        return {"weight": self.weight.index_select(0, rows), "clocks": self.clocks.index_select(0, rows),
+                "touched": self.touched.index_select(0, rows),
+                **{f"state.{n}": v.index_select(0, rows) for n, v in self.optimizer.state.items()}}
+
+    def restore(self, rows: torch.Tensor, saved: dict) -> None:
+        self.weight.index_copy_(0, rows, saved["weight"])
+        self.clocks.index_copy_(0, rows, saved["clocks"])
+        self.touched.index_copy_(0, rows, saved["touched"])
+        for n, v in self.optimizer.state.items():
+            v.index_copy_(0, rows, saved[f"state.{n}"])
+
+    def check_rows(self, rows: torch.Tensor) -> str:
+        """Why ``rows`` are not fit to keep after an update ('' when they are): a value that is
+        not finite (an overflow: huge gradients summed), or a clock past MAX_CLOCK."""
+        for name, values in (("rows", self.weight), *((f"optimizer state {n!r}", v)
+                                                      for n, v in self.optimizer.state.items())):
+            if not checks.all_finite(values.index_select(0, rows)):
+                return f"the update would make {name} non-finite (overflow)"
+        if len(rows) and int(self.clocks.index_select(0, rows).max()) > checks.MAX_CLOCK:
+            return f"a clock would pass {checks.MAX_CLOCK}"
+        return ""
 
     def rows_to_send(self, local: torch.Tensor, lazy: bool) -> tuple[list, int]:
         """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
@@ -138,33 +162,36 @@ class Shard:
         self.stats[f"requests_{msg.op.name.lower()}"] += 1
         try:
             meta, arrays = self._dispatch(msg)
-        except (ValueError, KeyError, TypeError, OSError, RuntimeError) as e:
+        except (ValueError, KeyError, TypeError, OSError, RuntimeError, ArithmeticError) as e:
             self.stats["errors"] += 1
             return error_reply(msg.request_id, msg.op, e)
         return Message(msg.op, msg.request_id, meta, arrays)
 
     def _dispatch(self, msg: Message):
+        """Every field of the request is parsed and checked before anything changes."""
         op, meta, a = msg.op, msg.meta, msg.arrays
+        checks.every_field(meta)
         if op is Op.PULL:
             _expect_arrays(msg, 1)
-            return {}, self.pull(meta.get("table"), a[0], lazy=_lazy(meta))
+            return {}, self.pull(checks.table(meta), a[0], lazy=checks.lazy(meta))
         if op is Op.PUSH:
             _expect_arrays(msg, 3)
-            return {"applied": self.push(meta.get("table"), *a, step=meta.get("step", 1), grads_as=_grads_as(meta))}, []
+            return {"applied": self.push(checks.table(meta), *a, step=checks.step(meta),
+                                         grads_as=checks.grads_as(meta))}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
-            return {}, self.sync(meta.get("table"), *a, bound=meta.get("bound"), lazy=_lazy(meta))
+            return {}, self.sync(checks.table(meta), *a, bound=meta.get("bound"), lazy=checks.lazy(meta))
         if op is Op.PUSH_SYNC:
             _expect_arrays(msg, 5)
-            table = meta.get("table")
-            lazy = _lazy(meta)
-            self._check_sync(table, *a[3:])  # checked before the push changes anything
-            self.push(table, *a[:3], step=meta.get("step", 1), grads_as=_grads_as(meta))
+            table, lazy, step, grads = checks.table(meta), checks.lazy(meta), checks.step(meta), checks.grads_as(meta)
+            bound_from_wire(meta.get("bound"))
+            self._check_sync(table, *a[3:])  # the sync's fields checked before the push changes anything
+            self.push(table, *a[:3], step=step, grads_as=grads)
             return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
         if op is Op.SAVE:
-            return {"path": self.save(_path(meta))}, []
+            return {"path": self.save(checks.path(meta))}, []
         if op is Op.LOAD:
-            return {"path": self.load(_path(meta))}, []
+            return {"path": self.load(checks.path(meta))}, []
         if op is Op.STATS:
             return {"stats": self.stats_dict()}, []
         if op is Op.INFO:
@@ -192,20 +219,27 @@ class Shard:
             if grads.dtype != np.int16:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
+        step = checks.step({"step": step})
         t, local = self._check_push(table, keys, grads, counts)
         if len(local) == 0:
             return 0
         grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
+        rows, inverse = torch.unique(local, return_inverse=True)
+        before = t.snapshot(rows)
         t.clocks.index_add_(0, local, counts)
         t.touched.index_fill_(0, local, True)
-        rows = local
-        if not t.optimizer.accepts_duplicates:
-            rows, inverse = torch.unique(local, return_inverse=True)
-            if len(rows) != len(local):  # duplicates: sum them first, the update is non-linear
-                grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
-            else:
-                rows = local
-        t.optimizer.apply(t.weight, rows, grads, int(step))
+        if t.optimizer.accepts_duplicates:
+            t.optimizer.apply(t.weight, local, grads, step)
+        elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
+            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            t.optimizer.apply(t.weight, rows, grads, step)
+        else:
+            t.optimizer.apply(t.weight, local, grads, step)
+        problem = t.check_rows(rows)
+        if problem:  # refused whole: the rows, clocks and state are as they were
+            t.restore(rows, before)
+            self.stats["refused_updates"] += 1
+            raise ValueError(f"push to table {table!r} refused, nothing changed: {problem}")
         self.stats["rows_in"] += len(local)
         return len(local)
 
@@ -299,14 +333,18 @@ class Shard:
             raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
         if n and not _all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
-        if n and counts.min() < 0:
-            raise ValueError(f"counts must be >= 0, got {counts.min()}")
+        if n and (counts.min() < 0 or counts.max() > checks.MAX_COUNT):
+            bad = counts.min() if counts.min() < 0 else counts.max()
+            raise ValueError(f"counts must lie in [0, {checks.MAX_COUNT}], got {bad}")
         return t, local
 
     def _check_sync(self, table, keys, clocks):
         t, local = self._rows_of(table, keys)
         if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
             raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
+        if len(clocks) and (clocks.min() < -1 or clocks.max() > checks.MAX_CLOCK):
+            raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
+                             f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
 
 
@@ -316,30 +354,10 @@ def _all_finite(a: np.ndarray) -> bool:
         return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
 
 
+
 def _expect_arrays(msg: Message, n: int) -> None:
     if len(msg.arrays) != n:
         raise ValueError(f"{msg.op.name} takes {n} arrays, got {len(msg.arrays)}")
-
-
-def _grads_as(meta: dict) -> str:
-    grads = meta.get("grads", "f32")
-    if grads not in PUSH_DTYPES:
-        raise ValueError(f"meta['grads'] must be one of {PUSH_DTYPES}, got {grads!r}")
-    return grads
-
-
-def _lazy(meta: dict) -> bool:
-    lazy = meta.get("lazy", False)
-    if not isinstance(lazy, bool):
-        raise ValueError(f"meta['lazy'] must be true or false, got {lazy!r}")
-    return lazy
-
-
-def _path(meta: dict) -> str:
-    path = meta.get("path")
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"expected a file path in meta['path'], got {path!r}")
-    return path
 
 
 def _buf(frame):

@@ -1,0 +1,90 @@
+"""What a shard accepts in a request's meta, checked strictly before anything changes.
+
+Every field has one parser here: the type is exact (no bool for an int, no float for an
+int, no text for a number) and the value in range, or a ValueError names the field, what it
+expected and what arrived. The shard parses every field of a request first and only then
+applies it, so a refused request changes nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from het.ps.protocol import PUSH_DTYPES
+from het.staleness import bound_from_wire
+
+MAX_STEP = 1 << 62   # a push's step number (Adam's bias correction)
+MAX_COUNT = 1 << 31  # one key's updates in one push
+MAX_CLOCK = 1 << 62  # a row's clock: pushes that would take it further are refused
+
+
+def _int(meta: dict, name: str, default=None, lo: int = 0, hi: int = MAX_STEP) -> int:
+    value = meta.get(name, default)
+    if not isinstance(value, int) or isinstance(value, bool) or not lo <= value <= hi:
+        raise ValueError(f"meta[{name!r}] must be an integer in [{lo}, {hi}], got {value!r}")
+    return value
+
+
+def step(meta: dict) -> int:
+    """A push's step number: an int >= 1 (default 1).
+
+    Example:
+        >>> step({"step": 3}), step({})
+        (3, 1)
+        >>> step({"step": 1.5})
+        Traceback (most recent call last):
+        ...
+        ValueError: meta['step'] must be an integer in [1, 4611686018427387904], got 1.5
+    """
+    return _int(meta, "step", 1, lo=1)
+
+
+def table(meta: dict) -> str:
+    name = meta.get("table")
+    if not isinstance(name, str):
+        raise ValueError(f"meta['table'] must be a table's name, got {name!r}")
+    return name
+
+
+def lazy(meta: dict) -> bool:
+    value = meta.get("lazy", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"meta['lazy'] must be true or false, got {value!r}")
+    return value
+
+
+def grads_as(meta: dict) -> str:
+    grads = meta.get("grads", "f32")
+    if grads not in PUSH_DTYPES:
+        raise ValueError(f"meta['grads'] must be one of {PUSH_DTYPES}, got {grads!r}")
+    return grads
+
+
+def path(meta: dict) -> str:
+    value = meta.get("path")
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"expected a file path in meta['path'], got {value!r}")
+    return value
+
+
+def every_field(meta: dict) -> None:
+    """Check each field the meta holds, whatever the op reads: a request with a malformed field
+    is refused whole.
+
+    Example:
+        >>> every_field({"table": "t", "lazy": 1})
+        Traceback (most recent call last):
+        ...
+        ValueError: meta['lazy'] must be true or false, got 1
+    """
+    for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path)):
+        if name in meta:
+            parse(meta)
+    if "bound" in meta:
+        bound_from_wire(meta["bound"])
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether every value is finite: NaN and inf reach the sum, so a finite sum clears the
+    tensor in one cheap pass (a full pass only when the sum overflowed)."""
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
