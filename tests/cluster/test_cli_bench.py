@@ -6,6 +6,11 @@ import sys
 
 import numpy as np
 import pytest
+import torch
+
+from het.cache.cache import EmbeddingCache
+from het.config import CacheConfig, TableConfig
+from het.data.zipf import zipf_keys
 
 pytestmark = pytest.mark.cluster
 
@@ -26,12 +31,26 @@ def test_help_lists_the_commands():
         assert command in text
 
 
+def in_process_misses(trace: np.ndarray, batch: int, capacity: int, policy: str) -> tuple[int, int]:
+    """Misses and lookups of het's cache (32 ways, as the bench) driven here over ``trace`` cut
+    into de-duplicated steps of ``batch`` keys."""
+    cache = EmbeddingCache(TableConfig("t", rows=int(trace.max()) + 1, dim=4),
+                           CacheConfig(capacity=capacity, policy=policy, ways=32))
+    for i in range(0, len(trace), batch):
+        cache.lookup(torch.unique(torch.from_numpy(trace[i:i + batch])))
+    return cache.counters["misses"], cache.counters["lookups"]
+
+
 def test_bench_cache_on_a_trace_file(tmp_path):
+    """The miss rate printed is the in-process cache's on the same trace, policy and capacity."""
     trace = np.random.default_rng(0).zipf(1.3, 20_000).astype(np.int64) % 5000
     np.save(tmp_path / "trace.npy", trace)
     result = last_json(het("bench", "cache", "--trace", str(tmp_path / "trace.npy"), "--batch", "512",
                            "--capacity", "400", "--policy", "lru", "--dim", "16", "--belady", "--json"))
-    assert 0 < result["miss_rate"] < 1 and result["keys_per_s"] > 0
+    misses, lookups = in_process_misses(trace, 512, 400, "lru")
+    assert (result["misses"], result["lookups"]) == (misses, lookups)
+    assert result["miss_rate"] == pytest.approx(misses / lookups, abs=1e-12) and 0 < result["miss_rate"] < 1
+    assert result["keys_per_s"] > 0
     assert 0 < result["belady_miss_rate"] <= result["miss_rate"]
     assert 1 - result["static_oracle_hit_rate"] <= result["miss_rate"] + 0.05
     batches = [np.unique(trace[i:i + 512]).size for i in range(0, trace.size, 512)]
@@ -39,9 +58,14 @@ def test_bench_cache_on_a_trace_file(tmp_path):
 
 
 def test_bench_cache_on_a_zipf_stream():
+    """The generated stream is zipf_keys(keys, alpha, batch * batches, seed): the miss rate printed
+    is the in-process cache's on that stream."""
     result = last_json(het("bench", "cache", "--alpha", "1.05", "--keys", "20000", "--capacity-frac", "0.1",
                            "--policy", "lfu", "--dim", "8", "--batches", "20", "--batch", "256", "--json"))
-    assert result["capacity"] == 2000 and result["policy"] == "lfu" and result["lookups"] > 0
+    assert result["capacity"] == 2000 and result["policy"] == "lfu"
+    misses, lookups = in_process_misses(zipf_keys(20000, 1.05, 256 * 20, seed=0), 256, 2000, "lfu")
+    assert (result["misses"], result["lookups"]) == (misses, lookups)
+    assert result["miss_rate"] == pytest.approx(misses / lookups, abs=1e-12) and 0 < result["miss_rate"] < 1
 
 
 def test_bench_cache_rejects_a_float_trace(tmp_path):
