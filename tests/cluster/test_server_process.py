@@ -4,6 +4,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -88,15 +89,17 @@ def test_staleness_zero_matches_torch_over_shard_processes(shards):
 
 
 def test_concurrent_clients_lose_no_update_and_apply_none_twice(shards):
+    """Four threads, each with its own client and cache (staleness 0, 2, 5, inf), train the same
+    rows at once: every thread ends, none raises, and the shards hold exactly every update."""
     addresses = shards(num_shards=2)
     expected = torch.zeros(64, 4)
     expected_clocks = torch.zeros(64, dtype=torch.int64)
-    lock, errors = threading.Lock(), []
+    lock, errors, finished = threading.Lock(), [], []
 
     def worker(seed, staleness):
         try:
-            emb = Embedding(tables=TABLE, client=PSClient.connect(addresses),
-                            cache=CacheConfig(capacity=16, staleness=staleness, ways=4))
+            client = PSClient.connect(addresses)
+            emb = Embedding(tables=TABLE, client=client, cache=CacheConfig(capacity=16, staleness=staleness, ways=4))
             g = torch.Generator().manual_seed(seed)
             for _ in range(60):
                 keys = torch.randint(0, 64, (10,), generator=g)
@@ -106,17 +109,25 @@ def test_concurrent_clients_lose_no_update_and_apply_none_twice(shards):
                     expected.index_add_(0, keys, -grads)
                     expected_clocks[torch.unique(keys)] += 1
             emb.flush()
-        except Exception as e:  # surfaced below
+            client.close()
+            finished.append(seed)
+        except BaseException as e:  # surfaced below
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(seed, s)) for seed, s in enumerate([0, 2, 5, float("inf")])]
+    # daemon threads: one that hangs fails the test below instead of keeping pytest from exiting
+    threads = [threading.Thread(target=worker, args=(seed, s), daemon=True)
+               for seed, s in enumerate([0, 2, 5, float("inf")])]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120
     for t in threads:
-        t.join(120)
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert [t.name for t in threads if t.is_alive()] == [], "threads still running after 120 s"
     assert not errors, errors
+    assert sorted(finished) == [0, 1, 2, 3]
     client = PSClient.connect(addresses)
     rows, clocks = client.wait(client.pull("t", torch.arange(64)))
+    client.close()
     assert torch.equal(rows, expected) and torch.equal(clocks, expected_clocks)
 
 
