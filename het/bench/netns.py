@@ -67,12 +67,8 @@ def parse_rate(rate: str) -> float:
 
 
 def unavailable_reason() -> str | None:
-    """Why network namespaces cannot be made here, or None when they can (tries one).
-
-    Example:
-        >>> unavailable_reason() is None or isinstance(unavailable_reason(), str)
-        True
-    """
+    """Why network namespaces cannot be made here, or None when they can (tries one: as root,
+    it makes and deletes a namespace, so it has no doctest; tests/cluster/test_netns.py checks it)."""
     if os.geteuid() != 0:
         return "the emulated network needs root (network namespaces, veth, tc): run as root"
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
@@ -131,7 +127,17 @@ class EmulatedNetwork:
 
     # -- the public verbs ---------------------------------------------------------------------
     def address(self, host: str) -> str:
-        """The IPv4 address of ``host``'s eth0, e.g. ``"192.0.2.10"``."""
+        """The IPv4 address of ``host``'s eth0, e.g. ``"192.0.2.10"``.
+
+        Example (the plan only: nothing is made before ``with``):
+            >>> net = EmulatedNetwork(["ps0", "worker0", "worker1"], bandwidth="100mbit", prefix="hetdoc-0")
+            >>> [net.address(h) for h in net.hosts], net.namespaces["worker1"], net.switch, net.rate
+            (['192.0.2.10', '192.0.2.11', '192.0.2.12'], 'hetdoc-0-h2', 'hetdoc-0-sw', 12500000.0)
+            >>> net.address("ps1")
+            Traceback (most recent call last):
+            ...
+            ValueError: no host 'ps1' in this network; its hosts are ['ps0', 'worker0', 'worker1']
+        """
         return f"{SUBNET}.{FIRST_HOST + self._index(host)}"
 
     def popen(self, host: str, cmd: list[str], **kwargs) -> subprocess.Popen:

@@ -4,6 +4,7 @@ Traffic goes only between the 192.0.2.x addresses inside the namespaces made her
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,31 @@ def test_refuses_without_root_and_checks_its_arguments(monkeypatch):
         EmulatedNetwork(["a"], bandwidth="fast")
     with pytest.raises(ValueError, match="distinct"):
         EmulatedNetwork(["a", "a"])
+
+
+def test_the_probe_makes_one_namespace_and_deletes_it(monkeypatch):
+    """unavailable_reason() as root: it adds one namespace and deletes it (None: namespaces
+    work), or says that `ip netns add` failed; either way the probe is gone. Without tc it says so."""
+    if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
+        pytest.skip("needs root and iproute2")
+    calls, real_run = [], subprocess.run
+
+    def spy(argv, *args, **kwargs):
+        calls.append(list(argv))
+        return real_run(argv, *args, **kwargs)
+
+    monkeypatch.setattr(subprocess, "run", spy)
+    reason = unavailable_reason()
+    monkeypatch.undo()
+    probe = calls[0][3]
+    assert calls[0] == ["ip", "netns", "add", probe] and probe.endswith("-probe")
+    if reason is None:
+        assert calls[1:] == [["ip", "netns", "del", probe]]
+    else:
+        assert reason.startswith("`ip netns add` failed") and len(calls) == 1
+    assert probe not in ip("netns", "list").split()
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "tc" else "/usr/sbin/ip")
+    assert unavailable_reason() == "the emulated network needs iproute2: tc not found on PATH"
 
 
 def test_setup_and_teardown_leave_nothing_even_after_an_exception(netns):
