@@ -35,8 +35,12 @@ class OptimizerConfig:
         initial_accumulator: Adagrad's starting sum of squares.
 
     Example:
-        >>> OptimizerConfig("adam", lr=0.01).name
-        'adam'
+        >>> OptimizerConfig("adam", lr=0.01).eps, OptimizerConfig("adagrad").eps  # torch's defaults
+        (1e-08, 1e-10)
+        >>> OptimizerConfig("rmsprop")
+        Traceback (most recent call last):
+        ...
+        ValueError: optimizer must be one of ('sgd', 'adagrad', 'adam'), got 'rmsprop'
     """
 
     name: str = "sgd"
@@ -72,8 +76,14 @@ class TableConfig:
             depend on how many shards hold the table.
 
     Example:
-        >>> TableConfig("user", rows=1000, dim=16).dim
-        16
+        >>> import json
+        >>> t = TableConfig("user", rows=1000, dim=16, optimizer=OptimizerConfig("adam", betas=(0.8, 0.9)))
+        >>> TableConfig.from_dict(json.loads(json.dumps(t.to_dict()))) == t  # the optimizer too
+        True
+        >>> TableConfig("user id", rows=1000, dim=16)
+        Traceback (most recent call last):
+        ...
+        ValueError: table name must match ^[A-Za-z_][A-Za-z0-9_.-]{0,63}$, got 'user id'
     """
 
     name: str
@@ -124,8 +134,12 @@ class CacheConfig:
             (``Embedding.announce``), the cache consults when it evicts; 0: the policy alone.
 
     Example:
-        >>> CacheConfig(capacity=1024, policy="lfu", staleness=100).ways
-        32
+        >>> CacheConfig(capacity=1024, staleness=100.0).staleness, CacheConfig(staleness=float("inf")).staleness
+        (100, inf)
+        >>> CacheConfig(capacity=1024, staleness=2.5)
+        Traceback (most recent call last):
+        ...
+        ValueError: staleness must be an integer >= 0 or inf, got 2.5
     """
 
     capacity: int = 0

@@ -81,6 +81,10 @@ class EmbeddingCache:
         >>> plan = cache.lookup(torch.tensor([3, 9]))
         >>> plan.hit.tolist(), plan.clocks.tolist()
         ([False, False], [-1, -1])
+        >>> rows = cache.fill(plan, torch.arange(2), torch.ones(2, 2), torch.tensor([4, 6]))  # the PS's reply
+        >>> plan = cache.lookup(torch.tensor([9, 5]))  # 9 is cached now, with the clock the PS sent
+        >>> plan.hit.tolist(), plan.clocks.tolist()
+        ([True, False], [6, -1])
     """
 
     def __init__(self, table: TableConfig, cfg: CacheConfig, device: torch.device | str = "cpu"):

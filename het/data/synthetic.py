@@ -220,9 +220,13 @@ class SyntheticCriteo:
 
         Example:
             >>> data = SyntheticCriteo()
-            >>> b = data.batch("train", 0, 8)
-            >>> data.planted_logits(b.sparse, b.dense).shape
-            (8,)
+            >>> b = data.batch("train", 0, 20_000)
+            >>> q = data.planted_logits(b.sparse, b.dense)
+            >>> q.shape, round(float(b.labels.mean()), 2), round(float((1 / (1 + np.exp(-q))).mean()), 2)
+            ((20000,), 0.26, 0.25)
+            >>> high = q > np.median(q)  # the half with the higher logits is positive far more often
+            >>> round(float(b.labels[high].mean()), 2), round(float(b.labels[~high].mean()), 2)
+            (0.44, 0.08)
         """
         sparse, dense = self._check_features(sparse, dense)
         keys_part = self.key_weights(sparse).sum(1) / math.sqrt(self.num_fields)  # (B,)

@@ -21,9 +21,11 @@ class CrossLayer(nn.Module):
 
     Example:
         >>> layer = CrossLayer(3)
-        >>> x0 = torch.randn(2, 3)
-        >>> layer(x0, x0).shape
-        torch.Size([2, 3])
+        >>> with torch.no_grad():
+        ...     _ = layer.weight.copy_(torch.tensor([1., 0., -1.])), layer.bias.fill_(0.5)
+        >>> x0 = torch.tensor([[1., 2., 3.]])
+        >>> layer(x0, x0).tolist()  # x0 . w = -2: x0 * -2 + 0.5 + x0
+        [[-0.5, -1.5, -2.5]]
     """
 
     def __init__(self, width: int):
@@ -53,10 +55,14 @@ class DCN(nn.Module):
         dense ``(B, num_dense)``, sparse ``(B, num_fields)`` int64 -> logits ``(B,)``.
 
     Example:
-        >>> model = DCN(nn.Embedding(100, 4), num_fields=3, dim=4, num_dense=2, num_cross=2,
-        ...             hidden=(8, 8))
-        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
-        torch.Size([5])
+        >>> emb = nn.Embedding(10, 2)
+        >>> model = DCN(emb, num_fields=2, dim=2, num_dense=1, num_cross=1, hidden=(4,))
+        >>> with torch.no_grad():  # key k's row is [2k, 2k + 1]; the head reads the cross output only
+        ...     _ = emb.weight.copy_(torch.arange(20.).view(10, 2)), model.cross[0].weight.fill_(0.5)
+        ...     _ = model.head.weight.zero_(), model.head.weight[0, :5].fill_(1), model.head.bias.zero_()
+        >>> x0 = [2, 3, 6, 7, 1]  # rows 1 and 3, then the dense feature; x0 . w = 9.5
+        >>> model(torch.tensor([[1.]]), torch.tensor([[1, 3]])).tolist(), sum(x0) * 9.5 + sum(x0)
+        ([199.5], 199.5)
     """
 
     def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,

@@ -46,14 +46,25 @@ class DeepFM(nn.Module):
     Shape:
         dense ``(B, num_dense)``, sparse ``(B, num_fields)`` int64 -> logits ``(B,)``.
 
-    Example:
-        >>> model = DeepFM(nn.Embedding(100, 4), num_fields=3, dim=4, num_dense=2, hidden=(8, 8))
-        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
-        torch.Size([5])
-        >>> model = DeepFM(nn.Embedding(100, 4), 3, 4, num_dense=2, hidden=(8,),
-        ...                first_order=nn.Embedding(100, 1))
-        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
-        torch.Size([5])
+    Example (key k's row is [2k, 2k + 1], the deep part is switched off, the dense term is d):
+        >>> emb, first = nn.Embedding(10, 2), nn.Embedding(10, 1)
+        >>> def switch_deep_off(model):
+        ...     with torch.no_grad():
+        ...         _ = model.head.weight.zero_(), model.head.bias.zero_()
+        ...         _ = model.dense_linear.weight.fill_(1), model.dense_linear.bias.zero_()
+        >>> with torch.no_grad():  # key k's first-order weight is k
+        ...     _ = emb.weight.copy_(torch.arange(20.).view(10, 2)), first.weight.copy_(torch.arange(10.)[:, None])
+        >>> dense, sparse = torch.tensor([[0.5]]), torch.tensor([[1, 3]])
+        >>> model = DeepFM(emb, num_fields=2, dim=2, num_dense=1, hidden=(4,), first_order=first)
+        >>> switch_deep_off(model)
+        >>> model(dense, sparse).tolist()  # first 1 + 3, FM <[2, 3], [6, 7]> = 33, dense 0.5
+        [37.5]
+        >>> model = DeepFM(emb, num_fields=2, dim=2, num_dense=1, hidden=(4,))  # first order: a linear layer
+        >>> switch_deep_off(model)
+        >>> with torch.no_grad():
+        ...     _ = model.first_linear.weight.fill_(1)
+        >>> model(dense, sparse).tolist()  # first 2 + 3 + 6 + 7, FM 33, dense 0.5
+        [51.5]
     """
 
     def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,

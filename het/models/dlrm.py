@@ -44,11 +44,17 @@ class DLRM(nn.Module):
     Shape:
         dense ``(B, num_dense)``, sparse ``(B, num_fields)`` int64 -> logits ``(B,)``.
 
-    Example:
-        >>> model = DLRM(nn.Embedding(100, 4), num_fields=3, dim=4, num_dense=2, bottom=(8,),
-        ...              top=(8,))
-        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
-        torch.Size([5])
+    Example (no hidden layers: the bottom MLP is one linear layer and ReLU, the top the head):
+        >>> emb = nn.Embedding(10, 2)
+        >>> model = DLRM(emb, num_fields=2, dim=2, num_dense=1, bottom=(), top=())
+        >>> with torch.no_grad():  # key k's row is [2k, 2k + 1]; bottom: x = relu([d, 2d]); the head sums
+        ...     _ = emb.weight.copy_(torch.arange(20.).view(10, 2)), model.bottom[0].bias.zero_()
+        ...     _ = model.bottom[0].weight.copy_(torch.tensor([[1.], [2.]]))
+        ...     _ = model.head.weight.fill_(1), model.head.bias.zero_()
+        >>> model(torch.tensor([[1.]]), torch.tensor([[1, 3]])).tolist()  # x = [1, 2], then its dot products
+        [64.0]
+        >>> 1 + 2 + (1 * 2 + 2 * 3) + (1 * 6 + 2 * 7) + (2 * 6 + 3 * 7)  # <x, row 1> <x, row 3> <row 1, row 3>
+        64
     """
 
     def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,

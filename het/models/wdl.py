@@ -10,8 +10,10 @@ def mlp(sizes: list[int]) -> nn.Sequential:
     """Linear layers of ``sizes`` with ReLU between them (and after the last).
 
     Example:
-        >>> mlp([13, 256, 256])(torch.zeros(2, 13)).shape
-        torch.Size([2, 256])
+        >>> net = mlp([2, 3, 1])
+        >>> _ = [nn.init.ones_(p) for p in net.parameters()]  # every weight and bias 1
+        >>> net(torch.tensor([[1., 2.], [-4., 1.]])).tolist()  # 3 * relu(1 + 2 + 1) + 1; 3 * relu(-2) + 1
+        [[13.0], [1.0]]
     """
     layers = []
     for a, b in zip(sizes[:-1], sizes[1:]):
@@ -34,9 +36,14 @@ class WideDeep(nn.Module):
         dense ``(B, num_dense)``, sparse ``(B, num_fields)`` int64 -> logits ``(B,)``.
 
     Example:
-        >>> model = WideDeep(nn.Embedding(100, 4), num_fields=3, dim=4, num_dense=2, hidden=(8, 8))
-        >>> model(torch.zeros(5, 2), torch.zeros(5, 3, dtype=torch.int64)).shape
-        torch.Size([5])
+        >>> emb = nn.Embedding(10, 2)
+        >>> model = WideDeep(emb, num_fields=2, dim=2, num_dense=1, hidden=(3,))
+        >>> with torch.no_grad():  # key k's row is [2k, 2k + 1]; every other weight 1, biases 0
+        ...     _ = emb.weight.copy_(torch.arange(20.).view(10, 2)), model.deep[0].weight.fill_(1)
+        ...     _ = model.deep[0].bias.zero_(), model.head.weight.fill_(1), model.head.bias.zero_()
+        >>> dense, sparse = torch.tensor([[2.], [-2.]]), torch.tensor([[1, 3], [0, 0]])
+        >>> model(dense, sparse).tolist()  # wide 2+3+6+7, deep 3 * relu(2); wide 0+1+0+1, deep 0
+        [24.0, 2.0]
     """
 
     def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,

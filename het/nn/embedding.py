@@ -283,10 +283,17 @@ class Embedding(nn.Module):
         scores the same, latest model whatever the training bound.
 
         Example:
-            >>> emb = Embedding(10, 2, cache=CacheConfig(capacity=4, staleness=100))
+            >>> emb = Embedding(10, 2, lr=0.5, cache=CacheConfig(capacity=4, staleness=100))
+            >>> cached = emb(torch.tensor([1])).detach()
+            >>> ones = torch.ones(1, dtype=torch.int64)  # another worker's push of gradient 1 to row 1:
+            >>> emb.client.wait(emb.client.push("embedding", torch.tensor([1]), torch.ones(1, 2), ones))
+            1
+            >>> torch.equal(emb(torch.tensor([1])), cached)  # 1 update behind is within the bound
+            True
             >>> with emb.fresh():
-            ...     rows = emb(torch.tensor([1, 2]))
-            >>> emb.caches["embedding"].bound
+            ...     torch.allclose(emb(torch.tensor([1])), cached - 0.5)  # the PS's row
+            True
+            >>> emb.caches["embedding"].bound  # back to the training bound
             100
         """
         bounds = {name: cache.bound for name, cache in self.caches.items()}

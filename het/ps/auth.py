@@ -55,8 +55,12 @@ def check_secret(secret) -> bytes | None:
     """``secret`` if it is None or non-empty bytes; TypeError or ValueError otherwise.
 
     Example:
-        >>> check_secret(b"k"), check_secret(None)
+        >>> check_secret(bytearray(b"k")), check_secret(None)
         (b'k', None)
+        >>> check_secret("k")
+        Traceback (most recent call last):
+        ...
+        TypeError: a shared secret must be bytes, got str
     """
     if secret is None:
         return None

@@ -68,10 +68,16 @@ class ServerThread:
     """A shard served over ZeroMQ from a thread of this process.
 
     Example:
+        >>> import torch
         >>> from het.config import TableConfig
+        >>> from het.ps.client import PSClient
         >>> with ServerThread(ShardConfig((TableConfig("t", rows=4, dim=2),))) as server:
-        ...     server.address.startswith("tcp://127.0.0.1:")
-        True
+        ...     client = PSClient.connect([server.address])
+        ...     client.wait(client.push("t", torch.tensor([3]), torch.ones(1, 2), torch.tensor([1])))
+        ...     client.wait(client.pull("t", torch.tensor([3, 0])))[1].tolist()  # clocks: key 3 took one update
+        ...     client.close()
+        1
+        [1, 0]
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None):

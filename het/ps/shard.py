@@ -121,11 +121,17 @@ class Shard:
             ``stats["unauthenticated"]``.
 
     Example:
-        >>> from het.config import TableConfig
-        >>> shard = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)))
-        >>> reply = shard.handle(Message(Op.PULL, 1, {"table": "t"}, [np.array([5, 1])]))
-        >>> reply.arrays[0].shape, reply.arrays[1].tolist()
-        ((2, 2), [0, 0])
+        >>> from het.config import OptimizerConfig, TableConfig
+        >>> t = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("sgd", lr=0.5))
+        >>> shard = Shard(ShardConfig((t,)))
+        >>> push = [np.array([5]), np.ones((1, 2), np.float32), np.array([2])]  # keys, grads, counts
+        >>> shard.handle(Message(Op.PUSH, 1, {"table": "t"}, push)).meta
+        {'applied': 1}
+        >>> reply = shard.handle(Message(Op.PULL, 2, {"table": "t"}, [np.array([5, 1])]))
+        >>> reply.arrays[1].tolist()  # clocks: key 5 took the push's 2 updates
+        [2, 0]
+        >>> np.allclose(reply.arrays[0], initial_rows(t, np.array([5, 1])) - [[0.5, 0.5], [0, 0]])  # SGD step
+        True
     """
 
     def __init__(self, cfg: ShardConfig, secret: bytes | None = None):
