@@ -61,7 +61,8 @@ def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
 
 @pytest.mark.slow
 def test_the_acceptance_job_cuts_sparse_bytes_by_80_percent_against_hybrid(tmp_path):
-    """Issue 3's must-show, as a user runs it: the default data and model, 300 steps."""
+    """Issue 3's must-show, as a user runs it: the default data and model, 300 steps. Its fast
+    version, in `make test`: tests/unit/test_default_job.py."""
     common = ["--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet"]
     het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
     hybrid = het("train", *common, "--mode", "hybrid", "--log-dir", str(tmp_path / "b"))
@@ -222,7 +223,8 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_the_default_job_at_300_steps(tmp_path):
-    """The issue's acceptance command, as a user runs it (dim 128, the full default size)."""
+    """The issue's acceptance command, as a user runs it (dim 128, the full default size). Its
+    fast version, in `make test`: tests/unit/test_default_job.py."""
     start = time.monotonic()
     s = het("train", "--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet",
             "--log-dir", str(tmp_path))
