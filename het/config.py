@@ -139,7 +139,7 @@ class CacheConfig:
         >>> CacheConfig(capacity=1024, staleness=2.5)
         Traceback (most recent call last):
         ...
-        ValueError: staleness must be an integer >= 0 or inf, got 2.5
+        ValueError: staleness: expected an integer >= 0 or 'inf', got 2.5 (float)
     """
 
     capacity: int = 0

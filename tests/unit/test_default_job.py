@@ -12,7 +12,8 @@ import torch
 
 from het.ps.client import PSClient
 from het.train.config import TrainConfig
-from het.train.loop import Worker, job_tables, summarise
+from het.train.loop import Worker, summarise
+from het.train.tasks import job_tables
 
 STEPS, DIM, EVAL_SAMPLES = 300, 32, 8192
 
@@ -23,7 +24,7 @@ def short_run(mode: str) -> dict:
     worker = Worker(cfg, PSClient.local(job_tables(cfg), lazy_init=cfg.lazy_init))
     run = worker.train(STEPS, progress=False)
     metrics = worker.evaluate(EVAL_SAMPLES)
-    return summarise(cfg, 1, STEPS, run["wall_s"], [worker.counters()], metrics, worker.task.num_rows)
+    return summarise(cfg, 1, cfg.servers, STEPS, run["wall_s"], [worker.counters()], metrics, worker.task.num_rows)
 
 
 @pytest.fixture(scope="module")
