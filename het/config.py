@@ -166,11 +166,20 @@ class ShardConfig:
 
     Keys are partitioned by ``key % num_shards``: shard ``i`` holds keys ``i, i + S, ...``
     at local row ``key // S`` (see :mod:`het.ps.partition`).
+
+    ``max_keys`` bounds the keys of one request; a frame larger than such a request's largest
+    array (``max_frame_bytes``: its rows, plus room for the header) drops its sender's
+    connection before it is held in memory.
+
+    Example:
+        >>> ShardConfig((TableConfig("t", rows=10, dim=64),), max_keys=1024).max_frame_bytes
+        327680
     """
 
     tables: tuple[TableConfig, ...]
     index: int = 0
     num_shards: int = 1
+    max_keys: int = 1 << 18
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
@@ -182,3 +191,11 @@ class ShardConfig:
                  f"num_shards must be an int >= 1, got {self.num_shards!r}")
         _require(isinstance(self.index, int) and 0 <= self.index < self.num_shards,
                  f"shard index must be in [0, {self.num_shards}), got {self.index!r}")
+        _require(isinstance(self.max_keys, int) and not isinstance(self.max_keys, bool) and self.max_keys >= 1,
+                 f"max_keys must be an int >= 1, got {self.max_keys!r}")
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame a request of ``max_keys`` keys needs: its rows of the widest
+        table as float32, and 64 KiB for the header and meta."""
+        return self.max_keys * max(t.dim for t in self.tables) * 4 + (1 << 16)

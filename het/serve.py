@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
     s.add_argument("--shard-index", type=int, default=0, help="which shard of --num-shards this one is")
     s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
+    s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
+                   "frame than such a request needs drops its sender (default %(default)s)")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     s.set_defaults(func=cmd_serve)
@@ -34,19 +36,20 @@ def cmd_serve(args) -> None:
 
     if args.shard_config:
         d = json.loads(args.shard_config)
-        cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"])
+        cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"],
+                          d.get("max_keys", ShardConfig.max_keys))
     elif args.config:
         from het.train.config import TrainConfig
         from het.train.tasks import job_tables
 
         tables = tuple(job_tables(TrainConfig.load(args.config)))
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
     else:
         if not args.table:
             raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
     run_foreground(cfg, args.bind, load_secret(args.secret_file))
 
 

@@ -192,6 +192,7 @@ class PSClient:
                                  f"of {info['num_shards']}: expected shard {i} of {self.num_shards}")
             if info["tables"] != infos[0]["tables"]:
                 raise ValueError(f"shards 0 and {i} hold different tables")
+        self.max_keys = min(info.get("max_keys", ShardConfig.max_keys) for info in infos)
         return {t["name"]: TableConfig.from_dict(t) for t in infos[0]["tables"]}
 
     def _broadcast(self, op: Op, meta=lambda i: {}, timeout_s: float | None | str = "default") -> list[Message]:
@@ -206,8 +207,9 @@ class PSClient:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
         for shard, p in enumerate(partition.split(keys, self.num_shards)):
-            if len(p):
-                self._send_part(handle, shard, meta, arrays_of(_ALL if len(p) == len(keys) else p), p)
+            for lo in range(0, len(p), self.max_keys):  # a shard takes at most max_keys a request
+                part = p[lo:lo + self.max_keys]
+                self._send_part(handle, shard, meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:

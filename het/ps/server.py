@@ -50,7 +50,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None) -> 
     Only requests signed with ``secret`` are served when one is given."""
     check_bind(bind, secret)
     shard = Shard(cfg, secret)
-    endpoint = ZmqTransport().bind(bind)
+    endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -83,7 +83,7 @@ class ServerThread:
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None):
         check_bind(bind, secret)
         self.shard = Shard(cfg, secret)
-        self.endpoint = ZmqTransport().bind(bind)
+        self.endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
         self._thread = threading.Thread(target=serve, args=(self.shard, self.endpoint, self._stop.is_set),
@@ -177,4 +177,5 @@ def _child_env(secret: bytes | None) -> dict:
 
 
 def _cfg_dict(cfg: ShardConfig) -> dict:
-    return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables]}
+    return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables],
+            "max_keys": cfg.max_keys}

@@ -202,7 +202,7 @@ class Shard:
             return {"stats": self.stats_dict()}, []
         if op is Op.INFO:
             return {"shard": {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                              "tables": [t.to_dict() for t in self.cfg.tables]}}, []
+                              "tables": [t.to_dict() for t in self.cfg.tables], "max_keys": self.cfg.max_keys}}, []
         if op is Op.STOP:
             self.stopping = True
             return {}, []
@@ -318,6 +318,9 @@ class Shard:
             raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
         if keys.dtype != np.int64 or keys.ndim != 1:
             raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} of shape {keys.shape}")
+        if len(keys) > self.cfg.max_keys:
+            raise ValueError(f"a request holds at most {self.cfg.max_keys} keys (the shard's max_keys), "
+                             f"got {len(keys)}")
         keys = torch.from_numpy(keys)
         if len(keys):
             lo, hi = int(keys.min()), int(keys.max())

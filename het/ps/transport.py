@@ -154,11 +154,15 @@ class DelayedChannel:
 
 
 class ZmqEndpoint:
-    """A shard's listening socket (ROUTER). ``address`` is the bound address."""
+    """A shard's listening socket (ROUTER). ``address`` is the bound address. With
+    ``max_frame_bytes``, ZeroMQ drops the connection of a peer that sends a larger frame while
+    it arrives, before the frame is held in memory whole (``ZMQ_MAXMSGSIZE``)."""
 
-    def __init__(self, context: zmq.Context, address: str):
+    def __init__(self, context: zmq.Context, address: str, max_frame_bytes: int | None = None):
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        if max_frame_bytes is not None:
+            self.socket.setsockopt(zmq.MAXMSGSIZE, int(max_frame_bytes))
         address = tcp_address(address)
         if address.endswith(":0"):
             port = self.socket.bind_to_random_port(address[:-2])
@@ -205,8 +209,8 @@ class ZmqTransport:
         self.context = context or zmq.Context.instance()
         self.latency_ms = None if latency_ms is None else check_latency(latency_ms, "latency_ms")
 
-    def bind(self, address: str) -> ZmqEndpoint:
-        return ZmqEndpoint(self.context, address)
+    def bind(self, address: str, max_frame_bytes: int | None = None) -> ZmqEndpoint:
+        return ZmqEndpoint(self.context, address, max_frame_bytes)
 
     def connect(self, address: str) -> ZmqChannel | DelayedChannel:
         latency_ms = latency_from_env() if self.latency_ms is None else self.latency_ms  # read here: servers never
