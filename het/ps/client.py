@@ -9,6 +9,7 @@ arrays and come back on the device they were sent from.
 from __future__ import annotations
 
 import itertools
+import secrets
 from dataclasses import dataclass, field
 
 import torch
@@ -84,6 +85,11 @@ class PSClient:
         self._ids = itertools.count(1)
         self._early = [dict() for _ in self.channels]  # replies that came before their wait
         self.bytes = {"sent": 0, "received": 0}
+        # signed requests are fresh: each names its shard's nonce, this client's session and a
+        # sequence number that grows with every request to that shard (see Shard._stale)
+        self._session = secrets.token_hex(16)
+        self._seqs = [itertools.count(1) for _ in self.channels]
+        self._nonces: list = [None] * len(self.channels)
         self.tables = self._fetch_tables()
 
     @classmethod
@@ -192,6 +198,7 @@ class PSClient:
                                  f"of {info['num_shards']}: expected shard {i} of {self.num_shards}")
             if info["tables"] != infos[0]["tables"]:
                 raise ValueError(f"shards 0 and {i} hold different tables")
+        self._nonces = [info.get("nonce") for info in infos]
         self.max_keys = min(info.get("max_keys", ShardConfig.max_keys) for info in infos)
         return {t["name"]: TableConfig.from_dict(t) for t in infos[0]["tables"]}
 
@@ -199,7 +206,8 @@ class PSClient:
         rids = []
         for i, ch in enumerate(self.channels):
             rid = next(self._ids)
-            ch.send(encode(Message(op, rid, meta(i)), self.secret))
+            ch.send(encode(Message(op, rid, {**meta(i), **(self._fresh(i) if op is not Op.INFO else {})}),
+                           self.secret))
             rids.append(rid)
         return [self._reply(i, rid, timeout_s) for i, rid in enumerate(rids)]
 
@@ -215,10 +223,17 @@ class PSClient:
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:
         rid = next(self._ids)
         arrays = [t.detach().cpu().numpy() for t in tensors]
-        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table), arrays), self.secret)
+        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table, **self._fresh(shard)), arrays),
+                        self.secret)
         self.bytes["sent"] += sum(memoryview(f).nbytes for f in frames)
         self.channels[shard].send(frames)
         handle.parts.append((shard, rid, positions))
+
+    def _fresh(self, shard: int) -> dict:
+        """What makes a signed request to ``shard`` fresh (nothing without a secret)."""
+        if self.secret is None:
+            return {}
+        return {"nonce": self._nonces[shard], "session": self._session, "seq": next(self._seqs[shard])}
 
     def _reply(self, shard: int, rid: int, timeout_s: float | None | str = "default") -> Message:
         early = self._early[shard]

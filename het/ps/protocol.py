@@ -223,7 +223,7 @@ def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Mes
 
 def _authenticate(frames, signed: bool, secret: bytes | None, what: str) -> list:
     """The frames without their MAC frame; AuthError if ``secret`` is set and they are not
-    signed with it. Replay is not detected: a recorded signed message stays valid."""
+    signed with it. Freshness (replays) is the shard's to check: see ``Shard._stale``."""
     if signed:
         if len(frames) < 2:
             raise ProtocolError("header says signed, but the message has no MAC frame")

@@ -8,6 +8,7 @@ refused whole and the shard keeps serving.
 from __future__ import annotations
 
 import os
+import secrets
 import time
 import zlib
 from collections import Counter
@@ -138,9 +139,13 @@ class Shard:
         self.cfg = cfg
         self.secret = check_secret(secret)
         self.tables = {t.name: _Table(t, cfg.index, cfg.num_shards) for t in cfg.tables}
-        self.stats = Counter(unauthenticated=0)
+        self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
+        # With a secret, a signed request must be fresh: it names this incarnation's nonce (a
+        # capture from before a restart is stale) and a sequence number past its session's last.
+        self.nonce = secrets.token_hex(16)
+        self._sessions: dict[str, int] = {}  # session -> the last sequence number served
 
     # -- the wire ---------------------------------------------------------------------------
     def handle_frames(self, frames) -> list:
@@ -158,10 +163,33 @@ class Shard:
             self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
             out = encode(error_reply(peek_request_id(_buf(frames[0])) if frames else 0, 0, e))
         else:
-            out = encode(self.handle(msg), self.secret)
+            stale = self._stale(msg) if self.secret is not None else ""
+            if stale:
+                self.stats["replays"] += 1
+                out = encode(error_reply(msg.request_id, msg.op, AuthError(stale)), self.secret)
+            else:
+                out = encode(self.handle(msg), self.secret)
         self.stats["bytes_out"] += sum(memoryview(f).nbytes for f in out)
         self.stats["busy_s"] += time.perf_counter() - start
         return out
+
+    def _stale(self, msg: Message) -> str:
+        """Why a signed request is not fresh ('' when it is): replay protection. INFO is exempt:
+        it changes nothing, and it is how a client learns the nonce."""
+        if msg.op is Op.INFO:
+            return ""
+        nonce, session, seq = (msg.meta.get(k) for k in ("nonce", "session", "seq"))
+        if nonce != self.nonce:
+            return (f"request names nonce {nonce!r}, not this shard's: a replay, or a client of an earlier "
+                    f"run of this shard (reconnect)")
+        if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(seq, int)
+                or isinstance(seq, bool) or seq < 1):
+            return f"a signed request carries session (16-64 characters) and seq (an integer >= 1), got {session!r}, {seq!r}"
+        last = self._sessions.get(session, 0)
+        if seq <= last:
+            return f"replayed request: seq {seq} of its session, whose last was {last}; refused, nothing changed"
+        self._sessions[session] = seq
+        return ""
 
     def handle(self, msg: Message) -> Message:
         """Answer one decoded request; errors become error replies."""
@@ -201,7 +229,7 @@ class Shard:
         if op is Op.STATS:
             return {"stats": self.stats_dict()}, []
         if op is Op.INFO:
-            return {"shard": {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
+            return {"shard": {"index": self.cfg.index, "num_shards": self.cfg.num_shards, "nonce": self.nonce,
                               "tables": [t.to_dict() for t in self.cfg.tables], "max_keys": self.cfg.max_keys}}, []
         if op is Op.STOP:
             self.stopping = True

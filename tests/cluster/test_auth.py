@@ -49,7 +49,9 @@ def test_wrong_or_missing_secret_is_refused_and_the_shard_keeps_serving(shard):
 
 
 def test_replies_are_signed(shard):
-    frames = raw_request(shard, encode(Message(Op.PULL, 5, {"table": "t"}, [np.array([1, 2])]), SECRET))
+    nonce = decode(raw_request(shard, encode(Message(Op.INFO, 4), SECRET)), SECRET).meta["shard"]["nonce"]
+    fresh = {"nonce": nonce, "session": "s" * 16, "seq": 1}
+    frames = raw_request(shard, encode(Message(Op.PULL, 5, {"table": "t", **fresh}, [np.array([1, 2])]), SECRET))
     assert decode(frames, SECRET, what="reply").arrays[0].shape == (2, 4)
     with pytest.raises(AuthError, match="bad signature"):
         decode(frames, b"not the secret", what="reply")

@@ -102,7 +102,8 @@ def test_shard_refuses_and_counts_unauthenticated_requests_and_keeps_serving():
         assert reply.status == ERROR and reply.meta["kind"] == "AuthError"
     assert not shard.stopping, "an unauthenticated STOP must not stop the shard"
     assert shard.stats["unauthenticated"] == 3 and shard.stats["errors"] == 0
-    pull = encode(Message(Op.PULL, 4, {"table": "t"}, [np.array([2, 3])]), SECRET)
+    fresh = {"nonce": shard.nonce, "session": "s" * 16, "seq": 1}  # what PSClient adds when it signs
+    pull = encode(Message(Op.PULL, 4, {"table": "t", **fresh}, [np.array([2, 3])]), SECRET)
     reply = decode(shard.handle_frames(pull), SECRET, what="reply")  # signed
     assert reply.status == OK and reply.request_id == 4 and reply.arrays[0].shape == (2, 3)
     with pytest.raises(AuthError):
@@ -215,3 +216,63 @@ def test_server_process_passes_the_secret_in_the_environment_only(monkeypatch):
     monkeypatch.setenv(SECRET_ENV, "inherited")
     assert SECRET_ENV not in _child_env(None), "secret=None must not pass on this process's secret"
     assert _child_env(b"\xffk")[SECRET_ENV].encode("utf-8", "surrogateescape") == b"\xffk"
+
+
+# -- replay (issue 11, item 2) ------------------------------------------------------------------
+
+class Recording:
+    """A channel that keeps a copy of every request it carries (what an eavesdropper captures)."""
+
+    def __init__(self, inner):
+        self.inner, self.sent = inner, []
+
+    def send(self, frames):
+        self.sent.append([bytes(memoryview(f)) for f in frames])
+        self.inner.send(frames)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def recorded_client(shard: Shard):
+    from het.ps.client import PSClient
+    from het.ps.transport import LocalTransport
+
+    transport = LocalTransport()
+    channel = Recording(transport.connect(transport.bind("s", shard)))
+    return PSClient([channel], secret=SECRET), channel
+
+
+def test_a_replayed_signed_push_is_refused_counted_and_changes_nothing():
+    shard = Shard(ShardConfig((TABLE,)), secret=SECRET)
+    client, channel = recorded_client(shard)
+    client.wait(client.push("t", torch.tensor([2]), torch.ones(1, 3), torch.ones(1, dtype=torch.int64)))
+    push = channel.sent[-1]
+    weight, clocks = shard.tables["t"].weight.clone(), shard.tables["t"].clocks.clone()
+    for _ in range(3):
+        reply = decode(shard.handle_frames(push), SECRET, what="reply")
+        assert reply.status == ERROR and "replayed request" in reply.meta["error"]
+    assert torch.equal(shard.tables["t"].weight, weight) and torch.equal(shard.tables["t"].clocks, clocks)
+    assert shard.stats["replays"] == 3
+    # the client carries on: its next requests are fresh
+    assert client.wait(client.pull("t", torch.tensor([2])))[1].tolist() == [1]
+
+
+def test_a_replayed_signed_stop_does_not_stop_the_shard():
+    shard = Shard(ShardConfig((TABLE,)), secret=SECRET)
+    client, channel = recorded_client(shard)
+    client.stop_servers()
+    stop = channel.sent[-1]
+    shard.stopping = False  # a new run of the shard on the same secret
+    reply = decode(shard.handle_frames(stop), SECRET, what="reply")
+    assert reply.status == ERROR and not shard.stopping and shard.stats["replays"] == 1
+
+
+def test_a_capture_from_an_earlier_run_of_the_shard_is_stale():
+    first = Shard(ShardConfig((TABLE,)), secret=SECRET)
+    client, channel = recorded_client(first)
+    client.wait(client.push("t", torch.tensor([1]), torch.ones(1, 3), torch.ones(1, dtype=torch.int64)))
+    restarted = Shard(ShardConfig((TABLE,)), secret=SECRET)  # a new incarnation: a new nonce
+    reply = decode(restarted.handle_frames(channel.sent[-1]), SECRET, what="reply")
+    assert reply.status == ERROR and "nonce" in reply.meta["error"]
+    assert int(restarted.tables["t"].clocks[1]) == 0
