@@ -23,6 +23,8 @@ def add_parser(sub) -> None:
     s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
     s.add_argument("--shard-index", type=int, default=0, help="which shard of --num-shards this one is")
     s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
+    s.add_argument("--state-dir", metavar="DIR", help="where SAVE and LOAD requests may read and write "
+                   "(relative names only; created if missing); without it the shard saves and loads nothing")
     s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
                    "frame than such a request needs drops its sender (default %(default)s)")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
@@ -50,7 +52,7 @@ def cmd_serve(args) -> None:
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
-    run_foreground(cfg, args.bind, load_secret(args.secret_file))
+    run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir)
 
 
 def _table(text: str) -> tuple[str, int, int]:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 import zmq
 
 from het.config import ShardConfig
+from het.ps import state
 from het.ps.client import PSClient
 from het.ps.server import ServerThread
 from het.ps.shard import Shard
@@ -17,7 +20,8 @@ class LocalCluster:
 
     def __init__(self, tables, num_shards: int = 1):
         self.transport = LocalTransport()
-        self.shards = [Shard(ShardConfig(tuple(tables), i, num_shards)) for i in range(num_shards)]
+        self.shards = [Shard(ShardConfig(tuple(tables), i, num_shards), state_dir=state.temporary())
+                       for i in range(num_shards)]
         self.names = [self.transport.bind(f"local-{i}", s) for i, s in enumerate(self.shards)]
         self.clients = []
 
@@ -29,6 +33,8 @@ class LocalCluster:
     def close(self):
         for c in self.clients:
             c.close()
+        for s in self.shards:
+            shutil.rmtree(s.state_dir, ignore_errors=True)
 
 
 class ZmqCluster:

@@ -79,7 +79,8 @@ class LocalCluster:
                                                   bind=f"{self._ip(host)}:0",
                                                   secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
-                                                  popen=self._popen(host)))
+                                                  popen=self._popen(host),
+                                                  state_dir=os.path.join(self.log_dir, f"ps-{i}")))
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)

@@ -8,8 +8,12 @@ arrays and come back on the device they were sent from.
 
 from __future__ import annotations
 
+import atexit
 import itertools
+import os
 import secrets
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 
 import torch
@@ -107,7 +111,8 @@ class PSClient:
     def local(cls, tables: list[TableConfig], num_shards: int = 1, lazy_init: bool = True) -> "PSClient":
         """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
         transport = LocalTransport()
-        names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards)))
+        names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards),
+                                                   state_dir=_local_state_dir(i)))
                  for i in range(num_shards)]
         return cls([transport.connect(n) for n in names], lazy_init=lazy_init)
 
@@ -171,13 +176,58 @@ class PSClient:
 
     # -- whole-PS requests ------------------------------------------------------------------
     def save(self, directory: str) -> list[str]:
-        """Every shard writes its rows, clocks and optimizer state under ``directory``."""
-        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": _shard_file(directory, i)},
-                                                        timeout_s=None)]  # a big table takes its time
+        """Every shard writes its rows, clocks and optimizer state, and they are moved to
+        ``directory/shard-<i>.pt``; the paths. The shards write into their own state
+        directories (:mod:`het.ps.state`), so this needs them on a filesystem this process sees
+        (a local cluster, shared storage); else use :meth:`save_named`."""
+        tag = self._tag("save")
+        self.save_named(tag)
+        os.makedirs(directory, exist_ok=True)
+        paths = []
+        for i, root in enumerate(self._state_dirs()):
+            paths.append(shutil.move(os.path.join(root, tag, _shard_name(i)), os.path.join(directory, _shard_name(i))))
+            os.rmdir(os.path.join(root, tag))
+        return paths
 
     def load(self, directory: str) -> list[str]:
-        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": _shard_file(directory, i)},
+        """Every shard loads ``directory/shard-<i>.pt`` (written by :meth:`save`), through a
+        link in its state directory, removed afterwards."""
+        sources = [os.path.join(directory, _shard_name(i)) for i in range(self.num_shards)]
+        missing = [p for p in sources if not os.path.isfile(p)]
+        if missing:
+            raise ValueError(f"no saved shard at {missing[0]}: expected shard-<i>.pt for each of the "
+                             f"{self.num_shards} shards in {directory}")
+        tag, roots = self._tag("load"), self._state_dirs()
+        try:
+            for i, (root, src) in enumerate(zip(roots, sources)):
+                os.makedirs(os.path.join(root, tag))
+                _link_or_copy(src, os.path.join(root, tag, _shard_name(i)))
+            self.load_named(tag)
+        finally:
+            for root in roots:
+                shutil.rmtree(os.path.join(root, tag), ignore_errors=True)
+        return sources
+
+    def save_named(self, name: str) -> list[str]:
+        """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory."""
+        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": f"{name}/{_shard_name(i)}"},
+                                                        timeout_s=None)]  # a big table takes its time
+
+    def load_named(self, name: str) -> list[str]:
+        """Every shard loads ``name/shard-<i>.pt`` from its own state directory."""
+        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": f"{name}/{_shard_name(i)}"},
                                                         timeout_s=None)]
+
+    def _tag(self, what: str) -> str:
+        return f"{what}-{self._session[:12]}-{next(self._ids)}"
+
+    def _state_dirs(self) -> list[str]:
+        dirs = [m.meta["shard"].get("state_dir") for m in self._broadcast(Op.INFO)]
+        for i, d in enumerate(dirs):
+            if d is None or not os.path.isdir(d):
+                raise ValueError(f"shard {i}'s state directory ({d}) is not on a filesystem this process sees: "
+                                 f"save and load by name (save_named, load_named) instead")
+        return dirs
 
     def stats(self) -> list[dict]:
         return [m.meta["stats"] for m in self._broadcast(Op.STATS)]
@@ -359,5 +409,25 @@ def _grads_meta(grad_dtype: str) -> dict:
     return {"grads": grad_dtype} if grad_dtype != "f32" else {}  # f32 messages are unchanged
 
 
-def _shard_file(directory: str, index: int) -> str:
-    return f"{directory}/shard-{index}.pt"
+def _shard_name(index: int) -> str:
+    return f"shard-{index}.pt"
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    """A hard link (no copy of a big file), or a copy across filesystems."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+_LOCAL_STATE: list[str] = []
+
+
+def _local_state_dir(index: int) -> str:
+    """A state directory for an in-process shard: under one temporary root of this process,
+    removed when it exits."""
+    if not _LOCAL_STATE:
+        _LOCAL_STATE.append(tempfile.mkdtemp(prefix="het-local-shards-"))
+        atexit.register(shutil.rmtree, _LOCAL_STATE[0], True)
+    return tempfile.mkdtemp(prefix=f"shard-{index}-", dir=_LOCAL_STATE[0])

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ import threading
 
 from het.config import ShardConfig
 from het.process import die_with_parent
+from het.ps import state
 from het.ps.auth import SECRET_ENV, check_bind, check_secret
 from het.ps.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
@@ -45,11 +47,14 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
         endpoint.send(peer, reply)
 
 
-def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None) -> None:
+def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None) -> None:
     """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
-    Only requests signed with ``secret`` are served when one is given."""
+    Only requests signed with ``secret`` are served when one is given; SAVE and LOAD name files
+    in ``state_dir`` (created if missing), and are refused without one."""
     check_bind(bind, secret)
-    shard = Shard(cfg, secret)
+    if state_dir is not None:
+        os.makedirs(state_dir, exist_ok=True)
+    shard = Shard(cfg, secret, state_dir)
     endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -80,9 +85,11 @@ class ServerThread:
         [1, 0]
     """
 
-    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None):
+    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
+                 state_dir: str | None = None):
         check_bind(bind, secret)
-        self.shard = Shard(cfg, secret)
+        self._own_state = state_dir is None  # a temporary one, removed at stop
+        self.shard = Shard(cfg, secret, state.temporary() if state_dir is None else state_dir)
         self.endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
@@ -94,6 +101,8 @@ class ServerThread:
         self._stop.set()
         self._thread.join()
         self.endpoint.close()
+        if self._own_state:
+            shutil.rmtree(self.shard.state_dir, ignore_errors=True)
 
     def __enter__(self):
         return self
@@ -111,15 +120,19 @@ class ServerProcess:
     process dies. ``stop()`` asks it to end (SIGTERM), then kills it if it has not ended within
     ``grace_s``. A ``secret`` reaches the child in its
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
-    one, the child does not inherit this process's ``HET_SECRET`` either.
+    one, the child does not inherit this process's ``HET_SECRET`` either. ``state_dir`` is the
+    shard's state directory (default: a temporary one, removed at stop).
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
-                 new_session: bool = False, popen=subprocess.Popen):
+                 new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None):
         secret = check_secret(secret)
         check_bind(bind, secret)
-        cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg))]
+        self._own_state = state_dir is None
+        self.state_dir = state.temporary() if state_dir is None else state_dir
+        cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
+               "--state-dir", self.state_dir]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
@@ -159,6 +172,8 @@ class ServerProcess:
                 self.proc.wait()
         if self._log:
             self._log.close()
+        if self._own_state:
+            shutil.rmtree(self.state_dir, ignore_errors=True)
         return self.proc.returncode
 
     def __enter__(self):

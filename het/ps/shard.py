@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import checks, optim, partition
+from het.ps import checks, optim, partition, state
 from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
 from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
@@ -120,6 +120,8 @@ class Shard:
         secret: a shared secret (bytes). With one, :meth:`handle_frames` serves only requests
             signed with it, signs its replies, and counts the others in
             ``stats["unauthenticated"]``.
+        state_dir: the directory SAVE and LOAD requests name files in (see
+            :mod:`het.ps.state`); without one they are refused.
 
     Example:
         >>> from het.config import OptimizerConfig, TableConfig
@@ -135,9 +137,10 @@ class Shard:
         True
     """
 
-    def __init__(self, cfg: ShardConfig, secret: bytes | None = None):
+    def __init__(self, cfg: ShardConfig, secret: bytes | None = None, state_dir: str | None = None):
         self.cfg = cfg
         self.secret = check_secret(secret)
+        self.state_dir = None if state_dir is None else os.path.abspath(state_dir)
         self.tables = {t.name: _Table(t, cfg.index, cfg.num_shards) for t in cfg.tables}
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
@@ -222,14 +225,17 @@ class Shard:
             self._check_sync(table, *a[3:])  # the sync's fields checked before the push changes anything
             self.push(table, *a[:3], step=step, grads_as=grads)
             return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
-        if op is Op.SAVE:
-            return {"path": self.save(checks.path(meta))}, []
+        if op is Op.SAVE:  # a name inside the state directory, checked before anything is written
+            self.save(state.resolve(self.state_dir, checks.path(meta), write=True))
+            return {"path": meta["path"]}, []
         if op is Op.LOAD:
-            return {"path": self.load(checks.path(meta))}, []
+            self.load(state.resolve(self.state_dir, checks.path(meta), write=False))
+            return {"path": meta["path"]}, []
         if op is Op.STATS:
             return {"stats": self.stats_dict()}, []
         if op is Op.INFO:
             return {"shard": {"index": self.cfg.index, "num_shards": self.cfg.num_shards, "nonce": self.nonce,
+                              "state_dir": self.state_dir,
                               "tables": [t.to_dict() for t in self.cfg.tables], "max_keys": self.cfg.max_keys}}, []
         if op is Op.STOP:
             self.stopping = True

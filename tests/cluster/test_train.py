@@ -46,8 +46,8 @@ def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
     assert 0.3 < s["hit_rate"] < 1 and s["stale_refreshes"] > 0
     assert set(s["bytes"]) == {"sparse_pull", "sparse_push", "sync", "dense"} and all(s["bytes"].values())
     assert abs(sum(s["time_split"].values()) - 1) < 1e-6
-    assert sorted(os.listdir(tmp_path)) == ["pids.json", "server-0.log", "server-1.log", "summary.json",
-                                            "worker-0.log", "worker-1.log"]
+    assert sorted(os.listdir(tmp_path)) == ["pids.json", "ps-0", "ps-1", "server-0.log", "server-1.log",
+                                            "summary.json", "worker-0.log", "worker-1.log"]  # ps-<i>: state dirs
     assert not any(alive(pid) for pid in json.load(open(tmp_path / "pids.json")).values())
 
 

@@ -5,6 +5,7 @@ clocks, marks and optimizer state exactly as they were."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -187,3 +188,50 @@ def test_every_refusal_leaves_rows_clocks_and_state_unchanged(case):
     # and the shard keeps serving
     ok = s.handle(Message(Op.PULL, 10, {"table": "t"}, [np.arange(2, dtype=np.int64)]))
     assert ok.status != ERROR
+
+
+# -- item 1: SAVE and LOAD stay inside the shard's state directory ------------------------------
+
+def names_refused(s: Shard, op: Op, name: str) -> str:
+    reply = s.handle(Message(op, 1, {"path": name}))
+    assert reply.status == ERROR
+    return reply.meta["error"]
+
+
+@pytest.mark.parametrize("op", [Op.SAVE, Op.LOAD])
+def test_paths_out_of_the_state_directory_are_refused_and_create_nothing(tmp_path, op):
+    root, outside = tmp_path / "state", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (outside / "secret.pt").write_bytes(b"x")
+    (root / "out").symlink_to(outside)
+    s = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)), state_dir=str(root))
+    for name in (str(outside / "new.pt"), "../outside/new.pt", "a/../../outside/new.pt", "out/new.pt",
+                 "out/secret.pt", "./x.pt"):
+        error = names_refused(s, op, name)
+        assert "refused path" in error
+    assert "expected a file path" in names_refused(s, op, "")
+    assert sorted(p.name for p in outside.iterdir()) == ["secret.pt"]  # nothing written out there
+    assert sorted(p.name for p in root.iterdir()) == ["out"]            # nor a directory made here
+    # what exists outside is not told apart from what does not
+    assert names_refused(s, op, "../outside/secret.pt") == names_refused(s, op, "../outside/none.pt").replace(
+        "none.pt", "secret.pt")
+
+
+def test_load_takes_regular_files_only_and_a_fifo_cannot_hang_the_shard(tmp_path):
+    s = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)), state_dir=str(tmp_path))
+    os.mkfifo(tmp_path / "pipe")
+    (tmp_path / "dir").mkdir()
+    assert "not a regular file" in names_refused(s, Op.LOAD, "pipe")
+    assert "not a regular file" in names_refused(s, Op.LOAD, "dir")
+    assert "not a regular file" in names_refused(s, Op.SAVE, "pipe")
+    assert "no saved shard" in names_refused(s, Op.LOAD, "missing.pt")
+    assert s.handle(Message(Op.SAVE, 2, {"path": "ckpt/shard-0.pt"})).status != ERROR
+    assert (tmp_path / "ckpt" / "shard-0.pt").is_file()
+    assert s.handle(Message(Op.LOAD, 3, {"path": "ckpt/shard-0.pt"})).status != ERROR
+
+
+def test_a_shard_without_a_state_directory_saves_and_loads_nothing(tmp_path):
+    s = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)))
+    assert "without a state directory" in names_refused(s, Op.SAVE, "x.pt")
+    assert "without a state directory" in names_refused(s, Op.LOAD, "x.pt")

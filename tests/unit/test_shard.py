@@ -84,7 +84,9 @@ def test_bad_pushes_are_refused_and_change_nothing():
 
 def test_error_replies_raise_ps_error_naming_the_shard():
     client = PSClient.local([T], 1)
-    with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD"):
+    with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD: ValueError: no saved shard"):
+        client.load_named("nonexistent")
+    with pytest.raises(ValueError, match="no saved shard at /nonexistent/dir/shard-0.pt"):
         client.load("/nonexistent/dir")
 
 
