@@ -89,6 +89,10 @@ class GraphConfig:
     fanouts: tuple[int, ...] = setting((10, 5), "neighbours sampled per layer, e.g. 10,5", aliases=("--fanouts",))
     hidden: int = setting(128, "GraphSAGE's hidden width", aliases=("--hidden",))
     dropout: float = setting(0.5, "dropout between GraphSAGE's layers", aliases=("--dropout",))
+    # A training node's own id row can memorise its label: without this dropout the final step
+    # fell below the best validated one on small graphs (docs/RESULTS.md, "GraphSAGE on Cora").
+    embedding_dropout: float = setting(0.5, "dropout on the node-id rows alone, before dropout",
+                                       aliases=("--embedding-dropout",))
     eval_every: int = setting(10, "evaluate every N steps and report the metrics of the best validation "
                               "(0: the final step's)", aliases=("--eval-every",))
 
@@ -98,6 +102,8 @@ class GraphConfig:
                  f"graph.fanouts must be positive integers, got {self.fanouts}")
         _require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
         _require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
+        _require(0 <= self.embedding_dropout < 1,
+                 f"graph.embedding_dropout must lie in [0, 1), got {self.embedding_dropout}")
         _require(self.eval_every >= 0, f"graph.eval_every must be >= 0, got {self.eval_every}")
 
 

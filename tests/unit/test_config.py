@@ -170,3 +170,11 @@ def test_no_function_in_het_is_60_lines_or_longer():
                 if lines >= 60:
                     long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_graphsage_drops_half_its_id_coordinates_by_default():
+    """The default that keeps the final step near the best validated one beyond Cora."""
+    cfg = TrainConfig(model="graphsage")
+    assert cfg.graph.embedding_dropout == 0.5
+    with pytest.raises(ValueError, match="graph.embedding_dropout must lie in"):
+        TrainConfig(model="graphsage", graph={"embedding_dropout": 1.0})

@@ -1,5 +1,8 @@
 """The CTR models: shapes with either embedding, training on a planted task, each model's
-interaction against a brute-force version, and gradients reaching the embedding rows."""
+interaction against a brute-force version, and gradients reaching the embedding rows. GraphSAGE:
+the dropout on its node-id rows."""
+
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -8,6 +11,7 @@ from torch import nn
 import het
 from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.models.dcn import CrossLayer
+from het.models.graphsage import GraphSAGE
 from het.models.deepfm import fm_interaction
 from het.models.dlrm import dot_interaction
 
@@ -174,3 +178,39 @@ def test_dcn_stacks_its_cross_layers_on_x0():
         x = x0 * (x @ layer.weight)[:, None] + layer.bias + x
     expect = model.head(torch.cat([x, model.deep(x0)], dim=1))[:, 0]
     assert torch.allclose(model(dense, sparse), expect, atol=1e-6)
+
+
+def _sage_inputs(model: GraphSAGE, nodes: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """What the first SAGE layer reads (after the dropouts) in one forward pass over a block
+    in which every input node is also a destination with no edges."""
+    seen = []
+    hook = model.layers[0].register_forward_pre_hook(lambda _, args: seen.append(args[0].detach()))
+    block = SimpleNamespace(dst_count=len(nodes), edge_src=torch.zeros(0, dtype=torch.long),
+                            edge_dst=torch.zeros(0, dtype=torch.long))
+    model(nodes, features, [block])
+    hook.remove()
+    return seen[0]
+
+
+def test_graphsage_embedding_dropout_drops_id_coordinates_only_in_training():
+    torch.manual_seed(0)
+    emb, nodes, features = nn.Embedding(ROWS, DIM), torch.arange(ROWS), torch.rand(ROWS, 3) + 1
+    rows = emb(nodes).detach()
+    model = GraphSAGE(emb, DIM, in_features=3, num_classes=2, layers=1, dropout=0.0, embedding_dropout=0.5)
+
+    h = _sage_inputs(model.train(), nodes, features)
+    ids, feats = h[:, :DIM], h[:, DIM:]
+    kept = ids != 0
+    assert 0.3 < kept.float().mean() < 0.7  # about half of the 120 id coordinates survive
+    assert torch.allclose(ids[kept], 2 * rows[kept])  # the survivors scaled by 1 / (1 - p)
+    assert torch.equal(feats, features)  # the features are not the embedding's dropout's business
+
+    assert torch.equal(_sage_inputs(model.eval(), nodes, features), torch.cat([rows, features], dim=1))
+    plain = GraphSAGE(emb, DIM, in_features=3, num_classes=2, layers=1, dropout=0.0)  # the default: off
+    assert torch.equal(_sage_inputs(plain.train(), nodes, features), torch.cat([rows, features], dim=1))
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0])
+def test_graphsage_refuses_an_embedding_dropout_outside_0_1(p):
+    with pytest.raises(ValueError, match="embedding_dropout must lie in"):
+        GraphSAGE(nn.Embedding(ROWS, DIM), DIM, in_features=0, num_classes=2, embedding_dropout=p)
