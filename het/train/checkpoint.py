@@ -71,3 +71,11 @@ def saver(worker, cfg: TrainConfig):
             save(worker, cfg.checkpoint, step)
 
     return on_step
+
+
+def saved_step(directory: str | None) -> int | None:
+    """The step of the checkpoint in ``directory``, or None when there is none (yet)."""
+    path = os.path.join(directory, "worker.pt") if directory else None
+    if path is None or not os.path.exists(path):
+        return None
+    return int(torch.load(path, weights_only=False, map_location="cpu")["step"])

@@ -146,6 +146,8 @@ class TrainConfig:
     checkpoint: str | None = setting(None, "checkpoint directory")
     checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
     resume: str | None = setting(None, "a checkpoint directory to resume from")
+    max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "
+                                "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
     lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
     push_dtype: str = setting("f32", "how pushed gradients travel: bf16 takes half the bytes (rounded)",
@@ -173,6 +175,7 @@ class TrainConfig:
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
             (self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
+            (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
         ]
         for ok, message in checks:

@@ -1,10 +1,15 @@
-"""A training job on a local cluster: its shards and workers as processes of this machine."""
+"""A training job on a local cluster: its shards and workers as processes of this machine,
+restarted from the latest checkpoint when one of them dies (``max_restarts``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
+import sys
 
-from het.dist.launch import LocalCluster
+from het.dist.launch import ClusterError, LocalCluster
+from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.tasks import job_tables
 
@@ -12,8 +17,47 @@ from het.train.tasks import job_tables
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
               network=None) -> dict:
     """Train ``cfg`` on ``cfg.servers`` shard and ``cfg.workers`` worker processes of this
-    machine (inside ``network``'s namespaces when given); rank 0's summary. Raises
-    :class:`het.dist.launch.ClusterError` when a process fails, naming it and its log."""
+    machine (inside ``network``'s namespaces when given); rank 0's summary. When a process
+    dies, the job is stopped and, up to ``cfg.max_restarts`` times, started again from its
+    latest checkpoint (or from where it started, before the first); the summary then counts
+    ``restarts`` and says which step the last run ``resumed_from_step``. Raises
+    :class:`het.dist.launch.ClusterError` when a process fails once no restart is left,
+    naming it and its log."""
+    cfg = with_restart_checkpoints(cfg, log_dir)
+    first, restarts = cfg, []
+    while True:
+        try:
+            summary = _run_once(cfg, log_dir, secret, progress, network)
+        except ClusterError as e:
+            if len(restarts) >= cfg.max_restarts:
+                raise
+            step = checkpoint.saved_step(cfg.checkpoint)
+            cfg = dataclasses.replace(cfg, resume=cfg.checkpoint if step is not None else first.resume)
+            where = f"the checkpoint at step {step} ({cfg.checkpoint})" if step is not None else "its start"
+            restarts.append({"error": str(e), "resumed_from_step": step or 0})
+            print(f"het train: {e}\nhet train: restart {len(restarts)} of {cfg.max_restarts}: from {where}",
+                  file=sys.stderr, flush=True)
+            continue
+        if restarts:
+            summary.update(steps=cfg.steps, resumed_from_step=restarts[-1]["resumed_from_step"])
+        return {**summary, "restarts": len(restarts), "restart_log": restarts}
+
+
+def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
+    """``cfg`` with checkpoints to restart from when restarts are allowed and it has none: one
+    every tenth of the steps (at most every 1,000), under the run's logs.
+
+    Example:
+        >>> with_restart_checkpoints(TrainConfig(max_restarts=2, steps=300), "runs/x").checkpoint_every
+        30
+    """
+    if not cfg.max_restarts or cfg.checkpoint_every:
+        return cfg
+    return dataclasses.replace(cfg, checkpoint=cfg.checkpoint or os.path.join(log_dir, "checkpoint"),
+                               checkpoint_every=min(1000, max(1, cfg.steps // 10)))
+
+
+def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network) -> dict:
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network)
     return cluster.run()

@@ -260,3 +260,30 @@ def test_graphsage_on_cora(tmp_path):
     assert s["workers"] == 2 and s["hit_rate"] > 0
     assert s["test_acc"] > 0.74 and s["val_acc"] > 0.7  # published GraphSAGE-style: about 0.80
     assert s["best_step"] % 10 == 0 and s["val_acc"] >= s["final_val_acc"]  # chosen on validation
+
+
+def test_a_killed_shard_is_restarted_from_the_latest_checkpoint(tmp_path):
+    """`--max-restarts`: the shard is killed (-9) after the first checkpoint; the launcher
+    restarts the job from it, the job ends its steps, and its AUC is an uninterrupted run's."""
+    common = ["--steps", "120", *SMALL, "--json", "--quiet", "--staleness", "0"]
+    straight = het("train", *common, "--log-dir", str(tmp_path / "straight"))
+    ckpt, logs = tmp_path / "ckpt", tmp_path / "restarted"
+    launcher = subprocess.Popen([sys.executable, "-m", "het", "train", *common, "--checkpoint", str(ckpt),
+                                 "--checkpoint-every", "40", "--max-restarts", "2", "--log-dir", str(logs)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not (ckpt / "worker.pt").exists() and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.05)
+        assert (ckpt / "worker.pt").exists(), "no checkpoint was written"
+        shard = json.load(open(logs / "pids.json"))["PS shard 0"]
+        os.kill(shard, signal.SIGKILL)
+        out, err = launcher.communicate(timeout=600)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["restarts"] == 1 and summary["steps"] == 120 and summary["resumed_from_step"] in (40, 80)
+    assert f"PS shard 0 (pid {shard}) killed by signal 9" in err and "restart 1 of 2: from the checkpoint" in err
+    assert abs(summary["auc"] - straight["auc"]) < 0.01
