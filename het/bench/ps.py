@@ -21,9 +21,13 @@ from het.ps.client import PSClient
 from het.ps.server import ServerProcess
 
 
-def _echo(address_queue, reply_bytes: int) -> None:
-    """A ROUTER that answers every request with ``reply_bytes`` bytes, until told 'stop'."""
+def _echo(address_queue, reply_bytes: int, server_secret: bytes | None = None) -> None:
+    """A ROUTER that answers every request with ``reply_bytes`` bytes, until told 'stop'; with a
+    CURVE ``server_secret`` key, over ZeroMQ's CURVE security (encrypted, authenticated)."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
+    if server_secret is not None:
+        sock.curve_server = True
+        sock.curve_secretkey = server_secret
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     address_queue.put(f"tcp://127.0.0.1:{port}")
     payload = np.zeros(reply_bytes, dtype=np.uint8)
@@ -36,13 +40,18 @@ def _echo(address_queue, reply_bytes: int) -> None:
     sock.close(linger=1000)
 
 
-def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float) -> dict:
-    """Round trips of ``request_bytes`` out and ``reply_bytes`` back over a DEALER socket."""
+def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = False) -> dict:
+    """Round trips of ``request_bytes`` out and ``reply_bytes`` back over a DEALER socket; with
+    ``curve``, over ZeroMQ's CURVE security (every frame encrypted and authenticated)."""
+    server_public, server_secret = zmq.curve_keypair() if curve else (None, None)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_echo, args=(q, reply_bytes), daemon=True)
+    proc = ctx.Process(target=_echo, args=(q, reply_bytes, server_secret), daemon=True)
     proc.start()
     sock = zmq.Context.instance().socket(zmq.DEALER)
+    if curve:
+        sock.curve_publickey, sock.curve_secretkey = zmq.curve_keypair()
+        sock.curve_serverkey = server_public
     try:
         sock.connect(q.get(timeout=60))
         payload = np.ones(request_bytes, dtype=np.uint8)
@@ -66,8 +75,10 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float) -> dict:
 
 
 def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
-        optimizer: str = "sgd") -> dict:
-    """Pull + push ``batch`` random rows of ``dim`` floats through one shard process."""
+        optimizer: str = "sgd", curve: bool = False) -> dict:
+    """Pull + push ``batch`` random rows of ``dim`` floats through one shard process; with
+    ``curve``, also raw ZeroMQ of the same sizes under CURVE (``zmq_curve_bytes_per_s``, and
+    ``curve_fraction`` of the plain figure: what encrypting every frame would cost)."""
     table = TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.01))
     rng = torch.Generator().manual_seed(0)
     with ServerProcess(ShardConfig((table,))) as server:
@@ -97,6 +108,11 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, "steps": steps,
            "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed, **raw}
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
+    if curve:
+        secure = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
+                         seconds=seconds, curve=True)
+        out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
+        out["curve_fraction"] = secure["zmq_bytes_per_s"] / out["zmq_bytes_per_s"]
     return out
 
 
@@ -108,6 +124,7 @@ def add_parser(bsub) -> None:
     q.add_argument("--rows", type=int, default=200_000)
     q.add_argument("--seconds", type=float, default=5.0)
     q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--curve", action="store_true", help="also raw ZeroMQ under CURVE encryption (its cost)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_main)
 
@@ -116,9 +133,11 @@ def _main(args) -> None:
     import json
 
     torch.set_num_threads(args.threads)
-    result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds)
+    result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds, curve=args.curve)
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
         print(f"{result['rows_per_s']:,.0f} rows/s, {result['bytes_per_s'] / 1e6:,.0f} MB/s through the PS; "
-              f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})")
+              f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})"
+              + (f"; under CURVE {result['zmq_curve_bytes_per_s'] / 1e6:,.0f} MB/s ({result['curve_fraction']:.0%} "
+                 f"of plain)" if args.curve else ""))
