@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,38 +23,10 @@ from het.ps.checks import all_finite
 from het.ps.auth import check_secret
 from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
                              narrow)
-from het.ps.shard import Shard, initial_rows
+from het.ps.shard import Shard
+from het.ps.replies import Handle, merge
 from het.ps.transport import LocalTransport, ZmqTransport
 from het.staleness import bound_to_wire
-
-
-@dataclass
-class Handle:
-    """An operation in flight: one request per shard it touched."""
-
-    op: Op
-    table: str
-    n: int
-    device: torch.device
-    parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
-    result: object = None
-    done: bool = False
-    sync_bytes: int = 0  # a sync's keys and clocks as sent
-    keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
-
-
-@dataclass
-class SyncResult:
-    """Rows the shards sent back for a sync: ``index`` into the keys synced, their rows and
-    server clocks; the bytes the index, clocks and ``built`` marks took on the wire, and the
-    bytes of the rows that travelled (rows no push touched are built here, not sent).
-    Shape: index (m,), rows (m, D), clocks (m,)."""
-
-    index: torch.Tensor
-    rows: torch.Tensor
-    clocks: torch.Tensor
-    sync_bytes: int = 0
-    row_bytes: int = 0
 
 
 class PSClient:
@@ -67,7 +38,7 @@ class PSClient:
         secret: the shards' shared secret (bytes): every request is signed with it, and a reply
             not signed with it raises AuthError.
         lazy_init: ask the shards to leave out rows no push has touched yet and build them
-            here from the table's seed (:func:`het.ps.shard.initial_rows`): the same values,
+            here from the table's seed (:func:`het.ps.table.initial_rows`): the same values,
             without their bytes on the wire.
 
     Example:
@@ -171,7 +142,7 @@ class PSClient:
         if handle.done:
             return handle.result
         replies = [(positions, self._reply(shard, rid)) for shard, rid, positions in handle.parts]
-        handle.result, handle.done = self._merge(handle, replies), True
+        handle.result, handle.done = merge(handle, replies, self.tables[handle.table]), True
         return handle.result
 
     # -- whole-PS requests ------------------------------------------------------------------
@@ -311,57 +282,6 @@ class PSClient:
                 raise AuthError(f"PS shard {shard} ({self.channels[shard].address}): {e} "
                                 f"(does it hold the same shared secret?)") from None
             return msg
-
-    def _merge(self, handle: Handle, replies):
-        dim = self.tables[handle.table].dim
-        dev = handle.device
-        if handle.op is Op.PULL:
-            if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
-                m = replies[0][1]
-                rows = self._rows(handle, replies[0][0], m.arrays[0], m.arrays[2:])
-                return rows.to(dev), torch.from_numpy(m.arrays[1]).to(dev)
-            rows = torch.empty(handle.n, dim)
-            clocks = torch.empty(handle.n, dtype=torch.int64)
-            for p, m in replies:
-                rows[p.cpu()] = self._rows(handle, p, m.arrays[0], m.arrays[2:])
-                clocks[p.cpu()] = torch.from_numpy(m.arrays[1])
-            return rows.to(dev), clocks.to(dev)
-        if handle.op is Op.PUSH:
-            return sum(m.meta["applied"] for _, m in replies)
-        # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
-        index = [p.cpu()[torch.from_numpy(m.arrays[0]).long()] for p, m in replies]
-        if not index:
-            return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
-                              torch.empty(0, dtype=torch.int64, device=dev))
-        wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[3:]) for _, m in replies)
-        row_bytes = sum(m.arrays[1].nbytes for _, m in replies)
-        rows = torch.cat([self._rows(handle, i, m.arrays[1], m.arrays[3:]) for i, (_, m) in zip(index, replies)])
-        index = torch.cat(index)
-        clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
-        order = torch.argsort(index)
-        return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes)
-
-    def _rows(self, handle: Handle, positions: torch.Tensor, sent, built) -> torch.Tensor:
-        """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a
-        lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
-        Shape: positions (n,), sent (k, D) -> (n, D)."""
-        sent = torch.from_numpy(sent)
-        if not built:
-            return sent
-        if len(built) != 1:
-            raise PSError(f"a reply with {len(built)} arrays after its rows and clocks: expected at most one (built)")
-        built = torch.from_numpy(built[0]).bool()
-        if len(built) != len(positions) or len(sent) != len(built) - int(built.sum()):
-            raise PSError(f"a lazy reply marks {int(built.sum())} of {len(built)} rows built and sends "
-                          f"{len(sent)}: expected {len(positions)} marks and the rest sent")
-        if not bool(built.any()):
-            return sent
-        table = self.tables[handle.table]
-        keys = handle.keys.cpu()[positions.cpu()[built]]
-        rows = torch.empty(len(built), table.dim)
-        rows[~built] = sent
-        rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))
-        return rows
 
     def _check_keys(self, table: str, keys) -> torch.Tensor:
         if table not in self.tables:

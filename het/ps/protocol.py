@@ -42,7 +42,7 @@ three significant digits per value.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key
-(:func:`het.ps.shard.initial_rows`), which the client builds itself. The reply then carries
+(:func:`het.ps.table.initial_rows`), which the client builds itself. The reply then carries
 only the touched rows (``k`` of them, in order) and one more array, ``built``: 1 where the row
 was left for the client to build. Untouched rows are most first uses of a key, which every
 cache and every mode must otherwise pull.

@@ -1,0 +1,94 @@
+"""A request's replies from its shards, merged into one result: rows and clocks in the order
+of the keys asked, the rows a lazy reply left out built here from the table's seed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from het.config import TableConfig
+from het.ps.protocol import Op, PSError
+from het.ps.table import initial_rows
+
+
+@dataclass
+class Handle:
+    """An operation in flight: one request per shard it touched."""
+
+    op: Op
+    table: str
+    n: int
+    device: torch.device
+    parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
+    result: object = None
+    done: bool = False
+    sync_bytes: int = 0  # a sync's keys and clocks as sent
+    keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
+
+
+@dataclass
+class SyncResult:
+    """Rows the shards sent back for a sync: ``index`` into the keys synced, their rows and
+    server clocks; the bytes the index, clocks and ``built`` marks took on the wire, and the
+    bytes of the rows that travelled (rows no push touched are built here, not sent).
+    Shape: index (m,), rows (m, D), clocks (m,)."""
+
+    index: torch.Tensor
+    rows: torch.Tensor
+    clocks: torch.Tensor
+    sync_bytes: int = 0
+    row_bytes: int = 0
+
+
+def merge(handle: Handle, replies: list, table: TableConfig):
+    """The result of ``handle`` from ``replies`` ``[(positions, reply message), ...]``: rows and
+    clocks (PULL), rows applied (PUSH), or a :class:`SyncResult` (SYNC, PUSH_SYNC)."""
+    dim = table.dim
+    dev = handle.device
+    if handle.op is Op.PULL:
+        if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
+            m = replies[0][1]
+            rows = _rows(handle, table, replies[0][0], m.arrays[0], m.arrays[2:])
+            return rows.to(dev), torch.from_numpy(m.arrays[1]).to(dev)
+        rows = torch.empty(handle.n, dim)
+        clocks = torch.empty(handle.n, dtype=torch.int64)
+        for p, m in replies:
+            rows[p.cpu()] = _rows(handle, table, p, m.arrays[0], m.arrays[2:])
+            clocks[p.cpu()] = torch.from_numpy(m.arrays[1])
+        return rows.to(dev), clocks.to(dev)
+    if handle.op is Op.PUSH:
+        return sum(m.meta["applied"] for _, m in replies)
+    # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
+    index = [p.cpu()[torch.from_numpy(m.arrays[0]).long()] for p, m in replies]
+    if not index:
+        return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
+                          torch.empty(0, dtype=torch.int64, device=dev))
+    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[3:]) for _, m in replies)
+    row_bytes = sum(m.arrays[1].nbytes for _, m in replies)
+    rows = torch.cat([_rows(handle, table, i, m.arrays[1], m.arrays[3:]) for i, (_, m) in zip(index, replies)])
+    index = torch.cat(index)
+    clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
+    order = torch.argsort(index)
+    return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes)
+
+def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, built) -> torch.Tensor:
+    """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a
+    lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
+    Shape: positions (n,), sent (k, D) -> (n, D)."""
+    sent = torch.from_numpy(sent)
+    if not built:
+        return sent
+    if len(built) != 1:
+        raise PSError(f"a reply with {len(built)} arrays after its rows and clocks: expected at most one (built)")
+    built = torch.from_numpy(built[0]).bool()
+    if len(built) != len(positions) or len(sent) != len(built) - int(built.sum()):
+        raise PSError(f"a lazy reply marks {int(built.sum())} of {len(built)} rows built and sends "
+                      f"{len(sent)}: expected {len(positions)} marks and the rest sent")
+    if not bool(built.any()):
+        return sent
+    keys = handle.keys.cpu()[positions.cpu()[built]]
+    rows = torch.empty(len(built), table.dim)
+    rows[~built] = sent
+    rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))
+    return rows
