@@ -25,6 +25,11 @@ def add_parser(sub) -> None:
     s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
     s.add_argument("--state-dir", metavar="DIR", help="where SAVE and LOAD requests may read and write "
                    "(relative names only; created if missing); without it the shard saves and loads nothing")
+    s.add_argument("--wal", action="store_true", help="log every push in the state directory before it is "
+                   "acknowledged; started again on the same directory, the shard recovers its last save and "
+                   "the pushes after it (kill -9 loses nothing acknowledged)")
+    s.add_argument("--wal-fsync-s", type=float, default=0.05, help="force the log to disk at most this often "
+                   "(seconds; a machine crash can lose that much; default %(default)s)")
     s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
                    "frame than such a request needs drops its sender (default %(default)s)")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
@@ -52,7 +57,9 @@ def cmd_serve(args) -> None:
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
-    run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir)
+    if args.wal and not args.state_dir:
+        raise ValueError("--wal needs --state-dir DIR: the log lives there")
+    run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s)
 
 
 def _table(text: str) -> tuple[str, int, int]:

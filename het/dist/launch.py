@@ -57,11 +57,12 @@ class LocalCluster:
     ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``."""
 
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
-                 secret: bytes | None = None, progress: bool = True, network=None):
+                 secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
-        there needs ``secret``)."""
-        self.tables, self.num_workers, self.num_servers = tuple(tables), workers, servers
+        there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
+        directories (``LOG_DIR/ps-<i>``)."""
+        self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network = network
         self.servers: list[ServerProcess] = []
@@ -80,7 +81,7 @@ class LocalCluster:
                                                   secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
                                                   popen=self._popen(host),
-                                                  state_dir=os.path.join(self.log_dir, f"ps-{i}")))
+                                                  state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal))
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)

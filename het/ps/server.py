@@ -47,14 +47,16 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
         endpoint.send(peer, reply)
 
 
-def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None) -> None:
+def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,
+                   wal: bool = False, fsync_s: float = 0.05) -> None:
     """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
     Only requests signed with ``secret`` are served when one is given; SAVE and LOAD name files
-    in ``state_dir`` (created if missing), and are refused without one."""
+    in ``state_dir`` (created if missing), and are refused without one; with ``wal``, every push
+    is logged there before it is acknowledged, and the shard recovers from the log at start."""
     check_bind(bind, secret)
     if state_dir is not None:
         os.makedirs(state_dir, exist_ok=True)
-    shard = Shard(cfg, secret, state_dir)
+    shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s)
     endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -62,10 +64,13 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
         print("het serve: serving only requests signed with the shared secret", flush=True)
+    if shard.stats.get("wal_replayed"):
+        print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)
     try:
         serve(shard, endpoint, stop.is_set)
     finally:
         endpoint.close()
+        shard.close()
     print(f"het serve: shard {cfg.index} stopped", flush=True)
 
 
@@ -121,18 +126,20 @@ class ServerProcess:
     ``grace_s``. A ``secret`` reaches the child in its
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
     one, the child does not inherit this process's ``HET_SECRET`` either. ``state_dir`` is the
-    shard's state directory (default: a temporary one, removed at stop).
+    shard's state directory (default: a temporary one, removed at stop); ``wal`` gives the shard
+    a write-ahead log there.
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
-                 new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None):
+                 new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
+                 wal: bool = False):
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
         self.state_dir = state.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
-               "--state-dir", self.state_dir]
+               "--state-dir", self.state_dir, *(["--wal"] if wal else [])]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,

@@ -16,8 +16,9 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig
-from het.ps import checks, partition, state
+from het.ps import checks, partition, state, wal
 from het.ps.table import TableRows
+from het.ps.wal import WriteAheadLog
 from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
 from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
@@ -36,6 +37,10 @@ class Shard:
             ``stats["unauthenticated"]``.
         state_dir: the directory SAVE and LOAD requests name files in (see
             :mod:`het.ps.state`); without one they are refused.
+        wal: keep a write-ahead log in ``state_dir/wal`` (:mod:`het.ps.wal`): every push is
+            logged before it is acknowledged, and a shard started on a state directory that
+            holds a log recovers its last save and replays the pushes after it.
+        fsync_s: with ``wal``, how often at most the log is forced to disk.
 
     Example:
         >>> from het.config import OptimizerConfig, TableConfig
@@ -52,10 +57,13 @@ class Shard:
         True
     """
 
-    def __init__(self, cfg: ShardConfig, secret: bytes | None = None, state_dir: str | None = None):
+    def __init__(self, cfg: ShardConfig, secret: bytes | None = None, state_dir: str | None = None,
+                 wal: bool = False, fsync_s: float = 0.05):
         self.cfg = cfg
         self.secret = check_secret(secret)
         self.state_dir = None if state_dir is None else os.path.abspath(state_dir)
+        if wal and state_dir is None:
+            raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
         self.tables = {t.name: TableRows(t, cfg.index, cfg.num_shards) for t in cfg.tables}
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
@@ -64,6 +72,9 @@ class Shard:
         # capture from before a restart is stale) and a sequence number past its session's last.
         self.nonce = secrets.token_hex(16)
         self._sessions: dict[str, int] = {}  # session -> the last sequence number served
+        self.wal: WriteAheadLog | None = None
+        if wal:
+            self._recover(os.path.join(self.state_dir, "wal"), fsync_s)
 
     # -- the wire ---------------------------------------------------------------------------
     def handle_frames(self, frames) -> list:
@@ -166,10 +177,11 @@ class Shard:
         self._count_rows(sent, len(local))
         return [rows[0], t.clocks.index_select(0, local).numpy(), *rows[1:]]
 
-    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32") -> int:
+    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True) -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
-        summed first. ``grads_as="bf16"``: ``grads`` are int16 bits of bfloat16 values.
-        Shape: (n,), (n, D), (n,)."""
+        summed first. ``grads_as="bf16"``: ``grads`` are int16 bits of bfloat16 values. With a
+        write-ahead log the push is logged (as applied, in float32) unless ``logged`` is False
+        (a replay). Shape: (n,), (n, D), (n,)."""
         if grads_as == "bf16":
             if grads.dtype != np.int16:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
@@ -178,6 +190,7 @@ class Shard:
         t, local = self._check_push(table, keys, grads, counts)
         if len(local) == 0:
             return 0
+        raw_grads = grads.copy() if self.wal is not None and logged else None  # apply may overwrite grads
         grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
         rows, inverse = torch.unique(local, return_inverse=True)
         before = t.snapshot(rows)
@@ -195,6 +208,12 @@ class Shard:
             t.restore(rows, before)
             self.stats["refused_updates"] += 1
             raise ValueError(f"push to table {table!r} refused, nothing changed: {problem}")
+        if self.wal is not None and logged:
+            try:  # logged before it is acknowledged; a push that could not be logged is undone
+                self.wal.append(table, keys, raw_grads, counts.numpy(), step)
+            except OSError:
+                t.restore(rows, before)
+                raise
         self.stats["rows_in"] += len(local)
         return len(local)
 
@@ -217,16 +236,65 @@ class Shard:
         self.stats["rows_built_by_client"] += asked - sent
 
     def save(self, path: str) -> str:
+        """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
+        write-ahead log, the save becomes the log's base and the log starts afresh."""
+        self._write(path)
+        if self.wal is not None:
+            self._rebase(path)
+        return path
+
+    def load(self, path: str) -> str:
+        """Read a save of this shard's layout; with a write-ahead log it becomes the log's base."""
+        self._read(path)
+        if self.wal is not None:
+            self._rebase(None)
+        return path
+
+    def close(self) -> None:
+        """Force the write-ahead log to disk (a clean stop)."""
+        if self.wal is not None:
+            self.wal.close()
+            self.wal = None
+
+    def _recover(self, directory: str, fsync_s: float) -> None:
+        """The last base save, then every logged push after it, applied again (not logged)."""
+        base, lsn, replayed = os.path.join(directory, "base.pt"), 0, 0
+        if os.path.exists(base):
+            lsn = self._read(base)
+        for record in wal.read(directory, after=lsn):
+            self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
+                      logged=False)
+            lsn, replayed = record["lsn"], replayed + 1
+        self.wal = WriteAheadLog(directory, fsync_s, lsn)
+        self.stats["wal_replayed"] = replayed
+
+    def _rebase(self, saved: str | None) -> None:
+        """Make ``saved`` (hard-linked, or this state written afresh when None) the log's base,
+        then truncate the log: a crash between the two replays nothing twice (the base names
+        the last push it holds)."""
+        base = os.path.join(self.wal.directory, "base.pt")
+        tmp = f"{base}.tmp-{os.getpid()}"
+        if saved is None:
+            self._write(tmp)
+        else:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            os.link(saved, tmp)  # no copy: the save's own file, whatever becomes of its name
+        os.replace(tmp, base)
+        self.wal.truncate()
+
+    def _write(self, path: str) -> None:
         state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
+                 "wal_lsn": self.wal.lsn if self.wal is not None else 0,
                  "tables": {name: {"config": t.cfg.to_dict(), "weight": t.weight, "clocks": t.clocks,
                                    "touched": t.touched, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         torch.save(state, tmp)
         os.replace(tmp, path)  # a reader never sees half a file
-        return path
 
-    def load(self, path: str) -> str:
+    def _read(self, path: str) -> int:
+        """Load a save; the number of the last logged push it holds (0: none)."""
         state = torch.load(path, weights_only=True)
         if state.get("format") != SAVE_FORMAT:
             raise ValueError(f"{path}: save format {state.get('format')}, expected {SAVE_FORMAT}")
@@ -255,10 +323,11 @@ class Shard:
             # a save from before rows were marked touched: count every row as changed
             t.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(t.touched))
             t.optimizer.load_state_dict(saved["optimizer"])
-        return path
+        return int(state.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:
-        return dict(self.stats, uptime_s=time.time() - self.started, index=self.cfg.index)
+        return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
+                    uptime_s=time.time() - self.started, index=self.cfg.index)
 
     # -- checks -----------------------------------------------------------------------------
     def _rows_of(self, table, keys):

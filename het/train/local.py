@@ -59,5 +59,5 @@ def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
 
 def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network) -> dict:
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
-                           log_dir, secret, progress, network)
+                           log_dir, secret, progress, network, wal=cfg.ps_wal)
     return cluster.run()
