@@ -65,6 +65,7 @@ class LocalCluster:
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network = network
+        self.shard_restarts = 0
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
         os.makedirs(log_dir, exist_ok=True)
@@ -91,7 +92,7 @@ class LocalCluster:
                           | {f"PS shard {i}": s.proc.pid for i, s in enumerate(self.servers)}, f)
             self._watch()
             with open(summary_path) as f:
-                return json.load(f)
+                return {**json.load(f), "shard_restarts": self.shard_restarts}
         finally:
             self.stop()
 
@@ -129,13 +130,31 @@ class LocalCluster:
         while True:
             for role in self.workers + [Role(f"PS shard {i}", s.proc, s.log_path) for i, s in enumerate(self.servers)]:
                 code = role.proc.poll()
-                if code not in (None, 0) or (code == 0 and role.name.startswith("PS")):
+                if code not in (None, 0) and role.name.startswith("PS") and self.wal:
+                    self._restart_shard(int(role.name.rsplit(" ", 1)[1]), code)  # its log holds every push
+                elif code not in (None, 0) or (code == 0 and role.name.startswith("PS")):
                     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
                     raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}; the job was stopped. "
                                        f"Its log: {role.log}")
             if all(w.proc.poll() == 0 for w in self.workers):
                 return
             time.sleep(poll_s)
+
+    def _restart_shard(self, i: int, code: int) -> None:
+        """Start shard ``i`` again on its address and state directory: it recovers its last save
+        and its write-ahead log, and the workers, which probe a silent shard, re-send to it what
+        it had not answered."""
+        old = self.servers[i]
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"het train: PS shard {i} (pid {old.proc.pid}) {how}; restarting it on {old.address} from its "
+              f"write-ahead log. Its log: {old.log_path}", file=sys.stderr, flush=True)
+        old.stop()
+        host, bind = f"ps{i}", old.address.replace("tcp://", "")
+        self.servers[i] = ServerProcess(ShardConfig(self.tables, i, self.num_servers), bind=bind, secret=self.secret,
+                                        env=self.threads_env, new_session=True, popen=self._popen(host),
+                                        log_path=os.path.join(self.log_dir, f"server-{i}.restart-{self.shard_restarts}.log"),
+                                        state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True)
+        self.shard_restarts += 1
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Workers first (SIGTERM: they flush and exit), then the shards; SIGKILL after grace_s."""

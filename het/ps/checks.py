@@ -67,6 +67,17 @@ def path(meta: dict) -> str:
     return value
 
 
+def session(meta: dict) -> tuple[str, int] | None:
+    """A request's session and sequence number (how a shard applies a re-sent push at most
+    once), or None when it names none."""
+    name = meta.get("session")
+    if name is None and "seq" not in meta:
+        return None
+    if not isinstance(name, str) or not 16 <= len(name) <= 64:
+        raise ValueError(f"meta['session'] must be a text of 16 to 64 characters, got {name!r}")
+    return name, _int(meta, "seq", lo=1)
+
+
 def every_field(meta: dict) -> None:
     """Check each field the meta holds, whatever the op reads: a request with a malformed field
     is refused whole.
@@ -82,6 +93,7 @@ def every_field(meta: dict) -> None:
             parse(meta)
     if "bound" in meta:
         bound_from_wire(meta["bound"])
+    session(meta)
 
 
 def all_finite(t: torch.Tensor) -> bool:

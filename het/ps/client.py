@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 
 import torch
 
@@ -52,8 +53,13 @@ class PSClient:
     """
 
     def __init__(self, channels: list, timeout_s: float = 30.0, secret: bytes | None = None,
-                 lazy_init: bool = True):
+                 lazy_init: bool = True, reconnect_s: float = 0.0):
         self.channels = list(channels)
+        # > 0: a shard that stops answering is probed; once it answers as a new process (a
+        # restart on its write-ahead log), the requests it had not answered are sent again
+        # (their pushes are applied at most once: the shard knows each session's last)
+        self.reconnect_s = reconnect_s
+        self._inflight = [dict() for _ in self.channels]  # request id -> (op, meta, arrays) unanswered
         self.lazy_init = bool(lazy_init)
         self.timeout_s = timeout_s
         self.secret = check_secret(secret)
@@ -70,13 +76,13 @@ class PSClient:
     @classmethod
     def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None,
                 secret: bytes | None = None, latency_ms: float | None = None,
-                lazy_init: bool = True) -> "PSClient":
+                lazy_init: bool = True, reconnect_s: float = 0.0) -> "PSClient":
         """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
         give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`).
         ``latency_ms``: an emulated one-way delay each way (None: ``HET_PS_LATENCY_MS`` or 0;
         see :class:`het.ps.transport.DelayedChannel`); ignored when ``transport`` is given."""
         transport = transport or ZmqTransport(latency_ms=latency_ms)
-        return cls([transport.connect(a) for a in addresses], timeout_s, secret, lazy_init)
+        return cls([transport.connect(a) for a in addresses], timeout_s, secret, lazy_init, reconnect_s)
 
     @classmethod
     def local(cls, tables: list[TableConfig], num_shards: int = 1, lazy_init: bool = True) -> "PSClient":
@@ -244,32 +250,78 @@ class PSClient:
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:
         rid = next(self._ids)
         arrays = [t.detach().cpu().numpy() for t in tensors]
-        frames = encode(Message(handle.op, rid, dict(meta, table=handle.table, **self._fresh(shard)), arrays),
-                        self.secret)
-        self.bytes["sent"] += sum(memoryview(f).nbytes for f in frames)
-        self.channels[shard].send(frames)
+        meta = dict(meta, table=handle.table, session=self._session, seq=next(self._seqs[shard]))
+        if self.reconnect_s:
+            self._inflight[shard][rid] = (handle.op, meta, arrays)
+        self._send_request(shard, rid, handle.op, meta, arrays)
         handle.parts.append((shard, rid, positions))
 
+    def _send_request(self, shard: int, rid: int, op: Op, meta: dict, arrays: list) -> None:
+        frames = encode(Message(op, rid, dict(meta, nonce=self._nonces[shard]), arrays), self.secret)
+        self.bytes["sent"] += sum(memoryview(f).nbytes for f in frames)
+        self.channels[shard].send(frames)
+
     def _fresh(self, shard: int) -> dict:
-        """What makes a signed request to ``shard`` fresh (nothing without a secret)."""
-        if self.secret is None:
-            return {}
+        """What makes a request to ``shard`` fresh when it is signed (see Shard._stale), and
+        names it for the shard's at-most-once pushes: this client's session and the next
+        sequence number to that shard, and the shard's nonce."""
         return {"nonce": self._nonces[shard], "session": self._session, "seq": next(self._seqs[shard])}
 
     def _reply(self, shard: int, rid: int, timeout_s: float | None | str = "default") -> Message:
         early = self._early[shard]
         timeout_s = self.timeout_s if timeout_s == "default" else timeout_s
-        while rid not in early:
-            frames = self.channels[shard].recv(timeout_s)
-            self.bytes["received"] += sum(memoryview(f.buffer if hasattr(f, "buffer") else f).nbytes
-                                          for f in frames)
-            msg = self._decode(shard, frames)
-            early[msg.request_id] = msg
-        msg = early.pop(rid)
+        while True:
+            while rid not in early:
+                try:
+                    frames = self.channels[shard].recv(timeout_s if not self._inflight[shard] else
+                                                       min(timeout_s or _PROBE_S, _PROBE_S))
+                except TimeoutError:
+                    if not self._inflight[shard]:
+                        raise
+                    self._probe(shard)  # gone, restarted, or only slow
+                    continue
+                self._take(shard, frames)
+            msg = early.pop(rid)
+            if not (msg.status == ERROR and msg.meta.get("kind") == "StaleError" and rid in self._inflight[shard]):
+                break
+            self._probe(shard)  # it reached a restarted shard: learn its nonce, send again
+        self._inflight[shard].pop(rid, None)
         if msg.status == ERROR:
             raise PSError(f"PS shard {shard} ({self.channels[shard].address}) refused {msg.op.name}: "
                           f"{msg.meta.get('kind', 'Error')}: {msg.meta.get('error')}")
         return msg
+
+    def _take(self, shard: int, frames) -> Message:
+        """A reply off the wire, kept until its wait."""
+        self.bytes["received"] += sum(memoryview(f.buffer if hasattr(f, "buffer") else f).nbytes for f in frames)
+        msg = self._decode(shard, frames)
+        self._early[shard][msg.request_id] = msg
+        return msg
+
+    def _probe(self, shard: int) -> None:
+        """``shard`` has not answered for a while: ask who it is. The same process: wait on.
+        A new one (another nonce: restarted on its write-ahead log): send it the requests it has
+        not answered again, same ids and sequence numbers. No answer within ``reconnect_s``:
+        TimeoutError."""
+        deadline = time.monotonic() + self.reconnect_s
+        while True:
+            rid = next(self._ids)
+            self.channels[shard].send(encode(Message(Op.INFO, rid), self.secret))
+            try:
+                while rid not in self._early[shard]:
+                    self._take(shard, self.channels[shard].recv(_PROBE_S))
+            except TimeoutError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"PS shard {shard} ({self.channels[shard].address}) did not come back "
+                                       f"within {self.reconnect_s:g} s") from None
+                continue
+            nonce = self._early[shard].pop(rid).meta["shard"]["nonce"]
+            if nonce != self._nonces[shard]:
+                self._nonces[shard] = nonce
+                for old, (op, meta, arrays) in sorted(self._inflight[shard].items()):
+                    self._early[shard].pop(old, None)  # a stale refusal from the new process, if any
+                    self._send_request(shard, old, op, meta, arrays)
+            return
 
     def _decode(self, shard: int, frames) -> Message:
         """A reply, checked against the secret. A shard that could not authenticate a request
@@ -323,6 +375,7 @@ class PSClient:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
+_PROBE_S = 2.0  # with reconnect_s: silence after which a shard is asked whether it restarted
 
 
 def _grads_meta(grad_dtype: str) -> dict:

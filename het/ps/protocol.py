@@ -121,6 +121,10 @@ class AuthError(ProtocolError):
     """A message that is not signed with the shared secret this side holds."""
 
 
+class StaleError(ProtocolError):
+    """A request for an earlier run of a shard (it names another nonce): refused unread."""
+
+
 class PSError(RuntimeError):
     """An error reply from a PS shard: the shard refused the request and kept serving."""
 

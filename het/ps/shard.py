@@ -21,7 +21,7 @@ from het.ps.table import TableRows
 from het.ps.wal import WriteAheadLog
 from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
-from het.ps.protocol import (AuthError, Message, Op, ProtocolError, decode, encode, error_reply,
+from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, decode, encode, error_reply,
                              narrow, peek_request_id)
 
 SAVE_FORMAT = 1
@@ -72,6 +72,7 @@ class Shard:
         # capture from before a restart is stale) and a sequence number past its session's last.
         self.nonce = secrets.token_hex(16)
         self._sessions: dict[str, int] = {}  # session -> the last sequence number served
+        self._applied: dict[str, int] = {}   # session -> the sequence number of its last push applied
         self.wal: WriteAheadLog | None = None
         if wal:
             self._recover(os.path.join(self.state_dir, "wal"), fsync_s)
@@ -92,33 +93,41 @@ class Shard:
             self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
             out = encode(error_reply(peek_request_id(_buf(frames[0])) if frames else 0, 0, e))
         else:
-            stale = self._stale(msg) if self.secret is not None else ""
-            if stale:
-                self.stats["replays"] += 1
-                out = encode(error_reply(msg.request_id, msg.op, AuthError(stale)), self.secret)
+            refusal = self._refusal(msg)
+            if refusal is not None:
+                self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
+                out = encode(error_reply(msg.request_id, msg.op, refusal), self.secret)
             else:
                 out = encode(self.handle(msg), self.secret)
         self.stats["bytes_out"] += sum(memoryview(f).nbytes for f in out)
         self.stats["busy_s"] += time.perf_counter() - start
         return out
 
-    def _stale(self, msg: Message) -> str:
-        """Why a signed request is not fresh ('' when it is): replay protection. INFO is exempt:
-        it changes nothing, and it is how a client learns the nonce."""
+    def _refusal(self, msg: Message) -> ProtocolError | None:
+        """Why a request is refused unread (None: it is not). A request naming another nonce
+        was sent to an earlier run of this shard (or is a replay of one): StaleError, so its
+        client re-sends what this run has not answered. With a secret, every request but INFO
+        (it changes nothing, and tells the nonce) must name this run's nonce, a session and a
+        sequence number past the session's last: else AuthError."""
         if msg.op is Op.INFO:
-            return ""
-        nonce, session, seq = (msg.meta.get(k) for k in ("nonce", "session", "seq"))
-        if nonce != self.nonce:
-            return (f"request names nonce {nonce!r}, not this shard's: a replay, or a client of an earlier "
-                    f"run of this shard (reconnect)")
+            return None
+        nonce = msg.meta.get("nonce")
+        if (nonce is not None or self.secret is not None) and nonce != self.nonce:
+            return StaleError(f"request names nonce {nonce!r}, not this shard's: it was meant for an earlier run "
+                              f"of this shard, or is a replay (INFO tells the nonce); refused, nothing changed")
+        if self.secret is None:
+            return None
+        session, seq = msg.meta.get("session"), msg.meta.get("seq")
         if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(seq, int)
                 or isinstance(seq, bool) or seq < 1):
-            return f"a signed request carries session (16-64 characters) and seq (an integer >= 1), got {session!r}, {seq!r}"
+            return AuthError(f"a signed request carries session (16-64 characters) and seq (an integer >= 1), "
+                             f"got {session!r}, {seq!r}")
         last = self._sessions.get(session, 0)
         if seq <= last:
-            return f"replayed request: seq {seq} of its session, whose last was {last}; refused, nothing changed"
+            return AuthError(f"replayed request: seq {seq} of its session, whose last was {last}; refused, "
+                             f"nothing changed")
         self._sessions[session] = seq
-        return ""
+        return None
 
     def handle(self, msg: Message) -> Message:
         """Answer one decoded request; errors become error replies."""
@@ -139,8 +148,10 @@ class Shard:
             return {}, self.pull(checks.table(meta), a[0], lazy=checks.lazy(meta))
         if op is Op.PUSH:
             _expect_arrays(msg, 3)
+            if not self._first_time(meta):  # re-sent after a restart, applied before it
+                return {"applied": len(a[0]), "again": True}, []
             return {"applied": self.push(checks.table(meta), *a, step=checks.step(meta),
-                                         grads_as=checks.grads_as(meta))}, []
+                                         grads_as=checks.grads_as(meta), session=checks.session(meta))}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
             return {}, self.sync(checks.table(meta), *a, bound=meta.get("bound"), lazy=checks.lazy(meta))
@@ -149,7 +160,8 @@ class Shard:
             table, lazy, step, grads = checks.table(meta), checks.lazy(meta), checks.step(meta), checks.grads_as(meta)
             bound_from_wire(meta.get("bound"))
             self._check_sync(table, *a[3:])  # the sync's fields checked before the push changes anything
-            self.push(table, *a[:3], step=step, grads_as=grads)
+            if self._first_time(meta):
+                self.push(table, *a[:3], step=step, grads_as=grads, session=checks.session(meta))
             return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
         if op is Op.SAVE:  # a name inside the state directory, checked before anything is written
             self.save(state.resolve(self.state_dir, checks.path(meta), write=True))
@@ -177,11 +189,13 @@ class Shard:
         self._count_rows(sent, len(local))
         return [rows[0], t.clocks.index_select(0, local).numpy(), *rows[1:]]
 
-    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True) -> int:
+    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
+             session: tuple[str, int] | None = None) -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
         summed first. ``grads_as="bf16"``: ``grads`` are int16 bits of bfloat16 values. With a
         write-ahead log the push is logged (as applied, in float32) unless ``logged`` is False
-        (a replay). Shape: (n,), (n, D), (n,)."""
+        (a replay). ``session``: the request's (session, seq), remembered so that the push is
+        not applied again when re-sent. Shape: (n,), (n, D), (n,)."""
         if grads_as == "bf16":
             if grads.dtype != np.int16:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
@@ -210,12 +224,24 @@ class Shard:
             raise ValueError(f"push to table {table!r} refused, nothing changed: {problem}")
         if self.wal is not None and logged:
             try:  # logged before it is acknowledged; a push that could not be logged is undone
-                self.wal.append(table, keys, raw_grads, counts.numpy(), step)
+                self.wal.append(table, keys, raw_grads, counts.numpy(), step, session)
             except OSError:
                 t.restore(rows, before)
                 raise
+        if session is not None:
+            self._applied[session[0]] = session[1]
         self.stats["rows_in"] += len(local)
         return len(local)
+
+    def _first_time(self, meta: dict) -> bool:
+        """Whether a push is new: one its session sent before (a re-send to a restarted shard
+        that had applied and logged it) is not applied twice. A client re-sends in order, and a
+        shard refuses requests meant for its earlier run, so "before" is "not after the last"."""
+        session = checks.session(meta)
+        if session is None or session[1] > self._applied.get(session[0], 0):
+            return True
+        self.stats["pushes_again"] += 1
+        return False
 
     def sync(self, table, keys, clocks, bound=None, lazy: bool = False) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
@@ -262,8 +288,9 @@ class Shard:
         if os.path.exists(base):
             lsn = self._read(base)
         for record in wal.read(directory, after=lsn):
+            session = (record["session"], record["seq"]) if record.get("session") else None
             self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
-                      logged=False)
+                      logged=False, session=session)
             lsn, replayed = record["lsn"], replayed + 1
         self.wal = WriteAheadLog(directory, fsync_s, lsn)
         self.stats["wal_replayed"] = replayed
@@ -285,7 +312,7 @@ class Shard:
 
     def _write(self, path: str) -> None:
         state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                 "wal_lsn": self.wal.lsn if self.wal is not None else 0,
+                 "wal_lsn": self.wal.lsn if self.wal is not None else 0, "applied": dict(self._applied),
                  "tables": {name: {"config": t.cfg.to_dict(), "weight": t.weight, "clocks": t.clocks,
                                    "touched": t.touched, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -323,6 +350,7 @@ class Shard:
             # a save from before rows were marked touched: count every row as changed
             t.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(t.touched))
             t.optimizer.load_state_dict(saved["optimizer"])
+        self._applied = dict(state.get("applied", {}))
         return int(state.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:

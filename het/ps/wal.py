@@ -7,7 +7,8 @@ Layout, under ``STATE_DIR/wal/``:
 - ``base.pt``: the shard's state at the log's start (a save, hard-linked when the shard saves,
   written when it loads), holding ``wal_lsn``, the number of the last push it includes;
 - ``log``: records, one per applied push, each ``magic "HWAL" | meta_len u32 | body_len u32 |
-  crc32 u32`` then the body: JSON meta (``lsn``, table, step, ``n``, ``dim``) and the raw keys
+  crc32 u32`` then the body: JSON meta (``lsn``, table, step, ``n``, ``dim``, and the request's session and
+  seq) and the raw keys
   (int64), gradients (float32, as applied) and counts (int64).
 
 A record is written with one ``write`` call on an append-only descriptor before the reply is
@@ -53,11 +54,14 @@ class WriteAheadLog:
         self._synced = time.monotonic()
         self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0}
 
-    def append(self, table: str, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int) -> int:
-        """Log one applied push; its log sequence number."""
+    def append(self, table: str, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int,
+               session: tuple[str, int] | None = None) -> int:
+        """Log one applied push (and its request's session and sequence number); its log
+        sequence number."""
         self.lsn += 1
         meta = json.dumps({"lsn": self.lsn, "table": table, "step": int(step), "n": len(keys),
-                           "dim": int(grads.shape[1])}).encode()
+                           "dim": int(grads.shape[1]), "session": session and session[0],
+                           "seq": session and session[1]}).encode()
         body = b"".join((meta, np.ascontiguousarray(keys, "<i8").tobytes(),
                          np.ascontiguousarray(grads, "<f4").tobytes(), np.ascontiguousarray(counts, "<i8").tobytes()))
         record = _RECORD.pack(MAGIC, len(meta), len(body), zlib.crc32(body)) + body

@@ -88,3 +88,40 @@ def test_a_load_becomes_the_logs_base(tmp_path):
 def test_a_log_needs_a_state_directory():
     with pytest.raises(ValueError, match="needs a state directory"):
         Shard(ShardConfig((table("sgd"),)), wal=True)
+
+
+def test_a_push_sent_again_is_applied_once_across_a_restart(tmp_path):
+    cfg = ShardConfig((table("adagrad"),))
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    rng = np.random.default_rng(3)
+
+    def request(seq, nonce):
+        keys = rng.integers(0, 40, size=5).astype(np.int64)
+        grads = rng.normal(size=(5, 3)).astype(np.float32)
+        meta = {"table": "t", "step": 1, "session": "c" * 16, "seq": seq, "nonce": nonce}
+        return Message(Op.PUSH, seq, meta, [keys, grads, np.ones(5, np.int64)])
+
+    first, second = request(5, s.nonce), request(6, s.nonce)
+    assert s.handle(first).status != ERROR
+    applied_once = state(s)
+    again = s.handle(first)
+    assert again.meta == {"applied": 5, "again": True} and same(state(s), applied_once)
+    assert s.handle(second).status != ERROR
+    expected = state(s)
+    restarted = Shard(cfg, state_dir=str(tmp_path), wal=True)  # the log remembers the session's last push
+    for old in (first, second):
+        old.meta["nonce"] = restarted.nonce  # the client re-sends with the new run's nonce
+        assert restarted.handle(old).meta.get("again") is True
+    assert same(state(restarted), expected)
+
+
+def test_a_request_for_an_earlier_run_of_the_shard_is_refused_unread(tmp_path):
+    from het.ps.protocol import decode, encode
+
+    s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True)
+    before = state(s)
+    push = Message(Op.PUSH, 1, {"table": "t", "nonce": "0" * 32, "session": "c" * 16, "seq": 1},
+                   [np.array([1], np.int64), np.ones((1, 3), np.float32), np.ones(1, np.int64)])
+    reply = decode(s.handle_frames(encode(push)))
+    assert reply.status == ERROR and reply.meta["kind"] == "StaleError" and same(state(s), before)
+    assert s.stats["stale"] == 1
