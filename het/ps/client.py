@@ -26,8 +26,19 @@ from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError
                              narrow)
 from het.ps.shard import Shard
 from het.ps.replies import Handle, merge
-from het.ps.transport import LocalTransport, ZmqTransport
+from het.ps.transport import LocalChannel, LocalTransport, ZmqTransport
 from het.staleness import bound_to_wire
+
+# A wait polls its shard in slices this long, so that a stop request (PSClient.stop_waiting, made
+# by a signal handler while the wait blocks) is seen within one slice: one poll of the whole
+# timeout would sit it out, as pyzmq resumes its poll after a signal's handler has run.
+WAIT_SLICE_S = 0.1
+
+
+class WaitAbandoned(Exception):
+    """A wait for a shard given up because a stop was asked for (:meth:`PSClient.stop_waiting`)
+    and the shard stayed silent. Not a TimeoutError: the waits that catch one to probe a slow
+    or restarted shard must let this through."""
 
 
 class PSClient:
@@ -71,6 +82,8 @@ class PSClient:
         self._session = secrets.token_hex(16)
         self._seqs = [itertools.count(1) for _ in self.channels]
         self._nonces: list = [None] * len(self.channels)
+        self._stop_at: float | None = None  # time.monotonic() of stop_waiting(); None: not asked
+        self._stop_grace_s = 1.0
         self.tables = self._fetch_tables()
 
     @classmethod
@@ -216,6 +229,14 @@ class PSClient:
         for c in self.channels:
             c.close()
 
+    def stop_waiting(self, grace_s: float = 1.0) -> None:
+        """Stop waiting for silent shards: from now on a wait raises :class:`WaitAbandoned` once
+        its shard has been silent for ``grace_s`` since the later of the call and the wait's
+        start, instead of after the full timeout. A shard that answers is still waited for, so a
+        stopping worker flushes to a live PS. Safe in a signal handler (it sets two attributes)."""
+        self._stop_grace_s = grace_s
+        self._stop_at = time.monotonic()
+
     # -- internals --------------------------------------------------------------------------
     def _fetch_tables(self) -> dict[str, TableConfig]:
         infos = [m.meta["shard"] for m in self._broadcast(Op.INFO)]
@@ -273,8 +294,8 @@ class PSClient:
         while True:
             while rid not in early:
                 try:
-                    frames = self.channels[shard].recv(timeout_s if not self._inflight[shard] else
-                                                       min(timeout_s or _PROBE_S, _PROBE_S))
+                    frames = self._recv(shard, timeout_s if not self._inflight[shard] else
+                                        min(timeout_s or _PROBE_S, _PROBE_S))
                 except TimeoutError:
                     if not self._inflight[shard]:
                         raise
@@ -309,7 +330,7 @@ class PSClient:
             self.channels[shard].send(encode(Message(Op.INFO, rid), self.secret))
             try:
                 while rid not in self._early[shard]:
-                    self._take(shard, self.channels[shard].recv(_PROBE_S))
+                    self._take(shard, self._recv(shard, _PROBE_S))
             except TimeoutError:
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"PS shard {shard} ({self.channels[shard].address}) did not come back "
@@ -322,6 +343,27 @@ class PSClient:
                     self._early[shard].pop(old, None)  # a stale refusal from the new process, if any
                     self._send_request(shard, old, op, meta, arrays)
             return
+
+    def _recv(self, shard: int, timeout_s: float | None):
+        """The next reply of ``shard``, waited for in slices of :data:`WAIT_SLICE_S`; TimeoutError
+        after ``timeout_s`` (None: no limit), WaitAbandoned soon after :meth:`stop_waiting`."""
+        channel = self.channels[shard]
+        if isinstance(channel, LocalChannel):  # answered inside send: a reply is there or never comes
+            return channel.recv(timeout_s)
+        start = time.monotonic()
+        while True:
+            now = time.monotonic()
+            if self._stop_at is not None and now - max(start, self._stop_at) >= self._stop_grace_s:
+                raise WaitAbandoned(f"gave up waiting for PS shard {shard} ({channel.address}): a stop was "
+                                    f"asked for and it sent nothing for {now - max(start, self._stop_at):.1f} s")
+            left = None if timeout_s is None else start + timeout_s - now
+            if left is not None and left <= 0:
+                raise TimeoutError(f"no reply from PS shard at {channel.address} within {timeout_s:g} s "
+                                   f"(is `het serve` running there?)")
+            try:
+                return channel.recv(WAIT_SLICE_S if left is None else min(WAIT_SLICE_S, left))
+            except TimeoutError:
+                continue
 
     def _decode(self, shard: int, frames) -> Message:
         """A reply, checked against the secret. A shard that could not authenticate a request

@@ -1,5 +1,6 @@
 """Shards in their own processes (`het serve`), spoken to over TCP on 127.0.0.1."""
 
+import signal
 import socket
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
+from het.ps.client import WaitAbandoned
 from het.ps.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
 
 pytestmark = pytest.mark.cluster
@@ -62,6 +64,32 @@ def test_unreachable_shard_times_out_naming_its_address():
         port = s.getsockname()[1]
     with pytest.raises(TimeoutError, match=f"no reply from PS shard at tcp://127.0.0.1:{port} within 0.5 s"):
         PSClient.connect([f"127.0.0.1:{port}"], timeout_s=0.5)
+
+
+def test_a_stop_request_in_a_signal_handler_ends_a_wait_for_a_silent_shard():
+    """A worker blocked on a dead shard acts on SIGTERM (issue 11): its handler calls
+    stop_waiting, and the wait, which pyzmq would otherwise resume for the whole timeout, gives
+    up within the grace. A live shard is still waited for after the request (the flush)."""
+    server = ServerProcess(ShardConfig((TABLE,)))
+    client = PSClient.connect([server.address], timeout_s=60)
+    try:
+        previous = signal.signal(signal.SIGALRM, lambda *_: client.stop_waiting(0.5))
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        time.sleep(0.5)
+        assert client.wait(client.pull("t", torch.tensor([1, 2])))[0].shape == (2, 4)  # answered: kept
+        server.proc.kill()
+        server.proc.wait()
+        signal.setitimer(signal.ITIMER_REAL, 0.2)  # the signal comes while the wait blocks
+        start = time.monotonic()
+        with pytest.raises(WaitAbandoned, match=r"gave up waiting for PS shard 0 \(tcp://127.0.0.1:\d+\): a stop"):
+            client.wait(client.pull("t", torch.tensor([3])))
+        took = time.monotonic() - start
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        client.close()
+        server.stop()
+    assert 0.6 <= took < 2.0, took
 
 
 def test_client_refuses_shards_given_in_the_wrong_order(shards):
