@@ -11,6 +11,7 @@ import gc
 import math
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -27,6 +28,8 @@ from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.tasks import EMBEDDING_TABLE, make_task
 
+# After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
+STOP_GRACE_S = 1.0
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
@@ -212,6 +215,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         if worker.stop:
+            _say(f"het train: worker {rank} stopped by SIGTERM after step {start + worker.step_count}, "
+                 f"its cache flushed")
             raise SystemExit(143)
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
@@ -264,15 +269,39 @@ class _Selector:
 
 @contextlib.contextmanager
 def _stop_on_sigterm(worker: Worker):
-    """SIGTERM only asks the worker to stop: it finishes its step, flushes, and leaves."""
+    """SIGTERM asks the worker to stop: it finishes its step, flushes, and leaves (exit 143).
+
+    A worker blocked on a shard that is gone (the launcher tears the job down because the shard
+    died, or the launcher died and took the shards along) would otherwise sit out the PS timeout
+    (60 s) before it saw the flag: the client gives up on a silent shard about a second after
+    the signal instead (a checkpoint being written then is abandoned: its temporary directory
+    goes at the next save), and so does a peer's collective once that worker left. Either
+    failure, after SIGTERM, is the stop asked for: one line, exit 143, no traceback.
+    """
     def handler(signum, frame):
         worker.stop = True
+        worker.client.stop_waiting(STOP_GRACE_S)
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except Exception as e:
+        if not worker.stop:
+            raise
+        reason = (str(e).strip().splitlines() or [""])[0][:300]
+        _say(f"het train: worker {worker.rank} stopped by SIGTERM, its cache not flushed: "
+             f"{type(e).__name__}: {reason}")
+        raise SystemExit(143) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _say(line: str) -> None:
+    """Print ``line`` on stderr, if it is still there: a launcher that died took its pipe along."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _device() -> torch.device:
