@@ -57,14 +57,16 @@ class LocalCluster:
     ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``."""
 
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
-                 secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False):
+                 secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
+                 on_failure=None):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
-        directories (``LOG_DIR/ps-<i>``)."""
+        directories (``LOG_DIR/ps-<i>``). ``on_failure``: called with the :class:`ClusterError`
+        as soon as a process's death is seen, before the teardown (which waits for the others)."""
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
-        self.network = network
+        self.network, self.on_failure = network, on_failure
         self.shard_restarts = 0
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
@@ -74,6 +76,7 @@ class LocalCluster:
 
     def run(self) -> dict:
         """Run the job to the end; the summary of rank 0. Raises ClusterError if a process fails."""
+        failed = False
         try:
             for i in range(self.num_servers):
                 host = f"ps{i}"
@@ -90,11 +93,17 @@ class LocalCluster:
             with open(os.path.join(self.log_dir, "pids.json"), "w") as f:
                 json.dump({w.name: w.proc.pid for w in self.workers}
                           | {f"PS shard {i}": s.proc.pid for i, s in enumerate(self.servers)}, f)
-            self._watch()
+            try:
+                self._watch()
+            except ClusterError as e:
+                failed = True
+                if self.on_failure is not None:
+                    self.on_failure(e)
+                raise
             with open(summary_path) as f:
                 return {**json.load(f), "shard_restarts": self.shard_restarts}
         finally:
-            self.stop()
+            self.stop(at_once=failed)
 
     def _ip(self, host: str) -> str:
         return self.network.address(host) if self.network is not None else "127.0.0.1"
@@ -134,7 +143,7 @@ class LocalCluster:
                     self._restart_shard(int(role.name.rsplit(" ", 1)[1]), code)  # its log holds every push
                 elif code not in (None, 0) or (code == 0 and role.name.startswith("PS")):
                     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}; the job was stopped. "
+                    raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}; stopping the job. "
                                        f"Its log: {role.log}")
             if all(w.proc.poll() == 0 for w in self.workers):
                 return
@@ -156,11 +165,16 @@ class LocalCluster:
                                         state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True)
         self.shard_restarts += 1
 
-    def stop(self, grace_s: float = 15.0) -> None:
-        """Workers first (SIGTERM: they flush and exit), then the shards; SIGKILL after grace_s."""
+    def stop(self, grace_s: float = 15.0, at_once: bool = False) -> None:
+        """Workers first (SIGTERM: they flush and exit), then the shards; SIGKILL after grace_s.
+        ``at_once``: the shards get SIGTERM with the workers, for a job that failed: the job is
+        lost, so there is nothing to flush for, and their exits overlap."""
         for w in self.workers:
             if w.proc.poll() is None:
                 w.proc.send_signal(signal.SIGTERM)
+        for s in self.servers if at_once else ():
+            if s.alive():
+                s.proc.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         for w in self.workers:
             try:

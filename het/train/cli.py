@@ -52,10 +52,10 @@ def cmd_train(args) -> None:
         from het.train.local import run_local
 
         log_dir = args.log_dir or os.path.join("runs", time.strftime("%Y%m%d-%H%M%S"))
-        try:
-            summary = run_local(cfg, log_dir, secret, progress=not args.quiet)
-        except ClusterError as e:
-            print(f"het train: {e}", file=sys.stderr)
+        try:  # a dead process's line comes at once, not after the teardown
+            summary = run_local(cfg, log_dir, secret, progress=not args.quiet,
+                                on_failure=lambda e: print(f"het train: {e}", file=sys.stderr, flush=True))
+        except ClusterError:
             raise SystemExit(1) from None
         except KeyboardInterrupt:
             print("het train: interrupted; every process was stopped", file=sys.stderr)

@@ -15,19 +15,19 @@ from het.train.tasks import job_tables
 
 
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
-              network=None) -> dict:
+              network=None, on_failure=None) -> dict:
     """Train ``cfg`` on ``cfg.servers`` shard and ``cfg.workers`` worker processes of this
     machine (inside ``network``'s namespaces when given); rank 0's summary. When a process
-    dies, the job is stopped and, up to ``cfg.max_restarts`` times, started again from its
-    latest checkpoint (or from where it started, before the first); the summary then counts
-    ``restarts`` and says which step the last run ``resumed_from_step``. Raises
-    :class:`het.dist.launch.ClusterError` when a process fails once no restart is left,
-    naming it and its log."""
+    dies, ``on_failure`` gets the :class:`het.dist.launch.ClusterError` at once, before the
+    teardown, and the job is stopped and, up to ``cfg.max_restarts`` times, started again from
+    its latest checkpoint (or from where it started, before the first); the summary then
+    counts ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
+    ClusterError when a process fails once no restart is left, naming it and its log."""
     cfg = with_restart_checkpoints(cfg, log_dir)
     first, restarts = cfg, []
     while True:
         try:
-            summary = _run_once(cfg, log_dir, secret, progress, network)
+            summary = _run_once(cfg, log_dir, secret, progress, network, on_failure)
         except ClusterError as e:
             if len(restarts) >= cfg.max_restarts:
                 raise
@@ -35,7 +35,8 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
             cfg = dataclasses.replace(cfg, resume=cfg.checkpoint if step is not None else first.resume)
             where = f"the checkpoint at step {step} ({cfg.checkpoint})" if step is not None else "its start"
             restarts.append({"error": str(e), "resumed_from_step": step or 0})
-            print(f"het train: {e}\nhet train: restart {len(restarts)} of {cfg.max_restarts}: from {where}",
+            said = "" if on_failure else f"het train: {e}\n"  # on_failure said it already
+            print(f"{said}het train: restart {len(restarts)} of {cfg.max_restarts}: from {where}",
                   file=sys.stderr, flush=True)
             continue
         if restarts:
@@ -57,7 +58,7 @@ def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
                                checkpoint_every=min(1000, max(1, cfg.steps // 10)))
 
 
-def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network) -> dict:
+def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, on_failure) -> dict:
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
-                           log_dir, secret, progress, network, wal=cfg.ps_wal)
+                           log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure)
     return cluster.run()
