@@ -2,9 +2,11 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -102,6 +104,85 @@ def test_killing_a_worker_stops_the_job_with_a_clear_message_and_no_orphans(tmp_
     assert f"Its log: {tmp_path / 'worker-1.log'}" in err
     time.sleep(1)
     assert [name for name, pid in pids.items() if alive(pid)] == []
+
+
+def wait_for_steps(log, steps: int = 5, timeout_s: float = 120) -> None:
+    """Wait until rank 0's progress bar (in its log) shows ``steps`` steps done: the workers are
+    then in the training loop, with SIGTERM handled and the PS in use."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        done = re.findall(r"\| *(\d+)/100000 \[", log.read_text(errors="replace")) if log.exists() else []
+        if done and int(done[-1]) >= steps:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {steps} steps in {log} within {timeout_s} s")
+
+
+def timed_lines(stream) -> list:
+    """(time.monotonic(), line) of each line of ``stream`` as it comes, read by a thread."""
+    lines = []
+
+    def read():
+        for line in stream:
+            lines.append((time.monotonic(), line.rstrip("\n")))
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def kill_all(launcher, pids: dict) -> None:
+    """Whatever a test left running: the launcher, then any of its processes still alive."""
+    launcher.kill()
+    launcher.wait()
+    for pid in pids.values():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_dead_shard_is_named_at_once_and_the_job_ends_within_seconds(tmp_path):
+    """kill -9 of a PS shard: the launcher's line naming it and its log comes as soon as the
+    death is seen, before the teardown, and the workers blocked on the dead shard act on
+    SIGTERM at once (before issue 11's fix: the line after 15 s, the launcher gone after 16 s,
+    as the workers sat out the 15 s grace)."""
+    launcher, pids = start_long_job(tmp_path)
+    try:
+        wait_for_steps(tmp_path / "worker-0.log")
+        lines = timed_lines(launcher.stderr)
+        killed = time.monotonic()
+        os.kill(pids["PS shard 0"], signal.SIGKILL)
+        launcher.wait(60)
+        ended = time.monotonic() - killed
+        time.sleep(0.2)  # the reader thread reaches the end of the stream
+    finally:
+        kill_all(launcher, pids)
+    named = [t - killed for t, line in lines if f"PS shard 0 (pid {pids['PS shard 0']}) killed by signal 9" in line
+             and f"Its log: {tmp_path / 'server-0.log'}" in line]
+    print(f"shard killed: its line after {named[0] if named else None} s, the launcher gone after {ended:.2f} s")
+    assert launcher.returncode == 1 and len(named) == 1, lines
+    assert named[0] < 1.5 and ended < 5.0
+    for rank in range(2):
+        log = (tmp_path / f"worker-{rank}.log").read_text(errors="replace")
+        assert "Traceback" not in log and f"het train: worker {rank} stopped by SIGTERM" in log, log[-2000:]
+    assert [name for name, pid in pids.items() if alive(pid)] == []
+
+
+def test_killing_the_launcher_ends_every_process_within_seconds(tmp_path):
+    """kill -9 of the launcher: its shards and workers get SIGTERM (PR_SET_PDEATHSIG), and the
+    workers, blocked on the shards that stopped, must give up at once (before issue 11's fix:
+    they waited out the PS timeout, about 65 s)."""
+    launcher, pids = start_long_job(tmp_path)
+    try:
+        wait_for_steps(tmp_path / "worker-0.log")
+        killed = time.monotonic()
+        launcher.kill()
+        while any(alive(pid) for pid in pids.values()) and time.monotonic() - killed < 30:
+            time.sleep(0.05)
+        ended = time.monotonic() - killed
+        left = [name for name, pid in pids.items() if alive(pid)]
+    finally:
+        kill_all(launcher, pids)
+    print(f"launcher killed: every process gone after {ended:.2f} s")
+    assert left == [] and ended < 5.0, f"still alive after {ended:.1f} s: {left}"
 
 
 def test_ctrl_c_stops_every_process(tmp_path):
