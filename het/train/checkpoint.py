@@ -10,6 +10,7 @@ Every rank's batches are a function of the step, so the step is the data positio
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 import torch
@@ -44,9 +45,8 @@ def save(worker, directory: str, step: int) -> None:
 
 def restore(worker, directory: str) -> int:
     """Load a checkpoint written by :func:`save`; returns the step to continue from."""
+    check_resumable(directory, worker.client.num_shards if worker.rank == 0 else None)
     path = os.path.join(directory, "worker.pt")
-    if not os.path.exists(path):
-        raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
     state = torch.load(path, weights_only=False, map_location="cpu")
     if state.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
@@ -79,3 +79,33 @@ def saved_step(directory: str | None) -> int | None:
     if path is None or not os.path.exists(path):
         return None
     return int(torch.load(path, weights_only=False, map_location="cpu")["step"])
+
+
+def check_resumable(directory: str, shards: int | None = None) -> None:
+    """ValueError unless ``directory`` holds a checkpoint that :func:`restore` can load onto a PS
+    of ``shards`` shards (None: any number): its ``worker.pt`` and one file per shard."""
+    path = os.path.join(directory, "worker.pt")
+    if not os.path.isfile(path):
+        raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
+    ps = os.path.join(directory, "ps")
+    saved = sorted(int(m.group(1)) for m in map(re.compile(r"shard-(\d+)\.pt").fullmatch,
+                                                 os.listdir(ps) if os.path.isdir(ps) else []) if m)
+    if shards is not None and saved != list(range(shards)):
+        raise ValueError(f"{directory!r} holds a PS of {len(saved)} shard file(s) in {ps}, and this job has "
+                         f"{shards} servers: `het reshard {directory} NEW --shards {shards}` writes it for "
+                         f"{shards}, to resume from NEW")
+
+
+def check_writable(directory: str) -> None:
+    """ValueError unless a checkpoint can be written at ``directory``: :func:`save` makes it (and
+    ``DIR.tmp-STEP`` beside it) under its nearest existing ancestor, which must be a writable
+    directory."""
+    ancestor = os.path.dirname(os.path.abspath(directory))
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.path.isdir(ancestor):
+        raise ValueError(f"cannot write {directory!r}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {directory!r}: the directory {ancestor} is not writable")
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ValueError(f"cannot write {directory!r}: it is a file, not a checkpoint directory")

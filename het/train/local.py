@@ -22,8 +22,10 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     teardown, and the job is stopped and, up to ``cfg.max_restarts`` times, started again from
     its latest checkpoint (or from where it started, before the first); the summary then
     counts ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
-    ClusterError when a process fails once no restart is left, naming it and its log."""
+    ClusterError when a process fails once no restart is left, naming it and its log; raises
+    ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     cfg = with_restart_checkpoints(cfg, log_dir)
+    check_job(cfg)
     first, restarts = cfg, []
     while True:
         try:
@@ -62,3 +64,34 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure)
     return cluster.run()
+
+
+def check_job(cfg: TrainConfig) -> None:
+    """What a worker would find wrong only after every process started, found before any
+    does: a checkpoint to resume that is not there or not for ``cfg.servers`` shards, a
+    checkpoint directory that cannot be written, data that is not there. Raises ValueError
+    naming the setting (``het train`` prints it on one line and exits 2)."""
+    if cfg.resume:
+        _as_setting("resume", checkpoint.check_resumable, cfg.resume, cfg.servers)
+    if cfg.checkpoint:
+        _as_setting("checkpoint", checkpoint.check_writable, cfg.checkpoint)
+    _check_data(cfg.data)
+
+
+def _as_setting(name: str, check, *args) -> None:
+    try:
+        check(*args)
+    except ValueError as e:
+        raise ValueError(f"{name}: {e}") from None
+
+
+def _check_data(spec: str) -> None:
+    """ValueError if the files that ``spec`` (``--data``) names are not there."""
+    kind, _, path = spec.partition(":")
+    if kind == "criteo" and not os.path.isfile(os.path.join(path, "meta.json")):
+        raise ValueError(f"data {spec!r}: {path} holds no meta.json: prepare it first with "
+                         f"`het data prepare criteo RAW... {path}`")
+    if kind == "planetoid" and not os.path.isdir(path):
+        raise ValueError(f"data {spec!r}: no directory {path}")
+    if kind == "npz" and not os.path.isfile(path):
+        raise ValueError(f"data {spec!r}: no file {path}")
