@@ -10,6 +10,7 @@ served (see :mod:`het.ps.auth`). Binding any address but loopback without one is
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -18,6 +19,8 @@ import signal
 import subprocess
 import sys
 import threading
+
+import zmq
 
 from het.config import ShardConfig
 from het.process import die_with_parent
@@ -57,7 +60,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     if state_dir is not None:
         os.makedirs(state_dir, exist_ok=True)
     shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s)
-    endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
+    endpoint = _listen(bind, cfg.max_frame_bytes)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -72,6 +75,21 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
         endpoint.close()
         shard.close()
     print(f"het serve: shard {cfg.index} stopped", flush=True)
+
+
+def _listen(bind: str, max_frame_bytes: int | None):
+    """The bound endpoint; OSError (one line from ``het serve``) if ``bind`` cannot be bound."""
+    try:
+        return ZmqTransport().bind(bind, max_frame_bytes)
+    except zmq.ZMQError as e:
+        hint = ""
+        if e.errno == errno.EADDRINUSE:
+            hint = " (is another shard or program on that port?)"
+        elif e.errno == errno.ENODEV and bind.startswith("["):  # ZeroMQ binds IPv4 only unless told otherwise
+            hint = " (IPv6 addresses are not supported: bind an IPv4 one, e.g. 127.0.0.1:0)"
+        elif e.errno in (errno.ENODEV, errno.EADDRNOTAVAIL):
+            hint = " (no interface of this machine has that address)"
+        raise OSError(f"cannot listen on {bind!r}: {zmq.strerror(e.errno)}{hint}") from None
 
 
 class ServerThread:

@@ -193,3 +193,24 @@ def test_het_serve_rejects_a_bad_table_flag():
     out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "user:lots:8"], capture_output=True,
                          text=True, timeout=60)
     assert out.returncode == 2 and "expected NAME:ROWS:DIM" in out.stderr
+
+
+def test_het_serve_on_a_port_in_use_is_one_line_and_exit_code_2():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:10:2", "--bind", f"127.0.0.1:{port}"],
+                             capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip() == (f"het serve: error: cannot listen on '127.0.0.1:{port}': Address already in use "
+                                  f"(is another shard or program on that port?)")
+
+
+def test_het_serve_on_an_ipv6_address_is_one_line_and_exit_code_2():
+    out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:10:2", "--bind", "[::1]:0"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.strip().startswith("het serve: error: cannot listen on '[::1]:0': ")
+    assert "IPv6 addresses are not supported: bind an IPv4 one, e.g. 127.0.0.1:0" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
