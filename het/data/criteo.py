@@ -32,8 +32,10 @@ block of lines, not by the number of rows.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import time
 from dataclasses import dataclass
 
@@ -190,20 +192,35 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
     """
     raw_paths = [raw_paths] if isinstance(raw_paths, str) else list(raw_paths)
     _check_args(raw_paths, min_freq, max_rows, test_fraction, seed)
+    made = _first_missing(out_dir)
     os.makedirs(out_dir, exist_ok=True)
     meta_path = os.path.join(out_dir, "meta.json")
     if os.path.exists(meta_path):
         os.remove(meta_path)  # never leave old metadata beside half-rewritten arrays
     t0 = time.perf_counter()
-    counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
-    if stats["rows"] == 0:
-        raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
-                         f"the first: {stats['first_skipped'][:3]}")
-    vocab = _Vocabulary.build(counter, min_freq)
-    del counter
-    _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
+    try:
+        counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
+        if stats["rows"] == 0:
+            raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
+                             f"the first: {stats['first_skipped'][:3]}")
+        vocab = _Vocabulary.build(counter, min_freq)
+        del counter
+        _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
+    except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
+        _remove_partial(out_dir, made)
+        raise
+    meta = _meta(raw_paths, vocab, stats, min_freq, max_rows, test_fraction, seed)
+    with open(meta_path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(meta_path + ".tmp", meta_path)
+    seconds = time.perf_counter() - t0
+    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+
+
+def _meta(raw_paths, vocab: _Vocabulary, stats: dict, min_freq, max_rows, test_fraction, seed) -> dict:
+    """The content of ``meta.json``."""
     cards = vocab.kept + 2
-    meta = {"format": FORMAT, "version": VERSION, "rows": stats["rows"],
+    return {"format": FORMAT, "version": VERSION, "rows": stats["rows"],
             "train_rows": stats["rows"] - stats["test_rows"], "test_rows": stats["test_rows"],
             "positives": stats["positives"], "positive_rate": stats["positives"] / stats["rows"],
             "num_fields": NUM_FIELDS, "num_dense": NUM_DENSE, "cardinalities": cards.tolist(),
@@ -213,11 +230,26 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
             "dense_transform": "log(max(x, 0) + 1), missing -> 0",
             "id_layout": "per field: kept ids 0..k-1 by hex value, k = rarer than min_freq, k+1 = missing",
             "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
-    with open(meta_path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(meta_path + ".tmp", meta_path)
-    seconds = time.perf_counter() - t0
-    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory that ``os.makedirs(path)`` would create (None: ``path`` exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def _remove_partial(out_dir: str, made: str | None) -> None:
+    """Undo a failed :func:`prepare`: the directories it made go whole; in a directory that was
+    there before, only the arrays it writes (a user's other files stay)."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for split in SPLITS:
+        for name in ARRAYS:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, f"{split}_{name}.npy"))
 
 
 def _check_args(raw_paths, min_freq, max_rows, test_fraction, seed) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -163,7 +164,7 @@ def _blocks(paths: list[str], bar: tqdm) -> Iterator[tuple[int, int, _Block]]:
         with raw, stream:
             carry, line_no, pos = b"", 1, 0
             while True:
-                chunk = stream.read(_BLOCK_BYTES)
+                chunk = _read(stream, path)
                 bar.update(raw.tell() - pos)
                 pos = raw.tell()
                 buf = carry + chunk
@@ -178,6 +179,15 @@ def _blocks(paths: list[str], bar: tqdm) -> Iterator[tuple[int, int, _Block]]:
                 carry = buf[cut:]
                 if not chunk:
                     break
+
+
+def _read(stream, path: str) -> bytes:
+    """The next block of bytes; a gzip file cut short or damaged is a ValueError naming it (gzip
+    raises EOFError or zlib.error, which say neither which file nor what to do)."""
+    try:
+        return stream.read(_BLOCK_BYTES)
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        raise ValueError(f"{path}: a truncated or damaged gzip file ({e}): download or copy it again") from None
 
 
 def _rows(paths: list[str], max_rows: int | None, desc: str, progress: bool

@@ -238,6 +238,35 @@ def test_bad_arguments_and_inputs_are_refused(tmp_path):
         prepare([str(tmp_path / "junk.tsv")], str(tmp_path / "out"), progress=False)
 
 
+def test_a_truncated_gz_is_one_line_and_leaves_nothing_behind(tmp_path):
+    data = gzip.compress(("\n".join(raw_lines()) + "\n").encode())
+    (tmp_path / "cut.gz").write_bytes(data[:len(data) // 2])
+    out = tmp_path / "new" / "out"
+    with pytest.raises(SystemExit, match=rf"^het data prepare criteo: {tmp_path / 'cut.gz'}: a truncated or "
+                                         rf"damaged gzip file \(Compressed file ended before"):
+        run_cli([str(tmp_path / "cut.gz"), str(out), "--quiet"])
+    assert not (tmp_path / "new").exists()  # made by prepare, so removed with what it held
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "notes.txt").write_text("not prepare's")
+    with pytest.raises(SystemExit, match="a truncated or damaged gzip file"):
+        run_cli([str(tmp_path / "cut.gz"), str(tmp_path / "kept"), "--quiet"])
+    assert os.listdir(tmp_path / "kept") == ["notes.txt"]
+
+
+def test_a_failure_while_writing_removes_the_arrays_begun(tmp_path, monkeypatch):
+    from het.data import criteo
+
+    def broken(self, keys):
+        raise RuntimeError("encoding broke")
+
+    monkeypatch.setattr(criteo._Vocabulary, "encode", broken)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "notes.txt").write_text("not prepare's")
+    with pytest.raises(RuntimeError, match="encoding broke"):
+        prepare([HEAD], str(tmp_path / "out"), progress=False)
+    assert os.listdir(tmp_path / "out") == ["notes.txt"]
+
+
 # ---- the dataset -----------------------------------------------------------------------------
 
 def test_batches_have_the_batch_types_and_wrap_around(ordered):
