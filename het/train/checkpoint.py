@@ -4,6 +4,9 @@ and its optimizer, and the data position, under one directory::
     DIR/ps/shard-<i>.pt   written by each shard
     DIR/worker.pt         dense model, dense optimizer, step, config (from rank 0)
 
+written as ``DIR.tmp-STEP`` and swapped in; what an interrupted save leaves goes at the next
+save or job start (:func:`remove_stale`).
+
 Every rank's batches are a function of the step, so the step is the data position.
 """
 
@@ -29,6 +32,7 @@ def save(worker, directory: str, step: int) -> None:
         # written whole under a temporary name, then swapped in: a crash leaves the old one intact
         final = os.path.abspath(directory)
         tmp, old = f"{final}.tmp-{step}", f"{final}.old-{step}"
+        remove_stale(final)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
         worker.client.save(os.path.join(tmp, "ps"))
@@ -41,6 +45,28 @@ def save(worker, directory: str, step: int) -> None:
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     barrier(worker.world)
+
+
+def remove_stale(directory: str) -> list[str]:
+    """Remove what interrupted saves left beside ``directory``; the paths removed.
+
+    A save writes ``DIR.tmp-STEP`` whole, renames ``DIR`` to ``DIR.old-STEP``, renames the
+    temporary one to ``DIR`` and removes the old one. With ``DIR`` there, every leftover is
+    stale. Without it, a ``DIR.old-*`` means a save was cut between its renames: the old one
+    and the temporary one may each be the checkpoint to resume from, so both stay (the next
+    save, which makes ``DIR``, removes them); otherwise a ``DIR.tmp-*`` is a first save cut
+    short, and goes.
+    """
+    final = os.path.abspath(directory)
+    parent, base = os.path.split(final)
+    pattern = re.compile(re.escape(base) + r"\.(tmp|old)-\d+")
+    left = sorted(n for n in (os.listdir(parent) if os.path.isdir(parent) else []) if pattern.fullmatch(n))
+    if not os.path.isdir(final) and any(n.startswith(base + ".old-") for n in left):
+        return []
+    stale = [os.path.join(parent, n) for n in left]
+    for path in stale:
+        shutil.rmtree(path, ignore_errors=True)
+    return stale
 
 
 def restore(worker, directory: str) -> int:

@@ -26,6 +26,8 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     cfg = with_restart_checkpoints(cfg, log_dir)
     check_job(cfg)
+    if cfg.checkpoint:  # what interrupted saves of an earlier job left beside it
+        checkpoint.remove_stale(cfg.checkpoint)
     first, restarts = cfg, []
     while True:
         try:

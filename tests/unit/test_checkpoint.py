@@ -1,0 +1,56 @@
+"""What interrupted checkpoint saves leave behind (``DIR.tmp-STEP``, ``DIR.old-STEP``) is removed
+at the next save and when a job starts (issue 11), unless it may be the newest checkpoint."""
+
+from types import SimpleNamespace
+
+import torch
+
+from het.config import TableConfig
+from het.ps.client import PSClient
+from het.train import checkpoint, local
+from het.train.config import TrainConfig
+
+
+def fake_worker() -> SimpleNamespace:
+    """What checkpoint.save reads of a worker: one rank, a local PS, a dense model."""
+    return SimpleNamespace(rank=0, world=1, cfg=TrainConfig(), model=torch.nn.Linear(2, 1),
+                           embedding=SimpleNamespace(flush=lambda: None), dense=SimpleNamespace(state_dict=dict),
+                           client=PSClient.local([TableConfig("t", rows=4, dim=2)]))
+
+
+def leftovers(tmp_path) -> list[str]:
+    """Each checkpoint of a test and what saves left beside it."""
+    return sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("ck"))
+
+
+def interrupted(tmp_path, *names) -> None:
+    for name in names:
+        (tmp_path / name / "ps").mkdir(parents=True)
+
+
+def test_a_save_removes_what_interrupted_saves_left(tmp_path):
+    worker = fake_worker()
+    checkpoint.save(worker, str(tmp_path / "ck"), 4)
+    interrupted(tmp_path, "ck.tmp-6", "ck.old-5")  # a save cut short at step 6, one cut after its swap
+    (tmp_path / "ck.tmp-notes").mkdir()  # not a save's: kept
+    checkpoint.save(worker, str(tmp_path / "ck"), 8)
+    assert leftovers(tmp_path) == ["ck", "ck.tmp-notes"]
+    assert torch.load(tmp_path / "ck" / "worker.pt", weights_only=False)["step"] == 8
+
+
+def test_a_job_start_removes_what_interrupted_saves_left(tmp_path, monkeypatch):
+    checkpoint.save(fake_worker(), str(tmp_path / "ck"), 4)
+    interrupted(tmp_path, "ck.tmp-6")
+    monkeypatch.setattr(local, "LocalCluster", lambda *a, **k: SimpleNamespace(run=dict))
+    local.run_local(TrainConfig(checkpoint=str(tmp_path / "ck"), checkpoint_every=2), str(tmp_path / "logs"))
+    assert leftovers(tmp_path) == ["ck"]
+
+
+def test_a_save_cut_between_its_two_renames_is_kept(tmp_path):
+    """No DIR, but DIR.old-N (the previous checkpoint) and DIR.tmp-M (the new one, whole):
+    either may be what the user resumes from, so neither is removed."""
+    interrupted(tmp_path, "ck.old-4", "ck.tmp-8")
+    assert checkpoint.remove_stale(str(tmp_path / "ck")) == []
+    assert leftovers(tmp_path) == ["ck.old-4", "ck.tmp-8"]
+    interrupted(tmp_path, "ck2.tmp-2")  # a first save cut short: nothing whole to keep
+    assert checkpoint.remove_stale(str(tmp_path / "ck2")) == [str(tmp_path / "ck2.tmp-2")]
