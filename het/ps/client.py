@@ -8,18 +8,15 @@ arrays and come back on the device they were sent from.
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import os
 import secrets
-import shutil
-import tempfile
 import time
 
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import partition
+from het.ps import partition, state
 from het.ps.checks import all_finite
 from het.ps.auth import check_secret
 from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
@@ -102,7 +99,7 @@ class PSClient:
         """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
         transport = LocalTransport()
         names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards),
-                                                   state_dir=_local_state_dir(i)))
+                                                   state_dir=state.local(i)))
                  for i in range(num_shards)]
         return cls([transport.connect(n) for n in names], lazy_init=lazy_init)
 
@@ -172,40 +169,24 @@ class PSClient:
         (a local cluster, shared storage); else use :meth:`save_named`."""
         tag = self._tag("save")
         self.save_named(tag)
-        os.makedirs(directory, exist_ok=True)
-        paths = []
-        for i, root in enumerate(self._state_dirs()):
-            paths.append(shutil.move(os.path.join(root, tag, _shard_name(i)), os.path.join(directory, _shard_name(i))))
-            os.rmdir(os.path.join(root, tag))
-        return paths
+        return state.collect(self._state_dirs(), tag, directory)
 
     def load(self, directory: str) -> list[str]:
         """Every shard loads ``directory/shard-<i>.pt`` (written by :meth:`save`), through a
         link in its state directory, removed afterwards."""
-        sources = [os.path.join(directory, _shard_name(i)) for i in range(self.num_shards)]
-        missing = [p for p in sources if not os.path.isfile(p)]
-        if missing:
-            raise ValueError(f"no saved shard at {missing[0]}: expected shard-<i>.pt for each of the "
-                             f"{self.num_shards} shards in {directory}")
-        tag, roots = self._tag("load"), self._state_dirs()
-        try:
-            for i, (root, src) in enumerate(zip(roots, sources)):
-                os.makedirs(os.path.join(root, tag))
-                _link_or_copy(src, os.path.join(root, tag, _shard_name(i)))
+        tag = self._tag("load")
+        with state.lent(self._state_dirs(), tag, directory):
             self.load_named(tag)
-        finally:
-            for root in roots:
-                shutil.rmtree(os.path.join(root, tag), ignore_errors=True)
-        return sources
+        return [os.path.join(directory, state.shard_name(i)) for i in range(self.num_shards)]
 
     def save_named(self, name: str) -> list[str]:
         """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory."""
-        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": f"{name}/{_shard_name(i)}"},
+        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": f"{name}/{state.shard_name(i)}"},
                                                         timeout_s=None)]  # a big table takes its time
 
     def load_named(self, name: str) -> list[str]:
         """Every shard loads ``name/shard-<i>.pt`` from its own state directory."""
-        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": f"{name}/{_shard_name(i)}"},
+        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": f"{name}/{state.shard_name(i)}"},
                                                         timeout_s=None)]
 
     def _tag(self, what: str) -> str:
@@ -422,27 +403,3 @@ _PROBE_S = 2.0  # with reconnect_s: silence after which a shard is asked whether
 
 def _grads_meta(grad_dtype: str) -> dict:
     return {"grads": grad_dtype} if grad_dtype != "f32" else {}  # f32 messages are unchanged
-
-
-def _shard_name(index: int) -> str:
-    return f"shard-{index}.pt"
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    """A hard link (no copy of a big file), or a copy across filesystems."""
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
-
-
-_LOCAL_STATE: list[str] = []
-
-
-def _local_state_dir(index: int) -> str:
-    """A state directory for an in-process shard: under one temporary root of this process,
-    removed when it exits."""
-    if not _LOCAL_STATE:
-        _LOCAL_STATE.append(tempfile.mkdtemp(prefix="het-local-shards-"))
-        atexit.register(shutil.rmtree, _LOCAL_STATE[0], True)
-    return tempfile.mkdtemp(prefix=f"shard-{index}-", dir=_LOCAL_STATE[0])

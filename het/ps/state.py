@@ -8,7 +8,10 @@ error does not say whether anything exists outside the directory.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
+import shutil
 import stat
 import tempfile
 
@@ -49,3 +52,53 @@ def resolve(state_dir: str | None, name: str, write: bool) -> str:
 def temporary() -> str:
     """A new state directory for a shard that was given none (in-process, tests)."""
     return tempfile.mkdtemp(prefix="het-shard-state-")
+
+
+def shard_name(index: int) -> str:
+    """The file of shard ``index`` in a save: ``shard-<i>.pt``."""
+    return f"shard-{index}.pt"
+
+
+def collect(state_dirs: list[str], tag: str, directory: str) -> list[str]:
+    """Move each shard's ``tag/shard-<i>.pt`` out of its state directory into ``directory``."""
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for i, root in enumerate(state_dirs):
+        paths.append(shutil.move(os.path.join(root, tag, shard_name(i)), os.path.join(directory, shard_name(i))))
+        os.rmdir(os.path.join(root, tag))
+    return paths
+
+
+@contextlib.contextmanager
+def lent(state_dirs: list[str], tag: str, directory: str):
+    """``directory/shard-<i>.pt`` linked (or copied) into each shard's state directory as
+    ``tag/shard-<i>.pt`` within the block, removed after it."""
+    sources = [os.path.join(directory, shard_name(i)) for i in range(len(state_dirs))]
+    missing = [p for p in sources if not os.path.isfile(p)]
+    if missing:
+        raise ValueError(f"no saved shard at {missing[0]}: expected shard-<i>.pt for each of the "
+                         f"{len(state_dirs)} shards in {directory}")
+    try:
+        for i, (root, src) in enumerate(zip(state_dirs, sources)):
+            os.makedirs(os.path.join(root, tag))
+            dst = os.path.join(root, tag, shard_name(i))
+            try:
+                os.link(src, dst)  # no copy of a big file
+            except OSError:
+                shutil.copyfile(src, dst)  # another filesystem
+        yield
+    finally:
+        for root in state_dirs:
+            shutil.rmtree(os.path.join(root, tag), ignore_errors=True)
+
+
+_LOCAL_ROOT: list[str] = []
+
+
+def local(index: int) -> str:
+    """A state directory for an in-process shard: under one temporary root of this process,
+    removed when it exits."""
+    if not _LOCAL_ROOT:
+        _LOCAL_ROOT.append(tempfile.mkdtemp(prefix="het-local-shards-"))
+        atexit.register(shutil.rmtree, _LOCAL_ROOT[0], True)
+    return tempfile.mkdtemp(prefix=f"shard-{index}-", dir=_LOCAL_ROOT[0])

@@ -44,8 +44,8 @@ def tcp_address(address: str) -> str:
     if "://" in address:
         return address
     host, sep, port = address.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"expected an address 'host:port', got {address!r}")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected an address 'host:port' (port 0 to 65535), got {address!r}")
     return f"tcp://{address}"
 
 

@@ -10,6 +10,7 @@ import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
+from het.ps import wal
 from het.ps.server import ServerProcess
 
 pytestmark = pytest.mark.cluster
@@ -57,11 +58,11 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
                                      "--checkpoint", str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
         try:
-            if name == "killed":
-                deadline = time.monotonic() + 120
-                while not (logs / "pids.json").exists() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                time.sleep(random.uniform(3.0, 6.0))  # somewhere in the job, once the workers train
+            if name == "killed":  # at a random point of the job: after 20 to 80 of its ~120 pushes
+                at, deadline = random.randint(20, 80), time.monotonic() + 300
+                while time.monotonic() < deadline and launcher.poll() is None and (
+                        not (logs / "pids.json").exists() or sum(1 for _ in wal.read(str(logs / "ps-0" / "wal"))) < at):
+                    time.sleep(0.02)
                 os.kill(json.load(open(logs / "pids.json"))["PS shard 0"], 9)
             out, err = launcher.communicate(timeout=600)
         finally:

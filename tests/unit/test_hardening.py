@@ -235,3 +235,11 @@ def test_a_shard_without_a_state_directory_saves_and_loads_nothing(tmp_path):
     s = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)))
     assert "without a state directory" in names_refused(s, Op.SAVE, "x.pt")
     assert "without a state directory" in names_refused(s, Op.LOAD, "x.pt")
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:-1", "nohost"])
+def test_a_bind_address_out_of_range_is_refused(address):
+    from het.ps.transport import tcp_address
+
+    with pytest.raises(ValueError, match="expected an address 'host:port'"):
+        tcp_address(address)
