@@ -25,6 +25,8 @@ def add_parser(sub) -> None:
     s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
     s.add_argument("--state-dir", metavar="DIR", help="where SAVE and LOAD requests may read and write "
                    "(relative names only; created if missing); without it the shard saves and loads nothing")
+    s.add_argument("--encrypt", action="store_true", help="every frame under ZeroMQ's CURVE encryption, keyed "
+                   "by the shared secret (workers: het train --ps-encrypt)")
     s.add_argument("--wal", action="store_true", help="log every push in the state directory before it is "
                    "acknowledged; started again on the same directory, the shard recovers its last save and "
                    "the pushes after it (kill -9 loses nothing acknowledged)")
@@ -59,7 +61,8 @@ def cmd_serve(args) -> None:
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
-    run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s)
+    run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,
+                   args.encrypt)
 
 
 def _table(text: str) -> tuple[str, int, int]:

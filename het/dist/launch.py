@@ -58,13 +58,14 @@ class LocalCluster:
 
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
                  secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
-                 on_failure=None):
+                 encrypt: bool = False, on_failure=None):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
         directories (``LOG_DIR/ps-<i>``). ``on_failure``: called with the :class:`ClusterError`
         as soon as a process's death is seen, before the teardown (which waits for the others)."""
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
+        self.encrypt = encrypt
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network, self.on_failure = network, on_failure
         self.shard_restarts = 0
@@ -85,7 +86,8 @@ class LocalCluster:
                                                   secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
                                                   popen=self._popen(host),
-                                                  state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal))
+                                                  state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal,
+                                                  encrypt=self.encrypt))
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)
@@ -162,7 +164,8 @@ class LocalCluster:
         self.servers[i] = ServerProcess(ShardConfig(self.tables, i, self.num_servers), bind=bind, secret=self.secret,
                                         env=self.threads_env, new_session=True, popen=self._popen(host),
                                         log_path=os.path.join(self.log_dir, f"server-{i}.restart-{self.shard_restarts}.log"),
-                                        state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True)
+                                        state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True,
+                                        encrypt=self.encrypt)
         self.shard_restarts += 1
 
     def stop(self, grace_s: float = 15.0, at_once: bool = False) -> None:

@@ -125,3 +125,20 @@ def mac(secret: bytes, buffers) -> bytes:
         h.update(view.nbytes.to_bytes(8, "little"))
         h.update(view)
     return h.digest()
+
+
+def curve_keys(secret: bytes) -> tuple[bytes, bytes]:
+    """The shards' CURVE key pair ``(public, secret)``, Z85 text, derived from the shared secret:
+    whoever holds the secret can encrypt to a shard and no other key needs handing out.
+
+    Example:
+        >>> public, private = curve_keys(b"s3cret")
+        >>> len(public), curve_keys(b"s3cret")[0] == public, curve_keys(b"other")[0] == public
+        (40, True, False)
+    """
+    import zmq
+    from zmq.utils import z85
+
+    seed = hmac.new(check_secret(secret), b"het curve server key, v1", hashlib.sha256).digest()
+    private = z85.encode(seed)
+    return zmq.curve_public(private), private

@@ -18,7 +18,7 @@ import torch
 from het.config import ShardConfig, TableConfig
 from het.ps import partition, state
 from het.ps.checks import all_finite
-from het.ps.auth import check_secret
+from het.ps.auth import check_secret, curve_keys
 from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
                              narrow)
 from het.ps.shard import Shard
@@ -86,12 +86,16 @@ class PSClient:
     @classmethod
     def connect(cls, addresses: list[str], timeout_s: float = 30.0, transport=None,
                 secret: bytes | None = None, latency_ms: float | None = None,
-                lazy_init: bool = True, reconnect_s: float = 0.0) -> "PSClient":
+                lazy_init: bool = True, reconnect_s: float = 0.0, encrypt: bool = False) -> "PSClient":
         """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
         give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`).
+        ``encrypt``: every frame under ZeroMQ's CURVE (shards started with it, same secret).
         ``latency_ms``: an emulated one-way delay each way (None: ``HET_PS_LATENCY_MS`` or 0;
         see :class:`het.ps.transport.DelayedChannel`); ignored when ``transport`` is given."""
-        transport = transport or ZmqTransport(latency_ms=latency_ms)
+        if encrypt and secret is None:
+            raise ValueError("encryption needs the shards' shared secret: the CURVE keys derive from it")
+        keys = curve_keys(secret) if encrypt else None
+        transport = transport or ZmqTransport(latency_ms=latency_ms, curve_keys=keys)
         return cls([transport.connect(a) for a in addresses], timeout_s, secret, lazy_init, reconnect_s)
 
     @classmethod

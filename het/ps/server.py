@@ -25,7 +25,7 @@ import zmq
 from het.config import ShardConfig
 from het.process import die_with_parent
 from het.ps import state
-from het.ps.auth import SECRET_ENV, check_bind, check_secret
+from het.ps.auth import SECRET_ENV, check_bind, check_secret, curve_keys
 from het.ps.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
 from het.ps.transport import ZmqTransport
@@ -51,22 +51,25 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
 
 
 def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,
-                   wal: bool = False, fsync_s: float = 0.05) -> None:
+                   wal: bool = False, fsync_s: float = 0.05, encrypt: bool = False) -> None:
     """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
     Only requests signed with ``secret`` are served when one is given; SAVE and LOAD name files
     in ``state_dir`` (created if missing), and are refused without one; with ``wal``, every push
-    is logged there before it is acknowledged, and the shard recovers from the log at start."""
+    is logged there before it is acknowledged, and the shard recovers from the log at start;
+    with ``encrypt``, every frame travels under ZeroMQ's CURVE, keyed by ``secret``."""
     check_bind(bind, secret)
+    keys = _curve(secret, encrypt)
     if state_dir is not None:
         os.makedirs(state_dir, exist_ok=True)
     shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s)
-    endpoint = _listen(bind, cfg.max_frame_bytes)
+    endpoint = _listen(bind, cfg.max_frame_bytes, keys)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
-        print("het serve: serving only requests signed with the shared secret", flush=True)
+        print("het serve: serving only requests signed with the shared secret"
+              + (", encrypted (CURVE)" if keys else ""), flush=True)
     if shard.stats.get("wal_replayed"):
         print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)
     try:
@@ -77,10 +80,19 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     print(f"het serve: shard {cfg.index} stopped", flush=True)
 
 
-def _listen(bind: str, max_frame_bytes: int | None):
+def _curve(secret: bytes | None, encrypt: bool):
+    """The CURVE key pair to serve with (None: in the clear); encryption needs the secret."""
+    if not encrypt:
+        return None
+    if secret is None:
+        raise ValueError("encryption needs the shared secret (--secret-file PATH or HET_SECRET): the keys derive from it")
+    return curve_keys(secret)
+
+
+def _listen(bind: str, max_frame_bytes: int | None, keys=None):
     """The bound endpoint; OSError (one line from ``het serve``) if ``bind`` cannot be bound."""
     try:
-        return ZmqTransport().bind(bind, max_frame_bytes)
+        return ZmqTransport(curve_keys=keys).bind(bind, max_frame_bytes)
     except zmq.ZMQError as e:
         hint = ""
         if e.errno == errno.EADDRINUSE:
@@ -109,11 +121,12 @@ class ServerThread:
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
-                 state_dir: str | None = None):
+                 state_dir: str | None = None, encrypt: bool = False):
         check_bind(bind, secret)
+        keys = _curve(secret, encrypt)
         self._own_state = state_dir is None  # a temporary one, removed at stop
         self.shard = Shard(cfg, secret, state.temporary() if state_dir is None else state_dir)
-        self.endpoint = ZmqTransport().bind(bind, cfg.max_frame_bytes)
+        self.endpoint = ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
         self._thread = threading.Thread(target=serve, args=(self.shard, self.endpoint, self._stop.is_set),
@@ -151,13 +164,13 @@ class ServerProcess:
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
                  new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
-                 wal: bool = False):
+                 wal: bool = False, encrypt: bool = False):
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
         self.state_dir = state.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
-               "--state-dir", self.state_dir, *(["--wal"] if wal else [])]
+               "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else [])]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,

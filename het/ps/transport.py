@@ -52,10 +52,11 @@ def tcp_address(address: str) -> str:
 class ZmqChannel:
     """A client's connection to one shard (a DEALER socket)."""
 
-    def __init__(self, context: zmq.Context, address: str):
+    def __init__(self, context: zmq.Context, address: str, curve_server: bytes | None = None):
         self.address = tcp_address(address)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        _curve_client(self.socket, curve_server)
         self.socket.connect(self.address)
 
     def send(self, frames) -> None:
@@ -89,13 +90,14 @@ class DelayedChannel:
 
     _names = itertools.count()
 
-    def __init__(self, context: zmq.Context, address: str, latency_s: float):
+    def __init__(self, context: zmq.Context, address: str, latency_s: float, curve_server: bytes | None = None):
         if not latency_s > 0:
             raise ValueError(f"latency must be > 0 s for a delayed channel, got {latency_s!r}")
         self.address = tcp_address(address)
         self.latency_s = float(latency_s)
         dealer = context.socket(zmq.DEALER)  # made and connected here, so a bad address raises here
         dealer.setsockopt(zmq.LINGER, 0)
+        _curve_client(dealer, curve_server)
         try:
             dealer.connect(self.address)
         except zmq.ZMQError:
@@ -158,9 +160,13 @@ class ZmqEndpoint:
     ``max_frame_bytes``, ZeroMQ drops the connection of a peer that sends a larger frame while
     it arrives, before the frame is held in memory whole (``ZMQ_MAXMSGSIZE``)."""
 
-    def __init__(self, context: zmq.Context, address: str, max_frame_bytes: int | None = None):
+    def __init__(self, context: zmq.Context, address: str, max_frame_bytes: int | None = None,
+                 curve_secret: bytes | None = None):
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
+        if curve_secret is not None:  # every frame encrypted, and only CURVE clients let in
+            self.socket.curve_server = True
+            self.socket.curve_secretkey = curve_secret
         if max_frame_bytes is not None:
             self.socket.setsockopt(zmq.MAXMSGSIZE, int(max_frame_bytes))
         address = tcp_address(address)
@@ -205,18 +211,22 @@ class ZmqTransport:
         >>> client.close(); server.close()
     """
 
-    def __init__(self, context: zmq.Context | None = None, latency_ms: float | None = None):
+    def __init__(self, context: zmq.Context | None = None, latency_ms: float | None = None,
+                 curve_keys: tuple[bytes, bytes] | None = None):
         self.context = context or zmq.Context.instance()
         self.latency_ms = None if latency_ms is None else check_latency(latency_ms, "latency_ms")
+        self.curve_keys = curve_keys  # (public, secret) of the shards' CURVE key pair: encrypt every frame
 
     def bind(self, address: str, max_frame_bytes: int | None = None) -> ZmqEndpoint:
-        return ZmqEndpoint(self.context, address, max_frame_bytes)
+        secret = self.curve_keys[1] if self.curve_keys else None
+        return ZmqEndpoint(self.context, address, max_frame_bytes, secret)
 
     def connect(self, address: str) -> ZmqChannel | DelayedChannel:
         latency_ms = latency_from_env() if self.latency_ms is None else self.latency_ms  # read here: servers never
+        server = self.curve_keys[0] if self.curve_keys else None
         if latency_ms > 0:
-            return DelayedChannel(self.context, address, latency_ms / 1000)
-        return ZmqChannel(self.context, address)
+            return DelayedChannel(self.context, address, latency_ms / 1000, server)
+        return ZmqChannel(self.context, address, server)
 
 
 def check_latency(value, what: str) -> float:
@@ -276,3 +286,11 @@ class LocalTransport:
         if address not in self.shards:
             raise ValueError(f"no in-process shard named {address!r}; known: {sorted(self.shards)}")
         return LocalChannel(self.shards[address], address)
+
+
+def _curve_client(socket, server_public: bytes | None) -> None:
+    """Make ``socket`` a CURVE client of the shard whose public key is ``server_public`` (an
+    ephemeral key pair of its own), before it connects; nothing without a key."""
+    if server_public is not None:
+        socket.curve_publickey, socket.curve_secretkey = zmq.curve_keypair()
+        socket.curve_serverkey = server_public

@@ -148,6 +148,8 @@ class TrainConfig:
     resume: str | None = setting(None, "a checkpoint directory to resume from")
     ps_wal: bool = setting(False, "local cluster: the shards log every push before acknowledging it "
                            "(het serve --wal), in RUN_DIR/ps-<i>")
+    ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
+                               "the shared secret (a local cluster makes one)")
     max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "
                                 "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 import sys
 
 from het.dist.launch import ClusterError, LocalCluster
@@ -63,8 +64,11 @@ def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
 
 
 def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, on_failure) -> dict:
+    if cfg.ps_encrypt and secret is None:  # CURVE's keys derive from a shared secret: one for this job
+        secret = secrets.token_hex(16).encode()
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
-                           log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure)
+                           log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
+                           encrypt=cfg.ps_encrypt)
     return cluster.run()
 
 

@@ -204,7 +204,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
     # with write-ahead logs a shard that dies is started again in place: wait for it, re-send
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret, lazy_init=cfg.lazy_init,
-                              reconnect_s=120.0 if cfg.ps_wal else 0.0)
+                              reconnect_s=120.0 if cfg.ps_wal else 0.0, encrypt=cfg.ps_encrypt)
     try:
         worker = Worker(cfg, client, rank, world, device)
         start = 0

@@ -1,6 +1,7 @@
 """A shard process bound with a shared secret, spoken to over TCP on 127.0.0.1 only: requests with
 a wrong or missing secret are refused and counted, and the shard keeps serving the others."""
 
+import json
 import os
 import subprocess
 import sys
@@ -83,3 +84,30 @@ def test_het_serve_reads_the_secret_file(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_encrypted_shards_serve_only_curve_clients_of_the_same_secret():
+    """`het serve --encrypt` / `PSClient.connect(encrypt=True)`: CURVE keyed by the secret."""
+    import zmq
+
+    from het.ps.server import ServerThread
+
+    with ServerThread(ShardConfig((TableConfig("t", rows=8, dim=2),)), secret=SECRET, encrypt=True) as server:
+        assert server.endpoint.socket.mechanism == zmq.CURVE
+        client = PSClient.connect([server.address], secret=SECRET, encrypt=True, timeout_s=10)
+        client.wait(client.push("t", torch.tensor([3]), torch.ones(1, 2), torch.tensor([1])))
+        assert client.wait(client.pull("t", torch.tensor([3])))[1].tolist() == [1]
+        client.close()
+        with pytest.raises(TimeoutError):  # in the clear, or under another secret's keys: no answer
+            PSClient.connect([server.address], secret=SECRET, timeout_s=2)
+        with pytest.raises(TimeoutError):
+            PSClient.connect([server.address], secret=b"another secret", encrypt=True, timeout_s=2)
+
+
+def test_a_local_job_trains_encrypted(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "het", "train", "--ps-encrypt", "--steps", "20", "--dim", "8",
+                          "--batch", "64", "--synthetic-cap", "2000", "--eval-samples", "2048", "--json", "--quiet",
+                          "--log-dir", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1])["steps"] == 20
+    assert "encrypted (CURVE)" in (tmp_path / "server-0.log").read_text()
