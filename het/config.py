@@ -17,6 +17,13 @@ POLICIES = ("lru", "lfu")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
+MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.admission)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -68,17 +75,28 @@ class TableConfig:
 
     Args:
         name: the table's name; letters, digits, ``_ . -``.
-        rows: number of rows (keys are ``0 .. rows - 1``).
+        rows: number of rows (keys are ``0 .. rows - 1``); ``None`` makes the table *dynamic*:
+            it takes any int64 key (raw or hashed ids, no vocabulary), and a shard stores only
+            the rows that pushes have changed (:mod:`het.ps.dynamic`).
         dim: width of a row.
         optimizer: the sparse optimizer the shards apply to this table.
         init_scale: rows start uniform in ``[-init_scale, init_scale]``.
         seed: initial rows are a pure function of ``(seed, name, key)``, so they do not
             depend on how many shards hold the table.
+        admit_after: dynamic tables: a key gets storage once pushes have touched it in this
+            many worker-steps; before that its reads give the initial row and its gradients are
+            dropped (and counted). 1 admits every key on its first push.
+        expire_after: dynamic tables: a row not updated for this many steps is removed (it
+            reads as its initial value again); ``None``: never.
+        max_rows: dynamic tables: the most rows one shard stores; past it the least recently
+            updated rows are evicted; ``None``: no budget.
 
     Example:
         >>> import json
         >>> t = TableConfig("user", rows=1000, dim=16, optimizer=OptimizerConfig("adam", betas=(0.8, 0.9)))
         >>> TableConfig.from_dict(json.loads(json.dumps(t.to_dict()))) == t  # the optimizer too
+        True
+        >>> TableConfig("ids", rows=None, dim=16, admit_after=2).dynamic
         True
         >>> TableConfig("user id", rows=1000, dim=16)
         Traceback (most recent call last):
@@ -87,22 +105,41 @@ class TableConfig:
     """
 
     name: str
-    rows: int
+    rows: int | None
     dim: int
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     init_scale: float = 0.01
     seed: int = 0
+    admit_after: int = 1
+    expire_after: int | None = None
+    max_rows: int | None = None
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
                  f"table name must match {_NAME.pattern}, got {self.name!r}")
-        _require(isinstance(self.rows, int) and self.rows > 0,
-                 f"table {self.name!r}: rows must be a positive int, got {self.rows!r}")
+        _require(self.rows is None or (_is_int(self.rows) and self.rows > 0),
+                 f"table {self.name!r}: rows must be a positive int (or None: a dynamic table), got {self.rows!r}")
         _require(isinstance(self.dim, int) and self.dim > 0,
                  f"table {self.name!r}: dim must be a positive int, got {self.dim!r}")
         _require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
+        _require(_is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
+                 f"table {self.name!r}: admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
+        for name in ("expire_after", "max_rows"):
+            value = getattr(self, name)
+            _require(value is None or (_is_int(value) and value >= 1),
+                     f"table {self.name!r}: {name} must be None or an int >= 1, got {value!r}")
+        if not self.dynamic:
+            used = [n for n in ("admit_after", "expire_after", "max_rows")
+                    if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
+            _require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
+                               f"this one has {self.rows} rows")
+
+    @property
+    def dynamic(self) -> bool:
+        """Whether the table takes any int64 key (``rows is None``)."""
+        return self.rows is None
 
     def to_dict(self) -> dict:
         return asdict(self)

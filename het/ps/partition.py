@@ -1,4 +1,9 @@
-"""How keys are spread over PS shards: ``shard = key % S``, ``local row = key // S``.
+"""How keys are spread over PS shards.
+
+Fixed tables: ``shard = key % S``, ``local row = key // S``. Dynamic tables (any int64 key,
+:mod:`het.ps.dynamic`): ``shard = mix(key) % S`` with a 64-bit mixing hash, since raw ids often
+share their low bits (a hash of a user id times 1024, say) and ``key % S`` would put them all on
+one shard; a dynamic shard finds a key's row through its own index.
 
 Modulo partitioning keeps every shard's slice of a table dense (shard ``i`` holds keys
 ``i, i + S, i + 2S, ...``), so a shard indexes rows directly with no hash map, and consecutive
@@ -11,14 +16,35 @@ from __future__ import annotations
 import torch
 
 
-def shard_of(keys: torch.Tensor, num_shards: int) -> torch.Tensor:
-    """The shard that holds each key.
+_M1, _M2 = -4658895280553007687, -7723592293110705685  # splitmix64's multipliers as int64
+
+
+def mix(keys: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finaliser on int64 keys (wrapping products, logical shifts): every bit of
+    the key moves every bit of the result. Runs on the keys' device.
+
+    Example:
+        >>> mix(torch.tensor([0, 1, -1])).tolist()
+        [0, 6238072747940578789, -5417735806833148549]
+    """
+    x = keys.to(torch.int64)
+    for shift, mul in ((30, _M1), (27, _M2), (31, None)):
+        x = x ^ ((x >> shift) & ((1 << (64 - shift)) - 1))
+        if mul is not None:
+            x = x * mul
+    return x
+
+
+def shard_of(keys: torch.Tensor, num_shards: int, hashed: bool = False) -> torch.Tensor:
+    """The shard that holds each key (``hashed``: a dynamic table's rule, ``mix(key) % S``).
 
     Example:
         >>> shard_of(torch.tensor([0, 1, 5, 6]), 3).tolist()
         [0, 1, 2, 0]
+        >>> shard_of(torch.tensor([1024, 2048, 3072, 4096, 5120, 6144]), 3, hashed=True).tolist()  # multiples of 1024, spread
+        [2, 0, 2, 2, 0, 1]
     """
-    return torch.remainder(keys, num_shards)
+    return torch.remainder(mix(keys) if hashed else keys, num_shards)
 
 
 def local_rows(keys: torch.Tensor, num_shards: int) -> torch.Tensor:
@@ -41,8 +67,9 @@ def rows_on_shard(rows: int, index: int, num_shards: int) -> int:
     return max(0, (rows - index + num_shards - 1) // num_shards)
 
 
-def split(keys: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
-    """Positions of ``keys`` that go to each shard, in their original order.
+def split(keys: torch.Tensor, num_shards: int, hashed: bool = False) -> list[torch.Tensor]:
+    """Positions of ``keys`` that go to each shard, in their original order (``hashed``: by the
+    dynamic tables' rule).
 
     Returns one int64 tensor of positions per shard (possibly empty).
 
@@ -52,7 +79,7 @@ def split(keys: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
     """
     if num_shards == 1:
         return [torch.arange(keys.numel(), device=keys.device)]
-    shards = shard_of(keys, num_shards)
+    shards = shard_of(keys, num_shards, hashed)
     order = torch.sort(shards, stable=True).indices
     counts = torch.bincount(shards, minlength=num_shards).tolist()
     return list(torch.split(order, counts))

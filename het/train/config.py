@@ -36,6 +36,7 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES = ("het", "hybrid", "ps")
+IDS = ("encoded", "hashed")
 CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
 GRAPH_MODELS = ("graphsage",)
 MODELS = CTR_MODELS + GRAPH_MODELS
@@ -154,6 +155,13 @@ class TrainConfig:
                                 "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
     lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
+    ids: str = setting("encoded", "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
+                       "an int64 key, one dynamic table that stores only the rows training touched", choices=IDS)
+    admit_after: int = setting(1, "hashed ids: a key gets a stored row once pushes touched it in N worker-steps "
+                               "(before: reads give its initial row, its gradients are dropped)")
+    expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
+    max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores; the least recently updated "
+                                   "go first (none: no budget)")
     push_dtype: str = setting("f32", "how pushed gradients travel: bf16 takes half the bytes (rounded)",
                               choices=PUSH_DTYPES)
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
@@ -181,6 +189,9 @@ class TrainConfig:
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
+            (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
+            (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
+            (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
         ]
         for ok, message in checks:
             _require(ok, message)
@@ -201,7 +212,8 @@ class TrainConfig:
         return self.mode == "het"
 
     def cache_rows_for(self, table_rows: int) -> int:
-        """Rows of the worker cache for a table of ``table_rows`` rows (0 without a cache)."""
+        """Rows of the worker cache for ``table_rows`` ids (the rows of a fixed table, the ids in
+        the data for a dynamic one; 0 without a cache)."""
         if not self.cached:
             return 0
         if self.cache_rows is not None:

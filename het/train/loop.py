@@ -47,7 +47,7 @@ class Worker:
         self.device = torch.device(device)
         self.task = make_task(cfg)
         table = client.tables[EMBEDDING_TABLE]
-        capacity = cfg.cache_rows_for(table.rows)
+        capacity = cfg.cache_rows_for(self.task.num_ids)
         cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
                             lookahead=cfg.lookahead if capacity else 0)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
@@ -224,7 +224,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if rank == 0:
             metrics = selector.pick(metrics, cfg.steps)
             summary = summarise(cfg, world, client.num_shards, cfg.steps - start, run["wall_s"], per_rank, metrics,
-                                worker.task.num_rows)
+                                worker.task.num_ids)
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)

@@ -38,7 +38,8 @@ class CTRTask:
 
             s = cfg.synthetic
             self.data = SyntheticCriteo(SyntheticCriteoConfig(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
-        self.num_rows = self.data.num_rows
+        self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
+        self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def build_model(self, embedding: torch.nn.Module) -> torch.nn.Module:
@@ -104,7 +105,7 @@ class GraphTask:
 
         self.cfg = cfg
         self.graph = normalize_features(load(cfg.data))
-        self.num_rows = self.graph.num_nodes
+        self.num_rows = self.num_ids = self.graph.num_nodes
         self.sampler = NeighborSampler(self.graph, fanouts=cfg.graph.fanouts, seed=cfg.seed)
         self.train_nodes = torch.from_numpy(np.flatnonzero(_np(self.graph.train_mask)))
         self.loss_fn = torch.nn.CrossEntropyLoss()
@@ -175,10 +176,14 @@ def make_task(cfg: TrainConfig):
 
 
 def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
-    """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``."""
+    """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``. The
+    embedding table is dynamic (any int64 key) when the task's keys are hashed ids
+    (``task.num_rows is None``); admission, expiry and the row budget apply to it."""
     task = task or make_task(cfg)
+    dynamic = {} if task.num_rows is not None else {
+        "admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
     tables = [TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
-                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)]
+                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed, **dynamic)]
     if cfg.mode == "ps":
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
     return tables
