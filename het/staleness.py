@@ -19,13 +19,18 @@ import torch
 
 
 def must_refresh(server_clocks: torch.Tensor, cached_clocks: torch.Tensor, bound: float) -> torch.Tensor:
-    """Which copies the server must send: misses (``c_s < 0``) and rows with ``c_g - c_s > s``.
+    """Which copies the server must send: misses (``c_s < 0``), rows with ``c_g - c_s > s``, and
+    rows whose server clock is *behind* the copy's (``c_g < c_s``): the server holds fewer updates
+    than the worker counted, because it dropped them (a dynamic table's key not yet admitted) or
+    lost the row (expired, evicted past its budget, or a load of an older save). Whatever the
+    bound, such a copy is refreshed: the worker then reads the server's row plus its own
+    unpushed updates.
 
     Example:
-        >>> must_refresh(torch.tensor([5, 5, 5]), torch.tensor([5, 2, -1]), 2).tolist()
-        [False, True, True]
+        >>> must_refresh(torch.tensor([5, 5, 5, 0]), torch.tensor([5, 2, -1, 3]), 2).tolist()
+        [False, True, True, True]
     """
-    missing = cached_clocks < 0
+    missing = (cached_clocks < 0) | (server_clocks < cached_clocks)
     if bound == math.inf:
         return missing
     return missing | (server_clocks - cached_clocks > bound)

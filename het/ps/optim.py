@@ -24,11 +24,17 @@ class SparseOptimizer:
 
     def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int):
         self.cfg = cfg
-        self.state = {n: torch.zeros(num_rows, dim) for n in self.state_names}
+        self.state = self.initial_state(num_rows, dim)
 
-    def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int) -> None:
+    def initial_state(self, num_rows: int, dim: int) -> dict[str, torch.Tensor]:
+        """The state of ``num_rows`` rows no gradient reached yet."""
+        return {n: torch.zeros(num_rows, dim) for n in self.state_names}
+
+    def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int,
+              state: dict | None = None) -> None:
         """Update ``weight[rows]`` with ``grads`` (which it may overwrite); ``rows`` are unique
-        unless ``accepts_duplicates``. Shape: (n,), (n, D)."""
+        unless ``accepts_duplicates``. ``state``: the per-row state to use and update instead of
+        the optimizer's own (a dynamic table gathers its rows' state). Shape: (n,), (n, D)."""
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -45,19 +51,18 @@ class SparseOptimizer:
 class SGD(SparseOptimizer):
     accepts_duplicates = True  # a sum of steps is the step of the sum
 
-    def apply(self, weight, rows, grads, step):
+    def apply(self, weight, rows, grads, step, state=None):
         weight.index_add_(0, rows, grads.mul_(-self.cfg.lr))  # grads are the shard's own buffer
 
 
 class Adagrad(SparseOptimizer):
     state_names = ("sum",)
 
-    def __init__(self, cfg, num_rows, dim):
-        super().__init__(cfg, num_rows, dim)
-        self.state["sum"].fill_(cfg.initial_accumulator)
+    def initial_state(self, num_rows, dim):
+        return {"sum": torch.full((num_rows, dim), float(self.cfg.initial_accumulator))}
 
-    def apply(self, weight, rows, grads, step):
-        acc = self.state["sum"]
+    def apply(self, weight, rows, grads, step, state=None):
+        acc = (state or self.state)["sum"]
         acc.index_add_(0, rows, grads * grads)
         std = acc.index_select(0, rows).sqrt_().add_(self.cfg.eps)
         weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr)
@@ -66,9 +71,9 @@ class Adagrad(SparseOptimizer):
 class Adam(SparseOptimizer):
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def apply(self, weight, rows, grads, step):
+    def apply(self, weight, rows, grads, step, state=None):
         b1, b2 = self.cfg.betas
-        m, v = self.state["exp_avg"], self.state["exp_avg_sq"]
+        m, v = (state or self.state)["exp_avg"], (state or self.state)["exp_avg_sq"]
         old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
         new_m = old_m.add_((grads - old_m).mul_(1 - b1))  # old + (1 - b1) (g - old), as SparseAdam
         new_v = old_v.add_((grads * grads - old_v).mul_(1 - b2))

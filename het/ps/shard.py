@@ -16,7 +16,8 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig
-from het.ps import checks, partition, state, wal
+from het.ps import checks, state, wal
+from het.ps.dynamic import DynamicRows
 from het.ps.table import TableRows
 from het.ps.wal import WriteAheadLog
 from het.staleness import bound_from_wire, must_refresh
@@ -64,7 +65,8 @@ class Shard:
         self.state_dir = None if state_dir is None else os.path.abspath(state_dir)
         if wal and state_dir is None:
             raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
-        self.tables = {t.name: TableRows(t, cfg.index, cfg.num_shards) for t in cfg.tables}
+        self.tables = {t.name: (DynamicRows if t.dynamic else TableRows)(t, cfg.index, cfg.num_shards)
+                       for t in cfg.tables}
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
@@ -184,10 +186,10 @@ class Shard:
     def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
         """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,). With ``lazy``: rows of the
         touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`TableRows.rows_to_send`)."""
-        t, local = self._rows_of(table, keys)
-        rows, sent = t.rows_to_send(local, lazy)
-        self._count_rows(sent, len(local))
-        return [rows[0], t.clocks.index_select(0, local).numpy(), *rows[1:]]
+        t, at = self._rows_of(table, keys)
+        rows, sent = t.rows_to_send(at, lazy)
+        self._count_rows(sent, len(at))
+        return [rows[0], t.clocks_of(at).numpy(), *rows[1:]]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None) -> int:
@@ -201,37 +203,22 @@ class Shard:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         step = checks.step({"step": step})
-        t, local = self._check_push(table, keys, grads, counts)
-        if len(local) == 0:
+        t, at = self._check_push(table, keys, grads, counts)
+        if len(at) == 0:
             return 0
-        raw_grads = grads.copy() if self.wal is not None and logged else None  # apply may overwrite grads
-        grads, counts = torch.from_numpy(grads), torch.from_numpy(counts)
-        rows, inverse = torch.unique(local, return_inverse=True)
-        before = t.snapshot(rows)
-        t.clocks.index_add_(0, local, counts)
-        t.touched.index_fill_(0, local, True)
-        if t.optimizer.accepts_duplicates:
-            t.optimizer.apply(t.weight, local, grads, step)
-        elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
-            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
-            t.optimizer.apply(t.weight, rows, grads, step)
-        else:
-            t.optimizer.apply(t.weight, local, grads, step)
-        problem = t.check_rows(rows)
-        if problem:  # refused whole: the rows, clocks and state are as they were
-            t.restore(rows, before)
-            self.stats["refused_updates"] += 1
-            raise ValueError(f"push to table {table!r} refused, nothing changed: {problem}")
         if self.wal is not None and logged:
-            try:  # logged before it is acknowledged; a push that could not be logged is undone
-                self.wal.append(table, keys, raw_grads, counts.numpy(), step, session)
-            except OSError:
-                t.restore(rows, before)
-                raise
+            # logged before it is applied (applying may overwrite grads) and acknowledged: a push
+            # the table refuses is refused again, the same way, when the log is replayed
+            self.wal.append(table, keys, grads, counts, step, session)
+        try:
+            t.push(at, torch.from_numpy(grads), torch.from_numpy(counts), step)
+        except ValueError as e:  # refused whole: the rows, clocks and state are as they were
+            self.stats["refused_pushes"] += 1
+            raise ValueError(f"push to table {table!r} refused, nothing changed: {e}") from None
         if session is not None:
             self._applied[session[0]] = session[1]
-        self.stats["rows_in"] += len(local)
-        return len(local)
+        self.stats["rows_in"] += len(at)
+        return len(at)
 
     def _first_time(self, meta: dict) -> bool:
         """Whether a push is new: one its session sent before (a re-send to a restarted shard
@@ -248,11 +235,11 @@ class Shard:
         sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,); with
         ``lazy`` the rows of untouched keys stay behind: rows (k, D) and a fourth array,
         built (m,) uint8 (see :meth:`TableRows.rows_to_send`)."""
-        t, local = self._check_sync(table, keys, clocks)
-        server = t.clocks.index_select(0, local)
+        t, at = self._check_sync(table, keys, clocks)
+        server = t.clocks_of(at)
         sent = torch.from_numpy(clocks).long()
         index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
-        rows, n_sent = t.rows_to_send(local.index_select(0, index), lazy)
+        rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy)
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *rows[1:]]
@@ -289,8 +276,11 @@ class Shard:
             lsn = self._read(base)
         for record in wal.read(directory, after=lsn):
             session = (record["session"], record["seq"]) if record.get("session") else None
-            self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
-                      logged=False, session=session)
+            try:
+                self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
+                          logged=False, session=session)
+            except ValueError:  # refused when it was sent too (logged before it was applied)
+                pass
             lsn, replayed = record["lsn"], replayed + 1
         self.wal = WriteAheadLog(directory, fsync_s, lsn)
         self.stats["wal_replayed"] = replayed
@@ -313,8 +303,7 @@ class Shard:
     def _write(self, path: str) -> None:
         state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
                  "wal_lsn": self.wal.lsn if self.wal is not None else 0, "applied": dict(self._applied),
-                 "tables": {name: {"config": t.cfg.to_dict(), "weight": t.weight, "clocks": t.clocks,
-                                   "touched": t.touched, "optimizer": t.optimizer.state_dict()} for name, t in self.tables.items()}}
+                 "tables": {name: t.state_dict() for name, t in self.tables.items()}}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tmp = f"{path}.tmp-{os.getpid()}"
         torch.save(state, tmp)
@@ -331,31 +320,18 @@ class Shard:
         if set(state["tables"]) != set(self.tables):
             raise ValueError(f"{path} holds tables {sorted(state['tables'])}, expected {sorted(self.tables)}")
         for name, t in self.tables.items():
-            saved = state["tables"][name]
-            touched = saved.get("touched", t.touched)
-            if (saved["weight"].shape != t.weight.shape or saved["clocks"].shape != t.clocks.shape
-                    or touched.shape != t.touched.shape):
-                raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)} (clocks "
-                                 f"{tuple(saved['clocks'].shape)}, touched {tuple(touched.shape)}), expected "
-                                 f"{tuple(t.weight.shape)} ({tuple(t.clocks.shape)} each)")
-            expected = {n: v.shape for n, v in t.optimizer.state.items()}
-            got = {n: v.shape for n, v in saved["optimizer"].items()}
-            if got != expected:
-                raise ValueError(f"{path}: table {name!r} holds optimizer state {sorted(got)}, this shard's "
-                                 f"{t.cfg.optimizer.name} needs {sorted(expected)} of its shapes")
+            t.check_state(state["tables"][name], path)
         for name, t in self.tables.items():  # all checked: now change
-            saved = state["tables"][name]
-            t.weight.copy_(saved["weight"])
-            t.clocks.copy_(saved["clocks"])
-            # a save from before rows were marked touched: count every row as changed
-            t.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(t.touched))
-            t.optimizer.load_state_dict(saved["optimizer"])
+            t.load_state_dict(state["tables"][name])
         self._applied = dict(state.get("applied", {}))
         return int(state.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:
+        """Counters, and per table its stored rows and bytes (``tables``); the process's peak
+        resident memory (``peak_rss_bytes``)."""
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
-                    uptime_s=time.time() - self.started, index=self.cfg.index)
+                    uptime_s=time.time() - self.started, index=self.cfg.index,
+                    tables={name: t.stats() for name, t in self.tables.items()}, peak_rss_bytes=_peak_rss())
 
     # -- checks -----------------------------------------------------------------------------
     def _rows_of(self, table, keys):
@@ -368,16 +344,10 @@ class Shard:
             raise ValueError(f"a request holds at most {self.cfg.max_keys} keys (the shard's max_keys), "
                              f"got {len(keys)}")
         keys = torch.from_numpy(keys)
-        if len(keys):
-            lo, hi = int(keys.min()), int(keys.max())
-            if lo < 0 or hi >= t.cfg.rows:
-                bad = lo if lo < 0 else hi
-                raise ValueError(f"key {bad} out of range for table {table!r} with {t.cfg.rows} rows")
-            S = self.cfg.num_shards
-            if S > 1 and bool((partition.shard_of(keys, S) != self.cfg.index).any()):
-                raise ValueError(f"keys of another shard sent to shard {self.cfg.index} of {S} "
-                                 f"(the rule is key % {S})")
-        return t, partition.local_rows(keys, self.cfg.num_shards)
+        problem = t.check_keys(keys)
+        if problem:
+            raise ValueError(problem)
+        return t, t.locate(keys)
 
     def _check_push(self, table, keys, grads, counts):
         t, local = self._rows_of(table, keys)
@@ -401,6 +371,13 @@ class Shard:
             raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
+
+
+def _peak_rss() -> int:
+    """This process's peak resident set size, in bytes (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _all_finite(a: np.ndarray) -> bool:

@@ -46,10 +46,15 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
 
 
 class TableRows:
-    """One table's slice on this shard: dense local rows, clocks, optimizer state."""
+    """A fixed table's slice on this shard: dense local rows, clocks, optimizer state.
+
+    Key ``k`` lives at local row ``k // S`` (:mod:`het.ps.partition`). :class:`het.ps.dynamic.DynamicRows`
+    has the same methods for a table of any int64 key.
+    """
 
     def __init__(self, cfg: TableConfig, index: int, num_shards: int, chunk: int = 1 << 16):
         self.cfg = cfg
+        self.index, self.num_shards = index, num_shards
         n = partition.rows_on_shard(cfg.rows, index, num_shards)
         self.weight = torch.empty(n, cfg.dim)
         for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
@@ -62,29 +67,63 @@ class TableRows:
         self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
 
-    def snapshot(self, rows: torch.Tensor) -> dict:
+    def check_keys(self, keys: torch.Tensor) -> str:
+        """Why ``keys`` do not belong to this slice ('' when they do)."""
+        if not len(keys):
+            return ""
+        lo, hi = int(keys.min()), int(keys.max())
+        if lo < 0 or hi >= self.cfg.rows:
+            return f"key {lo if lo < 0 else hi} out of range for table {self.cfg.name!r} with {self.cfg.rows} rows"
+        S = self.num_shards
+        if S > 1 and bool((partition.shard_of(keys, S) != self.index).any()):
+            return f"keys of another shard sent to shard {self.index} of {S} (the rule is key % {S})"
+        return ""
+
+    def locate(self, keys: torch.Tensor) -> torch.Tensor:
+        """Where ``keys`` (checked) live: their local rows."""
+        return partition.local_rows(keys, self.num_shards)
+
+    def clocks_of(self, local: torch.Tensor) -> torch.Tensor:
+        return self.clocks.index_select(0, local)
+
+    def push(self, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
+        """Apply the optimizer to ``grads`` (which it may overwrite) and add ``counts`` to the
+        clocks; duplicate rows are summed first. All or nothing: a push that would make a value
+        non-finite or a clock pass MAX_CLOCK raises ValueError and changes nothing.
+        Shape: (n,), (n, D), (n,)."""
+        rows, inverse = torch.unique(local, return_inverse=True)
+        before = self._snapshot(rows)
+        self.clocks.index_add_(0, local, counts)
+        self.touched.index_fill_(0, local, True)
+        if self.optimizer.accepts_duplicates:
+            self.optimizer.apply(self.weight, local, grads, step)
+        elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
+            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            self.optimizer.apply(self.weight, rows, grads, step)
+        else:
+            self.optimizer.apply(self.weight, local, grads, step)
+        problem = self._check_rows(rows)
+        if problem:  # refused whole: the rows, clocks and state are as they were
+            self._restore(rows, before)
+            raise ValueError(problem)
+
+    def _snapshot(self, rows: torch.Tensor) -> dict:
         """What a push to ``rows`` (unique) may change: their rows, clocks, marks and state."""
         return {"weight": self.weight.index_select(0, rows), "clocks": self.clocks.index_select(0, rows),
                 "touched": self.touched.index_select(0, rows),
                 **{f"state.{n}": v.index_select(0, rows) for n, v in self.optimizer.state.items()}}
 
-    def restore(self, rows: torch.Tensor, saved: dict) -> None:
+    def _restore(self, rows: torch.Tensor, saved: dict) -> None:
         self.weight.index_copy_(0, rows, saved["weight"])
         self.clocks.index_copy_(0, rows, saved["clocks"])
         self.touched.index_copy_(0, rows, saved["touched"])
         for n, v in self.optimizer.state.items():
             v.index_copy_(0, rows, saved[f"state.{n}"])
 
-    def check_rows(self, rows: torch.Tensor) -> str:
-        """Why ``rows`` are not fit to keep after an update ('' when they are): a value that is
-        not finite (an overflow: huge gradients summed), or a clock past MAX_CLOCK."""
-        for name, values in (("rows", self.weight), *((f"optimizer state {n!r}", v)
-                                                      for n, v in self.optimizer.state.items())):
-            if not checks.all_finite(values.index_select(0, rows)):
-                return f"the update would make {name} non-finite (overflow)"
-        if len(rows) and int(self.clocks.index_select(0, rows).max()) > checks.MAX_CLOCK:
-            return f"a clock would pass {checks.MAX_CLOCK}"
-        return ""
+    def _check_rows(self, rows: torch.Tensor) -> str:
+        state = self.optimizer.state
+        return rows_problem(self.weight.index_select(0, rows), {n: v.index_select(0, rows) for n, v in state.items()},
+                            self.clocks.index_select(0, rows))
 
     def rows_to_send(self, local: torch.Tensor, lazy: bool) -> tuple[list, int]:
         """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
@@ -96,3 +135,53 @@ class TableRows:
         touched = self.touched.index_select(0, local)
         sent = local[touched]
         return [self.weight.index_select(0, sent).numpy(), (~touched).to(torch.uint8).numpy()], len(sent)
+
+    def state_dict(self) -> dict:
+        return {"config": self.cfg.to_dict(), "weight": self.weight, "clocks": self.clocks, "touched": self.touched,
+                "optimizer": self.optimizer.state_dict()}
+
+    def check_state(self, saved: dict, path: str) -> None:
+        """Refuse a save that does not fit this slice (before anything changes)."""
+        name = self.cfg.name
+        if "keys" in saved:
+            raise ValueError(f"{path}: table {name!r} was saved as a dynamic table, this shard's is fixed "
+                             f"({self.cfg.rows} rows)")
+        touched = saved.get("touched", self.touched)
+        if (saved["weight"].shape != self.weight.shape or saved["clocks"].shape != self.clocks.shape
+                or touched.shape != self.touched.shape):
+            raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)} (clocks "
+                             f"{tuple(saved['clocks'].shape)}, touched {tuple(touched.shape)}), expected "
+                             f"{tuple(self.weight.shape)} ({tuple(self.clocks.shape)} each)")
+        check_optimizer_state(self.optimizer, saved["optimizer"], len(self.weight), path, name)
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.weight.copy_(saved["weight"])
+        self.clocks.copy_(saved["clocks"])
+        # a save from before rows were marked touched: count every row as changed
+        self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
+        self.optimizer.load_state_dict(saved["optimizer"])
+
+    def stats(self) -> dict:
+        """Rows held and their bytes (rows, optimizer state, clocks and marks)."""
+        state = sum(v.numel() * v.element_size() for v in self.optimizer.state.values())
+        return {"rows": len(self.weight), "bytes": self.weight.numel() * 4 + state + self.clocks.numel() * 9}
+
+
+def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str:
+    """Why updated rows are not fit to keep ('' when they are): a value that is not finite (an
+    overflow: huge gradients summed), or a clock past MAX_CLOCK."""
+    for name, values in (("rows", weight), *((f"optimizer state {n!r}", v) for n, v in state.items())):
+        if not checks.all_finite(values):
+            return f"the update would make {name} non-finite (overflow)"
+    if len(clocks) and int(clocks.max()) > checks.MAX_CLOCK:
+        return f"a clock would pass {checks.MAX_CLOCK}"
+    return ""
+
+
+def check_optimizer_state(optimizer, saved: dict, rows: int, path: str, table: str) -> None:
+    """Refuse saved optimizer state that is not ``optimizer``'s for ``rows`` rows."""
+    expected = {n: (rows, *v.shape[1:]) for n, v in optimizer.state.items()}
+    got = {n: tuple(v.shape) for n, v in saved.items()}
+    if got != expected:
+        raise ValueError(f"{path}: table {table!r} holds optimizer state {sorted(got)}, this shard's "
+                         f"{optimizer.cfg.name} needs {sorted(expected)} of its shapes")

@@ -91,7 +91,7 @@ def test_huge_gradients_on_duplicated_keys_are_refused_not_applied_as_inf(optimi
                                                       np.ones(20, np.int64)]))
     assert reply.status == ERROR and "non-finite" in reply.meta["error"]
     assert_unchanged(before, state(s))
-    assert bool(torch.isfinite(s.tables["t"].weight).all()) and s.stats["refused_updates"] == 1
+    assert bool(torch.isfinite(s.tables["t"].weight).all()) and s.stats["refused_pushes"] == 1
 
 
 def test_counts_near_2_63_are_refused_and_clocks_never_wrap():

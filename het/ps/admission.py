@@ -1,0 +1,76 @@
+"""Admission to a dynamic table: how many worker-steps pushed each key not yet stored.
+
+A count-min sketch (Cormode and Muthukrishnan) with conservative update: ``depth`` rows of
+saturating uint8 counters, a key counted in one counter per row chosen by a mixing hash, its
+count the least of them. Memory is fixed whatever the number of keys (``depth * width`` bytes,
+4 MiB by default) and reported. A count is never below the truth; collisions can only raise it,
+so a key may be admitted early, never late. With about ``m`` keys in the sketch at once, a key
+seen once reads as seen twice with probability near ``(1 - exp(-m / width)) ** depth``: 2% at
+m = width / 2. Conservative update (raise only the counters that hold the minimum) keeps it
+lower. Counts saturate at 255, the largest ``admit_after``.
+
+This is DeepRec's counter filter with bounded memory: an exact counter per key would grow
+with the number of distinct keys, most of which appear once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from het.ps.partition import mix
+
+DEPTH = 4
+COUNTERS = 1 << 22  # bytes of one table's sketch on one shard
+_SALTS = (0x5851F42D4C957F2D, 0x14057B7EF767814F, 0x2545F4914F6CDD1D, 0x61C8864680B583EB)
+
+
+class SightingSketch:
+    """Saturating counts of int64 keys in bounded memory.
+
+    Example:
+        >>> sketch = SightingSketch(counters=1024)
+        >>> sketch.add(torch.tensor([5, 9]), torch.tensor([1, 2])).tolist()
+        [1, 2]
+        >>> sketch.add(torch.tensor([5]), torch.tensor([1])).tolist(), sketch.nbytes
+        ([2], 1024)
+    """
+
+    def __init__(self, counters: int = COUNTERS, depth: int = DEPTH):
+        if not 1 <= depth <= len(_SALTS) or counters < depth:
+            raise ValueError(f"a sketch takes 1-{len(_SALTS)} rows and at least one counter per row, "
+                             f"got depth {depth} and {counters} counters")
+        self.width = counters // depth
+        self.counts = torch.zeros(depth, self.width, dtype=torch.uint8)
+
+    @property
+    def nbytes(self) -> int:
+        return self.counts.numel()
+
+    def _positions(self, keys: torch.Tensor) -> torch.Tensor:
+        """(depth, n) flat positions of ``keys``' counters in ``counts``."""
+        rows = [torch.remainder(mix(keys ^ salt), self.width) + d * self.width
+                for d, salt in enumerate(_SALTS[:len(self.counts)])]
+        return torch.stack(rows)
+
+    def add(self, keys: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """Count ``counts`` more sightings of ``keys`` (unique); their counts after it.
+        Shape: (n,), (n,) -> (n,) int64."""
+        if not len(keys):
+            return torch.zeros(0, dtype=torch.int64)
+        pos = self._positions(keys)
+        flat = self.counts.view(-1)
+        seen = flat[pos].long()  # (depth, n)
+        after = (seen.min(0).values + counts).clamp_(max=255)  # (n,)
+        raised = torch.maximum(seen, after.expand_as(seen))  # conservative update: none goes past `after`
+        flat.scatter_reduce_(0, pos.flatten(), raised.flatten().to(torch.uint8), "amax")
+        return after
+
+    def state_dict(self) -> dict:
+        return {"counts": self.counts}
+
+    def load_state_dict(self, state: dict) -> None:
+        counts = state["counts"]
+        if counts.shape != self.counts.shape or counts.dtype != torch.uint8:
+            raise ValueError(f"admission sketch: expected uint8 {tuple(self.counts.shape)}, got "
+                             f"{counts.dtype} {tuple(counts.shape)}")
+        self.counts = counts.clone()

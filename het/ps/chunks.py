@@ -1,0 +1,81 @@
+"""Storage that grows in chunks: rows of a fixed width, addressed by slot, never copied to grow.
+
+A dynamic table does not know how many rows it will hold. Doubling one tensor would copy every
+row on each growth (and hold both copies meanwhile) and leave up to half of it unused; here a
+new chunk is added instead, of ``max(first, capacity / 8)`` rows, so at most an eighth of the
+capacity waits unused and a table of ``n`` rows has ``O(log n)`` chunks. Memory is taken
+with ``torch.empty``: pages become resident as rows are written. Reads and writes group the
+slots by chunk (one sort), then one ``index_select`` / ``index_copy_`` per chunk touched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FIRST = 1 << 12
+FRACTION = 8
+
+
+class Chunks:
+    """Slots ``0 .. capacity - 1`` of rows ``(width,)`` of ``dtype``.
+
+    Example:
+        >>> c = Chunks(2, torch.float32, first=4)
+        >>> c.grow_to(10); c.capacity, len(c.parts)
+        (12, 3)
+        >>> c.scatter(torch.tensor([9, 0]), torch.tensor([[1., 2.], [3., 4.]]))
+        >>> c.gather(torch.tensor([0, 9])).tolist()
+        [[3.0, 4.0], [1.0, 2.0]]
+    """
+
+    def __init__(self, width: int, dtype: torch.dtype, first: int = FIRST):
+        self.width, self.dtype, self.first = width, dtype, first
+        self.parts: list[torch.Tensor] = []
+        self.starts = torch.zeros(0, dtype=torch.int64)
+        self.capacity = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self.capacity * self.width * torch.empty(0, dtype=self.dtype).element_size()
+
+    def grow_to(self, rows: int) -> None:
+        """Make room for slots up to ``rows - 1``."""
+        while self.capacity < rows:
+            size = max(self.first, self.capacity // FRACTION)
+            self.parts.append(torch.empty(size, self.width, dtype=self.dtype))
+            self.starts = torch.cat([self.starts, torch.tensor([self.capacity])])
+            self.capacity += size
+
+    def _groups(self, slots: torch.Tensor):
+        """(chunk, positions in ``slots`` or None for all, slots within the chunk) per chunk touched."""
+        if len(self.parts) == 1:
+            yield self.parts[0], None, slots
+            return
+        chunk = torch.searchsorted(self.starts, slots, right=True) - 1
+        order = torch.argsort(chunk)
+        counts = torch.bincount(chunk, minlength=len(self.parts)).tolist()
+        for c, pos in enumerate(torch.split(order, counts)):
+            if len(pos):
+                yield self.parts[c], pos, slots.index_select(0, pos) - int(self.starts[c])
+
+    def gather(self, slots: torch.Tensor) -> torch.Tensor:
+        """Rows at ``slots``. Shape: (n,) -> (n, width)."""
+        out = torch.empty(len(slots), self.width, dtype=self.dtype)
+        if not len(slots):
+            return out
+        for part, pos, local in self._groups(slots):
+            if pos is None:
+                return part.index_select(0, local)
+            out.index_copy_(0, pos, part.index_select(0, local))
+        return out
+
+    def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
+        """Write ``rows`` at ``slots`` (unique). Shape: (n,), (n, width)."""
+        if not len(slots):
+            return
+        for part, pos, local in self._groups(slots):
+            part.index_copy_(0, local, rows if pos is None else rows.index_select(0, pos))
+
+    def column(self, col: int, rows: int) -> torch.Tensor:
+        """Column ``col`` of slots ``0 .. rows - 1``, as one tensor (a copy). Shape: (rows,)."""
+        return torch.cat([p[:, col] for p in self.parts])[:rows] if self.parts else torch.empty(0, dtype=self.dtype)

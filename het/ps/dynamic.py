@@ -1,0 +1,262 @@
+"""A dynamic table's slice on a shard: any int64 key, storage only for the rows pushes changed.
+
+A row no push has changed is its initial value, a pure function of the table's seed and the key
+(:func:`het.ps.table.initial_rows`), which a client builds itself ("lazy rows"): so the shard
+stores nothing for it, and its memory follows the rows training touched, not the id space.
+
+- **Index**: key -> slot (:class:`het.ps.index.KeyIndex`, sorted runs, vectorised).
+- **Storage**: rows, optimizer state and ``(key, clock, last step)`` per slot, in chunks that
+  grow (:class:`het.ps.chunks.Chunks`); freed slots are reused.
+- **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
+  worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.admission.SightingSketch`).
+  Until then reads give its initial row, its gradients are dropped and counted
+  (``refused_updates``) and its clock stays 0, as DeepRec's counter filter. A worker that
+  counted the dropped updates in its copy's clock (``c_s > c_g``) is sent the row again on its
+  next sync (:func:`het.staleness.must_refresh`), so it reads the initial row plus its own
+  unpushed updates.
+- **Expiry** (``expire_after``) and the **budget** (``max_rows``): rows not updated for that
+  many steps (the largest step any push named), or the least recently updated past the budget,
+  are removed and counted (``expired``, ``evicted``): they read as their initial value again,
+  clock 0. A key's sightings stay in the sketch, so a removed key that comes back is admitted
+  at once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+
+from het.config import TableConfig
+from het.ps import optim, partition
+from het.ps.admission import SightingSketch
+from het.ps.chunks import Chunks
+from het.ps.index import KeyIndex
+from het.ps.table import initial_rows, rows_problem
+
+KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
+BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK
+
+
+class DynamicRows:
+    """The same methods as :class:`het.ps.table.TableRows`, for a table of any int64 key. A key
+    is located as the pair ``(key, slot)`` (slot -1: not stored), shape (n, 2).
+
+    Example:
+        >>> from het.config import OptimizerConfig
+        >>> t = DynamicRows(TableConfig("ids", rows=None, dim=2, optimizer=OptimizerConfig("sgd", lr=1.0)), 0, 1)
+        >>> at = t.locate(torch.tensor([-5, 2**62]))
+        >>> t.push(at, torch.ones(2, 2), torch.tensor([1, 1]), step=1)
+        >>> t.clocks_of(t.locate(torch.tensor([2**62, 7]))).tolist(), t.stats()["rows"]
+        ([1, 0], 2)
+    """
+
+    def __init__(self, cfg: TableConfig, index: int, num_shards: int):
+        self.cfg, self.index, self.num_shards = cfg, index, num_shards
+        self.optimizer = optim.make(cfg.optimizer, 0, cfg.dim)  # its rules; the state lives in `state`
+        self.state_names = self.optimizer.state_names
+        self.weight = Chunks(cfg.dim, torch.float32)
+        self.state = Chunks(cfg.dim * len(self.state_names), torch.float32) if self.state_names else None
+        self.meta = Chunks(3, torch.int64)  # key, clock, last step that updated it (-1: a free slot)
+        self.keys = KeyIndex()
+        self.free = torch.empty(0, dtype=torch.int64)
+        self.used = 0  # slots handed out at least once
+        self.sketch = SightingSketch() if cfg.admit_after > 1 else None
+        self.counters = Counter(admitted=0, refused_updates=0, expired=0, evicted=0)
+        self.step = 0  # the largest step a push named
+        self._expiry_checked = 0
+
+    # -- keys -------------------------------------------------------------------------------
+    def check_keys(self, keys: torch.Tensor) -> str:
+        S = self.num_shards
+        if S > 1 and len(keys) and bool((partition.shard_of(keys, S, hashed=True) != self.index).any()):
+            return (f"keys of another shard sent to shard {self.index} of {S} (a dynamic table's rule is "
+                    f"mix(key) % {S})")
+        return ""
+
+    def locate(self, keys: torch.Tensor) -> torch.Tensor:
+        return torch.stack([keys, self.keys.lookup(keys)], 1)
+
+    def clocks_of(self, at: torch.Tensor) -> torch.Tensor:
+        clocks = torch.zeros(len(at), dtype=torch.int64)
+        stored = (at[:, 1] >= 0).nonzero().flatten()
+        if len(stored):
+            clocks[stored] = self.meta.gather(at[stored, 1])[:, CLOCK]
+        return clocks
+
+    def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
+        """As :meth:`TableRows.rows_to_send`: a row not stored is "untouched"."""
+        stored = at[:, 1] >= 0
+        rows = self.weight.gather(at[stored, 1])
+        if lazy:
+            return [rows.numpy(), (~stored).to(torch.uint8).numpy()], len(rows)
+        out = torch.from_numpy(initial_rows(self.cfg, at[:, 0].numpy()))
+        out[stored] = rows
+        return [out.numpy()], len(at)
+
+    # -- pushes -----------------------------------------------------------------------------
+    def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
+        """As :meth:`TableRows.push` (all or nothing), after admission: the gradients of keys not
+        admitted are dropped and counted. Then expiry and the budget run."""
+        keys = at[:, 0]
+        if self.sketch is not None:
+            keys, grads, counts = self._admit(keys, grads, counts)
+        if len(keys):
+            self._apply(keys, grads, counts, step)
+        self.step = max(self.step, int(step))
+        self._expire()
+        self._enforce_budget()
+
+    def _admit(self, keys, grads, counts):
+        """The pushed entries whose keys are stored or admitted now; the others are counted."""
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        new = (self.keys.lookup(unique) < 0).nonzero().flatten()
+        if not len(new):
+            return keys, grads, counts
+        sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
+        refused = new[self.sketch.add(unique[new], sightings[new]) < self.cfg.admit_after]
+        if not len(refused):
+            return keys, grads, counts
+        drop = torch.zeros(len(unique), dtype=torch.bool)
+        drop[refused] = True
+        keep = ~drop[inverse]
+        self.counters["refused_updates"] += int(len(keys) - keep.sum())
+        return keys[keep], grads[keep], counts[keep]
+
+    def _apply(self, keys, grads, counts, step) -> None:
+        unique, inverse = torch.unique(keys, return_inverse=True)
+        slots = self.keys.lookup(unique)
+        new = (slots < 0).nonzero().flatten()
+        weight, state, meta = self._rows_for(unique, slots, new)
+        meta[:, CLOCK].index_add_(0, inverse, counts)
+        if self.optimizer.accepts_duplicates:
+            self.optimizer.apply(weight, inverse, grads, step, state)
+        elif len(unique) != len(keys):  # duplicates summed first, in the order a fixed table sums them
+            grads = torch.zeros(len(unique), grads.shape[1]).index_add_(0, inverse, grads)
+            self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state)
+        else:
+            self.optimizer.apply(weight, inverse, grads, step, state)
+        problem = rows_problem(weight, state, meta[:, CLOCK])
+        if problem:  # nothing was written yet
+            raise ValueError(problem)
+        meta[:, LAST].clamp_(min=int(step))
+        if len(new):
+            slots[new] = self._alloc(len(new))
+            self.keys.insert(unique[new], slots[new])
+            self.counters["admitted"] += len(new)
+        self.weight.scatter(slots, weight)
+        if self.state is not None:
+            self.state.scatter(slots, torch.cat([state[n] for n in self.state_names], 1))
+        self.meta.scatter(slots, meta)
+
+    def _rows_for(self, keys, slots, new):
+        """Copies of the rows, state and meta of ``keys``: stored ones gathered, new ones made."""
+        stored = (slots >= 0).nonzero().flatten()
+        n, dim = len(keys), self.cfg.dim
+        weight = torch.empty(n, dim)
+        packed = torch.empty(n, dim * len(self.state_names))
+        meta = torch.empty(n, 3, dtype=torch.int64)
+        if len(stored):
+            weight[stored] = self.weight.gather(slots[stored])
+            meta[stored] = self.meta.gather(slots[stored])
+            if self.state is not None:
+                packed[stored] = self.state.gather(slots[stored])
+        if len(new):
+            weight[new] = torch.from_numpy(initial_rows(self.cfg, keys[new].numpy()))
+            fresh = self.optimizer.initial_state(len(new), dim)
+            if fresh:
+                packed[new] = torch.cat([fresh[name] for name in self.state_names], 1)
+            meta[new] = torch.stack([keys[new], torch.zeros_like(new), torch.zeros_like(new)], 1)
+        state = {name: packed[:, i * dim:(i + 1) * dim].clone() for i, name in enumerate(self.state_names)}
+        return weight, state, meta
+
+    # -- slots ------------------------------------------------------------------------------
+    def _alloc(self, n: int) -> torch.Tensor:
+        reused = self.free[len(self.free) - min(n, len(self.free)):]
+        self.free = self.free[:len(self.free) - len(reused)]
+        fresh = torch.arange(self.used, self.used + n - len(reused))
+        self.used += len(fresh)
+        for chunks in (self.weight, self.state, self.meta):
+            if chunks is not None:
+                chunks.grow_to(self.used)
+        return torch.cat([reused, fresh])
+
+    def _remove(self, slots: torch.Tensor, counter: str) -> None:
+        """Forget the rows at ``slots``: they read as their initial value again."""
+        meta = self.meta.gather(slots)
+        self.keys.remove(meta[:, KEY])
+        meta[:, LAST] = -1
+        self.meta.scatter(slots, meta)
+        self.free = torch.cat([self.free, slots])
+        self.counters[counter] += len(slots)
+
+    def _last_steps(self) -> torch.Tensor:
+        """Every slot's last update step (-1: free). Shape: (used,)."""
+        return self.meta.column(LAST, self.used)
+
+    def _expire(self) -> None:
+        after = self.cfg.expire_after
+        if after is None or self.step - self._expiry_checked < max(1, after // 8):
+            return
+        self._expiry_checked = self.step
+        last = self._last_steps()
+        old = ((last >= 0) & (last < self.step - after)).nonzero().flatten()
+        if len(old):
+            self._remove(old, "expired")
+
+    def _enforce_budget(self) -> None:
+        budget = self.cfg.max_rows
+        if budget is None or len(self.keys) <= budget:
+            return
+        excess = len(self.keys) - budget + budget // BUDGET_SLACK
+        last = self._last_steps()
+        last[last < 0] = torch.iinfo(torch.int64).max  # free slots are never chosen
+        self._remove(torch.topk(last, excess, largest=False).indices, "evicted")
+
+    # -- state ------------------------------------------------------------------------------
+    def stats(self) -> dict:
+        held = [self.weight, self.state, self.meta]
+        nbytes = sum(c.nbytes for c in held if c is not None) + self.keys.nbytes + 8 * len(self.free)
+        nbytes += self.sketch.nbytes if self.sketch is not None else 0
+        return {"rows": len(self.keys), **self.counters, "bytes": nbytes}
+
+    def state_dict(self) -> dict:
+        keys, slots = self.keys.items()
+        meta = self.meta.gather(slots)
+        packed = self.state.gather(slots) if self.state is not None else None
+        d = self.cfg.dim
+        return {"config": self.cfg.to_dict(), "keys": keys.clone(), "weight": self.weight.gather(slots),
+                "clocks": meta[:, CLOCK].clone(), "last_step": meta[:, LAST].clone(),
+                "optimizer": {n: packed[:, i * d:(i + 1) * d].clone() for i, n in enumerate(self.state_names)},
+                "sketch": self.sketch.state_dict() if self.sketch is not None else None,
+                "counters": dict(self.counters), "step": self.step}
+
+    def check_state(self, saved: dict, path: str) -> None:
+        name = self.cfg.name
+        if "keys" not in saved:
+            raise ValueError(f"{path}: table {name!r} was saved as a fixed table, this shard's is dynamic")
+        n = len(saved["keys"])
+        shapes = {"weight": (n, self.cfg.dim), "clocks": (n,), "last_step": (n,),
+                  **{f"optimizer {k}": (n, self.cfg.dim) for k in self.state_names}}
+        got = {"weight": saved["weight"].shape, "clocks": saved["clocks"].shape, "last_step": saved["last_step"].shape,
+               **{f"optimizer {k}": v.shape for k, v in saved["optimizer"].items()}}
+        if {k: tuple(v) for k, v in got.items()} != shapes:
+            raise ValueError(f"{path}: table {name!r} holds {got}, expected {shapes}")
+        if self.sketch is not None and saved.get("sketch") is not None:
+            if tuple(saved["sketch"]["counts"].shape) != tuple(self.sketch.counts.shape):
+                raise ValueError(f"{path}: table {name!r}'s admission sketch has shape "
+                                 f"{tuple(saved['sketch']['counts'].shape)}, expected {tuple(self.sketch.counts.shape)}")
+
+    def load_state_dict(self, saved: dict) -> None:
+        self.__init__(self.cfg, self.index, self.num_shards)
+        keys = saved["keys"]
+        slots = self._alloc(len(keys))
+        self.keys.insert(keys, slots)
+        self.weight.scatter(slots, saved["weight"])
+        if self.state is not None:
+            self.state.scatter(slots, torch.cat([saved["optimizer"][n] for n in self.state_names], 1))
+        self.meta.scatter(slots, torch.stack([keys, saved["clocks"], saved["last_step"]], 1))
+        if self.sketch is not None and saved.get("sketch") is not None:
+            self.sketch.load_state_dict(saved["sketch"])
+        self.counters.update(saved.get("counters", {}))
+        self.step = self._expiry_checked = int(saved.get("step", 0))

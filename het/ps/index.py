@@ -1,0 +1,96 @@
+"""A dynamic table's index: int64 key -> storage slot, on whole tensors of keys.
+
+Two sorted runs, as a log-structured merge with two levels: a large ``main`` run and a small
+``recent`` run that takes the inserts. A lookup is a binary search in each (``torch.searchsorted``,
+one call per run for the whole batch); an insert sorts the small run again; when it has grown
+past a fraction of the large one the two are merged (one sort of every key), so an insert costs
+amortised ``O(log n)`` and there is no per-key Python anywhere. A removed key keeps its place in
+its run with slot -1 (a tombstone) until the next merge drops it.
+
+Memory: 16 bytes per key (key and slot, int64), plus the tombstones not yet merged away.
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_RECENT = 1 << 14  # the recent run merges into main past max(MIN_RECENT, len(main) >> RECENT_SHIFT)
+RECENT_SHIFT = 4
+
+
+class KeyIndex:
+    """int64 keys -> int64 slots (>= 0).
+
+    Example:
+        >>> index = KeyIndex()
+        >>> index.insert(torch.tensor([7, -3, 2**62]), torch.tensor([0, 1, 2]))
+        >>> index.lookup(torch.tensor([-3, 5, 2**62])).tolist()
+        [1, -1, 2]
+        >>> index.remove(torch.tensor([-3]))
+        >>> index.lookup(torch.tensor([-3, 7])).tolist(), len(index)
+        ([-1, 0], 2)
+    """
+
+    def __init__(self):
+        empty = torch.empty(0, dtype=torch.int64)
+        self.main_keys, self.main_slots = empty, empty
+        self.recent_keys, self.recent_slots = empty, empty
+        self.live = 0
+
+    def __len__(self) -> int:
+        return self.live
+
+    @property
+    def nbytes(self) -> int:
+        return 8 * (len(self.main_keys) + len(self.main_slots) + len(self.recent_keys) + len(self.recent_slots))
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        """The slot of each key, -1 where the index holds none. Shape: (n,) -> (n,)."""
+        slots = _find(self.main_keys, self.main_slots, keys)
+        if len(self.recent_keys):
+            missing = (slots < 0).nonzero().flatten()
+            if len(missing):
+                slots[missing] = _find(self.recent_keys, self.recent_slots, keys[missing])
+        return slots
+
+    def insert(self, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Add ``keys`` (unique, none of them held) at ``slots``."""
+        if not len(keys):
+            return
+        held = self.recent_slots >= 0  # the recent run's tombstones go now: a key is in a run once
+        k, order = torch.sort(torch.cat([self.recent_keys[held], keys]))
+        self.recent_keys, self.recent_slots = k, torch.cat([self.recent_slots[held], slots])[order]
+        self.live += len(keys)
+        if len(self.recent_keys) > max(MIN_RECENT, len(self.main_keys) >> RECENT_SHIFT):
+            self._merge()
+
+    def remove(self, keys: torch.Tensor) -> None:
+        """Forget ``keys`` (unique, all held)."""
+        for run_keys, run_slots in ((self.main_keys, self.main_slots), (self.recent_keys, self.recent_slots)):
+            if not len(run_keys):
+                continue
+            pos = torch.searchsorted(run_keys, keys).clamp_(max=len(run_keys) - 1)
+            hit = (run_keys[pos] == keys) & (run_slots[pos] >= 0)
+            run_slots[pos[hit]] = -1
+        self.live -= len(keys)
+
+    def items(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every live (key, slot), sorted by key."""
+        self._merge()
+        return self.main_keys, self.main_slots
+
+    def _merge(self) -> None:
+        keys = torch.cat([self.main_keys, self.recent_keys])
+        slots = torch.cat([self.main_slots, self.recent_slots])
+        live = slots >= 0
+        keys, order = torch.sort(keys[live])
+        self.main_keys, self.main_slots = keys, slots[live][order]
+        self.recent_keys = self.recent_slots = torch.empty(0, dtype=torch.int64)
+
+
+def _find(run_keys: torch.Tensor, run_slots: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Slots of ``keys`` in one sorted run (-1: not there, or a tombstone)."""
+    if not len(run_keys):
+        return torch.full_like(keys, -1)
+    pos = torch.searchsorted(run_keys, keys).clamp_(max=len(run_keys) - 1)
+    return torch.where(run_keys[pos] == keys, run_slots[pos], -1)

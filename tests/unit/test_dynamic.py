@@ -1,0 +1,228 @@
+"""Dynamic tables on a shard: any int64 key, storage for pushed rows only, admission, expiry and
+the row budget, against a fixed table and plain dictionaries."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.chunks import Chunks
+from het.ps.index import KeyIndex
+from het.ps.protocol import Message, Op
+from het.ps.shard import Shard
+from het.ps.table import initial_rows
+
+OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1, initial_accumulator=0.1),
+              OptimizerConfig("adam", lr=0.01)]
+INT64 = torch.iinfo(torch.int64)
+
+
+def shard(rows, dim=4, optimizer=OPTIMIZERS[0], **dynamic):
+    return Shard(ShardConfig((TableConfig("t", rows=rows, dim=dim, optimizer=optimizer, **dynamic),)))
+
+
+def push(s, keys, grads, counts=None, step=1):
+    keys = np.asarray(keys, dtype=np.int64)
+    counts = np.ones(len(keys), np.int64) if counts is None else np.asarray(counts, np.int64)
+    reply = s.handle(Message(Op.PUSH, 1, {"table": "t", "step": step}, [keys, grads.astype(np.float32), counts]))
+    assert "error" not in reply.meta, reply.meta
+    return reply
+
+
+def pull(s, keys, lazy=False):
+    reply = s.handle(Message(Op.PULL, 2, {"table": "t", "lazy": lazy}, [np.asarray(keys, dtype=np.int64)]))
+    assert "error" not in reply.meta, reply.meta
+    return reply.arrays
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_a_dynamic_table_with_admit_after_1_is_bit_for_bit_a_fixed_one(opt):
+    """The same pushes (duplicates, zero counts, many steps) on a fixed and a dynamic table:
+    the same rows, clocks and replies, bit for bit."""
+    rng = np.random.default_rng(0)
+    fixed, dynamic = shard(500, optimizer=opt), shard(None, optimizer=opt)
+    for step in range(1, 40):
+        keys = rng.integers(0, 500, size=rng.integers(1, 60))
+        grads = rng.normal(size=(len(keys), 4))
+        counts = rng.integers(0, 3, size=len(keys))
+        for s in (fixed, dynamic):
+            push(s, keys, grads, counts, step)
+        probe = rng.integers(0, 500, size=50)
+        a, b = pull(fixed, probe), pull(dynamic, probe)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        la, lb = pull(fixed, probe, lazy=True), pull(dynamic, probe, lazy=True)
+        assert all(np.array_equal(x, y) for x, y in zip(la, lb))
+    assert dynamic.stats_dict()["tables"]["t"]["rows"] == int(fixed.tables["t"].touched.sum())
+
+
+def test_any_int64_key_is_a_key_and_untouched_rows_are_not_stored():
+    s = shard(None)
+    keys = np.array([INT64.min, -1, 0, -(2 ** 63) + 1, INT64.max, 2 ** 40], dtype=np.int64)
+    rows, clocks = pull(s, keys)
+    assert np.array_equal(rows, initial_rows(s.cfg.tables[0], keys)) and not clocks.any()
+    assert s.stats_dict()["tables"]["t"]["rows"] == 0
+    push(s, keys[:2], np.ones((2, 4)))
+    rows, clocks = pull(s, keys)
+    assert clocks.tolist() == [1, 1, 0, 0, 0, 0]
+    assert np.allclose(rows[:2], initial_rows(s.cfg.tables[0], keys[:2]) - 0.5)
+    assert s.stats_dict()["tables"]["t"]["rows"] == 2
+
+
+def test_keys_of_another_shard_are_refused_by_the_hashed_rule():
+    s = Shard(ShardConfig((TableConfig("t", rows=None, dim=2),), index=0, num_shards=2))
+    from het.ps.partition import shard_of
+
+    keys = torch.arange(100)
+    theirs = keys[shard_of(keys, 2, hashed=True) == 1][:1].numpy()
+    reply = s.handle(Message(Op.PULL, 1, {"table": "t"}, [theirs]))
+    assert "mix(key) % 2" in reply.meta["error"]
+
+
+def test_admission_drops_the_gradients_of_keys_seen_in_fewer_steps():
+    s = shard(None, admit_after=3)
+    t = s.tables["t"]
+    start = initial_rows(s.cfg.tables[0], np.array([5]))
+    push(s, [5], np.ones((1, 4)), step=1)
+    push(s, [5], np.ones((1, 4)), step=2)
+    rows, clocks = pull(s, [5])
+    assert np.array_equal(rows, start) and clocks.tolist() == [0]  # dropped: reads give the initial row
+    assert t.stats()["refused_updates"] == 2 and t.stats()["rows"] == 0
+    push(s, [5], np.ones((1, 4)), step=3)  # the third step's push admits it, and is applied
+    rows, clocks = pull(s, [5])
+    assert np.allclose(rows, start - 0.5) and clocks.tolist() == [1]
+    assert t.stats()["admitted"] == 1
+    push(s, [9], np.ones((1, 4)), counts=[3])  # one push carrying three worker-steps is three sightings
+    assert t.stats()["rows"] == 2
+
+
+def test_the_admission_sketch_never_undercounts():
+    s = shard(None, admit_after=4)
+    rng = np.random.default_rng(1)
+    truth = {}
+    for step in range(30):
+        keys = np.unique(rng.integers(-10 ** 12, 10 ** 12, size=200) // 10 ** 9)
+        push(s, keys, np.zeros((len(keys), 4)), step=step + 1)
+        for k in keys.tolist():
+            truth[k] = truth.get(k, 0) + 1
+    stored = set(s.tables["t"].keys.items()[0].tolist())
+    assert {k for k, n in truth.items() if n >= 4} <= stored  # never late
+
+
+def test_rows_not_updated_for_expire_after_steps_return_to_their_initial_value():
+    s = shard(None, expire_after=10)
+    push(s, [1, 2], np.ones((2, 4)), step=1)
+    for step in range(2, 25):
+        push(s, [2], np.ones((1, 4)), step=step)
+    rows, clocks = pull(s, [1, 2])
+    assert np.array_equal(rows[0], initial_rows(s.cfg.tables[0], np.array([1]))[0]) and clocks.tolist() == [0, 24]
+    stats = s.tables["t"].stats()
+    assert stats["expired"] == 1 and stats["rows"] == 1
+
+
+def test_the_row_budget_evicts_the_least_recently_updated_and_reuses_their_slots():
+    s = shard(None, max_rows=64)
+    for step in range(1, 11):
+        push(s, np.arange(step * 100, step * 100 + 20), np.ones((20, 4)), step=step)
+    t = s.tables["t"]
+    stats = t.stats()
+    assert stats["rows"] <= 64 and stats["evicted"] == 200 - stats["rows"]
+    held = set(t.keys.items()[0].tolist())
+    assert set(range(1000, 1020)) <= held and not held & set(range(100, 120))  # the newest stay
+    assert t.used <= 64 + 20  # freed slots were reused
+
+
+def test_a_refused_push_stores_no_new_key():
+    s = shard(None, optimizer=OPTIMIZERS[1])
+    push(s, [1], np.ones((1, 4)))
+    bad = np.full((2, 4), 3e38, np.float32)
+    reply = s.handle(Message(Op.PUSH, 1, {"table": "t"}, [np.array([1, 2]), bad, np.ones(2, np.int64)]))
+    assert "non-finite" in reply.meta["error"]
+    assert s.tables["t"].stats()["rows"] == 1 and pull(s, [2])[1].tolist() == [0]
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_save_and_load_carry_keys_rows_state_and_admission_counts(tmp_path, opt):
+    s = Shard(ShardConfig((TableConfig("t", rows=None, dim=4, optimizer=opt, admit_after=2),)),
+              state_dir=str(tmp_path))
+    rng = np.random.default_rng(2)
+    for step in range(1, 20):
+        keys = rng.integers(-50, 50, size=30)
+        push(s, keys, rng.normal(size=(30, 4)), step=step)
+    s.save(str(tmp_path / "a.pt"))
+    probe = np.arange(-60, 60)
+    before = pull(s, probe)
+    other = Shard(ShardConfig((TableConfig("t", rows=None, dim=4, optimizer=opt, admit_after=2),)))
+    other.load(str(tmp_path / "a.pt"))
+    assert all(np.array_equal(x, y) for x, y in zip(before, pull(other, probe)))
+    assert other.tables["t"].stats() == s.tables["t"].stats()
+    for x in (s, other):  # the same future: rows, state, sketch and step came back
+        push(x, [70, 71, 3], np.ones((3, 4)), step=20)
+    assert all(np.array_equal(x, y) for x, y in zip(pull(s, probe), pull(other, probe)))
+
+
+def test_a_fixed_save_is_refused_by_a_dynamic_shard(tmp_path):
+    fixed = shard(10)
+    fixed.save(str(tmp_path / "f.pt"))
+    with pytest.raises(ValueError, match="saved as a fixed table"):
+        shard(None).load(str(tmp_path / "f.pt"))
+
+
+def test_the_write_ahead_log_replays_a_dynamic_table(tmp_path):
+    cfg = ShardConfig((TableConfig("t", rows=None, dim=4, admit_after=2, expire_after=5),))
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    rng = np.random.default_rng(3)
+    for step in range(1, 30):
+        keys = rng.integers(0, 40, size=10) * 2 ** 50
+        push(s, keys, rng.normal(size=(10, 4)), step=step)
+    probe = np.arange(0, 40) * 2 ** 50
+    before = pull(s, probe)
+    s.close()
+    again = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert all(np.array_equal(x, y) for x, y in zip(before, pull(again, probe)))
+    assert again.tables["t"].stats() == s.tables["t"].stats()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["insert", "remove", "lookup"]),
+                          st.lists(st.integers(INT64.min, INT64.max) | st.integers(-5, 5), max_size=30)),
+                max_size=40))
+def test_the_key_index_is_a_dictionary(ops):
+    index, truth, slot = KeyIndex(), {}, 0
+    import het.ps.index as module
+
+    old = module.MIN_RECENT
+    module.MIN_RECENT = 4  # merge often
+    try:
+        for op, keys in ops:
+            keys = list(dict.fromkeys(keys))
+            if op == "insert":
+                new = [k for k in keys if k not in truth]
+                index.insert(torch.tensor(new, dtype=torch.int64), torch.arange(slot, slot + len(new)))
+                truth.update({k: slot + i for i, k in enumerate(new)})
+                slot += len(new)
+            elif op == "remove":
+                held = [k for k in keys if k in truth]
+                index.remove(torch.tensor(held, dtype=torch.int64))
+                for k in held:
+                    del truth[k]
+            got = index.lookup(torch.tensor(keys, dtype=torch.int64)).tolist()
+            assert got == [truth.get(k, -1) for k in keys]
+            assert len(index) == len(truth)
+    finally:
+        module.MIN_RECENT = old
+    keys, slots = index.items()
+    assert dict(zip(keys.tolist(), slots.tolist())) == truth
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=200, unique=True), st.integers(1, 64))
+def test_chunks_are_one_array(slots, first):
+    chunks, truth = Chunks(3, torch.float32, first=first), torch.zeros(3001, 3)
+    chunks.grow_to(3001)
+    assert chunks.capacity >= 3001 and max(p.shape[0] for p in chunks.parts) <= max(first, chunks.capacity // 8 + 1)
+    slots = torch.tensor(slots)
+    rows = torch.randn(len(slots), 3)
+    chunks.scatter(slots, rows)
+    truth[slots] = rows
+    assert torch.equal(chunks.gather(slots), truth[slots])
