@@ -17,7 +17,14 @@ def add_parser(sub) -> None:
     s.add_argument("--secret-file", metavar="PATH", help="file holding the shared secret that every request "
                    "must be signed with (default: the environment variable HET_SECRET, if set)")
     s.add_argument("--table", action="append", type=_table, default=[], metavar="NAME:ROWS:DIM",
-                   help="a table to hold (repeat for several)")
+                   help="a table to hold (repeat for several); ROWS 'dynamic': any int64 key, only the rows "
+                   "pushes changed are stored")
+    s.add_argument("--admit-after", type=int, default=1, help="dynamic tables: store a key once pushes touched it "
+                   "in N worker-steps (default 1)")
+    s.add_argument("--expire-after", type=int, default=None, help="dynamic tables: remove rows not updated for "
+                   "N steps (default: never)")
+    s.add_argument("--max-rows", type=int, default=None, help="dynamic tables: rows this shard stores at most; "
+                   "the least recently updated go first (default: no budget)")
     s.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS, help="the tables' optimizer (default sgd)")
     s.add_argument("--lr", type=float, default=0.01, help="the tables' learning rate (default 0.01)")
     s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
@@ -57,7 +64,9 @@ def cmd_serve(args) -> None:
         if not args.table:
             raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
-        tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed) for n, r, d in args.table)
+        dynamic = {"admit_after": args.admit_after, "expire_after": args.expire_after, "max_rows": args.max_rows}
+        tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed, **(dynamic if r is None else {}))
+                       for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
@@ -65,8 +74,9 @@ def cmd_serve(args) -> None:
                    args.encrypt)
 
 
-def _table(text: str) -> tuple[str, int, int]:
+def _table(text: str) -> tuple[str, int | None, int]:
     parts = text.split(":")
-    if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-        raise argparse.ArgumentTypeError(f"expected NAME:ROWS:DIM, e.g. user:1000000:128, got {text!r}")
-    return parts[0], int(parts[1]), int(parts[2])
+    if len(parts) != 3 or not (parts[1].isdigit() or parts[1] == "dynamic") or not parts[2].isdigit():
+        raise argparse.ArgumentTypeError(f"expected NAME:ROWS:DIM or NAME:dynamic:DIM, e.g. user:1000000:128, "
+                                         f"got {text!r}")
+    return parts[0], None if parts[1] == "dynamic" else int(parts[1]), int(parts[2])

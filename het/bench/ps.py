@@ -18,6 +18,7 @@ import zmq
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
+from het.ps.partition import mix
 from het.ps.server import ServerProcess
 
 
@@ -75,18 +76,47 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = 
 
 
 def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
-        optimizer: str = "sgd", curve: bool = False) -> dict:
+        optimizer: str = "sgd", curve: bool = False, dynamic: bool = False) -> dict:
     """Pull + push ``batch`` random rows of ``dim`` floats through one shard process; with
     ``curve``, also raw ZeroMQ of the same sizes under CURVE (``zmq_curve_bytes_per_s``, and
-    ``curve_fraction`` of the plain figure: what encrypting every frame would cost)."""
-    table = TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.01))
+    ``curve_fraction`` of the plain figure: what encrypting every frame would cost). With
+    ``dynamic``, the same steps through a dynamic table whose keys are the same ids spread over
+    the whole int64 range (``dynamic_rows_per_s``, ``dynamic_fraction`` of the fixed figure).
+    Both tables first take one push of every row, so every pull reads stored rows."""
+    opt = OptimizerConfig(optimizer, lr=0.01)
     rng = torch.Generator().manual_seed(0)
+    batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(64)]
+    fixed = _measure(TableConfig("bench", rows=rows, dim=dim, optimizer=opt), batches, rows, seconds)
+    # same sizes as a push request (keys, grads, counts) and a pull reply (rows, clocks)
+    raw = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
+    out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
+    out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
+    if dynamic:
+        spread = [mix(b) for b in batches]  # the same ids, as raw 64-bit keys
+        d = _measure(TableConfig("bench", rows=None, dim=dim, optimizer=opt), spread, rows, seconds,
+                     ids=lambda k: mix(k))
+        out.update({f"dynamic_{k}": v for k, v in d.items()})
+        out["dynamic_fraction"] = d["rows_per_s"] / fixed["rows_per_s"]
+    if curve:
+        secure = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
+                         seconds=seconds, curve=True)
+        out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
+        out["curve_fraction"] = secure["zmq_bytes_per_s"] / out["zmq_bytes_per_s"]
+    return out
+
+
+def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=lambda k: k) -> dict:
+    """Steps of one pull and one push of a batch of ``batches`` on a shard process holding
+    ``table``, after one push of every row (``ids``: the keys of rows ``0 .. rows - 1``)."""
+    batch, dim = len(batches[0]), table.dim
     with ServerProcess(ShardConfig((table,))) as server:
         client = PSClient.connect([server.address])
         try:
             grads = torch.full((batch, dim), 1e-3)
             counts = torch.ones(batch, dtype=torch.int64)
-            batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(64)]
+            for lo in range(0, rows, batch):  # every row stored before the clock starts
+                keys = ids(torch.arange(lo, min(rows, lo + batch)))
+                client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
             steps, t0 = 0, time.perf_counter()
             sent0, recv0 = client.bytes["sent"], client.bytes["received"]
             pull = client.pull("bench", batches[0])
@@ -101,19 +131,12 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
             client.wait(pull)
             elapsed = time.perf_counter() - t0
             moved = client.bytes["sent"] - sent0 + client.bytes["received"] - recv0
+            shard = client.stats()[0]
         finally:
             client.close()
-    # same sizes as a push request (keys, grads, counts) and a pull reply (rows, clocks)
-    raw = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
-    out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, "steps": steps,
-           "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed, **raw}
-    out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
-    if curve:
-        secure = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
-                         seconds=seconds, curve=True)
-        out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
-        out["curve_fraction"] = secure["zmq_bytes_per_s"] / out["zmq_bytes_per_s"]
-    return out
+    return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed,
+            "busy_s_per_step": shard["busy_s"] / max(1, shard.get("requests_push", 1) + shard.get("requests_pull", 0)),
+            "shard_bytes": shard["tables"]["bench"]["bytes"]}
 
 
 def add_parser(bsub) -> None:
@@ -125,6 +148,7 @@ def add_parser(bsub) -> None:
     q.add_argument("--seconds", type=float, default=5.0)
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--curve", action="store_true", help="also raw ZeroMQ under CURVE encryption (its cost)")
+    q.add_argument("--dynamic", action="store_true", help="also a dynamic table on the same ids as raw int64 keys")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_main)
 
@@ -133,11 +157,14 @@ def _main(args) -> None:
     import json
 
     torch.set_num_threads(args.threads)
-    result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds, curve=args.curve)
+    result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds, curve=args.curve,
+                 dynamic=args.dynamic)
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
         print(f"{result['rows_per_s']:,.0f} rows/s, {result['bytes_per_s'] / 1e6:,.0f} MB/s through the PS; "
               f"raw ZeroMQ {result['zmq_bytes_per_s'] / 1e6:,.0f} MB/s ({result['ps_fraction']:.0%})"
               + (f"; under CURVE {result['zmq_curve_bytes_per_s'] / 1e6:,.0f} MB/s ({result['curve_fraction']:.0%} "
-                 f"of plain)" if args.curve else ""))
+                 f"of plain)" if args.curve else "")
+              + (f"; dynamic table {result['dynamic_rows_per_s']:,.0f} rows/s ({result['dynamic_fraction']:.0%} of "
+                 f"fixed)" if args.dynamic else ""))

@@ -1,7 +1,7 @@
 """Resharding a saved PS: the shard files of ``S`` shards -> those of ``S'`` shards.
 
-Keys are spread by ``key % S`` (:mod:`het.ps.partition`), so a PS saved with one number of
-shards cannot be loaded by another. :func:`reshard` moves every row with its clock, its
+Keys are spread by ``key % S`` (``mix(key) % S`` for a dynamic table, :mod:`het.ps.partition`),
+so a PS saved with one number of shards cannot be loaded by another. :func:`reshard` moves every row with its clock, its
 ``touched`` mark and its optimizer state to the shard and local row it has under ``S'``. It
 works one new shard at a time, with the old files memory-mapped, so it needs about one new
 shard's worth of memory, not the whole table's.
@@ -95,6 +95,8 @@ def _table_slice(name: str, old: list[dict], index: int, num_shards: int) -> dic
     """Table ``name``'s rows of new shard ``index`` of ``num_shards``, gathered from ``old``."""
     tables = [s["tables"][name] for s in old]
     rows = tables[0]["config"]["rows"]
+    if rows is None:
+        return _dynamic_slice(tables, index, num_shards)
     keys = partition.global_keys(torch.arange(partition.rows_on_shard(rows, index, num_shards)), index, num_shards)
     src_shard, src_row = partition.shard_of(keys, len(old)), partition.local_rows(keys, len(old))
     where = [(src_shard == i).nonzero().flatten() for i in range(len(old))]
@@ -111,6 +113,27 @@ def _table_slice(name: str, old: list[dict], index: int, num_shards: int) -> dic
            "optimizer": {k: gather(lambda t, k=k: t["optimizer"][k]) for k in tables[0]["optimizer"]}}
     if all("touched" in t for t in tables):
         out["touched"] = gather(lambda t: t["touched"])
+    return out
+
+
+def _dynamic_slice(tables: list[dict], index: int, num_shards: int) -> dict:
+    """A dynamic table's stored rows whose keys ``mix(key) % num_shards`` puts on ``index``.
+    Its admission sketch is the saturating sum of the old ones (a key's count stays an upper
+    bound); the counters of the past go to new shard 0."""
+    mine = [(partition.shard_of(t["keys"], num_shards, hashed=True) == index).nonzero().flatten() for t in tables]
+
+    def cat(get) -> torch.Tensor:
+        return torch.cat([get(t).index_select(0, pos) for t, pos in zip(tables, mine)])
+
+    out = {"config": tables[0]["config"], "keys": cat(lambda t: t["keys"]), "weight": cat(lambda t: t["weight"]),
+           "clocks": cat(lambda t: t["clocks"]), "last_step": cat(lambda t: t["last_step"]),
+           "optimizer": {k: cat(lambda t, k=k: t["optimizer"][k]) for k in tables[0]["optimizer"]},
+           "step": max(int(t.get("step", 0)) for t in tables), "sketch": None,
+           "counters": {k: sum(t["counters"].get(k, 0) for t in tables) if index == 0 else 0
+                        for k in tables[0].get("counters", {})}}
+    if tables[0].get("sketch") is not None:
+        counts = sum(t["sketch"]["counts"].to(torch.int32) for t in tables)
+        out["sketch"] = {"counts": counts.clamp_(max=255).to(torch.uint8)}
     return out
 
 

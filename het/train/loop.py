@@ -193,6 +193,25 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
     }
 
 
+PS_COUNTERS = ("rows", "admitted", "refused_updates", "expired", "evicted", "bytes")
+
+
+def ps_summary(shard_stats: list[dict]) -> dict:
+    """What the shards hold, over every shard and table: stored rows, keys admitted, gradient rows
+    dropped before admission, rows expired and evicted, their bytes (rows, optimizer state, index,
+    counters), and the shards' peak RSS summed (``peak_rss_bytes``) and at most (``max_rss_bytes``).
+
+    Example:
+        >>> ps_summary([{"tables": {"t": {"rows": 3, "bytes": 96}}, "peak_rss_bytes": 10},
+        ...             {"tables": {"t": {"rows": 2, "bytes": 64, "evicted": 1}}, "peak_rss_bytes": 12}])
+        {'rows': 5, 'admitted': 0, 'refused_updates': 0, 'expired': 0, 'evicted': 1, 'bytes': 160, 'peak_rss_bytes': 22, 'max_rss_bytes': 12}
+    """
+    tables = [t for s in shard_stats for t in s.get("tables", {}).values()]
+    out = {k: sum(int(t.get(k, 0)) for t in tables) for k in PS_COUNTERS}
+    rss = [int(s.get("peak_rss_bytes", 0)) for s in shard_stats]
+    return {**out, "peak_rss_bytes": sum(rss), "max_rss_bytes": max(rss, default=0)}
+
+
 def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = None, progress: bool = True,
                timeout_s: float = 60.0) -> dict | None:
     """Train as one rank (rank and world from torchrun's environment variables); rank 0
@@ -225,6 +244,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             metrics = selector.pick(metrics, cfg.steps)
             summary = summarise(cfg, world, client.num_shards, cfg.steps - start, run["wall_s"], per_rank, metrics,
                                 worker.task.num_ids)
+            summary["ps"] = ps_summary(client.stats())  # every rank flushed before the gather above
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)

@@ -226,3 +226,37 @@ def test_chunks_are_one_array(slots, first):
     chunks.scatter(slots, rows)
     truth[slots] = rows
     assert torch.equal(chunks.gather(slots), truth[slots])
+
+
+def test_reshard_moves_a_dynamic_table_with_its_state(tmp_path):
+    from het.ps.reshard import reshard
+    from het.ps.partition import shard_of
+
+    table = TableConfig("t", rows=None, dim=4, optimizer=OPTIMIZERS[1], admit_after=2)
+    old = [Shard(ShardConfig((table,), index=i, num_shards=2)) for i in range(2)]
+    rng = np.random.default_rng(4)
+    for step in range(1, 15):
+        keys = torch.from_numpy(rng.integers(-10 ** 15, 10 ** 15, size=40) // 10 ** 13)
+        grads = rng.normal(size=(40, 4))
+        for i, s in enumerate(old):
+            mine = (shard_of(keys, 2, hashed=True) == i).numpy()
+            push(s, keys.numpy()[mine], grads[mine], step=step)
+    for i, s in enumerate(old):
+        s.save(str(tmp_path / "src" / f"shard-{i}.pt"))
+    reshard(str(tmp_path / "src"), str(tmp_path / "dst"), 3)
+    new = [Shard(ShardConfig((table,), index=j, num_shards=3)) for j in range(3)]
+    for j, s in enumerate(new):
+        s.load(str(tmp_path / "dst" / f"shard-{j}.pt"))
+    probe = torch.arange(-120, 120)
+    for shards, S in ((old, 2), (new, 3)):
+        where = shard_of(probe, S, hashed=True)
+        got = [pull(shards[i], probe[where == i].numpy()) for i in range(S)]
+        rows = torch.empty(len(probe), 4)
+        clocks = torch.empty(len(probe), dtype=torch.int64)
+        for i in range(S):
+            rows[where == i] = torch.from_numpy(got[i][0])
+            clocks[where == i] = torch.from_numpy(got[i][1])
+        if S == 2:
+            want = (rows, clocks)
+    assert torch.equal(rows, want[0]) and torch.equal(clocks, want[1])
+    assert sum(s.tables["t"].stats()["rows"] for s in new) == sum(s.tables["t"].stats()["rows"] for s in old)
