@@ -327,11 +327,12 @@ class Shard:
         return int(state.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:
-        """Counters, and per table its stored rows and bytes (``tables``); the process's peak
-        resident memory (``peak_rss_bytes``)."""
+        """Counters, and per table its stored rows and bytes (``tables``); the process's
+        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``)."""
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
                     uptime_s=time.time() - self.started, index=self.cfg.index,
-                    tables={name: t.stats() for name, t in self.tables.items()}, peak_rss_bytes=_peak_rss())
+                    tables={name: t.stats() for name, t in self.tables.items()}, rss_bytes=_rss(),
+                    peak_rss_bytes=_peak_rss())
 
     # -- checks -----------------------------------------------------------------------------
     def _rows_of(self, table, keys):
@@ -371,6 +372,15 @@ class Shard:
             raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
+
+
+def _rss() -> int:
+    """This process's resident set size now, in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def _peak_rss() -> int:
