@@ -178,12 +178,17 @@ def make_task(cfg: TrainConfig):
 def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     """The PS tables a job needs: the embedding table, and the dense one in mode ``ps``. The
     embedding table is dynamic (any int64 key) when the task's keys are hashed ids
-    (``task.num_rows is None``); admission, expiry and the row budget apply to it."""
+    (``task.num_rows is None``), or when admission, expiry or a row budget is asked for: they
+    apply only to dynamic tables."""
     task = task or make_task(cfg)
-    dynamic = {} if task.num_rows is not None else {
-        "admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
-    tables = [TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
-                          optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed, **dynamic)]
+    dynamic = {"admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
+    if task.num_rows is not None and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None}:
+        table = TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
+                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)
+    else:  # hashed ids, or label-encoded ones under admission, expiry or a budget
+        table = TableConfig(EMBEDDING_TABLE, rows=None, dim=cfg.dim,
+                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed, **dynamic)
+    tables = [table]
     if cfg.mode == "ps":
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
     return tables
