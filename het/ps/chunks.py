@@ -1,19 +1,20 @@
 """Storage that grows in chunks: rows of a fixed width, addressed by slot, never copied to grow.
 
 A dynamic table does not know how many rows it will hold. Doubling one tensor would copy every
-row on each growth (and hold both copies meanwhile) and leave up to half of it unused; here a
-new chunk is added instead, of ``max(first, capacity / 8)`` rows, so at most an eighth of the
-capacity waits unused and a table of ``n`` rows has ``O(log n)`` chunks. Memory is taken
-with ``torch.empty``: pages become resident as rows are written. Reads and writes group the
-slots by chunk (one sort), then one ``index_select`` / ``index_copy_`` per chunk touched.
+row on each growth and hold both copies meanwhile; here a new chunk is added instead, as large
+as everything before it (``first`` rows at least), so a table of ``n`` rows has about
+``log2(n / first)`` chunks and nothing is ever copied. A chunk is taken with ``torch.empty``,
+which touches no page: its pages become resident as slots are written, and slots are handed out
+from the lowest (:class:`het.ps.dynamic.DynamicRows`), so resident memory follows the slots in
+use, not the capacity reserved (``nbytes`` counts the slots in use). Reads and writes group the
+slots by chunk, then one ``index_select`` / ``index_copy_`` per chunk touched.
 """
 
 from __future__ import annotations
 
 import torch
 
-FIRST = 1 << 12
-FRACTION = 8
+FIRST = 1 << 18
 
 
 class Chunks:
@@ -22,7 +23,7 @@ class Chunks:
     Example:
         >>> c = Chunks(2, torch.float32, first=4)
         >>> c.grow_to(10); c.capacity, len(c.parts)
-        (12, 3)
+        (16, 3)
         >>> c.scatter(torch.tensor([9, 0]), torch.tensor([[1., 2.], [3., 4.]]))
         >>> c.gather(torch.tensor([0, 9])).tolist()
         [[3.0, 4.0], [1.0, 2.0]]
@@ -34,14 +35,14 @@ class Chunks:
         self.starts = torch.zeros(0, dtype=torch.int64)
         self.capacity = 0
 
-    @property
-    def nbytes(self) -> int:
-        return self.capacity * self.width * torch.empty(0, dtype=self.dtype).element_size()
+    def nbytes(self, used: int) -> int:
+        """Bytes of slots ``0 .. used - 1`` (the reserve past them is not resident)."""
+        return used * self.width * torch.empty(0, dtype=self.dtype).element_size()
 
     def grow_to(self, rows: int) -> None:
         """Make room for slots up to ``rows - 1``."""
         while self.capacity < rows:
-            size = max(self.first, self.capacity // FRACTION)
+            size = max(self.first, self.capacity)
             self.parts.append(torch.empty(size, self.width, dtype=self.dtype))
             self.starts = torch.cat([self.starts, torch.tensor([self.capacity])])
             self.capacity += size
@@ -52,11 +53,12 @@ class Chunks:
             yield self.parts[0], None, slots
             return
         chunk = torch.searchsorted(self.starts, slots, right=True) - 1
-        order = torch.argsort(chunk)
-        counts = torch.bincount(chunk, minlength=len(self.parts)).tolist()
-        for c, pos in enumerate(torch.split(order, counts)):
-            if len(pos):
-                yield self.parts[c], pos, slots.index_select(0, pos) - int(self.starts[c])
+        for c, part in enumerate(self.parts):
+            pos = (chunk == c).nonzero().flatten()
+            if len(pos) == len(slots):
+                yield part, None, slots - int(self.starts[c])
+            elif len(pos):
+                yield part, pos, slots.index_select(0, pos) - int(self.starts[c])
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Rows at ``slots``. Shape: (n,) -> (n, width)."""

@@ -98,40 +98,39 @@ class DynamicRows:
     def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
         """As :meth:`TableRows.push` (all or nothing), after admission: the gradients of keys not
         admitted are dropped and counted. Then expiry and the budget run."""
-        keys = at[:, 0]
         if self.sketch is not None:
-            keys, grads, counts = self._admit(keys, grads, counts)
-        if len(keys):
-            self._apply(keys, grads, counts, step)
+            at, grads, counts = self._admit(at, grads, counts)
+        if len(at):
+            self._apply(at, grads, counts, step)
         self.step = max(self.step, int(step))
         self._expire()
         self._enforce_budget()
 
-    def _admit(self, keys, grads, counts):
+    def _admit(self, at, grads, counts):
         """The pushed entries whose keys are stored or admitted now; the others are counted."""
-        unique, inverse = torch.unique(keys, return_inverse=True)
-        new = (self.keys.lookup(unique) < 0).nonzero().flatten()
-        if not len(new):
-            return keys, grads, counts
+        if bool((at[:, 1] >= 0).all()):
+            return at, grads, counts
+        unique, inverse = torch.unique(at[:, 0], return_inverse=True)
+        new = (_first_of(at[:, 1], inverse, len(unique)) < 0).nonzero().flatten()
         sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
         refused = new[self.sketch.add(unique[new], sightings[new]) < self.cfg.admit_after]
         if not len(refused):
-            return keys, grads, counts
+            return at, grads, counts
         drop = torch.zeros(len(unique), dtype=torch.bool)
         drop[refused] = True
         keep = ~drop[inverse]
-        self.counters["refused_updates"] += int(len(keys) - keep.sum())
-        return keys[keep], grads[keep], counts[keep]
+        self.counters["refused_updates"] += int(len(at) - keep.sum())
+        return at[keep], grads[keep], counts[keep]
 
-    def _apply(self, keys, grads, counts, step) -> None:
-        unique, inverse = torch.unique(keys, return_inverse=True)
-        slots = self.keys.lookup(unique)
+    def _apply(self, at, grads, counts, step) -> None:
+        unique, inverse = torch.unique(at[:, 0], return_inverse=True)
+        slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
         weight, state, meta = self._rows_for(unique, slots, new)
         meta[:, CLOCK].index_add_(0, inverse, counts)
         if self.optimizer.accepts_duplicates:
             self.optimizer.apply(weight, inverse, grads, step, state)
-        elif len(unique) != len(keys):  # duplicates summed first, in the order a fixed table sums them
+        elif len(unique) != len(at):  # duplicates summed first, in the order a fixed table sums them
             grads = torch.zeros(len(unique), grads.shape[1]).index_add_(0, inverse, grads)
             self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state)
         else:
@@ -216,7 +215,7 @@ class DynamicRows:
     # -- state ------------------------------------------------------------------------------
     def stats(self) -> dict:
         held = [self.weight, self.state, self.meta]
-        nbytes = sum(c.nbytes for c in held if c is not None) + self.keys.nbytes + 8 * len(self.free)
+        nbytes = sum(c.nbytes(self.used) for c in held if c is not None) + self.keys.nbytes + 8 * len(self.free)
         nbytes += self.sketch.nbytes if self.sketch is not None else 0
         return {"rows": len(self.keys), **self.counters, "bytes": nbytes}
 
@@ -260,3 +259,8 @@ class DynamicRows:
             self.sketch.load_state_dict(saved["sketch"])
         self.counters.update(saved.get("counters", {}))
         self.step = self._expiry_checked = int(saved.get("step", 0))
+
+
+def _first_of(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` per unique entry, from entries that agree on it (slots of one key)."""
+    return torch.empty(n, dtype=values.dtype).scatter_(0, inverse, values)
