@@ -16,12 +16,14 @@ class Batch:
         dense: the continuous features (13 for Criteo), already transformed, float32.
         sparse: one global key per categorical field (26 for Criteo), int64. Field ``f``'s
             keys lie in its own range of one shared table, so keys of different fields never
-            collide.
+            collide (hashed keys: any int64, salted by the field). Multi-hot data holds each
+            field's bag of keys instead, the bags side by side, of the same sizes in every
+            sample (its ``bag_sizes``): ``(B, sum(bag_sizes))``.
         labels: 1.0 for a click, 0.0 otherwise, float32.
 
     Shape:
         - dense: (B, num_dense)
-        - sparse: (B, num_fields)
+        - sparse: (B, num_fields), or (B, sum(bag_sizes)) when multi-hot
         - labels: (B,)
 
     Example:

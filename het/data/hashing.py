@@ -13,15 +13,40 @@ import zlib
 import numpy as np
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+# The multipliers are odd, so invertible mod 2**64: splitmix64 is a bijection of uint64.
+_M1_INV, _M2_INV = (np.uint64(pow(m, -1, 2 ** 64)) for m in (_M1, _M2))
 
 
 def splitmix64(x: np.ndarray) -> np.ndarray:
     """The splitmix64 finaliser, elementwise on uint64 (wrapping arithmetic)."""
     with np.errstate(over="ignore"):
         z = x + _GOLDEN
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(_M1)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(_M2)
         return z ^ (z >> np.uint64(31))
+
+
+def unsplitmix64(z: np.ndarray) -> np.ndarray:
+    """The inverse of :func:`splitmix64`, elementwise on uint64.
+
+    Example:
+        >>> x = np.array([0, 1, 2 ** 64 - 1], dtype=np.uint64)
+        >>> bool((unsplitmix64(splitmix64(x)) == x).all())
+        True
+    """
+    with np.errstate(over="ignore"):
+        z = _unshift(z, 31) * _M2_INV
+        z = _unshift(z, 27) * _M1_INV
+        return _unshift(z, 30) - _GOLDEN
+
+
+def _unshift(y: np.ndarray, shift: int) -> np.ndarray:
+    """The x with ``x ^ (x >> shift) == y``: each pass fixes ``shift`` more high bits."""
+    x = y
+    for _ in range(64 // shift):
+        x = y ^ (x >> np.uint64(shift))
+    return x
 
 
 def field_salt(field: int | str) -> np.uint64:
@@ -48,3 +73,47 @@ def hash_ids(field: int | str, ids: np.ndarray) -> np.ndarray:
     salt = splitmix64(np.array([field_salt(field)], dtype=np.uint64))[0]
     with np.errstate(over="ignore"):
         return splitmix64(ids.astype(np.uint64) ^ salt).view(np.int64)
+
+
+def hash_fields(fields: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """:func:`hash_ids` of every column of ``ids`` at once, column ``j`` as field ``fields[j]``
+    (several columns may share a field: a multi-hot field's bag).
+
+    Shape:
+        fields (L,) ints >= 0, ids (B, L) -> (B, L) int64.
+
+    Example:
+        >>> ids = np.array([[5, 9, 9], [7, 5, 1]])
+        >>> keys = hash_fields(np.array([0, 2, 2]), ids)
+        >>> bool((keys[:, 1] == hash_ids(2, ids[:, 1])).all()), bool((keys[:, 0] == hash_ids(0, ids[:, 0])).all())
+        (True, True)
+    """
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise ValueError(f"ids must be integers, got {ids.dtype}")
+    salts = _salts(fields, ids.shape[-1])
+    with np.errstate(over="ignore"):
+        return splitmix64(ids.astype(np.uint64) ^ salts).view(np.int64)
+
+
+def unhash_fields(fields: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """The ids whose :func:`hash_fields` are ``keys`` (splitmix64 is a bijection): exact, for
+    any int64 keys. Shape: fields (L,), keys (B, L) -> (B, L) int64.
+
+    Example:
+        >>> ids = np.array([[5, -3, 2 ** 62]])
+        >>> unhash_fields(np.array([0, 1, 1]), hash_fields(np.array([0, 1, 1]), ids)).tolist()
+        [[5, -3, 4611686018427387904]]
+    """
+    keys = np.asarray(keys)
+    if keys.dtype != np.int64:
+        raise ValueError(f"keys must be int64, got {keys.dtype}")
+    return (unsplitmix64(keys.view(np.uint64)) ^ _salts(fields, keys.shape[-1])).view(np.int64)
+
+
+def _salts(fields: np.ndarray, columns: int) -> np.ndarray:
+    """splitmix64 of each column's field salt. Shape: (L,) -> (L,) uint64."""
+    fields = np.asarray(fields)
+    if fields.shape != (columns,):
+        raise ValueError(f"fields: expected one field per column, shape ({columns},), got {fields.shape}")
+    return splitmix64(np.array([field_salt(int(f)) for f in fields], dtype=np.uint64))  # L columns, not keys

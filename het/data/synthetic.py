@@ -5,11 +5,15 @@ transformed) and 26 categorical fields with Criteo's cardinalities. Field ``f``'
 from a power law over its ids and label-encoded, as HET does, into ONE table: field ``f`` owns the
 global keys ``offsets[f] .. offsets[f] + cardinalities[f] - 1``.
 
+:func:`criteo_1tb` gives MLPerf's shape instead (DLRM-DCNv2 on Criteo 1TB): its 26 table sizes
+and multi-hot fields, field ``f`` holding a bag of ``bag_sizes[f]`` keys (drawn independently)
+in every sample. A batch's keys are then each field's bag side by side: ``(B, sum(bag_sizes))``.
+
 The labels come from a planted model: every global key has a hidden weight, a pure function of
 ``(seed, key)`` computed by hashing (no table of weights is stored), and the dense features
 have a hidden weight vector. ``logit = signal * (sum of the 26 key weights / sqrt(26) + dense
-part) + bias`` and ``label ~ Bernoulli(sigmoid(logit))``. :meth:`SyntheticCriteo.planted_auc` is
-the AUC of the planted logits themselves: the ceiling a learned model can reach.
+part) + bias`` (a bag of ``L`` keys counts its weights' sum over ``sqrt(L)``) and
+``label ~ Bernoulli(sigmoid(logit))``. :meth:`SyntheticCriteo.planted_auc` is the AUC of the planted logits themselves: the ceiling a learned model can reach.
 
 Nothing here is proportional to the cardinalities (up to ~10M ids a field): ranks come from the
 inverse CDF of a continuous bounded power law, ranks map to ids by a seeded affine bijection
@@ -30,6 +34,11 @@ from het.data.batch import Batch
 CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                         3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
                         142572)
+# MLPerf's DLRM-DCNv2 on Criteo 1TB: its tables (capped at 40M rows) and multi-hot bag sizes.
+MLPERF_CARDINALITIES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282,
+                        10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973,
+                        108, 36)
+MLPERF_BAG_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 NUM_DENSE = 13
 SPLITS = ("train", "test")
 # Seeds of the generator's streams: (seed, stream, ...). Train and test are disjoint streams.
@@ -58,6 +67,8 @@ class SyntheticCriteoConfig:
         seed: the whole data set (ids, features, planted weights, labels) is a function of it.
         positive_rate: target fraction of positive labels; the bias is calibrated to it.
         signal: strength of the planted logits; the default gives a planted AUC of about 0.82.
+        base: every field's cardinality before ``scale`` and ``cap`` (Criteo's 26 by default).
+        bag_sizes: keys per field in every sample, one per field of ``base``; ``None``: one each.
 
     Example:
         >>> SyntheticCriteoConfig(cap=1000).cap
@@ -74,8 +85,15 @@ class SyntheticCriteoConfig:
     seed: int = 0
     positive_rate: float = 0.25
     signal: float = 1.15
+    base: tuple[int, ...] = CRITEO_CARDINALITIES
+    bag_sizes: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        _require(len(self.base) > 0 and all(_is_int(c) and c >= 1 for c in self.base),
+                 f"base must be a non-empty tuple of ints >= 1, got {self.base!r}")
+        _require(self.bag_sizes is None or (len(self.bag_sizes) == len(self.base)
+                                            and all(_is_int(n) and n >= 1 for n in self.bag_sizes)),
+                 f"bag_sizes must be None or {len(self.base)} ints >= 1 (one per field), got {self.bag_sizes!r}")
         _require(math.isfinite(self.alpha) and self.alpha > 0,
                  f"alpha must be a finite number > 0, got {self.alpha}")
         _require(self.cap is None or (_is_int(self.cap) and self.cap >= 1),
@@ -92,14 +110,26 @@ class SyntheticCriteoConfig:
                  f"got {max(self.cardinalities())} (scale={self.scale}, cap={self.cap})")
 
     def cardinalities(self) -> tuple[int, ...]:
-        """Criteo's 26 cardinalities, scaled then capped.
+        """The fields' cardinalities (Criteo's 26 unless ``base`` is given), scaled then capped.
 
         Example:
             >>> SyntheticCriteoConfig(scale=0.001, cap=5000).cardinalities()[:4]
             (1, 1, 5000, 2203)
         """
-        cards = (max(1, round(c * self.scale)) for c in CRITEO_CARDINALITIES)
+        cards = (max(1, round(c * self.scale)) for c in self.base)
         return tuple(c if self.cap is None else min(c, self.cap) for c in cards)
+
+
+def criteo_1tb(**kwargs) -> SyntheticCriteoConfig:
+    """MLPerf's shape: Criteo 1TB's 26 tables (capped at 40M rows) and its multi-hot bags.
+    ``kwargs`` are the other fields of :class:`SyntheticCriteoConfig` (``cap`` still caps).
+
+    Example:
+        >>> cfg = criteo_1tb(cap=None)
+        >>> sum(cfg.cardinalities()), sum(cfg.bag_sizes)
+        (204184588, 214)
+    """
+    return SyntheticCriteoConfig(base=MLPERF_CARDINALITIES, bag_sizes=MLPERF_BAG_SIZES, **kwargs)
 
 
 class SyntheticCriteo:
@@ -109,11 +139,13 @@ class SyntheticCriteo:
         cfg: the generator's config.
 
     Attributes:
-        cardinalities: the 26 fields' cardinalities (after ``scale`` and ``cap``).
-        offsets: (26,) int64, field ``f``'s first global key.
+        cardinalities: the fields' cardinalities (after ``scale`` and ``cap``).
+        offsets: (F,) int64, field ``f``'s first global key.
         num_rows: the number of global keys, i.e. the size of the one embedding table.
         num_dense: 13.
-        num_fields: 26.
+        num_fields: F, 26.
+        bag_sizes: (F,) keys per field in a sample (all 1 unless ``cfg.bag_sizes``).
+        key_fields: (L,) int64, the field of each column of :attr:`Batch.sparse`, L = sum(bag_sizes).
 
     Example:
         >>> data = SyntheticCriteo(SyntheticCriteoConfig(cap=1000))
@@ -127,16 +159,22 @@ class SyntheticCriteo:
     """
 
     num_dense = NUM_DENSE
-    num_fields = len(CRITEO_CARDINALITIES)
 
     def __init__(self, cfg: SyntheticCriteoConfig = SyntheticCriteoConfig()):
         self.cfg = cfg
         self.cardinalities = cfg.cardinalities()
-        self._cards = np.array(self.cardinalities, dtype=np.int64)  # (F,)
-        self.offsets = np.concatenate([[0], np.cumsum(self._cards)[:-1]]).astype(np.int64)
-        self.num_rows = int(self._cards.sum())
+        self.num_fields = len(self.cardinalities)
+        self.bag_sizes = cfg.bag_sizes or (1,) * self.num_fields
+        self.key_fields = np.repeat(np.arange(self.num_fields), self.bag_sizes)  # (L,)
+        cards = np.array(self.cardinalities, dtype=np.int64)  # (F,)
+        self.offsets = np.concatenate([[0], np.cumsum(cards)[:-1]]).astype(np.int64)
+        self.num_rows = int(cards.sum())
         rng = np.random.default_rng((cfg.seed, _PARAMS))
-        self._mult, self._shift = _affine_maps(self._cards, rng)  # (F,), (F,)
+        mult, shift = _affine_maps(cards, rng)  # (F,), (F,)
+        # One entry per key column (L,): a bag's keys are drawn from their field independently.
+        self._cards, self._mult, self._shift, self._offsets = (
+            x[self.key_fields] for x in (cards, mult, shift, self.offsets))
+        self._bag_scale = 1.0 / np.sqrt(np.array(self.bag_sizes, dtype=np.float64))[self.key_fields]
         self._dense_mu = rng.uniform(0.0, 4.0, NUM_DENSE)  # log-scale location of each count
         self._dense_sigma = rng.uniform(0.5, 2.0, NUM_DENSE)
         self._dense_weight = rng.standard_normal(NUM_DENSE)
@@ -157,7 +195,8 @@ class SyntheticCriteo:
             size: samples in the batch, >= 1.
 
         Shape:
-            dense (size, 13) float32, sparse (size, 26) int64, labels (size,) float32.
+            dense (size, 13) float32, sparse (size, L) int64 (L = sum(bag_sizes): 26 unless
+            multi-hot), labels (size,) float32.
 
         Example:
             >>> data = SyntheticCriteo()
@@ -180,10 +219,10 @@ class SyntheticCriteo:
         return Batch(torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(labels))
 
     def _sample_keys(self, rng: np.random.Generator, size: int) -> np.ndarray:
-        """Global keys, one per field. Shape: -> (size, F) int64."""
-        ranks = _power_law_ranks(rng.random((size, self.num_fields)), self._cards, self.cfg.alpha)
-        # a < card <= ~10M and rank < card, so a * rank + b stays far below 2**63.
-        return (self._mult * ranks + self._shift) % self._cards + self.offsets
+        """Global keys, each field's bag side by side. Shape: -> (size, L) int64."""
+        ranks = _power_law_ranks(rng.random((size, len(self.key_fields))), self._cards, self.cfg.alpha)
+        # a < card < 2**31 and rank < card, so a * rank + b stays below 2**63.
+        return (self._mult * ranks + self._shift) % self._cards + self._offsets
 
     def _sample_dense(self, rng: np.random.Generator, size: int) -> np.ndarray:
         """Lognormal counts, floored, then ``log(x + 1)``. Shape: -> (size, 13) float32."""
@@ -212,11 +251,11 @@ class SyntheticCriteo:
         """The planted model's logits; the labels of a batch are drawn from their sigmoid.
 
         Args:
-            sparse: global keys, as in :attr:`Batch.sparse`.
+            sparse: global keys, as in :attr:`Batch.sparse` (each field's bag side by side).
             dense: transformed dense features, as in :attr:`Batch.dense`.
 
         Shape:
-            sparse (B, 26), dense (B, 13) -> (B,) float64.
+            sparse (B, L), dense (B, 13) -> (B,) float64.
 
         Example:
             >>> data = SyntheticCriteo()
@@ -229,7 +268,8 @@ class SyntheticCriteo:
             (0.44, 0.08)
         """
         sparse, dense = self._check_features(sparse, dense)
-        keys_part = self.key_weights(sparse).sum(1) / math.sqrt(self.num_fields)  # (B,)
+        bags = self.key_weights(sparse) * self._bag_scale  # (B, L): a bag of n keys weighs sum / sqrt(n)
+        keys_part = bags.sum(1) / math.sqrt(self.num_fields)  # (B,)
         return self.cfg.signal * (keys_part + self._dense_part(dense)) + self._bias
 
     def _dense_part(self, dense: np.ndarray) -> np.ndarray:
@@ -268,8 +308,8 @@ class SyntheticCriteo:
 
     def _check_features(self, sparse, dense) -> tuple[np.ndarray, np.ndarray]:
         sparse, dense = np.asarray(sparse), np.asarray(dense)
-        if sparse.ndim != 2 or sparse.shape[1] != self.num_fields:
-            raise ValueError(f"expected sparse keys of shape (B, {self.num_fields}), got {sparse.shape}")
+        if sparse.ndim != 2 or sparse.shape[1] != len(self.key_fields):
+            raise ValueError(f"expected sparse keys of shape (B, {len(self.key_fields)}), got {sparse.shape}")
         if dense.shape != (sparse.shape[0], NUM_DENSE):
             raise ValueError(f"expected dense features of shape ({sparse.shape[0]}, {NUM_DENSE}), "
                              f"got {dense.shape}")

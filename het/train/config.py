@@ -40,7 +40,7 @@ IDS = ("encoded", "hashed")
 CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
 GRAPH_MODELS = ("graphsage",)
 MODELS = CTR_MODELS + GRAPH_MODELS
-CTR_DATA = ("synthetic-criteo", "criteo:DIR")
+CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
 # A job's defaults by model, for the fields whose default is None.
@@ -156,7 +156,8 @@ class TrainConfig:
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
     lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
     ids: str = setting("encoded", "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
-                       "an int64 key, one dynamic table that stores only the rows training touched", choices=IDS)
+                       "an int64 key, one dynamic table that stores only the rows training touched "
+                       "(synthetic-criteo-1tb: always hashed)", choices=IDS)
     admit_after: int = setting(1, "hashed ids: a key gets a stored row once pushes touched it in N worker-steps "
                                "(before: reads give its initial row, its gradients are dropped)")
     expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")

@@ -51,7 +51,7 @@ class Worker:
         cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
                             lookahead=cfg.lookahead if capacity else 0)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
-                                   grad_scale=1.0 / world, push_dtype=cfg.push_dtype)
+                                   grad_scale=1.0 / world, push_dtype=cfg.push_dtype, mode=self.task.pooling)
         self.model = self.task.build_model(self.embedding).to(self.device)
         self.dense = self._dense_sync()
         self.bsp = cfg.staleness == 0

@@ -1,8 +1,9 @@
 """What a job trains: its data, its model, a batch, its loss and its evaluation. The worker
 (het.train.loop) is the same for every task.
 
-- :class:`CTRTask`: Wide&Deep, DeepFM, DCN or DLRM on synthetic Criteo-like data or prepared
-  Criteo; binary cross-entropy; AUC and log loss (and the planted model's AUC).
+- :class:`CTRTask`: Wide&Deep, DeepFM, DCN or DLRM on synthetic Criteo-like data (or MLPerf's
+  multi-hot shape of it) or prepared Criteo, its keys label-encoded or hashed; binary
+  cross-entropy; AUC and log loss (and the planted model's AUC).
 - :class:`GraphTask`: GraphSAGE on a graph, mini-batches of training nodes with sampled
   neighbourhoods; node-id embeddings are the sparse parameters; accuracy.
 """
@@ -18,8 +19,10 @@ from sklearn.metrics import log_loss, roc_auc_score
 
 from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
+from het.data.hashed import HashedIds
 from het.dist.dense import dense_table
 from het.models import DCN, DLRM, DeepFM, WideDeep
+from het.nn.bags import FieldBags
 from het.train.config import TrainConfig
 
 CTR_MODELS = {"wdl": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
@@ -34,16 +37,23 @@ class CTRTask:
 
             self.data = CriteoDataset(cfg.data[len("criteo:"):])
         else:
-            from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+            from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig, criteo_1tb
 
             s = cfg.synthetic
-            self.data = SyntheticCriteo(SyntheticCriteoConfig(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
+            preset = criteo_1tb if cfg.data == "synthetic-criteo-1tb" else SyntheticCriteoConfig
+            self.data = SyntheticCriteo(preset(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
+        if cfg.ids == "hashed" or cfg.data == "synthetic-criteo-1tb":  # MLPerf's shape: raw ids, always
+            self.data = HashedIds(self.data)
+        # Multi-hot fields: the embedding pools each field's bag ("sum"), the model sees one row a field.
+        self.pooling = "sum" if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
         self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
         self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
 
     def build_model(self, embedding: torch.nn.Module) -> torch.nn.Module:
         torch.manual_seed(self.cfg.seed)  # every worker starts from the same dense parameters
+        if self.pooling:  # keys (B, L) -> one pooled row per field (B, F, D)
+            embedding = FieldBags(embedding, self.data.bag_sizes)
         return CTR_MODELS[self.cfg.model](embedding, num_fields=self.data.num_fields, dim=self.cfg.dim,
                                           num_dense=self.data.num_dense)
 
@@ -98,6 +108,7 @@ class GraphBatch:
 
 class GraphTask:
     selection_metric = "val_acc"  # what model selection (graph.eval_every) maximises
+    pooling = None  # one row per key
 
     def __init__(self, cfg: TrainConfig):
         from het.data.graph import load, normalize_features
