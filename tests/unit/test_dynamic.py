@@ -260,3 +260,22 @@ def test_reshard_moves_a_dynamic_table_with_its_state(tmp_path):
             want = (rows, clocks)
     assert torch.equal(rows, want[0]) and torch.equal(clocks, want[1])
     assert sum(s.tables["t"].stats()["rows"] for s in new) == sum(s.tables["t"].stats()["rows"] for s in old)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_the_shards_account_of_its_bytes_follows_the_rows_pushed(opt):
+    """200k distinct keys from the whole int64 range: rows, state, index and meta stay under 1.3x
+    the rows plus their optimizer state (the RSS of a shard process is measured by
+    tests/cluster/test_dynamic_memory.py)."""
+    from het.bench.memory import distinct_keys
+
+    n, dim = 200_000, 64
+    s = shard(None, dim=dim, optimizer=opt)
+    keys = distinct_keys(n, seed=5)
+    grads, counts = np.full((8192, dim), 1e-3, np.float32), np.ones(8192, np.int64)
+    for lo in range(0, n, 8192):
+        k = keys[lo:lo + 8192]
+        s.push("t", k, grads[:len(k)].copy(), counts[:len(k)])
+    ideal = n * dim * 4 * (1 + len(s.tables["t"].state_names))
+    stats = s.tables["t"].stats()
+    assert stats["rows"] == n and ideal < stats["bytes"] <= 1.3 * ideal, stats["bytes"] / ideal
