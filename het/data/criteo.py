@@ -283,6 +283,8 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                     "OUT/meta.json. Malformed lines are skipped and reported.")
     p.add_argument("raw", nargs="+", help="raw Criteo files (Kaggle train.txt or day files), read in order")
     p.add_argument("out", help="output directory")
+    p.add_argument("--hash", action="store_true", help="one pass, no vocabulary: hash every value with its "
+                   "column to an int64 key (a dynamic PS table); see het.data.criteo_hashed")
     p.add_argument("--min-freq", type=int, default=1, help="ids seen fewer times share their field's rare id")
     p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
     p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
@@ -294,7 +296,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_prepare_criteo(args: argparse.Namespace) -> dict:
-    """Run :func:`prepare` with the parsed flags and print its summary."""
+    """Run :func:`prepare` (or, with ``--hash``, :func:`het.data.criteo_hashed.prepare_hashed`)
+    with the parsed flags and print its summary."""
+    if getattr(args, "hash", False):
+        from het.data.criteo_hashed import cmd_prepare_hashed
+
+        return cmd_prepare_hashed(args)
     try:
         s = prepare(args.raw, args.out, min_freq=args.min_freq, max_rows=args.max_rows,
                     test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet)

@@ -22,7 +22,7 @@ import torch
 from het.data.batch import Batch
 
 __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
-           "SkipReport", "SplitWriter", "begin", "first_missing", "remove_partial", "split_is_test", "write_meta"]
+           "SkipReport", "SplitWriter", "begin", "first_missing", "print_summary", "remove_partial", "split_is_test", "write_meta"]
 
 SPLITS = ("train", "test")
 ARRAYS = {"dense": np.float32, "sparse": np.int64, "labels": np.float32}  # per split
@@ -247,3 +247,19 @@ class PreparedDataset:
             idx = (start + np.arange(size)) % n
             take = lambda a: np.take(a, idx, axis=0)  # noqa: E731
         return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
+
+
+def print_summary(command: str, s: dict, out_dir: str, data: str) -> None:
+    """The human summary of a one-pass preparation (``s``: its returned summary); ``data`` is
+    what ``het train --data`` takes to train on it."""
+    print(f"{command}: {s['rows']:,} rows ({s['train_rows']:,} train, {s['test_rows']:,} test) from "
+          f"{len(s['sources'])} file(s) in {s['seconds']:.2f} s ({s['rows_per_second']:,.0f} rows/s)")
+    print(f"positive rate {s['positive_rate']:.4f}; {s['num_fields']} sparse and {s['num_dense']} dense "
+          f"columns; about {s['num_ids']:,} distinct hashed ids")
+    print(f"skipped {s['skipped']:,} malformed line(s)" + (":" if s["skipped"] else ""))
+    for skip in s["first_skipped"]:
+        print(f"  line {skip['line']} ({skip['source']}:{skip['source_line']}): {skip['reason']}")
+    if s["skipped"] > len(s["first_skipped"]):
+        print(f"  ... and {s['skipped'] - len(s['first_skipped']):,} more")
+    print(f"wrote {os.path.join(out_dir, 'meta.json')} and the train/test arrays; "
+          f"train on it with `het train --data {data}:{out_dir}`")
