@@ -33,6 +33,10 @@ class CTRTask:
             from het.data.criteo import CriteoDataset
 
             self.data = CriteoDataset(cfg.data[len("criteo:"):])
+        elif cfg.data.startswith("table:"):
+            from het.data.table import TableDataset
+
+            self.data = TableDataset(cfg.data[len("table:"):])
         else:
             from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
 
