@@ -94,8 +94,12 @@ def _numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def hash_column(name: str, arr: pa.Array) -> np.ndarray:
-    """Keys of a column's values: each distinct value's text hashed once (Arrow's dictionary
-    encoding finds them), then gathered. Nulls are the empty string (missing).
+    """Keys of a column's values; nulls are the empty string (missing). Short values (at most
+    16 bytes: ids, codes, Criteo's hex) are hashed where they lie, which beats finding the
+    distinct ones first; longer ones are dictionary-encoded by Arrow and each distinct value
+    hashed once. Measured on 200k values, best of 5, here: 8-byte hex ids (135k distinct) 13 ms
+    where they lie against 29 ms through the dictionary; 50-byte names of 50 categories 76 ms
+    against 8 ms.
 
     Shape:
         (n,) -> (n,) int64.
@@ -104,19 +108,27 @@ def hash_column(name: str, arr: pa.Array) -> np.ndarray:
         >>> k = hash_column("C1", pa.array(["68fd1e64", None, "68fd1e64", ""]))
         >>> bool(k[0] == k[2]), bool(k[1] == k[3]), bool(k[0] == k[1])
         (True, True, False)
+        >>> long = pa.array(["a rather long category name, past 16 bytes", None, ""])
+        >>> k = hash_column("C1", long); bool(k[1] == k[2]), bool(k[0] == hash_column("C1", long[:1])[0])
+        (True, True)
     """
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
     if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = pc.cast(arr, pa.string())  # integers as their decimal text, as a CSV has them
-    encoded = pc.dictionary_encode(pc.fill_null(arr, ""))
-    values = encoded.dictionary
-    width = np.int64 if pa.types.is_large_string(values.type) else np.int32
-    offsets = np.frombuffer(values.buffers()[1], width)[values.offset:values.offset + len(values) + 1]
-    data = values.buffers()[2]
-    data = np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8)
-    keys = hash_strings(name, data, offsets)  # (distinct values,)
-    return keys[encoded.indices.to_numpy(zero_copy_only=False)]
+    arr = pc.fill_null(arr, "")
+    if (pc.max(pc.binary_length(arr)).as_py() or 0) <= 16:
+        return _hash_strings(name, arr)
+    encoded = pc.dictionary_encode(arr)
+    return _hash_strings(name, encoded.dictionary)[encoded.indices.to_numpy(zero_copy_only=False)]
+
+
+def _hash_strings(name: str, arr: pa.Array) -> np.ndarray:
+    """:func:`het.data.hashing.hash_strings` over an Arrow string array without nulls, in place."""
+    width = np.int64 if pa.types.is_large_string(arr.type) else np.int32
+    offsets = np.frombuffer(arr.buffers()[1], width)[arr.offset:arr.offset + len(arr) + 1]
+    data = arr.buffers()[2]
+    return hash_strings(name, np.zeros(0, np.uint8) if data is None else np.frombuffer(data, np.uint8), offsets)
 
 
 def _convert(batch: pa.RecordBatch, spec: TableSpec):
