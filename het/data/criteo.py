@@ -32,20 +32,18 @@ block of lines, not by the number of rows.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
 import time
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from numpy.lib.format import open_memmap
 
-from het.data.batch import Batch
-from het.data.criteo_tsv import _OK, COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows
-from het.data.synthetic import NUM_DENSE, SPLITS
+from het.data.criteo_tsv import _OK, COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows, check_args
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, MAX_REPORTED, SPLITS, PreparedDataset, begin,
+                               remove_partial, split_is_test, write_meta)
+from het.data.synthetic import NUM_DENSE
 
 __all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FIELDS", "VERSION",
            "CriteoDataset", "add_prepare_parser", "cmd_prepare_criteo", "prepare"]
@@ -53,7 +51,6 @@ __all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FI
 FORMAT, VERSION = "het-criteo", 1
 ARRAYS = {"dense": (np.float32, (NUM_DENSE,)), "sparse": (np.int64, (NUM_FIELDS,)),  # per split
           "labels": (np.float32, ())}
-MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
 
 
 # ---- the two passes -------------------------------------------------------------------------
@@ -110,17 +107,6 @@ class _Vocabulary:
         return local + self.offsets
 
 
-def _split_is_test(rows: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
-    """Whether each valid row (0-based index) is a test row. Shape: (n,) -> (n,) bool."""
-    with np.errstate(over="ignore"):
-        z = rows.astype(np.uint64) ^ (np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
-        z = z + np.uint64(0x9E3779B97F4A7C15)  # splitmix64
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        z = z ^ (z >> np.uint64(31))
-    return (z >> np.uint64(11)).astype(np.float64) / 2.0 ** 53 < test_fraction
-
-
 def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[_IdCounter, dict]:
     """Pass 1: id counts, rows per split, positives, skipped lines."""
     counter, stats = _IdCounter(), {"rows": 0, "test_rows": 0, "positives": 0, "lines": 0,
@@ -128,7 +114,7 @@ def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[_IdCounter, 
     for src, line_no, block in _rows(paths, max_rows, "criteo pass 1/2: count ids", progress):
         n = len(block.labels)
         counter.add(block.keys)
-        stats["test_rows"] += int(_split_is_test(stats["rows"] + np.arange(n), seed, test_fraction).sum())
+        stats["test_rows"] += int(split_is_test(stats["rows"] + np.arange(n), seed, test_fraction).sum())
         stats["positives"] += int(block.labels.sum())
         for i in np.flatnonzero(block.bad_col != _OK):
             if len(stats["first_skipped"]) == MAX_REPORTED:
@@ -151,7 +137,7 @@ def _write(paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress
     filled, rows = dict.fromkeys(SPLITS, 0), 0
     for _, _, block in _rows(paths, max_rows, "criteo pass 2/2: encode", progress):
         n = len(block.labels)
-        is_test = _split_is_test(rows + np.arange(n), seed, test_fraction)
+        is_test = split_is_test(rows + np.arange(n), seed, test_fraction)
         values = {"dense": block.dense, "sparse": vocab.encode(block.keys), "labels": block.labels}
         for split, mask in (("train", ~is_test), ("test", is_test)):
             k = int(mask.sum())
@@ -191,12 +177,8 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
         (1, 1, 'expected 40 tab-separated columns, got 2', [3, 3])
     """
     raw_paths = [raw_paths] if isinstance(raw_paths, str) else list(raw_paths)
-    _check_args(raw_paths, min_freq, max_rows, test_fraction, seed)
-    made = _first_missing(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    meta_path = os.path.join(out_dir, "meta.json")
-    if os.path.exists(meta_path):
-        os.remove(meta_path)  # never leave old metadata beside half-rewritten arrays
+    check_args(raw_paths, min_freq, max_rows, test_fraction, seed)
+    made = begin(out_dir)
     t0 = time.perf_counter()
     try:
         counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
@@ -207,12 +189,10 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
         del counter
         _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
     except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
-        _remove_partial(out_dir, made)
+        remove_partial(out_dir, made)
         raise
     meta = _meta(raw_paths, vocab, stats, min_freq, max_rows, test_fraction, seed)
-    with open(meta_path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(meta_path + ".tmp", meta_path)
+    write_meta(out_dir, meta)
     seconds = time.perf_counter() - t0
     return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
 
@@ -232,57 +212,21 @@ def _meta(raw_paths, vocab: _Vocabulary, stats: dict, min_freq, max_rows, test_f
             "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
 
 
-def _first_missing(path: str) -> str | None:
-    """The outermost directory that ``os.makedirs(path)`` would create (None: ``path`` exists)."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.exists(path):
-        path, missing = os.path.dirname(path), path
-    return missing
-
-
-def _remove_partial(out_dir: str, made: str | None) -> None:
-    """Undo a failed :func:`prepare`: the directories it made go whole; in a directory that was
-    there before, only the arrays it writes (a user's other files stay)."""
-    if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
-        return
-    for split in SPLITS:
-        for name in ARRAYS:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out_dir, f"{split}_{name}.npy"))
-
-
-def _check_args(raw_paths, min_freq, max_rows, test_fraction, seed) -> None:
-    def is_int(x):
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-    if not raw_paths:
-        raise ValueError("expected at least one raw Criteo file, got none")
-    for path in raw_paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"raw Criteo file {path!r} does not exist")
-    if not is_int(min_freq) or min_freq < 1:
-        raise ValueError(f"min_freq must be an int >= 1, got {min_freq!r}")
-    if max_rows is not None and (not is_int(max_rows) or max_rows < 1):
-        raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-
-
 # ---- reading the prepared arrays ------------------------------------------------------------
 
-class CriteoDataset:
-    """Batches of a directory written by :func:`prepare`, memory-mapped: the interface of
-    :class:`het.data.synthetic.SyntheticCriteo`, without a planted model.
+class CriteoDataset(PreparedDataset):
+    """Batches of a directory written by :func:`prepare` (label-encoded) or by
+    :func:`het.data.criteo_hashed.prepare_hashed` (``--hash``: hashed ids), memory-mapped.
 
     Args:
         out_dir: the directory :func:`prepare` wrote.
 
     Attributes:
-        cardinalities: the 26 fields' sizes (kept ids + the rare id + the missing id).
-        offsets: (26,) int64, field ``f``'s first global key.
-        num_rows: the number of global keys, i.e. the size of the one embedding table.
+        cardinalities: the 26 fields' sizes (kept ids + the rare id + the missing id); None
+            for hashed ids.
+        offsets: (26,) int64, field ``f``'s first global key; None for hashed ids.
+        num_rows: the number of global keys, i.e. the size of the one embedding table (None
+            for hashed ids: a dynamic table).
         num_dense, num_fields: 13 and 26.
         rows: samples per split, e.g. ``{"train": 900, "test": 100}``.
         meta: the content of ``meta.json``.
@@ -298,55 +242,16 @@ class CriteoDataset:
         ({'train': 3, 'test': 0}, 78, [[0, 3, 6], [0, 3, 6]])
     """
 
-    num_dense = NUM_DENSE
-    num_fields = NUM_FIELDS
-    has_planted = False
+    kind = "Criteo"
 
     def __init__(self, out_dir: str):
-        meta_path = os.path.join(out_dir, "meta.json")
-        if not os.path.isfile(meta_path):
+        if not os.path.isfile(os.path.join(out_dir, "meta.json")):
             raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
                              f"`het data prepare criteo RAW... {out_dir}`")
-        with open(meta_path) as f:
-            meta = json.load(f)
-        if (meta.get("format"), meta.get("version")) != (FORMAT, VERSION):
-            raise ValueError(f"{meta_path} is format {meta.get('format')!r} version {meta.get('version')!r}, "
-                             f"expected {FORMAT!r} version {VERSION}: prepare it again")
-        self.meta = meta
-        self.cardinalities = tuple(meta["cardinalities"])
-        self.offsets = np.array(meta["offsets"], dtype=np.int64)
-        self.num_rows = int(meta["num_rows"])
-        self.rows = {"train": int(meta["train_rows"]), "test": int(meta["test_rows"])}
-        self._arrays = {}
-        for split in SPLITS:
-            for name, (dtype, shape) in ARRAYS.items():
-                a = np.load(os.path.join(out_dir, f"{split}_{name}.npy"), mmap_mode="r")
-                if a.dtype != dtype or a.shape != (self.rows[split], *shape):
-                    raise ValueError(f"{split}_{name}.npy holds {a.dtype} {a.shape}, meta.json says "
-                                     f"{np.dtype(dtype)} {(self.rows[split], *shape)}")
-                self._arrays[split, name] = a
-
-    def batch(self, split: str, index: int, size: int) -> Batch:
-        """Samples ``index * size .. (index + 1) * size - 1`` of ``split``, wrapping around its end.
-
-        Shape:
-            dense (size, 13) float32, sparse (size, 26) int64, labels (size,) float32.
-        """
-        if split not in SPLITS:
-            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
-        for name, v in (("index", index), ("size", size)):
-            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (name == "size"):
-                raise ValueError(f"{name} must be an int >= {int(name == 'size')}, got {v!r}")
-        n = self.rows[split]
-        if n == 0:
-            raise ValueError(f"split {split!r} of this Criteo directory has no rows")
-        start = index * size % n
-        if start + size <= n:  # the common case: one contiguous slice, copied out of the map
-            take = lambda a: np.array(a[start:start + size])  # noqa: E731
-        else:
-            idx = (start + np.arange(size)) % n
-            take = lambda a: np.take(a, idx, axis=0)  # noqa: E731
-        return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
+        super().__init__(out_dir, formats=((FORMAT, VERSION), (HASHED_FORMAT, HASHED_VERSION)))
+        hashed = self.meta["format"] == HASHED_FORMAT
+        self.cardinalities = None if hashed else tuple(self.meta["cardinalities"])
+        self.offsets = None if hashed else np.array(self.meta["offsets"], dtype=np.int64)
 
 
 # ---- `het data prepare criteo` --------------------------------------------------------------
@@ -360,6 +265,8 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
                     "OUT/meta.json. Malformed lines are skipped and reported.")
     p.add_argument("raw", nargs="+", help="raw Criteo files (Kaggle train.txt or day files), read in order")
     p.add_argument("out", help="output directory")
+    p.add_argument("--hash", action="store_true", help="one pass, no vocabulary: hash every value with its "
+                   "column to an int64 key (a dynamic PS table); see het.data.criteo_hashed")
     p.add_argument("--min-freq", type=int, default=1, help="ids seen fewer times share their field's rare id")
     p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
     p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
@@ -371,7 +278,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def cmd_prepare_criteo(args: argparse.Namespace) -> dict:
-    """Run :func:`prepare` with the parsed flags and print its summary."""
+    """Run :func:`prepare` (or, with ``--hash``, :func:`het.data.criteo_hashed.prepare_hashed`)
+    with the parsed flags and print its summary."""
+    if getattr(args, "hash", False):
+        from het.data.criteo_hashed import cmd_prepare_hashed
+
+        return cmd_prepare_hashed(args)
     try:
         s = prepare(args.raw, args.out, min_freq=args.min_freq, max_rows=args.max_rows,
                     test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet)

@@ -117,3 +117,49 @@ def _salts(fields: np.ndarray, columns: int) -> np.ndarray:
     if fields.shape != (columns,):
         raise ValueError(f"fields: expected one field per column, shape ({columns},), got {fields.shape}")
     return splitmix64(np.array([field_salt(int(f)) for f in fields], dtype=np.uint64))  # L columns, not keys
+
+
+_STRING_SEED = np.uint64(0x5851F42D4C957F2D)  # keeps a string's id apart from an integer id
+
+
+def string_ids(words: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """64-bit ids of byte strings given as zero-padded little-endian 8-byte words: the length,
+    then each word the string reaches, folded through splitmix64. A string's id does not
+    depend on the padding width, so any chunk of values gives it the same id.
+
+    Shape:
+        words (n, W) uint64, lengths (n,) -> (n,) uint64.
+    """
+    h = splitmix64(lengths.astype(np.uint64) ^ _STRING_SEED)
+    for j in range(words.shape[1]):  # a loop over word positions (W), never over values
+        with np.errstate(over="ignore"):
+            h = np.where(lengths > 8 * j, splitmix64(h ^ words[:, j]), h)
+    return h
+
+
+def hash_strings(field: int | str, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The int64 keys of byte strings of ``field``: ``hash_ids(field, string_ids(...))``.
+    String ``i`` is ``data[offsets[i]:offsets[i + 1]]`` (Arrow's layout); the empty string is
+    the field's missing value.
+
+    Shape:
+        data (bytes,) uint8, offsets (n + 1,) -> (n,) int64.
+
+    Example:
+        >>> data = np.frombuffer(b"abcdef01abcdef01x", dtype=np.uint8)
+        >>> k = hash_strings("C1", data, np.array([0, 8, 16, 17, 17]))
+        >>> bool(k[0] == k[1]), bool(k[0] == k[2]), bool(k[3] == hash_strings("C1", data[:0], [0, 0])[0])
+        (True, False, True)
+    """
+    data, offsets = np.asarray(data, dtype=np.uint8), np.asarray(offsets, dtype=np.int64)
+    starts, lengths = offsets[:-1], np.diff(offsets)
+    if len(lengths) and lengths.min() < 0:
+        raise ValueError(f"offsets must not decrease, got {offsets[:5].tolist()}...")
+    width = -(-int(lengths.max(initial=0)) // 8)
+    padded = np.concatenate([data, np.zeros(8 * width + 8, np.uint8)])
+    view = np.ndarray((len(padded) - 7,), dtype=np.uint64, buffer=padded, strides=(1,))  # word at any byte
+    words = view[starts[:, None] + 8 * np.arange(width)]  # (n, width), bytes past a string's end kept
+    keep = np.clip(lengths[:, None] - 8 * np.arange(width), 0, 8).astype(np.uint64)  # bytes of each word
+    with np.errstate(over="ignore"):
+        mask = np.where(keep == 8, ~np.uint64(0), (np.uint64(1) << (np.uint64(8) * keep)) - np.uint64(1))
+    return hash_ids(field, string_ids(words & mask, lengths))

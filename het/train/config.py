@@ -40,7 +40,7 @@ IDS = ("encoded", "hashed")
 CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
 GRAPH_MODELS = ("graphsage",)
 MODELS = CTR_MODELS + GRAPH_MODELS
-CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR")
+CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
 # A job's defaults by model, for the fields whose default is None.

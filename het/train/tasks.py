@@ -36,13 +36,18 @@ class CTRTask:
             from het.data.criteo import CriteoDataset
 
             self.data = CriteoDataset(cfg.data[len("criteo:"):])
+        elif cfg.data.startswith("table:"):
+            from het.data.table import TableDataset
+
+            self.data = TableDataset(cfg.data[len("table:"):])
         else:
             from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig, criteo_1tb
 
             s = cfg.synthetic
             preset = criteo_1tb if cfg.data == "synthetic-criteo-1tb" else SyntheticCriteoConfig
             self.data = SyntheticCriteo(preset(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
-        if cfg.ids == "hashed" or cfg.data == "synthetic-criteo-1tb":  # MLPerf's shape: raw ids, always
+        hashed = cfg.ids == "hashed" or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
+        if hashed and self.data.num_rows is not None:  # (prepared hashed data is hashed already)
             self.data = HashedIds(self.data)
         # Multi-hot fields: the embedding pools each field's bag ("sum"), the model sees one row a field.
         self.pooling = "sum" if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None

@@ -1,0 +1,265 @@
+"""het's prepared format, shared by every ``het data prepare``: the arrays, their split, and
+the directory's life (built under ``meta.json``'s absence, undone whole on failure).
+
+A prepared directory holds ``{split}_dense.npy`` float32 ``(n, D)``, ``{split}_sparse.npy`` int64
+``(n, F)`` and ``{split}_labels.npy`` float32 ``(n,)`` for ``split`` in ``train``, ``test``, and
+``meta.json``, written last (a directory without it holds no usable data). Its ``num_rows``
+is the size of the embedding table the keys index, or None when the keys are hashed 64-bit
+ids (format ``het-hashed``: the job makes a dynamic table); ``num_ids`` estimates the distinct
+keys the data holds (what sizes a worker's cache).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+
+import numpy as np
+import torch
+
+from het.data.batch import Batch
+
+__all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
+           "SkipReport", "SplitWriter", "begin", "first_missing", "print_summary", "remove_partial", "split_is_test", "write_meta"]
+
+SPLITS = ("train", "test")
+ARRAYS = {"dense": np.float32, "sparse": np.int64, "labels": np.float32}  # per split
+HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
+MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
+_HEADER_BYTES = 128  # an .npy header of fixed size, rewritten in place once the row count is known
+
+
+def split_is_test(rows: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
+    """Whether each valid row (0-based index over the whole input) is a test row: a splitmix64
+    hash of ``(seed, row)`` under ``test_fraction``. Shape: (n,) -> (n,) bool."""
+    with np.errstate(over="ignore"):
+        z = rows.astype(np.uint64) ^ (np.uint64(seed) * np.uint64(0xD1B54A32D192ED03))
+        z = z + np.uint64(0x9E3779B97F4A7C15)  # splitmix64
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        z = z ^ (z >> np.uint64(31))
+    return (z >> np.uint64(11)).astype(np.float64) / 2.0 ** 53 < test_fraction
+
+
+# ---- writing, in one pass ---------------------------------------------------------------------
+
+class _GrowingNpy:
+    """An ``.npy`` file written row block by row block when the row count is not known in
+    advance: a header of fixed size, the rows appended, the header's shape rewritten at the end."""
+
+    def __init__(self, path: str, dtype, row_shape: tuple):
+        self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
+        self.file = open(path, "wb")
+        self.file.write(self._header(0))
+
+    def _header(self, rows: int) -> bytes:
+        d = {"descr": np.lib.format.dtype_to_descr(self.dtype), "fortran_order": False,
+             "shape": (rows, *self.row_shape)}
+        text = repr(d).encode("latin1")
+        text += b" " * (_HEADER_BYTES - 10 - len(text) - 1) + b"\n"
+        return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+
+    def append(self, rows: np.ndarray) -> None:
+        self.file.write(np.ascontiguousarray(rows, dtype=self.dtype).tobytes())
+        self.rows += len(rows)
+
+    def close(self) -> None:
+        self.file.seek(0)
+        self.file.write(self._header(self.rows))
+        self.file.close()
+
+
+class SplitWriter:
+    """The six arrays of a prepared directory, appended to block by block in one pass.
+
+    Args:
+        out_dir: an existing directory.
+        num_dense, num_fields: the width of the dense and sparse arrays.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> w = SplitWriter(d, num_dense=2, num_fields=3)
+        >>> w.add(np.ones((4, 2)), np.arange(12).reshape(4, 3), np.zeros(4), np.array([0, 1, 0, 0], bool))
+        >>> w.close()
+        {'train': 3, 'test': 1}
+        >>> np.load(f"{d}/test_sparse.npy", mmap_mode="r").tolist()
+        [[3, 4, 5]]
+    """
+
+    def __init__(self, out_dir: str, num_dense: int, num_fields: int):
+        shapes = {"dense": (num_dense,), "sparse": (num_fields,), "labels": ()}
+        self.arrays = {}
+        for split in SPLITS:
+            for name, dtype in ARRAYS.items():
+                path = os.path.join(out_dir, f"{split}_{name}.npy")
+                self.arrays[split, name] = _GrowingNpy(path, dtype, shapes[name])
+
+    def add(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, is_test: np.ndarray) -> None:
+        """Append a block of rows to their splits. Shape: (n, D), (n, F), (n,), (n,) bool."""
+        for split, mask in (("train", ~is_test), ("test", is_test)):
+            for name, value in (("dense", dense), ("sparse", sparse), ("labels", labels)):
+                self.arrays[split, name].append(value[mask])
+
+    def close(self) -> dict:
+        """Finish the files; returns the rows per split."""
+        for array in self.arrays.values():
+            array.close()
+        return {split: self.arrays[split, "labels"].rows for split in SPLITS}
+
+    def abort(self) -> None:
+        for array in self.arrays.values():
+            array.file.close()
+
+
+class SkipReport:
+    """Skipped lines: all counted, the first :data:`MAX_REPORTED` (by line) kept with a reason."""
+
+    def __init__(self):
+        self.skipped, self.first = 0, []
+
+    def add(self, count: int, entries: list[dict]) -> None:
+        """``count`` more skipped lines; ``entries`` describe some of them (``line`` first)."""
+        self.skipped += count
+        self.first = sorted(self.first + entries, key=lambda e: e["line"])[:MAX_REPORTED]
+
+    @property
+    def full(self) -> bool:
+        return len(self.first) >= MAX_REPORTED
+
+
+def write_meta(out_dir: str, meta: dict) -> None:
+    """Write ``meta.json`` atomically: the directory is usable from this moment on."""
+    path = os.path.join(out_dir, "meta.json")
+    with open(path + ".tmp", "w") as f:
+        json.dump(meta, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def first_missing(path: str) -> str | None:
+    """The outermost directory that ``os.makedirs(path)`` would create (None: ``path`` exists)."""
+    path, missing = os.path.abspath(path), None
+    while not os.path.exists(path):
+        path, missing = os.path.dirname(path), path
+    return missing
+
+
+def remove_partial(out_dir: str, made: str | None) -> None:
+    """Undo a failed preparation: the directories it made go whole; in a directory that was
+    there before, only the arrays it writes (a user's other files stay)."""
+    if made is not None:
+        shutil.rmtree(made, ignore_errors=True)
+        return
+    for split in SPLITS:
+        for name in ARRAYS:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(os.path.join(out_dir, f"{split}_{name}.npy"))
+
+
+def begin(out_dir: str) -> str | None:
+    """Make ``out_dir`` and remove its ``meta.json`` (never old metadata beside half-rewritten
+    arrays); returns what :func:`remove_partial` needs to undo it."""
+    made = first_missing(out_dir)
+    os.makedirs(out_dir, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(os.path.join(out_dir, "meta.json"))
+    return made
+
+
+# ---- reading ----------------------------------------------------------------------------------
+
+class PreparedDataset:
+    """Batches of a prepared directory, memory-mapped: the interface of
+    :class:`het.data.synthetic.SyntheticCriteo` (without a planted model), for any number of
+    dense and sparse columns.
+
+    Args:
+        out_dir: a directory written by ``het data prepare``.
+        formats: the ``(format, version)`` pairs accepted (default: hashed ids).
+
+    Attributes:
+        num_rows: the size of the embedding table, or None for hashed ids (a dynamic table).
+        num_ids: the distinct keys in the data (an estimate for hashed ids).
+        num_dense, num_fields: the widths of ``dense`` and ``sparse``.
+        rows: samples per split, e.g. ``{"train": 900, "test": 100}``.
+        meta: the content of ``meta.json``.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> w = SplitWriter(d, num_dense=1, num_fields=2)
+        >>> w.add(np.ones((3, 1)), np.arange(6).reshape(3, 2), np.ones(3), np.zeros(3, bool))
+        >>> write_meta(d, {"format": HASHED_FORMAT, "version": HASHED_VERSION, "num_rows": None,
+        ...                "num_ids": 6, "num_dense": 1, "num_fields": 2, **dict(zip(("train_rows",
+        ...                "test_rows"), w.close().values()))})
+        >>> data = PreparedDataset(d)
+        >>> data.num_rows, data.num_ids, data.batch("train", 1, 2).sparse.tolist()
+        (None, 6, [[4, 5], [0, 1]])
+    """
+
+    has_planted = False
+    kind = "prepared"  # how errors name the directory
+
+    def __init__(self, out_dir: str, formats=((HASHED_FORMAT, HASHED_VERSION),)):
+        meta_path = os.path.join(out_dir, "meta.json")
+        if not os.path.isfile(meta_path):
+            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with `het data prepare`")
+        with open(meta_path) as f:
+            meta = json.load(f)
+        if (meta.get("format"), meta.get("version")) not in formats:
+            raise ValueError(f"{meta_path} is format {meta.get('format')!r} version {meta.get('version')!r}, "
+                             f"expected {' or '.join(f'{f!r} version {v}' for f, v in formats)}: prepare it again")
+        self.meta = meta
+        self.num_rows = None if meta["num_rows"] is None else int(meta["num_rows"])
+        self.num_ids = int(meta.get("num_ids", self.num_rows))
+        self.num_dense, self.num_fields = int(meta["num_dense"]), int(meta["num_fields"])
+        self.rows = {"train": int(meta["train_rows"]), "test": int(meta["test_rows"])}
+        shapes = {"dense": (self.num_dense,), "sparse": (self.num_fields,), "labels": ()}
+        self._arrays = {}
+        for split in SPLITS:
+            for name, dtype in ARRAYS.items():
+                a = np.load(os.path.join(out_dir, f"{split}_{name}.npy"), mmap_mode="r")
+                if a.dtype != dtype or a.shape != (self.rows[split], *shapes[name]):
+                    raise ValueError(f"{split}_{name}.npy holds {a.dtype} {a.shape}, meta.json says "
+                                     f"{np.dtype(dtype)} {(self.rows[split], *shapes[name])}")
+                self._arrays[split, name] = a
+
+    def batch(self, split: str, index: int, size: int) -> Batch:
+        """Samples ``index * size .. (index + 1) * size - 1`` of ``split``, wrapping around its end.
+
+        Shape:
+            dense (size, D) float32, sparse (size, F) int64, labels (size,) float32.
+        """
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        for name, v in (("index", index), ("size", size)):
+            if not isinstance(v, (int, np.integer)) or isinstance(v, bool) or v < (name == "size"):
+                raise ValueError(f"{name} must be an int >= {int(name == 'size')}, got {v!r}")
+        n = self.rows[split]
+        if n == 0:
+            raise ValueError(f"split {split!r} of this {self.kind} directory has no rows")
+        start = index * size % n
+        if start + size <= n:  # the common case: one contiguous slice, copied out of the map
+            take = lambda a: np.array(a[start:start + size])  # noqa: E731
+        else:
+            idx = (start + np.arange(size)) % n
+            take = lambda a: np.take(a, idx, axis=0)  # noqa: E731
+        return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
+
+
+def print_summary(command: str, s: dict, out_dir: str, data: str) -> None:
+    """The human summary of a one-pass preparation (``s``: its returned summary); ``data`` is
+    what ``het train --data`` takes to train on it."""
+    print(f"{command}: {s['rows']:,} rows ({s['train_rows']:,} train, {s['test_rows']:,} test) from "
+          f"{len(s['sources'])} file(s) in {s['seconds']:.2f} s ({s['rows_per_second']:,.0f} rows/s)")
+    print(f"positive rate {s['positive_rate']:.4f}; {s['num_fields']} sparse and {s['num_dense']} dense "
+          f"columns; about {s['num_ids']:,} distinct hashed ids")
+    print(f"skipped {s['skipped']:,} malformed line(s)" + (":" if s["skipped"] else ""))
+    for skip in s["first_skipped"]:
+        print(f"  line {skip['line']} ({skip['source']}:{skip['source_line']}): {skip['reason']}")
+    if s["skipped"] > len(s["first_skipped"]):
+        print(f"  ... and {s['skipped'] - len(s['first_skipped']):,} more")
+    print(f"wrote {os.path.join(out_dir, 'meta.json')} and the train/test arrays; "
+          f"train on it with `het train --data {data}:{out_dir}`")

@@ -1,0 +1,110 @@
+"""Users' tables on disk -> Arrow record batches, block by block, each row with its line number.
+
+CSV and TSV (gzipped too, told by gzip's magic bytes) through Arrow's streaming CSV reader, which
+parses quoted fields and rejects lines with the wrong number of columns (reported with their line
+numbers by its handler: :class:`_LineNumbers` turns those gaps into every kept row's line);
+Parquet (told by its magic bytes ``PAR1``) through ``iter_batches``, its rows numbered from 1.
+Every column :mod:`het.data.table` reads comes as text from a CSV, so it validates the values.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pyarrow.parquet as pq
+
+__all__ = ["batches"]
+
+_BLOCK_BYTES = 8 << 20
+_PARQUET_ROWS = 1 << 16
+
+
+class _LineNumbers:
+    """The line of each row Arrow's CSV reader keeps: the lines it rejects (reported with their
+    numbers by its handler) are the gaps. Holds the rejected lines of about one block."""
+
+    def __init__(self, first_line: int):
+        self.first, self.rows, self.pruned = first_line, 0, 0
+        self.rejected: list[int] = []
+
+    def next(self, n: int) -> np.ndarray:
+        """The lines of the next ``n`` kept rows. Shape: (n,) int64."""
+        rejected = np.sort(np.array(self.rejected, np.int64))
+        kept_before = rejected - self.first - self.pruned - np.arange(len(rejected))  # kept rows before each
+        k = self.rows + np.arange(n)
+        lines = self.first + k + self.pruned + np.searchsorted(kept_before, k, side="right")
+        self.rows += n
+        if n:  # forget the rejected lines behind us: memory of one block, whatever the file's size
+            done = rejected < lines[-1]
+            self.pruned += int(done.sum())
+            self.rejected = rejected[~done].tolist()
+        return lines
+
+
+def _csv_batches(path: str, spec, sep: str | None, names: list[str] | None):
+    """(batch, the rows' lines, rejected lines as (line, reason)) per block of a CSV/TSV file."""
+    if sep is None:
+        sep = "\t" if path.removesuffix(".gz").endswith(".tsv") else ","
+    rejected: list[tuple[int, str]] = []
+
+    def on_invalid(row):
+        rejected.append((row.number, f"expected {row.expected_columns} {sep!r}-separated columns, "
+                                     f"got {row.actual_columns}"))
+        return "skip"
+
+    read = pcsv.ReadOptions(use_threads=False, block_size=_BLOCK_BYTES, column_names=names)
+    parse = pcsv.ParseOptions(delimiter=sep, invalid_row_handler=on_invalid, ignore_empty_lines=False)
+    convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in spec.columns}, strings_can_be_null=False,
+                                  quoted_strings_can_be_null=False)
+    with _open(path) as peek:
+        header = pcsv.open_csv(peek, read_options=read, parse_options=parse).schema.names
+    spec.check(header, path)
+    rejected.clear()
+    convert.include_columns = spec.columns
+    lines = _LineNumbers(1 if names else 2)
+    with _open(path) as stream:
+        for batch in pcsv.open_csv(stream, read_options=read, parse_options=parse, convert_options=convert):
+            lines.rejected += [line for line, _ in rejected]
+            yield batch, lines.next(batch.num_rows), rejected[:]
+            rejected.clear()
+
+
+def _open(path: str):
+    """An Arrow stream of the file, gunzipped when it starts with gzip's magic bytes."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    return pa.CompressedInputStream(pa.OSFile(path), "gzip") if gz else pa.OSFile(path)
+
+
+def _parquet_batches(path: str, spec):
+    """As :func:`_csv_batches` for a Parquet file: rows numbered from 1, none rejected."""
+    f = pq.ParquetFile(path)
+    spec.check(f.schema_arrow.names, path)
+    row = 0
+    for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=spec.columns):
+        yield batch, row + 1 + np.arange(batch.num_rows), []
+        row += batch.num_rows
+
+
+def _is_parquet(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
+
+def batches(paths, spec, sep, names):
+    """(source index, lines before it, batch, its rows' lines, rejected (line, reason)) for every
+    block of every file, read in order; ``spec`` (a :class:`het.data.table.TableSpec`) names the
+    columns read. A file that cannot be read is a ValueError naming it."""
+    before = 0
+    for src, path in enumerate(paths):
+        try:
+            parts = _parquet_batches(path, spec) if _is_parquet(path) else _csv_batches(path, spec, sep, names)
+            last = 0
+            for batch, lines, rejected in parts:
+                yield src, before, batch, lines, rejected
+                last = max([last, *lines[-1:].tolist(), *(line for line, _ in rejected)])
+        except (pa.ArrowException, EOFError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        before += last
