@@ -128,20 +128,22 @@ TORCH_OPTIMIZERS = {
 }
 
 
-def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1):
+def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1, ids=None):
     """The same batches through ``emb`` (a het.Embedding) and nn.Embedding(sparse=True); the max
-    abs row gap."""
+    abs row gap. ``ids`` (rows,): the key ``emb`` knows row ``i`` of the reference by (raw int64
+    ids for a dynamic table); default ``i``."""
+    ids = torch.arange(rows) if ids is None else ids
     keys_all = torch.arange(rows)
     ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
     with torch.no_grad():
-        ref.weight.copy_(emb.read(keys_all))
+        ref.weight.copy_(emb.read(ids))
     ref_opt = TORCH_OPTIMIZERS[optimizer](ref.parameters(), lr)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         keys = torch.randint(0, rows, (16, 3), generator=g)  # duplicates within a batch on purpose
         target = torch.randn(16, 3, emb.tables["embedding"].dim, generator=g)
-        ((emb(keys) - target) ** 2).mean().backward()
+        ((emb(ids[keys]) - target) ** 2).mean().backward()
         ref_opt.zero_grad()
         ((ref(keys) - target) ** 2).mean().backward()
         ref_opt.step()
-    return float((emb.read(keys_all) - ref.weight.detach()).abs().max())
+    return float((emb.read(ids) - ref.weight.detach()).abs().max())

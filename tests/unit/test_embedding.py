@@ -22,6 +22,26 @@ def test_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_
     assert stats["hits"] > 0 and stats["evictions"] > 0  # the cache was really in the loop
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_a_dynamic_table_at_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_shards):
+    """Raw int64 ids (negative ones, int64's extremes, the cache's empty marker) through a dynamic
+    table: training matches nn.Embedding on the same rows."""
+    from het.cache.policy import EMPTY
+
+    rows, lr = 60, 0.05
+    table = TableConfig("embedding", rows=None, dim=8, optimizer=OptimizerConfig(optimizer, lr=lr))
+    cluster = cluster_factory([table], num_shards)
+    emb = Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=24, staleness=0, ways=8))
+    g = torch.Generator().manual_seed(7)
+    raw = torch.randint(-2 ** 62, 2 ** 62, (rows - 4,), generator=g) * 2
+    ids = torch.cat([torch.tensor([EMPTY, -1, torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max]), raw])
+    assert len(set(ids.tolist())) == rows
+    gap = train_side_by_side(emb, rows, optimizer, lr, ids=ids)
+    assert gap <= 1e-5
+    assert cluster.client().stats()[0]["tables"]["embedding"]["rows"] > 0
+
+
 def test_staleness_bound_changes_training_but_flush_keeps_every_update():
     rows = 40
     table = TableConfig("embedding", rows=rows, dim=4, optimizer=OptimizerConfig("sgd", lr=0.1))
