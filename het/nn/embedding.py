@@ -102,8 +102,8 @@ class Embedding(nn.Module):
         for t in tables:
             served = self.client.tables.get(t.name)
             if served is None or (served.rows, served.dim) != (t.rows, t.dim):
-                raise ValueError(f"table {t.name!r} ({_size(t)}) is not what the PS serves: "
-                                 f"{_size(served) if served else 'no such table'}")
+                raise ValueError(f"table {t.name!r} ({t.size}) is not what the PS serves: "
+                                 f"{served.size if served else 'no such table'}")
         self.tables = {t.name: t for t in tables}
         self.mode, self.padding_idx = mode, padding_idx
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -320,7 +320,7 @@ class Embedding(nn.Module):
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
-        tables = ", ".join(f"{t.name}: {_size(t)} {t.optimizer.name}" for t in self.tables.values())
+        tables = ", ".join(f"{t.name}: {t.size} {t.optimizer.name}" for t in self.tables.values())
         caches = ", ".join(f"{n}: {c.slots} rows {c.cfg.policy} s={c.bound}" for n, c in self.caches.items())
         return f"tables=[{tables}], caches=[{caches}], shards={self.client.num_shards}, mode={self.mode}"
 
@@ -379,16 +379,6 @@ class Embedding(nn.Module):
             keep = flat != self.padding_idx
             flat, bag = flat[keep], bag[keep]
         return flat, bag, bags
-
-
-def _size(table: TableConfig) -> str:
-    """``rows x dim``, or ``dynamic x dim`` for a table of any int64 key.
-
-    Example:
-        >>> _size(TableConfig("t", rows=10, dim=4)), _size(TableConfig("ids", rows=None, dim=4))
-        ('10 x 4', 'dynamic x 4')
-    """
-    return f"{'dynamic' if table.dynamic else table.rows} x {table.dim}"
 
 
 class _HandGradsToCache(torch.autograd.Function):
