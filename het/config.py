@@ -141,6 +141,16 @@ class TableConfig:
         """Whether the table takes any int64 key (``rows is None``)."""
         return self.rows is None
 
+    @property
+    def size(self) -> str:
+        """``"rows x dim"``, or ``"dynamic x dim"`` for a table of any int64 key.
+
+        Example:
+            >>> TableConfig("t", rows=10, dim=4).size, TableConfig("ids", rows=None, dim=4).size
+            ('10 x 4', 'dynamic x 4')
+        """
+        return f"{'dynamic' if self.dynamic else self.rows} x {self.dim}"
+
     def to_dict(self) -> dict:
         return asdict(self)
 

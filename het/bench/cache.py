@@ -62,7 +62,7 @@ def static_oracle_hit_rate(steps: list[torch.Tensor], capacity: int) -> float:
     keys = torch.cat(steps)
     if not keys.numel():
         return 0.0
-    counts = torch.bincount(keys)
+    counts = torch.unique(keys, return_counts=True)[1]  # any int64 key (bincount: only small, >= 0)
     return float(torch.topk(counts, min(capacity, counts.numel())).values.sum()) / keys.numel()
 
 

@@ -4,7 +4,9 @@ Layout (as FBGEMM's embedding cache): ``capacity`` rows in sets of ``ways`` slot
 to one set and may sit in any of its ways. Per slot: the key, the row, ``c_s`` (server clock at
 the last sync), ``u`` (updates not yet pushed), the pending gradient sum, the step of last use
 and the uses since insertion. All of it is tensors on the cache's device, and every operation
-takes a whole tensor of keys.
+takes a whole tensor of keys. Any int64 is a key (a dynamic table's raw ids, negative ones
+too): a slot is empty by its ``held`` mark, never by the key it stores, so no key value is
+reserved.
 
 One training step, for the unique keys of a batch::
 
@@ -96,7 +98,8 @@ class EmbeddingCache:
         self.ways = min(cfg.ways, cfg.capacity) if cfg.capacity else cfg.ways
         self.num_sets = math.ceil(cfg.capacity / self.ways) if cfg.capacity else 0
         n, d, dev = self.num_sets * self.ways, table.dim, self.device
-        self.keys = torch.full((n,), EMPTY, dtype=torch.int64, device=dev)
+        self.keys = torch.full((n,), EMPTY, dtype=torch.int64, device=dev)  # meaningful where held
+        self.held = torch.zeros(n, dtype=torch.bool, device=dev)  # slots holding a key: EMPTY is a key too
         self.rows = torch.zeros(n, d, device=dev)
         self.pending = torch.zeros(n, d, device=dev)
         self.clock = torch.full((n,), -1, dtype=torch.int64, device=dev)   # c_s
@@ -122,7 +125,7 @@ class EmbeddingCache:
     def to(self, device) -> "EmbeddingCache":
         """Move every slot tensor to ``device`` (in place); returns self."""
         self.device = torch.device(device)
-        for name in ("keys", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way", "soon"):
+        for name in ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way", "soon"):
             setattr(self, name, getattr(self, name).to(self.device))
         return self
 
@@ -130,6 +133,11 @@ class EmbeddingCache:
     def slots(self) -> int:
         """Rows the cache can hold."""
         return self.keys.numel() - int(self.disabled.sum())
+
+    @property
+    def cached_keys(self) -> torch.Tensor:
+        """The keys the cache holds now, in slot order. Shape: (m,)."""
+        return self.keys[self.held]
 
     def announce(self, keys: torch.Tensor) -> None:
         """The keys of a coming step, after those already announced (the data loader knows
@@ -145,14 +153,27 @@ class EmbeddingCache:
 
     def _find(self, keys: torch.Tensor, sets: torch.Tensor | None = None) -> torch.Tensor:
         """The slot holding each key, -1 where none does (``sets``: the keys' sets, if known).
+        Only held slots match: an empty one holds no key, whatever its stored value.
         Shape: (n,) -> (n,)."""
         sets = self.set_of(keys) if sets is None else sets
-        match = self._by_set(self.keys, sets) == keys[:, None]                # (n, W)
+        match = (self._by_set(self.keys, sets) == keys[:, None]) & self._by_set(self.held, sets)  # (n, W)
         return torch.where(match.any(1), sets * self.ways + match.to(torch.uint8).argmax(1), -1)
 
     def set_of(self, keys: torch.Tensor) -> torch.Tensor:
-        h = keys * _HASH  # wraps mod 2^64
-        return torch.remainder(h ^ (h >> 29), self.num_sets)
+        """The set of each key, by Fibonacci hashing: the key times 2^64 / golden ratio (mod
+        2^64), whose high 32 bits, read as a fraction of 1, scale to ``[0, num_sets)``. High
+        bits depend on every bit of the key, so raw ids that share their low bits (multiples
+        of 1024, say) still spread; any int64 (negative, int64's extremes) lands in range.
+        Shape: (n,) -> (n,).
+
+        Example:
+            >>> from het.config import CacheConfig, TableConfig
+            >>> cache = EmbeddingCache(TableConfig("t", rows=None, dim=1), CacheConfig(capacity=12, ways=4))
+            >>> cache.set_of(torch.tensor([-1, 0, -2**63, 2**63 - 1, 1 << 40, 2 << 40])).tolist()  # 3 sets
+            [1, 0, 1, 2, 0, 1]
+        """
+        high = ((keys * _HASH) >> 32) & 0xFFFFFFFF  # (n,) in [0, 2^32): the product wraps mod 2^64
+        return (high * self.num_sets) >> 32          # num_sets < 2^31: no overflow
 
     # -- the step ---------------------------------------------------------------------------
     def lookup(self, keys: torch.Tensor) -> Plan:
@@ -220,8 +241,9 @@ class EmbeddingCache:
             if away is not None:  # a victim needed sooner than the miss stays; the miss bypasses
                 ok &= (victim <= _SOON - NEVER) | (cand_away.index_select(0, now) < _SOON - victim)
             now, chosen = now[ok], (sets * self.ways + best)[ok]
-            victims.append((chosen, self.keys.index_select(0, chosen)))
+            victims.append((chosen, self.keys.index_select(0, chosen), self.held.index_select(0, chosen)))
             self.keys.index_copy_(0, chosen, keys.index_select(0, now))
+            self.held.index_fill_(0, chosen, True)
             self.clock.index_fill_(0, chosen, -1)
             self._touch(chosen, torch.ones_like(chosen))
             slot[now] = chosen
@@ -246,10 +268,10 @@ class EmbeddingCache:
             score = torch.where(a < NEVER, _SOON - a, score)
         return torch.where(in_use, PROTECTED, score)
 
-    def _evict(self, slots: torch.Tensor, old_keys: torch.Tensor) -> Rows:
-        """The rows that ``slots`` held before they took new keys: those with unpushed updates
-        are returned to push, and their slots' updates are cleared for the new keys."""
-        held = old_keys != EMPTY
+    def _evict(self, slots: torch.Tensor, old_keys: torch.Tensor, held: torch.Tensor) -> Rows:
+        """The rows that ``slots`` held (where ``held``) before they took new keys: those with
+        unpushed updates are returned to push, and their slots' updates are cleared for the new
+        keys."""
         self.counters["evictions"] += int(held.sum())
         dirty = held & (self.updates.index_select(0, slots) > 0)
         dirty_slots = slots[dirty]
@@ -290,7 +312,8 @@ class EmbeddingCache:
         slot = plan.slot
         # a key may have bypassed the cache, or lost its slot to a later lookup
         if self.num_sets:
-            live = (self.keys.index_select(0, slot.clamp(min=0)) == plan.keys) & (slot >= 0)
+            at = slot.clamp(min=0)
+            live = (self.keys.index_select(0, at) == plan.keys) & self.held.index_select(0, at) & (slot >= 0)
         else:
             live = torch.zeros_like(slot, dtype=torch.bool)
         all_live = bool(live.all())

@@ -7,10 +7,11 @@ every row it could displace bypass the cache. Outside the window the replacement
 decides as before. Announcements are hints: a wrong one costs hits, never correctness.
 
 Steps are numbered in announcement order (1, 2, ...). Every ``depth // 4`` steps the window
-packs each queued (key, step) pair into one sorted int64 (``key << 20 | step - base``), so a
-key's next use after the current step is one binary search for ``(key, now + 1)``, and a step
-costs one search of its keys, not a rebuild; the cache stores, per slot, the number of the
-next announced step that uses its row.
+sorts the distinct queued keys and packs each queued (key, step) pair into one sorted int64
+(``rank of the key << 20 | step - base``), so a key's next use after the current step is two
+binary searches (its rank, then ``(rank, now + 1)``), and a step costs one search of its keys,
+not a rebuild; the cache stores, per slot, the number of the next announced step that uses its
+row. Ranks, not keys, are packed: every int64 is a key (a dynamic table's raw ids).
 """
 
 from __future__ import annotations
@@ -20,9 +21,8 @@ import collections
 import torch
 
 NEVER = 1 << 40  # the "next use" of a key not announced
-_BITS = 20       # an index entry packs key << 20 | (step number - base)
+_BITS = 20       # an index entry packs rank of the key << 20 | (step number - base)
 _MASK = (1 << _BITS) - 1
-MAX_KEY = 1 << 43
 MAX_DEPTH = 1 << 16  # 4 * depth queued steps, plus the rebuild interval, stay below 2^20
 
 
@@ -41,6 +41,12 @@ class Lookahead:
         True
         >>> w.next_use(torch.tensor([1, 2, 3, 4])).tolist()  # 1 is not announced again
         [1099511627776, 2, 2, 3]
+        >>> w.announce(torch.tensor([-1, -2**63, 2**63 - 1]))  # any int64 is a key
+        4
+        >>> w.advance(torch.tensor([2, 3]))  # the window is re-indexed as steps are looked up
+        True
+        >>> w.next_use(torch.tensor([-1, 2**63 - 1, 4, 5])).tolist()
+        [4, 4, 3, 1099511627776]
     """
 
     def __init__(self, depth: int):
@@ -51,15 +57,15 @@ class Lookahead:
         self.queue: collections.deque[tuple[int, torch.Tensor]] = collections.deque()
         self.announced = 0  # number of the last announced step
         self.now = 0        # number of the step looked up last (0: none yet)
-        # every queued (key, number) at the last rebuild, packed as key << 20 | (number - base), sorted
+        # every queued (key, number) at the last rebuild, packed as rank << 20 | (number - base),
+        # sorted, where rank is the key's position in _keys (the distinct keys queued, sorted)
         self._index: torch.Tensor | None = None
+        self._keys = torch.empty(0, dtype=torch.int64)
         self._base = 0
 
     def announce(self, keys: torch.Tensor) -> int:
         """Add the keys of the next step after those already announced; its number."""
         step = torch.unique(keys.reshape(-1).to(torch.int64))
-        if step.numel() and (int(step[0]) < 0 or int(step[-1]) >= MAX_KEY):
-            raise ValueError(f"lookahead keys must lie in [0, 2^43), got {int(step[0])}..{int(step[-1])}")
         self.announced += 1
         self.queue.append((self.announced, step))
         while len(self.queue) > 4 * self.depth:  # announcements nobody looks up: keep the newest
@@ -84,18 +90,25 @@ class Lookahead:
         ``depth``); ``NEVER`` if none. Shape: any -> same, int64."""
         if self._index is None:
             self._build()
-        index = self._index.to(keys.device)
+        index, known = self._index.to(keys.device), self._keys.to(keys.device)
         if index.numel() == 0 or keys.numel() == 0:
             return torch.full_like(keys, NEVER)
-        first = (keys << _BITS) | (self.now + 1 - self._base)  # the first entry at or after (key, now + 1)
+        rank = torch.searchsorted(known, keys).clamp(max=known.numel() - 1)
+        queued = known[rank] == keys
+        first = (rank << _BITS) | (self.now + 1 - self._base)  # the first entry at or after (key, now + 1)
         pos = torch.searchsorted(index, first).clamp(max=index.numel() - 1)
         found = index[pos]
-        return torch.where((found >> _BITS) == keys, (found & _MASK) + self._base, NEVER)
+        return torch.where(queued & ((found >> _BITS) == rank), (found & _MASK) + self._base, NEVER)
 
     def _build(self) -> None:
         self._base = self.now
-        parts = [(keys << _BITS) | (number - self._base) for number, keys in self.queue]
-        self._index = torch.sort(torch.cat(parts)).values if parts else torch.empty(0, dtype=torch.int64)
+        if not self.queue:
+            self._index = self._keys = torch.empty(0, dtype=torch.int64)
+            return
+        keys = torch.cat([k for _, k in self.queue])
+        numbers = torch.cat([torch.full_like(k, number - self._base) for number, k in self.queue])
+        self._keys, rank = torch.unique(keys, return_inverse=True)  # sorted distinct keys; each key's rank
+        self._index = torch.sort((rank << _BITS) | numbers).values
 
     def steps_away(self, numbers: torch.Tensor) -> torch.Tensor:
         """Step numbers (from ``next_use``) -> steps after ``now``; ``NEVER`` for numbers not

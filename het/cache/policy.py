@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-EMPTY = -1
+EMPTY = -1  # what an empty slot stores; a slot is empty by the cache's held mark (any int64 is a key)
 PROTECTED = torch.iinfo(torch.int64).max
 
 

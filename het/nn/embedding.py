@@ -60,7 +60,8 @@ class Embedding(nn.Module):
             in-process shards (one process, no sockets).
         mode: ``None`` returns one row per key; ``"sum"`` or ``"mean"`` pools bags of keys
             (``offsets`` as ``nn.EmbeddingBag``, or the last dimension of a 2-D input).
-        padding_idx: with pooling, keys equal to it are left out of their bag.
+        padding_idx: with pooling, keys equal to it are left out of their bag (in a dynamic
+            table too, whose keys are any int64: no range is checked there).
         device: where the cache and the returned rows live.
         grad_scale: multiplies the rows' gradients before they reach the cache (the trainer
             sets ``1 / workers``: see docs/ARCHITECTURE.md, "Gradient scaling").
@@ -101,8 +102,8 @@ class Embedding(nn.Module):
         for t in tables:
             served = self.client.tables.get(t.name)
             if served is None or (served.rows, served.dim) != (t.rows, t.dim):
-                raise ValueError(f"table {t.name!r} ({t.rows} x {t.dim}) is not what the PS serves: "
-                                 f"{served and (served.rows, served.dim)}")
+                raise ValueError(f"table {t.name!r} ({t.size}) is not what the PS serves: "
+                                 f"{served.size if served else 'no such table'}")
         self.tables = {t.name: t for t in tables}
         self.mode, self.padding_idx = mode, padding_idx
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -319,7 +320,7 @@ class Embedding(nn.Module):
         return super()._apply(fn, recurse)
 
     def extra_repr(self) -> str:
-        tables = ", ".join(f"{t.name}: {t.rows}x{t.dim} {t.optimizer.name}" for t in self.tables.values())
+        tables = ", ".join(f"{t.name}: {t.size} {t.optimizer.name}" for t in self.tables.values())
         caches = ", ".join(f"{n}: {c.slots} rows {c.cfg.policy} s={c.bound}" for n, c in self.caches.items())
         return f"tables=[{tables}], caches=[{caches}], shards={self.client.num_shards}, mode={self.mode}"
 
@@ -339,7 +340,7 @@ class Embedding(nn.Module):
         if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
             raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
         keys = keys.to(self.device, torch.int64)
-        if keys.numel():
+        if keys.numel() and not self.tables[name].dynamic:  # a dynamic table takes any int64
             lo, hi = torch.aminmax(keys)
             lo, hi, rows = int(lo), int(hi), self.tables[name].rows
             pad = self.padding_idx if self.mode is not None else None

@@ -1,7 +1,7 @@
 """The PS client, ps-lite style: ``pull`` / ``push`` / ``sync`` return handles, ``wait`` blocks.
 
-Keys are split by shard (``key % S``, see :mod:`het.ps.partition`); one request goes to every
-shard that holds some of them, all are in flight at once, and ``wait`` merges the replies back
+Keys are split by shard (``key % S``, or ``mix(key) % S`` for a dynamic table: see
+:mod:`het.ps.requests`); one request goes to every shard that holds some of them, all are in flight at once, and ``wait`` merges the replies back
 into the order of the keys given. Keys and rows may live on any device: they travel as CPU
 arrays and come back on the device they were sent from.
 """
@@ -16,11 +16,10 @@ import time
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import partition, state
-from het.ps.checks import all_finite
+from het.ps import state
+from het.ps.requests import check_clocks, check_keys, check_push, cut, push_sync_parts, route
 from het.ps.auth import check_secret, curve_keys
-from het.ps.protocol import (ERROR, PUSH_DTYPES, AuthError, Message, Op, PSError, decode, encode,
-                             narrow)
+from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
 from het.ps.shard import Shard
 from het.ps.replies import Handle, merge
 from het.ps.transport import LocalChannel, LocalTransport, ZmqTransport
@@ -114,23 +113,23 @@ class PSClient:
     # -- the verbs --------------------------------------------------------------------------
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
-        keys = self._check_keys(table, keys)
+        keys = check_keys(self.tables, table, keys)
         return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
              step: int = 1, grad_dtype: str = "f32") -> Handle:
         """Send gradients and update counts; ``wait`` gives the number of rows applied.
         ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest)."""
-        keys = self._check_keys(table, keys)
-        grads, counts = self._check_push(table, keys, grads, counts, grad_dtype)
+        keys = check_keys(self.tables, table, keys)
+        grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
         return self._send(Op.PUSH, table, keys, lambda p: [keys[p], grads[p], counts[p]],
                           {"step": int(step), **_grads_meta(grad_dtype)})
 
     def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float) -> Handle:
         """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
         that are more than ``bound`` updates behind, and every miss."""
-        keys = self._check_keys(table, keys)
-        clocks = self._check_clocks(keys, clocks)
+        keys = check_keys(self.tables, table, keys)
+        clocks = check_clocks(keys, clocks)
         handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]],
                             {"bound": bound_to_wire(bound), "lazy": self.lazy_init})
         handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
@@ -138,23 +137,24 @@ class PSClient:
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
                   step: int = 1, grad_dtype: str = "f32") -> Handle:
-        """A push and a sync in one message per shard; the push is applied first."""
-        push_keys = self._check_keys(table, push_keys)
-        grads, counts = self._check_push(table, push_keys, grads, counts, grad_dtype)
-        sync_keys = self._check_keys(table, sync_keys)
-        clocks = self._check_clocks(sync_keys, clocks)
-        push_parts = partition.split(push_keys, self.num_shards)
+        """A push and a sync in one message per shard (more past the shards' ``max_keys``, the
+        pushes first); the push is applied first."""
+        push_keys, sync_keys = check_keys(self.tables, table, push_keys), check_keys(self.tables, table, sync_keys)
+        cfg = self.tables[table]
+        grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
+        clocks = check_clocks(sync_keys, clocks)
+        push_parts = route(cfg, push_keys, self.num_shards)
         meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype)}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
                         sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
                         keys=sync_keys)
-        for shard, p in enumerate(partition.split(sync_keys, self.num_shards)):
-            q = push_parts[shard]
-            if len(p) or len(q):
-                q = _ALL if len(q) == len(push_keys) else q
-                p_all = _ALL if len(p) == len(sync_keys) else p
-                self._send_part(handle, shard, meta,
-                                [push_keys[q], grads[q], counts[q], sync_keys[p_all], clocks[p_all]], p)
+        for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
+            for q, p in push_sync_parts(push_parts[shard], sync_part, self.max_keys):
+                if len(p) or len(q):
+                    q = _ALL if len(q) == len(push_keys) else q
+                    p_all = _ALL if len(p) == len(sync_keys) else p
+                    self._send_part(handle, shard, meta,
+                                    [push_keys[q], grads[q], counts[q], sync_keys[p_all], clocks[p_all]], p)
         return handle
 
     def wait(self, handle: Handle):
@@ -247,9 +247,8 @@ class PSClient:
     def _send(self, op, table, keys, arrays_of, meta) -> Handle:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
-        for shard, p in enumerate(partition.split(keys, self.num_shards)):
-            for lo in range(0, len(p), self.max_keys):  # a shard takes at most max_keys a request
-                part = p[lo:lo + self.max_keys]
+        for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
+            for part in cut(p, self.max_keys):  # a shard takes at most max_keys a request
                 self._send_part(handle, shard, meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
@@ -361,44 +360,6 @@ class PSClient:
                 raise AuthError(f"PS shard {shard} ({self.channels[shard].address}): {e} "
                                 f"(does it hold the same shared secret?)") from None
             return msg
-
-    def _check_keys(self, table: str, keys) -> torch.Tensor:
-        if table not in self.tables:
-            raise KeyError(f"unknown table {table!r}: the PS holds {sorted(self.tables)}")
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
-        if keys.dtype not in (torch.int64, torch.int32):
-            raise TypeError(f"keys must be int64, got {keys.dtype}")
-        keys = keys.reshape(-1).long()
-        if len(keys):
-            lo, hi = torch.aminmax(keys)
-            lo, hi, rows = int(lo), int(hi), self.tables[table].rows
-            if lo < 0 or hi >= rows:
-                raise ValueError(f"key {lo if lo < 0 else hi} out of range for table {table!r} with {rows} rows")
-        return keys
-
-    def _check_push(self, table, keys, grads, counts, grad_dtype: str = "f32"):
-        if grad_dtype not in PUSH_DTYPES:
-            raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
-        n, d = len(keys), self.tables[table].dim
-        if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
-            raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
-                             f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
-        if not all_finite(grads):
-            raise ValueError(f"grads for table {table!r} hold NaN or inf: not pushed")
-        counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
-        if counts.shape != (n,):
-            raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
-        if grad_dtype == "bf16":  # rounded to nearest even; int16 bits on the wire
-            return grads.to(torch.bfloat16).view(torch.int16), counts
-        return grads.float(), counts
-
-    @staticmethod
-    def _check_clocks(keys, clocks):
-        clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
-        if clocks.shape != keys.shape:
-            raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
-        return narrow(clocks)  # int32 on the wire while every clock fits
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather

@@ -17,6 +17,12 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     of ``(table.seed, table.name, key, column)`` (counter-based, splitmix64), so a row's start
     value does not depend on the number of shards.
 
+    The counter is ``key * dim + column`` (mod 2^64). For a key outside ``[0, 2^64 / dim)`` (a
+    dynamic table's negative or huge ids) that product wraps, and keys ``2^64 / dim`` apart
+    would share their rows (with dim 4: key 0 and key -2^63); such a key is mixed first
+    (:func:`het.ps.partition.mix`), so its row relates to no other key's by a simple rule.
+    Keys in that range (every fixed table's) are unaffected.
+
     Shape: keys (n,) -> (n, table.dim) float32.
 
     Example:
@@ -24,10 +30,17 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
         >>> a = initial_rows(t, np.array([3, 7]))
         >>> bool((a == initial_rows(t, np.array([7, 3]))[::-1]).all()), a.shape
         (True, (2, 4))
+        >>> bool((initial_rows(t, np.array([0])) != initial_rows(t, np.array([-2**63]))).all())
+        True
     """
     salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
     cols = np.arange(table.dim, dtype=np.uint64)
-    x = keys.astype(np.uint64)[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
+    keys = np.asarray(keys, dtype=np.int64)
+    wide = (keys < 0) | (keys >= (1 << 64) // table.dim) if table.dim > 1 else keys < 0  # key * dim wraps
+    counters = keys.astype(np.uint64)
+    if wide.any():
+        counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
+    x = counters[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
     shifted = np.empty_like(x)
     with np.errstate(over="ignore"):
         x ^= salt

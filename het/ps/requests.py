@@ -1,0 +1,111 @@
+"""What a client sends, checked and routed before it leaves: keys, gradients, counts and
+clocks in range and shape, each key bound for the shard that holds it, and no request to a
+shard longer than the shards' ``max_keys``.
+
+A fixed table's keys lie in ``[0, rows)`` and go to shard ``key % S``; a dynamic table
+(``rows=None``) takes any int64 key and routes it by ``mix(key) % S`` (:mod:`het.ps.partition`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from het.config import TableConfig
+from het.ps import partition
+from het.ps.checks import all_finite
+from het.ps.protocol import PUSH_DTYPES, narrow
+
+
+def check_keys(tables: dict[str, TableConfig], table: str, keys) -> torch.Tensor:
+    """``keys`` of ``table`` as a flat int64 tensor, or the error naming what is wrong: an
+    unknown table, not integers, or (fixed tables only) a key outside ``[0, rows)``.
+
+    Example:
+        >>> tables = {"t": TableConfig("t", rows=10, dim=2), "ids": TableConfig("ids", rows=None, dim=2)}
+        >>> check_keys(tables, "ids", torch.tensor([[-1, 2**63 - 1]])).tolist()  # any int64
+        [-1, 9223372036854775807]
+        >>> check_keys(tables, "t", torch.tensor([3, 10]))
+        Traceback (most recent call last):
+        ...
+        ValueError: key 10 out of range for table 't' with 10 rows
+    """
+    if table not in tables:
+        raise KeyError(f"unknown table {table!r}: the PS holds {sorted(tables)}")
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
+    if keys.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"keys must be int64, got {keys.dtype}")
+    keys = keys.reshape(-1).long()
+    rows = tables[table].rows
+    if len(keys) and rows is not None:
+        lo, hi = (int(k) for k in torch.aminmax(keys))
+        if lo < 0 or hi >= rows:
+            raise ValueError(f"key {lo if lo < 0 else hi} out of range for table {table!r} with {rows} rows")
+    return keys
+
+
+def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):
+    """A push's gradients (float32, or bfloat16 bits as int16) and counts (int64), checked
+    against ``keys`` and the table's width. Shape: keys (n,), grads (n, D), counts (n,)."""
+    if grad_dtype not in PUSH_DTYPES:
+        raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
+    n, d = len(keys), table.dim
+    if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
+        raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
+                         f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
+    if not all_finite(grads):
+        raise ValueError(f"grads for table {table.name!r} hold NaN or inf: not pushed")
+    counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
+    if counts.shape != (n,):
+        raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
+    if grad_dtype == "bf16":  # rounded to nearest even; int16 bits on the wire
+        return grads.to(torch.bfloat16).view(torch.int16), counts
+    return grads.float(), counts
+
+
+def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
+    """A sync's clocks, one per key: int32 on the wire while every clock fits, else int64."""
+    clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
+    if clocks.shape != keys.shape:
+        raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
+    return narrow(clocks)
+
+
+def route(table: TableConfig, keys: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
+    """Positions of ``keys`` bound for each shard, in their order: ``key % S`` for a fixed
+    table, ``mix(key) % S`` for a dynamic one. Shape: (n,) -> S tensors (k_i,).
+
+    Example:
+        >>> keys = torch.tensor([1024, 2048, 3072, 4096])
+        >>> [p.tolist() for p in route(TableConfig("t", rows=5000, dim=1), keys, 2)]  # all even
+        [[0, 1, 2, 3], []]
+        >>> [p.tolist() for p in route(TableConfig("ids", rows=None, dim=1), keys, 2)]
+        [[1, 2, 3], [0]]
+    """
+    return partition.split(keys, num_shards, hashed=table.dynamic)
+
+
+def cut(positions: torch.Tensor, max_keys: int) -> list[torch.Tensor]:
+    """``positions`` in pieces of at most ``max_keys`` (none when empty).
+
+    Example:
+        >>> [p.tolist() for p in cut(torch.arange(5), 2)]
+        [[0, 1], [2, 3], [4]]
+    """
+    return [positions[lo:lo + max_keys] for lo in range(0, len(positions), max_keys)]
+
+
+def push_sync_parts(push: torch.Tensor, sync: torch.Tensor, max_keys: int) -> list[tuple]:
+    """One shard's push and sync positions in messages of at most ``max_keys`` keys each, every
+    push before any sync: a shard applies a client's requests in order, so no sync of this
+    push_sync reads a row before its push is applied. ``[(push (k,), sync (m,)), ...]``.
+
+    Example:
+        >>> [(q.tolist(), p.tolist()) for q, p in push_sync_parts(torch.arange(3), torch.arange(3), 2)]
+        [([0, 1], []), ([2], [0, 1]), ([], [2])]
+        >>> [(q.tolist(), p.tolist()) for q, p in push_sync_parts(torch.arange(2), torch.arange(1), 2)]
+        [([0, 1], [0])]
+    """
+    pushes, syncs = cut(push, max_keys) or [push[:0]], cut(sync, max_keys) or [sync[:0]]
+    return ([(q, sync[:0]) for q in pushes[:-1]] + [(pushes[-1], syncs[0])]
+            + [(push[:0], p) for p in syncs[1:]])
