@@ -133,7 +133,6 @@ def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 5
     abs row gap. ``ids`` (rows,): the key ``emb`` knows row ``i`` of the reference by (raw int64
     ids for a dynamic table); default ``i``."""
     ids = torch.arange(rows) if ids is None else ids
-    keys_all = torch.arange(rows)
     ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
     with torch.no_grad():
         ref.weight.copy_(emb.read(ids))

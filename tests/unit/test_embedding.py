@@ -35,7 +35,7 @@ def test_a_dynamic_table_at_staleness_zero_matches_torch_embedding(cluster_facto
     emb = Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=24, staleness=0, ways=8))
     g = torch.Generator().manual_seed(7)
     raw = torch.randint(-2 ** 62, 2 ** 62, (rows - 4,), generator=g) * 2
-    ids = torch.cat([torch.tensor([EMPTY, -1, torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max]), raw])
+    ids = torch.cat([torch.tensor([EMPTY, -3, torch.iinfo(torch.int64).min, torch.iinfo(torch.int64).max]), raw])
     assert len(set(ids.tolist())) == rows
     gap = train_side_by_side(emb, rows, optimizer, lr, ids=ids)
     assert gap <= 1e-5
