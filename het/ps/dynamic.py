@@ -23,6 +23,7 @@ stores nothing for it, and its memory follows the rows training touched, not the
 
 from __future__ import annotations
 
+import ctypes
 from collections import Counter
 
 import torch
@@ -100,8 +101,11 @@ class DynamicRows:
         admitted are dropped and counted. Then expiry and the budget run."""
         if self.sketch is not None:
             at, grads, counts = self._admit(at, grads, counts)
+        merges = self.keys.merges
         if len(at):
             self._apply(at, grads, counts, step)
+        if self.keys.merges != merges:  # the merge's scratch (every key, twice) was freed: give it back
+            release_freed_memory()
         self.step = max(self.step, int(step))
         self._expire()
         self._enforce_budget()
@@ -259,6 +263,23 @@ class DynamicRows:
             self.sketch.load_state_dict(saved["sketch"])
         self.counters.update(saved.get("counters", {}))
         self.step = self._expiry_checked = int(saved.get("step", 0))
+
+
+def release_freed_memory() -> None:
+    """Hand memory the allocator keeps after ``free`` back to the OS (glibc's ``malloc_trim``):
+    a growing table's index merges free arrays of every key, and glibc would keep those pages
+    resident for the next ones. A no-op where there is no glibc."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except OSError:
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None
 
 
 def _first_of(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:

@@ -36,6 +36,7 @@ class KeyIndex:
         self.main_keys, self.main_slots = empty, empty
         self.recent_keys, self.recent_slots = empty, empty
         self.live = 0
+        self.merges = 0  # of the recent run into main: when large scratch arrays were freed
 
     def __len__(self) -> int:
         return self.live
@@ -63,6 +64,7 @@ class KeyIndex:
         self.live += len(keys)
         if len(self.recent_keys) > max(MIN_RECENT, len(self.main_keys) >> RECENT_SHIFT):
             self._merge()
+            self.merges += 1
 
     def remove(self, keys: torch.Tensor) -> None:
         """Forget ``keys`` (unique, all held)."""
