@@ -130,7 +130,7 @@ class DynamicRows:
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
-        weight, state, meta = self._rows_for(unique, slots, new)
+        weight, state, meta, packed = self._rows_for(unique, slots, new)
         meta[:, CLOCK].index_add_(0, inverse, counts)
         if self.optimizer.accepts_duplicates:
             self.optimizer.apply(weight, inverse, grads, step, state)
@@ -149,11 +149,12 @@ class DynamicRows:
             self.counters["admitted"] += len(new)
         self.weight.scatter(slots, weight)
         if self.state is not None:
-            self.state.scatter(slots, torch.cat([state[n] for n in self.state_names], 1))
+            self.state.scatter(slots, packed)
         self.meta.scatter(slots, meta)
 
     def _rows_for(self, keys, slots, new):
-        """Copies of the rows, state and meta of ``keys``: stored ones gathered, new ones made."""
+        """Copies of the rows, state (views into one packed tensor) and meta of ``keys``: stored
+        ones gathered, new ones made."""
         stored = (slots >= 0).nonzero().flatten()
         n, dim = len(keys), self.cfg.dim
         weight = torch.empty(n, dim)
@@ -170,8 +171,9 @@ class DynamicRows:
             if fresh:
                 packed[new] = torch.cat([fresh[name] for name in self.state_names], 1)
             meta[new] = torch.stack([keys[new], torch.zeros_like(new), torch.zeros_like(new)], 1)
-        state = {name: packed[:, i * dim:(i + 1) * dim].clone() for i, name in enumerate(self.state_names)}
-        return weight, state, meta
+        # views: the optimizer updates them in place, so `packed` is written back as it is
+        state = {name: packed[:, i * dim:(i + 1) * dim] for i, name in enumerate(self.state_names)}
+        return weight, state, meta, packed
 
     # -- slots ------------------------------------------------------------------------------
     def _alloc(self, n: int) -> torch.Tensor:
