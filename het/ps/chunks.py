@@ -12,6 +12,7 @@ slots by chunk, then one ``index_select`` / ``index_copy_`` per chunk touched.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 FIRST = 1 << 18
@@ -62,21 +63,27 @@ class Chunks:
 
     def gather(self, slots: torch.Tensor) -> torch.Tensor:
         """Rows at ``slots``. Shape: (n,) -> (n, width)."""
-        out = torch.empty(len(slots), self.width, dtype=self.dtype)
+        # numpy's take and fancy assignment copy whole rows at a time: about twice as fast here
+        # as torch's index_select / index_copy_ on CPU tensors (a shard's storage is on the CPU)
         if not len(slots):
-            return out
+            return torch.empty(0, self.width, dtype=self.dtype)
+        out = None
         for part, pos, local in self._groups(slots):
+            rows = part.numpy().take(local.numpy(), axis=0)
             if pos is None:
-                return part.index_select(0, local)
-            out.index_copy_(0, pos, part.index_select(0, local))
-        return out
+                return torch.from_numpy(rows)
+            if out is None:
+                out = np.empty((len(slots), self.width), dtype=rows.dtype)
+            out[pos.numpy()] = rows
+        return torch.from_numpy(out)
 
     def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``rows`` at ``slots`` (unique). Shape: (n,), (n, width)."""
         if not len(slots):
             return
+        values = rows.numpy()
         for part, pos, local in self._groups(slots):
-            part.index_copy_(0, local, rows if pos is None else rows.index_select(0, pos))
+            part.numpy()[local.numpy()] = values if pos is None else values[pos.numpy()]
 
     def column(self, col: int, rows: int) -> torch.Tensor:
         """Column ``col`` of slots ``0 .. rows - 1``, as one tensor (a copy). Shape: (rows,)."""
