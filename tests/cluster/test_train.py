@@ -17,27 +17,11 @@ from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from jobs import alive, het
 
 pytestmark = pytest.mark.cluster
 
 SMALL = ["--dim", "8", "--batch", "64", "--synthetic-cap", "2000", "--eval-samples", "4096"]
-
-
-def het(*args, timeout=600, env=None):
-    out = subprocess.run([sys.executable, "-m", "het", *args], capture_output=True, text=True, timeout=timeout,
-                         env=env)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie waiting for its parent is dead for our purpose
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split(")")[-1].split()[0] != "Z"
 
 
 def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
