@@ -49,6 +49,7 @@ def test_bench_staleness_reports_auc_per_bound_beside_the_planted_auc(tiny, tmp_
     assert "planted" in table and "inf" in table
 
 
+@pytest.mark.slow  # about 25 s
 def test_bench_scale_measures_checks_and_projects(tiny, tmp_path):
     """Two runs: W0 = 2 workers at dims 8 and 16 (prediction at other measured W is unit-tested)."""
     r = het("bench", "scale", "--config", tiny, "--workers", "2", "--modes", "het:100", "--dims", "8,16",

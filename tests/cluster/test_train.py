@@ -37,6 +37,7 @@ def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
     assert not any(alive(pid) for pid in json.load(open(tmp_path / "pids.json")).values())
 
 
+@pytest.mark.slow  # the cut is also checked in-process by tests/unit/test_default_job.py
 def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
     common = ["--steps", "150", "--json", "--quiet", "--dim", "32", "--synthetic-cap", "20000"]
     het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
@@ -203,6 +204,7 @@ def test_checkpoint_and_resume_equal_training_straight_through(tmp_path):
     assert torch.equal(rows_a["clocks"], rows_b["clocks"]) and int(rows_a["clocks"].sum()) > 0
 
 
+@pytest.mark.slow  # reshard's logic: tests/unit/test_reshard.py
 def test_a_checkpoint_resharded_resumes_on_another_number_of_servers(tmp_path):
     """1 server for 4 steps, `het reshard` to 2, 4 more steps on 2 servers: the rows equal 8 steps
     straight on 1 (resharded back to 1 to compare)."""
@@ -327,6 +329,7 @@ def test_graphsage_on_cora(tmp_path):
     assert s["best_step"] % 10 == 0 and s["val_acc"] >= s["final_val_acc"]  # chosen on validation
 
 
+@pytest.mark.slow  # about 40 s
 def test_a_killed_shard_is_restarted_from_the_latest_checkpoint(tmp_path):
     """`--max-restarts`: the shard is killed (-9) after the first checkpoint; the launcher
     restarts the job from it, the job ends its steps, and its AUC is an uninterrupted run's."""
