@@ -223,7 +223,8 @@ class DynamicRows:
         held = [self.weight, self.state, self.meta]
         nbytes = sum(c.nbytes(self.used) for c in held if c is not None) + self.keys.nbytes + 8 * len(self.free)
         nbytes += self.sketch.nbytes if self.sketch is not None else 0
-        return {"rows": len(self.keys), **self.counters, "bytes": nbytes}
+        return {"rows": len(self.keys), **self.counters, "bytes": nbytes,
+                "admission_bytes": self.sketch.nbytes if self.sketch is not None else 0}
 
     def state_dict(self) -> dict:
         keys, slots = self.keys.items()

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig
+from het.process import peak_rss_bytes, rss_bytes
 from het.ps import checks, state, wal
 from het.ps.dynamic import DynamicRows
 from het.ps.table import TableRows
@@ -331,8 +332,8 @@ class Shard:
         resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``)."""
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
                     uptime_s=time.time() - self.started, index=self.cfg.index,
-                    tables={name: t.stats() for name, t in self.tables.items()}, rss_bytes=_rss(),
-                    peak_rss_bytes=_peak_rss())
+                    tables={name: t.stats() for name, t in self.tables.items()}, rss_bytes=rss_bytes(),
+                    peak_rss_bytes=peak_rss_bytes())
 
     # -- checks -----------------------------------------------------------------------------
     def _rows_of(self, table, keys):
@@ -372,22 +373,6 @@ class Shard:
             raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
-
-
-def _rss() -> int:
-    """This process's resident set size now, in bytes (0 where /proc is not there)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _peak_rss() -> int:
-    """This process's peak resident set size, in bytes (Linux reports KiB)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _all_finite(a: np.ndarray) -> bool:
