@@ -9,6 +9,11 @@ headed by the command and the machine, the paper's numbers beside, the checks th
 for, and PNG plots; the markdown replaces only the region of the results page between
 :data:`BEGIN` and :data:`END` (appended at the end if absent).
 
+By default results live in ``docs/results/``, the page is ``docs/RESULTS.md`` and the plots go
+to ``docs/img/``; with ``--run --quick`` all three are under ``runs/bench-quick/``, so a quick
+run never replaces the committed results. The report is rendered from the stored files alone:
+the markdown by :mod:`het.bench.report_md`, the plots by :mod:`het.bench.report_plots`.
+
 The rendering functions are pure: result dicts in, markdown strings or PNG files out.
 """
 

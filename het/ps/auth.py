@@ -1,13 +1,38 @@
-"""Shared-secret authentication for the PS: where a secret comes from, the MAC, where to bind.
+"""Shared-secret authentication for the PS: where a secret comes from, the MAC, freshness,
+encryption, where to bind.
 
-A shard bound to an address other than loopback must hold a shared secret; every request it
-serves then carries an HMAC-SHA256 of its frames under that secret, and so does every reply
-(:mod:`het.ps.protocol` adds and checks the MAC frame). The secret comes from a file
-(``het serve --secret-file PATH``) or, when no file is given, from the environment variable
-``HET_SECRET``; workers and shards must use the same one.
+A shard binds 127.0.0.1 unless told otherwise; bound to any other address it must hold a shared
+secret (:func:`check_bind`). Every request it serves then carries an HMAC-SHA256 of its frames
+under that secret, and so does every reply (:mod:`het.ps.protocol` adds and checks the MAC
+frame). The secret comes from a file (``het serve --secret-file PATH``) or, when no file is
+given, from the environment variable ``HET_SECRET``; workers and shards must use the same one.
+:class:`het.ps.server.ServerProcess` hands it to its child in the environment, never on the
+command line.
 
-Not covered: replay (a recorded signed message is still valid when sent again) and secrecy
-(frames travel in the clear). Use a private network or a tunnel where those matter.
+The MAC (:func:`mac`) covers the header frame and every array frame, each preceded by its
+length (u64), read in place. It travels as the last frame, and the header has flag ``SIGNED``
+(0x01); unsigned messages are unchanged, so the protocol version is still 1. A shard with a
+secret answers a request not signed with it by an unsigned error reply (``AuthError: request
+is not signed ...`` or ``bad signature ...``), counts it in ``stats["unauthenticated"]`` and
+keeps serving. ``PSClient.connect(..., secret=...)`` signs its requests and raises AuthError on
+a reply not signed with its secret.
+
+Freshness (``Shard._refusal``): every request but INFO names the shard's ``nonce`` (random per
+shard process, learnt from INFO, which changes nothing), the client's ``session`` (random, 16 to
+64 characters) and ``seq``, which grows with every request of the session to that shard; all
+three are in the meta, under the MAC. A request naming another nonce was meant for an earlier
+run of the shard (or replays one): it is refused with StaleError (``stats["stale"]``), and a
+client with ``reconnect_s`` learns the new nonce and sends it again. With a secret, a request
+without session and seq, or whose seq is not past its session's last, is refused as a replay
+(``stats["replays"]``). Both refusals come before anything is read and change nothing. Apart
+from these checks, a push whose seq is not past the last push applied for its session is not
+applied again (``stats["pushes_again"]``): a re-sent push counts once.
+
+Secrecy is opt-in: with ``het serve --encrypt`` (``het train --ps-encrypt``) every frame travels
+under ZeroMQ's CURVE. The shards' key pair derives from the shared secret (:func:`curve_keys`),
+so no other key needs handing out; clients use ephemeral key pairs.
+
+Not covered: a replayed reply (a reply is bound only to its request id).
 """
 
 from __future__ import annotations

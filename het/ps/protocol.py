@@ -46,8 +46,22 @@ its initial value, a pure function of the table's seed and the key
 only the touched rows (``k`` of them, in order) and one more array, ``built``: 1 where the row
 was left for the client to build. Untouched rows are most first uses of a key, which every
 cache and every mode must otherwise pull.
-Clocks travel as int32 while every clock of the message fits (below 2^31), else as int64
-(:func:`narrow`): the sync is most of what a cached row costs on the wire.
+A row is marked ``touched`` by its first push of any count (mode ps installs its dense values
+with pushes of count 0); the marks are saved with the shard, and a save without them loads as
+all touched.
+
+Keys are int64 everywhere. Clocks travel as int32 while every clock of the message fits (below
+2^31), else as int64 (:func:`narrow`), and a SYNC's reply index as int32: a sync costs 12 bytes
+per key sent (key and clock) and 8 per row answered besides the row (index and clock). The sync
+is most of what a cached row costs on the wire. bfloat16 gradients are opt-in (``het train
+--push-dtype bf16``).
+
+Every request but INFO also names in its meta the shard's ``nonce``, the client's ``session``
+and a ``seq`` (:class:`het.ps.client.PSClient` adds them): how a shard refuses stale and
+replayed requests and applies a re-sent push once (see :mod:`het.ps.auth`).
+
+A message of another version raises :class:`VersionError`, naming both versions; a shard answers
+it, like any request it cannot decode, with an error reply and keeps serving.
 An error reply has ``status = 1`` and ``meta = {"error": message, "kind": exception name}``.
 """
 
@@ -227,7 +241,7 @@ def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Mes
 
 def _authenticate(frames, signed: bool, secret: bytes | None, what: str) -> list:
     """The frames without their MAC frame; AuthError if ``secret`` is set and they are not
-    signed with it. Freshness (replays) is the shard's to check: see ``Shard._stale``."""
+    signed with it. Freshness (replays) is the shard's to check: see ``Shard._refusal``."""
     if signed:
         if len(frames) < 2:
             raise ProtocolError("header says signed, but the message has no MAC frame")

@@ -17,6 +17,14 @@ sent: once written, the operating system holds it, whatever happens to the proce
 at the next append. Recovery reads the records in order and stops at the first torn one (a
 crash while writing: its push was never acknowledged); it replays those past ``wal_lsn``.
 A save truncates the log: records it includes are skipped anyway if a crash comes between.
+
+Use: ``het serve --state-dir DIR --wal`` (``--wal-fsync-s``, default 0.05), or ``ps_wal`` in a
+training job, where the local launcher also restarts a dead shard on its address. A push is
+logged before it is applied, so one the table refuses (a non-finite result, say) is refused
+again, the same way, on replay. Each record keeps its request's session and seq, and a save the
+last seq applied per session (``applied``): when a client re-sends its unanswered requests to
+the restarted shard (:class:`het.ps.client.PSClient`, ``reconnect_s``), each push is applied
+exactly once (see :mod:`het.ps.auth`).
 """
 
 from __future__ import annotations
