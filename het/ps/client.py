@@ -74,7 +74,7 @@ class PSClient:
         self._early = [dict() for _ in self.channels]  # replies that came before their wait
         self.bytes = {"sent": 0, "received": 0}
         # signed requests are fresh: each names its shard's nonce, this client's session and a
-        # sequence number that grows with every request to that shard (see Shard._stale)
+        # sequence number that grows with every request to that shard (see Shard._refusal)
         self._session = secrets.token_hex(16)
         self._seqs = [itertools.count(1) for _ in self.channels]
         self._nonces: list = [None] * len(self.channels)
@@ -267,7 +267,7 @@ class PSClient:
         self.channels[shard].send(frames)
 
     def _fresh(self, shard: int) -> dict:
-        """What makes a request to ``shard`` fresh when it is signed (see Shard._stale), and
+        """What makes a request to ``shard`` fresh when it is signed (see Shard._refusal), and
         names it for the shard's at-most-once pushes: this client's session and the next
         sequence number to that shard, and the shard's nonce."""
         return {"nonce": self._nonces[shard], "session": self._session, "seq": next(self._seqs[shard])}
