@@ -67,7 +67,17 @@ def cmd_train(args) -> None:
 
 
 def format_summary(summary: dict) -> str:
-    """The summary as three readable lines."""
+    """The summary as readable lines: the job, its metrics, its traffic and time, what the
+    shards hold.
+
+    Example:
+        >>> print(format_summary({"mode": "het", "staleness": "100", "workers": 2, "servers": 1, "steps": 10,
+        ...     "wall_s": 2.0, "samples_per_s": 5120.0, "auc": 0.75, "hit_rate": 0.5, "sparse_bytes_per_sample": 900.0,
+        ...     "time_split": {"compute": 0.8, "wait_ps": 0.1, "allreduce": 0.1},
+        ...     "ps": {"rows": 3000, "bytes": 2_000_000, "admitted": 3000, "refused_updates": 12, "expired": 0,
+        ...            "evicted": 0, "peak_rss_bytes": 900_000_000}}).splitlines()[-1])
+          PS: 3,000 rows stored (2 MB), 3,000 admitted, 12 gradient rows dropped before admission; shards' peak RSS 900 MB
+    """
     split = summary["time_split"]
     metrics = ", ".join(f"{k} {summary[k]:.4f}" for k in ("auc", "planted_auc", "logloss", "val_acc", "test_acc")
                         if k in summary)
@@ -76,4 +86,15 @@ def format_summary(summary: dict) -> str:
             f"({summary['samples_per_s']:,.0f} samples/s)\n"
             f"  {metrics}; hit rate {summary['hit_rate']:.3f}\n"
             f"  sparse bytes/sample {summary['sparse_bytes_per_sample']:,.0f}; time: compute {split['compute']:.0%}, "
-            f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}")
+            f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}" + _format_ps(summary.get("ps")))
+
+
+def _format_ps(ps: dict | None) -> str:
+    """What the shards hold, one line (admission, expiry and eviction only when they acted)."""
+    if not ps:
+        return ""
+    acted = [f"{ps[k]:,} {what}" for k, what in (("admitted", "admitted"),
+                                                  ("refused_updates", "gradient rows dropped before admission"),
+                                                  ("expired", "expired"), ("evicted", "evicted")) if ps.get(k)]
+    return (f"\n  PS: {ps['rows']:,} rows stored ({ps['bytes'] / 1e6:,.0f} MB)" + "".join(f", {a}" for a in acted)
+            + f"; shards' peak RSS {ps['peak_rss_bytes'] / 1e6:,.0f} MB")
