@@ -336,11 +336,18 @@ class EmbeddingCache:
         """Rows of ``slots`` with their pending updates, which are reset. When the rows ``stay``
         cached and their local updates were exact (SGD at the table's lr), the copies count
         the pushed updates as seen (``c_s += u``): the server's clock will include them, and
-        the copy already does, so they do not make it stale."""
+        the copy already does, so they do not make it stale (and if a dynamic table drops the
+        push, the copy is then ahead of the shard and refreshed: het.staleness.must_refresh)."""
         out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
                    self.updates.index_select(0, slots))
         if stay and self.exact_local:
             self.clock.index_add_(0, slots, out.counts)
+        elif stay and self.table.rows is None and self.table.admit_after > 1:
+            # the shard may drop this push (a key not admitted yet) and leave its clock where the
+            # copy's is: the copy asks again as a miss, so it reads the shard's row (the initial
+            # one if the push was dropped) plus its later updates. Costs nothing when admitted:
+            # the push alone puts the copy more than s behind.
+            self.clock.index_fill_(0, slots, -1)
         self.pending.index_fill_(0, slots, 0)
         self.updates.index_fill_(0, slots, 0)
         self.counters["pushed_rows"] += len(out)

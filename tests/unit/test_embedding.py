@@ -67,6 +67,24 @@ def test_a_dynamic_table_trains_bit_for_bit_as_a_fixed_one(optimizer):
     assert torch.equal(a, b) and torch.equal(ca, cb) and int(ca.sum()) > 0
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_before_admission_a_worker_reads_the_initial_row(optimizer):
+    """admit_after 3: the first two steps' pushes of a key are dropped by the shard; the worker
+    that made them reads the initial row again (not its own dropped updates), whatever the
+    optimizer; the third step's push is applied."""
+    table = TableConfig("embedding", rows=None, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.1), admit_after=3)
+    emb = Embedding(tables=table, client=PSClient.local([table]), cache=CacheConfig(capacity=8, staleness=0))
+    keys = torch.tensor([2 ** 40, -7])
+    start = emb(keys).detach().clone()
+    for step in range(2):
+        emb(keys).sum().backward()  # staleness 0: pushed at the end of the step, and dropped
+        assert torch.equal(emb(keys).detach(), start), step
+    emb(keys).sum().backward()  # the third: admitted and applied
+    assert not torch.equal(emb(keys).detach(), start)
+    stats = emb.client.stats()[0]["tables"]["embedding"]
+    assert stats["refused_updates"] == 4 and stats["rows"] == 2
+
+
 def test_staleness_bound_changes_training_but_flush_keeps_every_update():
     rows = 40
     table = TableConfig("embedding", rows=rows, dim=4, optimizer=OptimizerConfig("sgd", lr=0.1))
