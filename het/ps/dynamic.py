@@ -10,10 +10,11 @@ stores nothing for it, and its memory follows the rows training touched, not the
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
   worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.admission.SightingSketch`).
   Until then reads give its initial row, its gradients are dropped and counted
-  (``refused_updates``) and its clock stays 0, as DeepRec's counter filter. A worker that
-  counted the dropped updates in its copy's clock (``c_s > c_g``) is sent the row again on its
-  next sync (:func:`het.staleness.must_refresh`), so it reads the initial row plus its own
-  unpushed updates.
+  (``refused_updates``) and its clock stays 0, as DeepRec's counter filter. The worker that
+  pushed them reads the initial row again plus its own unpushed updates: under SGD its copy
+  counted the dropped updates (``c_s > c_g``) and is refreshed on its next sync
+  (:func:`het.staleness.must_refresh`); under Adagrad and Adam its cache asks for a pushed row
+  again as a miss (:meth:`het.cache.cache.EmbeddingCache._take`).
 - **Expiry** (``expire_after``) and the **budget** (``max_rows``): rows not updated for that
   many steps (the largest step any push named), or the least recently updated past the budget,
   are removed and counted (``expired``, ``evicted``): they read as their initial value again,
