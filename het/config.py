@@ -86,6 +86,10 @@ class TableConfig:
         admit_after: dynamic tables: a key gets storage once pushes have touched it in this
             many worker-steps; before that its reads give the initial row and its gradients are
             dropped (and counted). 1 admits every key on its first push.
+        admit_counters: dynamic tables with ``admit_after > 1``: the bytes of each shard's
+            count-min sketch of sightings (one byte a counter, :mod:`het.ps.admission`). With
+            ``m`` keys not yet admitted, a key is admitted early with probability near
+            ``(1 - exp(-4 m / admit_counters)) ** 4``.
         expire_after: dynamic tables: a row not updated for this many steps is removed (it
             reads as its initial value again); ``None``: never.
         max_rows: dynamic tables: the most rows one shard stores; past it the least recently
@@ -111,6 +115,7 @@ class TableConfig:
     init_scale: float = 0.01
     seed: int = 0
     admit_after: int = 1
+    admit_counters: int = 1 << 22
     expire_after: int | None = None
     max_rows: int | None = None
 
@@ -126,12 +131,14 @@ class TableConfig:
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
         _require(_is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
                  f"table {self.name!r}: admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
+        _require(_is_int(self.admit_counters) and self.admit_counters >= 4,
+                 f"table {self.name!r}: admit_counters must be an int >= 4 (bytes), got {self.admit_counters!r}")
         for name in ("expire_after", "max_rows"):
             value = getattr(self, name)
             _require(value is None or (_is_int(value) and value >= 1),
                      f"table {self.name!r}: {name} must be None or an int >= 1, got {value!r}")
         if not self.dynamic:
-            used = [n for n in ("admit_after", "expire_after", "max_rows")
+            used = [n for n in ("admit_after", "admit_counters", "expire_after", "max_rows")
                     if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
             _require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
                                f"this one has {self.rows} rows")

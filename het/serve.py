@@ -21,6 +21,8 @@ def add_parser(sub) -> None:
                    "pushes changed are stored")
     s.add_argument("--admit-after", type=int, default=1, help="dynamic tables: store a key once pushes touched it "
                    "in N worker-steps (default 1)")
+    s.add_argument("--admit-counters", type=int, default=1 << 22, help="dynamic tables: bytes of each table's "
+                   "sketch of sightings (default %(default)s)")
     s.add_argument("--expire-after", type=int, default=None, help="dynamic tables: remove rows not updated for "
                    "N steps (default: never)")
     s.add_argument("--max-rows", type=int, default=None, help="dynamic tables: rows this shard stores at most; "
@@ -64,7 +66,8 @@ def cmd_serve(args) -> None:
         if not args.table:
             raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
         opt = OptimizerConfig(args.optimizer, lr=args.lr)
-        dynamic = {"admit_after": args.admit_after, "expire_after": args.expire_after, "max_rows": args.max_rows}
+        dynamic = {"admit_after": args.admit_after, "admit_counters": args.admit_counters,
+                   "expire_after": args.expire_after, "max_rows": args.max_rows}
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed, **(dynamic if r is None else {}))
                        for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)

@@ -63,7 +63,7 @@ class DynamicRows:
         self.keys = KeyIndex()
         self.free = torch.empty(0, dtype=torch.int64)
         self.used = 0  # slots handed out at least once
-        self.sketch = SightingSketch() if cfg.admit_after > 1 else None
+        self.sketch = SightingSketch(cfg.admit_counters) if cfg.admit_after > 1 else None
         self.counters = Counter(admitted=0, refused_updates=0, expired=0, evicted=0)
         self.step = 0  # the largest step a push named
         self._expiry_checked = 0

@@ -160,6 +160,8 @@ class TrainConfig:
                        "(synthetic-criteo-1tb: always hashed)", choices=IDS)
     admit_after: int = setting(1, "hashed ids: a key gets a stored row once pushes touched it in N worker-steps "
                                "(before: reads give its initial row, its gradients are dropped)")
+    admit_counters: int = setting(1 << 22, "hashed ids: bytes of each shard's sketch of sightings (admission); "
+                                  "about 8x the keys awaiting admission keeps early admissions near 2 in 100")
     expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
     max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores; the least recently updated "
                                    "go first (none: no budget)")
@@ -191,6 +193,7 @@ class TrainConfig:
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
+            (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
             (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
         ]

@@ -203,7 +203,8 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
                             optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)
     else:  # hashed ids, or label-encoded ones under admission, expiry or a budget
         table = TableConfig(EMBEDDING_TABLE, rows=None, dim=cfg.dim,
-                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed, **dynamic)
+                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
+                            admit_counters=cfg.admit_counters, **dynamic)
     tables = [table]
     if cfg.mode == "ps":
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))

@@ -279,3 +279,11 @@ def test_the_shards_account_of_its_bytes_follows_the_rows_pushed(opt):
     ideal = n * dim * 4 * (1 + len(s.tables["t"].state_names))
     stats = s.tables["t"].stats()
     assert stats["rows"] == n and ideal < stats["bytes"] <= 1.3 * ideal, stats["bytes"] / ideal
+
+
+def test_the_admission_sketch_has_the_size_asked_for_and_reports_it():
+    s = shard(None, admit_after=2, admit_counters=1 << 12)
+    assert s.tables["t"].stats()["admission_bytes"] == 1 << 12
+    assert shard(None).tables["t"].stats()["admission_bytes"] == 0  # admit_after 1 keeps no sketch
+    with pytest.raises(ValueError, match="admit_counters apply only to dynamic tables"):
+        TableConfig("t", rows=10, dim=2, admit_counters=1 << 12)
