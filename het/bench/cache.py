@@ -70,10 +70,10 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
         staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu",
         lookahead: int = 0) -> dict:
     """Drive a cache over ``trace`` (a flat array cut into steps of ``batch`` keys, or a list of
-    each step's unique keys; any int64 keys: a trace with negative ones runs on a dynamic
-    table); return the figures."""
+    each step's unique keys; any int64 keys: a trace with keys outside [0, 2^31) runs on a
+    dynamic table); return the figures."""
     steps = trace_steps(trace, batch) if isinstance(trace, np.ndarray) else list(trace)
-    small = all(k.numel() == 0 or int(k.min()) >= 0 for k in steps)
+    small = all(k.numel() == 0 or (int(k.min()) >= 0 and int(k.max()) < 1 << 31) for k in steps)
     # label-encoded keys: a fixed table over them; raw int64 ids (negative ones too): a dynamic one
     rows = max((int(k.max()) + 1 for k in steps if k.numel()), default=1) if small else None
     table = TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
