@@ -41,8 +41,8 @@ import numpy as np
 from numpy.lib.format import open_memmap
 
 from het.data.criteo_tsv import _OK, COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows, check_args
-from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, MAX_REPORTED, SPLITS, PreparedDataset, begin,
-                               remove_partial, split_is_test, write_meta)
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, MAX_REPORTED, SPLITS, PreparedDataset, add_common_flags,
+                               begin, print_skipped_and_written, remove_partial, split_is_test, write_meta)
 from het.data.synthetic import NUM_DENSE
 
 __all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FIELDS", "VERSION",
@@ -268,11 +268,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--hash", action="store_true", help="one pass, no vocabulary: hash every value with its "
                    "column to an int64 key (a dynamic PS table); see het.data.criteo_hashed")
     p.add_argument("--min-freq", type=int, default=1, help="ids seen fewer times share their field's rare id")
-    p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
-    p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
-    p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common_flags(p)
     p.set_defaults(func=cmd_prepare_criteo)
     return p
 
@@ -296,11 +292,5 @@ def cmd_prepare_criteo(args: argparse.Namespace) -> dict:
           f"{len(s['sources'])} file(s) in {s['seconds']:.2f} s ({s['rows_per_second']:,.0f} rows/s)")
     print(f"positive rate {s['positive_rate']:.4f}; {s['num_rows']:,} ids in {NUM_FIELDS} fields "
           f"(min freq {s['min_freq']})")
-    print(f"skipped {s['skipped']:,} malformed line(s)" + (":" if s["skipped"] else ""))
-    for skip in s["first_skipped"]:
-        print(f"  line {skip['line']} ({skip['source']}:{skip['source_line']}): {skip['reason']}")
-    if s["skipped"] > len(s["first_skipped"]):
-        print(f"  ... and {s['skipped'] - len(s['first_skipped']):,} more")
-    print(f"wrote {os.path.join(args.out, 'meta.json')} and the train/test arrays; "
-          f"train on it with `het train --data criteo:{args.out}`")
+    print_skipped_and_written(s, args.out, "criteo")
     return s

@@ -256,6 +256,11 @@ def print_summary(command: str, s: dict, out_dir: str, data: str) -> None:
           f"{len(s['sources'])} file(s) in {s['seconds']:.2f} s ({s['rows_per_second']:,.0f} rows/s)")
     print(f"positive rate {s['positive_rate']:.4f}; {s['num_fields']} sparse and {s['num_dense']} dense "
           f"columns; about {s['num_ids']:,} distinct hashed ids")
+    print_skipped_and_written(s, out_dir, data)
+
+
+def print_skipped_and_written(s: dict, out_dir: str, data: str) -> None:
+    """The end of every preparation's human summary: the lines skipped, and what was written."""
     print(f"skipped {s['skipped']:,} malformed line(s)" + (":" if s["skipped"] else ""))
     for skip in s["first_skipped"]:
         print(f"  line {skip['line']} ({skip['source']}:{skip['source_line']}): {skip['reason']}")
@@ -263,3 +268,12 @@ def print_summary(command: str, s: dict, out_dir: str, data: str) -> None:
         print(f"  ... and {s['skipped'] - len(s['first_skipped']):,} more")
     print(f"wrote {os.path.join(out_dir, 'meta.json')} and the train/test arrays; "
           f"train on it with `het train --data {data}:{out_dir}`")
+
+
+def add_common_flags(p) -> None:
+    """The flags every ``het data prepare`` command shares: the split, a row limit, the output."""
+    p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
+    p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
+    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
+    p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -33,8 +33,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from het.data.hashing import hash_strings
-from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, SplitWriter, begin,
-                               print_summary, remove_partial, split_is_test, write_meta)
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, SplitWriter,
+                               add_common_flags, begin, print_summary, remove_partial, split_is_test, write_meta)
 from het.data.sketch import DistinctSketch
 from het.data.table_reader import batches
 
@@ -308,11 +308,7 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--no-header", action="store_true", help="CSV/TSV files have no header line: give --names")
     p.add_argument("--names", default=None, help="comma-separated column names of header-less files")
     p.add_argument("--log-dense", action="store_true", help="dense x -> log(max(x, 0) + 1), as Criteo")
-    p.add_argument("--max-rows", type=int, default=None, help="stop after this many valid rows")
-    p.add_argument("--test-fraction", type=float, default=0.1, help="fraction of rows in the test split")
-    p.add_argument("--seed", type=int, default=0, help="seed of the train/test split")
-    p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_common_flags(p)
     p.set_defaults(func=cmd_prepare_table)
     return p
 
