@@ -24,3 +24,16 @@ def alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as f:
         return f.read().split(")")[-1].split()[0] != "Z"
+
+
+def shared_file(*parts) -> str:
+    """A file of the project's shared folder (beside the checkout, or $HET_SHARED); the test is
+    skipped where it is not there."""
+    import pytest
+
+    from het.data.graph import default_shared_dir
+
+    path = default_shared_dir().joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"the shared data is not here: {path} (set HET_SHARED)")
+    return str(path)

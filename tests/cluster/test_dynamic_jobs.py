@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from het.ps.client import PSClient
-from jobs import het
+from jobs import het, shared_file
 
 pytestmark = pytest.mark.cluster
 
@@ -66,3 +66,19 @@ def test_a_hashed_job_checkpoints_reshards_and_resumes(tmp_path):
     assert torch.equal(keys[order], straight["keys"])  # saved sorted by key
     assert torch.allclose(torch.cat([p["weight"] for p in parts])[order], straight["weight"], atol=1e-5)
     assert torch.equal(torch.cat([p["clocks"] for p in parts])[order], straight["clocks"])
+
+
+def test_a_users_csv_prepared_and_trained_on(tmp_path):
+    """The shared Criteo rows as a CSV with a header: `het data prepare table`, then `het train
+    --data table:OUT` on a dynamic table."""
+    lines = open(shared_file("data", "criteo_kaggle_head1000.tsv")).read().splitlines()
+    header = ",".join(["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))])
+    (tmp_path / "clicks.csv").write_text("\n".join([header, *(line.replace("\t", ",") for line in lines)]) + "\n")
+    prepared = het("data", "prepare", "table", str(tmp_path / "clicks.csv"), str(tmp_path / "out"), "--label", "label",
+                   "--dense", ",".join(f"I{i}" for i in range(1, 14)), "--sparse", ",".join(f"C{i}" for i in range(1, 27)),
+                   "--log-dense", "--json", "--quiet")
+    assert prepared["rows"] == 1000 and prepared["skipped"] == 0
+    s = het("train", "--data", f"table:{tmp_path / 'out'}", "--model", "dlrm", "--steps", "15", "--dim", "8",
+            "--batch", "64", "--json", "--quiet", "--log-dir", str(tmp_path / "logs"))
+    assert s["steps"] == 15 and 0 < s["auc"] < 1 and s["ps"]["rows"] > 0 and "planted_auc" not in s
+

@@ -17,7 +17,7 @@ from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from jobs import alive, het
+from jobs import alive, het, shared_file
 
 pytestmark = pytest.mark.cluster
 
@@ -297,16 +297,6 @@ def test_the_default_job_at_300_steps(tmp_path):
             "--log-dir", str(tmp_path))
     assert time.monotonic() - start < 180
     assert s["auc"] > 0.7 and s["hit_rate"] > 0
-
-
-def shared_file(*parts) -> str:
-    """A file of the project's shared folder (beside the checkout, or $HET_SHARED)."""
-    from het.data.graph import default_shared_dir
-
-    path = default_shared_dir().joinpath(*parts)
-    if not path.exists():
-        pytest.skip(f"the shared data is not here: {path} (set HET_SHARED)")
-    return str(path)
 
 
 def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
