@@ -104,7 +104,8 @@ class Embedding(nn.Module):
             if served is None or (served.rows, served.dim) != (t.rows, t.dim):
                 raise ValueError(f"table {t.name!r} ({t.size}) is not what the PS serves: "
                                  f"{served.size if served else 'no such table'}")
-        self.tables = {t.name: t for t in tables}
+        # the shards' own configs: their optimizer, seed and admission rule are what the caches follow
+        self.tables = {t.name: self.client.tables[t.name] for t in tables}
         self.mode, self.padding_idx = mode, padding_idx
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         caches = cache if isinstance(cache, dict) else {t.name: cache or CacheConfig() for t in tables}

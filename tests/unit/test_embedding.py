@@ -73,7 +73,9 @@ def test_before_admission_a_worker_reads_the_initial_row(optimizer):
     that made them reads the initial row again (not its own dropped updates), whatever the
     optimizer; the third step's push is applied."""
     table = TableConfig("embedding", rows=None, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.1), admit_after=3)
-    emb = Embedding(tables=table, client=PSClient.local([table]), cache=CacheConfig(capacity=8, staleness=0))
+    mine = TableConfig("embedding", rows=None, dim=4)  # what the user wrote: the shards' rule counts
+    emb = Embedding(tables=mine, client=PSClient.local([table]), cache=CacheConfig(capacity=8, staleness=0))
+    assert emb.tables["embedding"] == table
     keys = torch.tensor([2 ** 40, -7])
     start = emb(keys).detach().clone()
     for step in range(2):
