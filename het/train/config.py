@@ -193,6 +193,8 @@ class TrainConfig:
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
+            (not (self.is_graph and self.ids == "hashed"), f"ids 'hashed' applies to CTR data; {self.model} "
+             f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
             (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
             (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),

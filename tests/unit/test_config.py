@@ -178,3 +178,9 @@ def test_graphsage_drops_half_its_id_coordinates_by_default():
     assert cfg.graph.embedding_dropout == 0.5
     with pytest.raises(ValueError, match="graph.embedding_dropout must lie in"):
         TrainConfig(model="graphsage", graph={"embedding_dropout": 1.0})
+
+
+def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
+    with pytest.raises(ValueError, match="ids 'hashed' applies to CTR data; graphsage reads a graph's node ids"):
+        TrainConfig(model="graphsage", ids="hashed")
+    assert TrainConfig(model="graphsage", admit_after=2).admit_after == 2
