@@ -135,7 +135,6 @@ def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=l
         finally:
             client.close()
     return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed,
-            "busy_s_per_step": shard["busy_s"] / max(1, shard.get("requests_push", 1) + shard.get("requests_pull", 0)),
             "shard_bytes": shard["tables"]["bench"]["bytes"]}
 
 

@@ -77,9 +77,12 @@ def test_bench_cache_rejects_a_float_trace(tmp_path):
 
 def test_bench_ps_reports_both_bandwidths():
     result = last_json(het("bench", "ps", "--json", "--seconds", "0.3", "--rows", "2000", "--batch", "256",
-                           "--curve"))
+                           "--curve", "--dynamic"))
     assert result["rows_per_s"] > 0 and result["bytes_per_s"] > 0 and result["zmq_bytes_per_s"] > 0
     assert 0 < result["curve_fraction"] == result["zmq_curve_bytes_per_s"] / result["zmq_bytes_per_s"]
+    # the dynamic shard held every row (a key, a clock, a last step and an index entry beside each)
+    assert result["dynamic_fraction"] == result["dynamic_rows_per_s"] / result["rows_per_s"] > 0
+    assert result["dynamic_shard_bytes"] == 2000 * (4 * 128 + 24 + 16)
 
 
 def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
