@@ -148,6 +148,7 @@ def add_parser(bsub) -> None:
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--curve", action="store_true", help="also raw ZeroMQ under CURVE encryption (its cost)")
     q.add_argument("--dynamic", action="store_true", help="also a dynamic table on the same ids as raw int64 keys")
+    q.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad", "adam"), help="the tables' optimizer")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_main)
 
@@ -157,7 +158,7 @@ def _main(args) -> None:
 
     torch.set_num_threads(args.threads)
     result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds, curve=args.curve,
-                 dynamic=args.dynamic)
+                 dynamic=args.dynamic, optimizer=args.optimizer)
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:

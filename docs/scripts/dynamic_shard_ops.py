@@ -1,0 +1,49 @@
+"""A shard's pull and push of 4,096 rows of dim 128, in-process: a fixed table against a dynamic
+one holding the same 200,000 ids as raw int64 keys (both fully stored first). One thread; the
+milliseconds of each, per call:
+
+    .venv/bin/python docs/scripts/dynamic_shard_ops.py [--optimizer sgd] [--seconds 2]
+"""
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.partition import mix
+from het.ps.shard import Shard
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad", "adam"))
+    p.add_argument("--seconds", type=float, default=2.0)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    rows, batch, dim = 200_000, 4096, 128
+    rng = torch.Generator().manual_seed(0)
+    batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(16)]
+    grads, counts = np.full((batch, dim), 1e-3, np.float32), np.ones(batch, np.int64)
+    for name, size, ids in (("fixed", rows, lambda k: k), ("dynamic", None, mix)):
+        table = TableConfig("b", rows=size, dim=dim, optimizer=OptimizerConfig(args.optimizer, lr=0.01))
+        shard = Shard(ShardConfig((table,)))
+        for lo in range(0, rows, batch):  # every row stored
+            keys = ids(torch.arange(lo, min(rows, lo + batch))).numpy()
+            shard.push("b", keys, grads[:len(keys)].copy(), counts[:len(keys)])
+        keyed = [ids(b).numpy() for b in batches]
+        for what in ("pull", "push"):
+            start, n = time.perf_counter(), 0
+            while time.perf_counter() - start < args.seconds:
+                keys = keyed[n % len(keyed)]
+                if what == "pull":
+                    shard.pull("b", keys, lazy=True)
+                else:
+                    shard.push("b", keys, grads.copy(), counts)
+                n += 1
+            print(f"{name} {what}: {(time.perf_counter() - start) / n * 1e3:.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
