@@ -234,6 +234,9 @@ class ShardConfig:
     index: int = 0
     num_shards: int = 1
     max_keys: int = 1 << 18
+    memory: int | None = None  # bytes of rows, state and index kept in DRAM; the rest on disk (dynamic tables)
+    memory_policy: str = "lru"  # which rows leave DRAM first: "lru" or "lfu"
+    prefetch: bool = True  # with a memory budget: a sync's rows on disk come in after its reply
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
@@ -247,9 +250,35 @@ class ShardConfig:
                  f"shard index must be in [0, {self.num_shards}), got {self.index!r}")
         _require(isinstance(self.max_keys, int) and not isinstance(self.max_keys, bool) and self.max_keys >= 1,
                  f"max_keys must be an int >= 1, got {self.max_keys!r}")
+        if self.memory is not None:
+            _require(isinstance(self.memory, int) and not isinstance(self.memory, bool) and self.memory > 0,
+                     f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
+            _require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
+                     "a fixed table is all in memory")
+        _require(self.memory_policy in ("lru", "lfu"), f"memory_policy must be 'lru' or 'lfu', got {self.memory_policy!r}")
 
     @property
     def max_frame_bytes(self) -> int:
         """The largest frame a request of ``max_keys`` keys needs: its rows of the widest
         table as float32, and 64 KiB for the header and meta."""
         return self.max_keys * max(t.dim for t in self.tables) * 4 + (1 << 16)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2, "mib": 1 << 20,
+          "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}
+
+
+def parse_bytes(text: str | int) -> int:
+    """A size as people write it: ``2GiB``, ``256MiB``, ``1.5G``, ``4096`` (bytes).
+
+    Example:
+        >>> parse_bytes("2GiB"), parse_bytes("256 MiB"), parse_bytes("1.5G"), parse_bytes(4096)
+        (2147483648, 268435456, 1610612736, 4096)
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        return text
+    import re
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"expected a size such as 2GiB, 256MiB or 4096 (bytes), got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])

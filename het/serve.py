@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from het.config import OPTIMIZERS, OptimizerConfig, ShardConfig, TableConfig
+from het.config import OPTIMIZERS, OptimizerConfig, ShardConfig, TableConfig, parse_bytes
 
 
 def add_parser(sub) -> None:
@@ -44,6 +44,13 @@ def add_parser(sub) -> None:
     s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
                    "frame than such a request needs drops its sender (default %(default)s)")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
+    s.add_argument("--memory", type=parse_bytes, default=None, metavar="SIZE",
+                   help="dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); the "
+                        "rest of the rows live in a disk tier under --state-dir (default: all in memory)")
+    s.add_argument("--memory-policy", default="lru", choices=("lru", "lfu"),
+                   help="with --memory: which rows leave DRAM first (default lru)")
+    s.add_argument("--no-prefetch", action="store_true",
+                   help="with --memory: do not bring a sync's rows on disk into DRAM after replying")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     s.set_defaults(func=cmd_serve)
 
@@ -55,13 +62,15 @@ def cmd_serve(args) -> None:
     if args.shard_config:
         d = json.loads(args.shard_config)
         cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"],
-                          d.get("max_keys", ShardConfig.max_keys))
+                          d.get("max_keys", ShardConfig.max_keys), d.get("memory"), d.get("memory_policy", "lru"),
+                          d.get("prefetch", True))
     elif args.config:
         from het.train.config import TrainConfig
         from het.train.tasks import job_tables
 
         tables = tuple(job_tables(TrainConfig.load(args.config)))
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys, args.memory,
+                          args.memory_policy, not args.no_prefetch)
     else:
         if not args.table:
             raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
@@ -70,7 +79,8 @@ def cmd_serve(args) -> None:
                    "expire_after": args.expire_after, "max_rows": args.max_rows}
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed, **(dynamic if r is None else {}))
                        for n, r, d in args.table)
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys)
+        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys, args.memory,
+                          args.memory_policy, not args.no_prefetch)
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,

@@ -30,8 +30,8 @@ class Chunks:
         [[3.0, 4.0], [1.0, 2.0]]
     """
 
-    def __init__(self, width: int, dtype: torch.dtype, first: int = FIRST):
-        self.width, self.dtype, self.first = width, dtype, first
+    def __init__(self, width: int, dtype: torch.dtype, first: int = FIRST, fixed: bool = False):
+        self.width, self.dtype, self.first, self.fixed = width, dtype, first, fixed  # fixed: every chunk ``first`` rows
         self.parts: list[torch.Tensor] = []
         self.starts = torch.zeros(0, dtype=torch.int64)
         self.capacity = 0
@@ -43,10 +43,17 @@ class Chunks:
     def grow_to(self, rows: int) -> None:
         """Make room for slots up to ``rows - 1``."""
         while self.capacity < rows:
-            size = max(self.first, self.capacity)
+            size = self.first if self.fixed else max(self.first, self.capacity)
             self.parts.append(torch.empty(size, self.width, dtype=self.dtype))
             self.starts = torch.cat([self.starts, torch.tensor([self.capacity])])
             self.capacity += size
+
+    def truncate(self, rows: int) -> None:
+        """Free the chunks that hold only slots ``rows`` and past (their memory goes back)."""
+        while self.parts and int(self.starts[-1]) >= rows:
+            self.capacity = int(self.starts[-1])
+            self.parts.pop()
+            self.starts = self.starts[:-1]
 
     def _groups(self, slots: torch.Tensor):
         """(chunk, positions in ``slots`` or None for all, slots within the chunk) per chunk touched."""

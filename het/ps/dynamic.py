@@ -25,6 +25,7 @@ stores nothing for it, and its memory follows the rows training touched, not the
 from __future__ import annotations
 
 import ctypes
+import os
 from collections import Counter
 
 import torch
@@ -35,6 +36,7 @@ from het.ps.admission import SightingSketch
 from het.ps.chunks import Chunks
 from het.ps.index import KeyIndex
 from het.ps.table import initial_rows, rows_problem
+from het.ps.tiers import MemoryRows, TieredRows, read_saved
 
 KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
 BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK
@@ -53,12 +55,16 @@ class DynamicRows:
         ([1, 0], 2)
     """
 
-    def __init__(self, cfg: TableConfig, index: int, num_shards: int):
+    def __init__(self, cfg: TableConfig, index: int, num_shards: int, disk_dir: str | None = None,
+                 policy: str = "lru"):
         self.cfg, self.index, self.num_shards = cfg, index, num_shards
-        self.optimizer = optim.make(cfg.optimizer, 0, cfg.dim)  # its rules; the state lives in `state`
+        self.disk_dir, self.policy = disk_dir, policy
+        self.optimizer = optim.make(cfg.optimizer, 0, cfg.dim)  # its rules; the state lives in `store`
         self.state_names = self.optimizer.state_names
-        self.weight = Chunks(cfg.dim, torch.float32)
-        self.state = Chunks(cfg.dim * len(self.state_names), torch.float32) if self.state_names else None
+        state_width = cfg.dim * len(self.state_names)
+        # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.tiers)
+        self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
+                      else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
         self.meta = Chunks(3, torch.int64)  # key, clock, last step that updated it (-1: a free slot)
         self.keys = KeyIndex()
         self.free = torch.empty(0, dtype=torch.int64)
@@ -89,7 +95,7 @@ class DynamicRows:
     def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
         """As :meth:`TableRows.rows_to_send`: a row not stored is "untouched"."""
         stored = at[:, 1] >= 0
-        rows = self.weight.gather(at[stored, 1])
+        rows = self.store.gather_weight(at[stored, 1])
         if lazy:
             return [rows.numpy(), (~stored).to(torch.uint8).numpy()], len(rows)
         out = torch.from_numpy(initial_rows(self.cfg, at[:, 0].numpy()))
@@ -148,9 +154,7 @@ class DynamicRows:
             slots[new] = self._alloc(len(new))
             self.keys.insert(unique[new], slots[new])
             self.counters["admitted"] += len(new)
-        self.weight.scatter(slots, weight)
-        if self.state is not None:
-            self.state.scatter(slots, packed)
+        self.store.scatter(slots, weight, packed if self.state_names else None)
         self.meta.scatter(slots, meta)
 
     def _rows_for(self, keys, slots, new):
@@ -162,10 +166,10 @@ class DynamicRows:
         packed = torch.empty(n, dim * len(self.state_names))
         meta = torch.empty(n, 3, dtype=torch.int64)
         if len(stored):
-            weight[stored] = self.weight.gather(slots[stored])
+            weight[stored], state = self.store.gather(slots[stored])
             meta[stored] = self.meta.gather(slots[stored])
-            if self.state is not None:
-                packed[stored] = self.state.gather(slots[stored])
+            if state is not None:
+                packed[stored] = state
         if len(new):
             weight[new] = torch.from_numpy(initial_rows(self.cfg, keys[new].numpy()))
             fresh = self.optimizer.initial_state(len(new), dim)
@@ -182,17 +186,17 @@ class DynamicRows:
         self.free = self.free[:len(self.free) - len(reused)]
         fresh = torch.arange(self.used, self.used + n - len(reused))
         self.used += len(fresh)
-        for chunks in (self.weight, self.state, self.meta):
-            if chunks is not None:
-                chunks.grow_to(self.used)
+        self.meta.grow_to(self.used)
+        self.store.grow_to(self.used)
         return torch.cat([reused, fresh])
 
     def _remove(self, slots: torch.Tensor, counter: str) -> None:
         """Forget the rows at ``slots``: they read as their initial value again."""
         meta = self.meta.gather(slots)
-        self.keys.remove(meta[:, KEY])
+        self.keys.remove(meta[:, KEY].contiguous())
         meta[:, LAST] = -1
         self.meta.scatter(slots, meta)
+        self.store.release(slots)
         self.free = torch.cat([self.free, slots])
         self.counters[counter] += len(slots)
 
@@ -221,52 +225,80 @@ class DynamicRows:
 
     # -- state ------------------------------------------------------------------------------
     def stats(self) -> dict:
-        held = [self.weight, self.state, self.meta]
-        nbytes = sum(c.nbytes(self.used) for c in held if c is not None) + self.keys.nbytes + 8 * len(self.free)
-        nbytes += self.sketch.nbytes if self.sketch is not None else 0
-        return {"rows": len(self.keys), **self.counters, "bytes": nbytes,
-                "admission_bytes": self.sketch.nbytes if self.sketch is not None else 0}
+        return {"rows": len(self.keys), **self.counters, "bytes": self.store.nbytes(self.used) + self.index_bytes(),
+                "admission_bytes": self.sketch.nbytes if self.sketch is not None else 0,
+                **self.store.stats(len(self.keys))}
 
-    def state_dict(self) -> dict:
+    def index_bytes(self) -> int:
+        """DRAM held besides the rows: index, clocks, free slots and the admission sketch."""
+        return (self.meta.nbytes(self.used) + self.keys.nbytes + 8 * len(self.free)
+                + (self.sketch.nbytes if self.sketch is not None else 0))
+
+    def state_dict(self, rows_dir: str | None = None) -> dict:
+        """Keys, rows, clocks, optimizer state, admission and counters. With a disk tier and
+        ``rows_dir``, the rows stay in the tier's files, linked into ``rows_dir`` (``disk``)."""
         keys, slots = self.keys.items()
         meta = self.meta.gather(slots)
-        packed = self.state.gather(slots) if self.state is not None else None
+        out = {"config": self.cfg.to_dict(), "keys": keys.clone(), "clocks": meta[:, CLOCK].clone(),
+               "last_step": meta[:, LAST].clone(),
+               "sketch": self.sketch.state_dict() if self.sketch is not None else None,
+               "counters": dict(self.counters), "step": self.step}
+        if isinstance(self.store, TieredRows) and rows_dir is not None:
+            return {**out, "disk": self.store.save(slots, rows_dir)}
         d = self.cfg.dim
-        return {"config": self.cfg.to_dict(), "keys": keys.clone(), "weight": self.weight.gather(slots),
-                "clocks": meta[:, CLOCK].clone(), "last_step": meta[:, LAST].clone(),
-                "optimizer": {n: packed[:, i * d:(i + 1) * d].clone() for i, n in enumerate(self.state_names)},
-                "sketch": self.sketch.state_dict() if self.sketch is not None else None,
-                "counters": dict(self.counters), "step": self.step}
+        records = self.store.peek(slots) if isinstance(self.store, TieredRows) else torch.cat(
+            [r for r in self.store.gather(slots) if r is not None], 1)
+        return {**out, "weight": records[:, :d].clone(),
+                "optimizer": {n: records[:, (i + 1) * d:(i + 2) * d].clone() for i, n in enumerate(self.state_names)}}
 
     def check_state(self, saved: dict, path: str) -> None:
         name = self.cfg.name
         if "keys" not in saved:
             raise ValueError(f"{path}: table {name!r} was saved as a fixed table, this shard's is dynamic")
-        n = len(saved["keys"])
-        shapes = {"weight": (n, self.cfg.dim), "clocks": (n,), "last_step": (n,),
-                  **{f"optimizer {k}": (n, self.cfg.dim) for k in self.state_names}}
-        got = {"weight": saved["weight"].shape, "clocks": saved["clocks"].shape, "last_step": saved["last_step"].shape,
-               **{f"optimizer {k}": v.shape for k, v in saved["optimizer"].items()}}
-        if {k: tuple(v) for k, v in got.items()} != shapes:
+        n, width = len(saved["keys"]), self.cfg.dim * (1 + len(self.state_names))
+        shapes = {"clocks": (n,), "last_step": (n,)}
+        got = {"clocks": saved["clocks"].shape, "last_step": saved["last_step"].shape}
+        if "disk" in saved:
+            shapes.update(records=(n,), width=width)
+            got.update(records=saved["disk"]["records"].shape, width=saved["disk"]["width"])
+        else:
+            shapes.update({"weight": (n, self.cfg.dim), **{f"optimizer {k}": (n, self.cfg.dim) for k in self.state_names}})
+            got.update({"weight": saved["weight"].shape, **{f"optimizer {k}": v.shape for k, v in saved["optimizer"].items()}})
+        if {k: v if isinstance(v, int) else tuple(v) for k, v in got.items()} != shapes:
             raise ValueError(f"{path}: table {name!r} holds {got}, expected {shapes}")
         if self.sketch is not None and saved.get("sketch") is not None:
             if tuple(saved["sketch"]["counts"].shape) != tuple(self.sketch.counts.shape):
                 raise ValueError(f"{path}: table {name!r}'s admission sketch has shape "
                                  f"{tuple(saved['sketch']['counts'].shape)}, expected {tuple(self.sketch.counts.shape)}")
 
-    def load_state_dict(self, saved: dict) -> None:
-        self.__init__(self.cfg, self.index, self.num_shards)
+    def load_state_dict(self, saved: dict, rows_dir: str | None = None) -> None:
+        """Load :meth:`state_dict`'s output; ``rows_dir``: where its disk tier's files are."""
+        self.close()
+        self.__init__(self.cfg, self.index, self.num_shards, self.disk_dir, self.policy)
         keys = saved["keys"]
         slots = self._alloc(len(keys))
         self.keys.insert(keys, slots)
-        self.weight.scatter(slots, saved["weight"])
-        if self.state is not None:
-            self.state.scatter(slots, torch.cat([saved["optimizer"][n] for n in self.state_names], 1))
         self.meta.scatter(slots, torch.stack([keys, saved["clocks"], saved["last_step"]], 1))
+        if "disk" in saved and isinstance(self.store, TieredRows):
+            self.store.load(slots, saved["disk"], rows_dir)
+        elif "disk" in saved:  # a tiered save into memory: read in parts
+            for part in torch.arange(len(slots)).split(1 << 20):
+                records = torch.from_numpy(read_saved(rows_dir, saved["disk"], saved["disk"]["records"][part]))
+                self.store.scatter(slots[part], records[:, :self.cfg.dim], records[:, self.cfg.dim:])
+        else:
+            self.store.scatter(slots, saved["weight"],
+                               torch.cat([saved["optimizer"][n] for n in self.state_names], 1) if self.state_names else None)
         if self.sketch is not None and saved.get("sketch") is not None:
             self.sketch.load_state_dict(saved["sketch"])
         self.counters.update(saved.get("counters", {}))
         self.step = self._expiry_checked = int(saved.get("step", 0))
+
+    def close(self) -> None:
+        """Close the disk tier and remove its files (a save holds its own links to them)."""
+        if isinstance(self.store, TieredRows):
+            self.store.close()
+            for name in os.listdir(self.disk_dir):
+                os.unlink(os.path.join(self.disk_dir, name))
 
 
 def release_freed_memory() -> None:

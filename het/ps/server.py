@@ -48,6 +48,8 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
             shard.stats["errors"] += 1
             reply = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
         endpoint.send(peer, reply)
+        if shard._prefetch:  # the worker computes its step meanwhile: its next rows come off disk now
+            shard.prefetch()
 
 
 def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,
@@ -231,4 +233,5 @@ def _child_env(secret: bytes | None) -> dict:
 
 def _cfg_dict(cfg: ShardConfig) -> dict:
     return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables],
-            "max_keys": cfg.max_keys}
+            "max_keys": cfg.max_keys, "memory": cfg.memory, "memory_policy": cfg.memory_policy,
+            "prefetch": cfg.prefetch}

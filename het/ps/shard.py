@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import time
 from collections import Counter
 
@@ -66,8 +67,9 @@ class Shard:
         self.state_dir = None if state_dir is None else os.path.abspath(state_dir)
         if wal and state_dir is None:
             raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
-        self.tables = {t.name: (DynamicRows if t.dynamic else TableRows)(t, cfg.index, cfg.num_shards)
-                       for t in cfg.tables}
+        self.tables = {t.name: self._table(t) for t in cfg.tables}
+        self._prefetch: list = []  # (table, slots) a sync named: brought into DRAM after its reply
+        self._fit_memory()
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
@@ -79,6 +81,40 @@ class Shard:
         self.wal: WriteAheadLog | None = None
         if wal:
             self._recover(os.path.join(self.state_dir, "wal"), fsync_s)
+
+    def _table(self, t):
+        if not t.dynamic:
+            return TableRows(t, self.cfg.index, self.cfg.num_shards)
+        if self.cfg.memory is None:
+            return DynamicRows(t, self.cfg.index, self.cfg.num_shards)
+        if self.state_dir is None:
+            raise ValueError("a memory budget needs a state directory for its disk tier (het serve --state-dir DIR)")
+        tier = os.path.join(self.state_dir, "tier")
+        if not hasattr(self, "_tier_cleared"):  # what an earlier run left there is not state: saves are
+            shutil.rmtree(tier, ignore_errors=True)
+            self._tier_cleared = True
+        return DynamicRows(t, self.cfg.index, self.cfg.num_shards, os.path.join(tier, state.table_dir(t.name)),
+                           self.cfg.memory_policy)
+
+    def _fit_memory(self) -> None:
+        """Give the tiered tables' DRAM pools what the budget leaves beside everything else
+        (fixed tables, indexes, clocks, sketches), in equal shares."""
+        if self.cfg.memory is None:
+            return
+        tiered = [t for t in self.tables.values() if isinstance(t, DynamicRows) and t.disk_dir is not None]
+        others = sum(t.stats()["bytes"] for t in self.tables.values() if t not in tiered)
+        fixed = sum(t.index_bytes() + t.store.fixed_bytes(t.used) for t in tiered)
+        share = max(0, self.cfg.memory - others - fixed) // len(tiered)
+        for t in tiered:
+            t.store.set_capacity(share // t.store.position_bytes())
+
+    def prefetch(self) -> int:
+        """Bring the rows on disk that the syncs since the last call named into DRAM: the
+        pushes and pulls of the step they prefetch for find them there. Rows brought in."""
+        pending, self._prefetch = self._prefetch, []
+        brought = sum(t.store.prefetch(slots) for t, slots in pending)
+        self.stats["prefetched_rows"] += brought
+        return brought
 
     # -- the wire ---------------------------------------------------------------------------
     def handle_frames(self, frames) -> list:
@@ -219,6 +255,7 @@ class Shard:
         if session is not None:
             self._applied[session[0]] = session[1]
         self.stats["rows_in"] += len(at)
+        self._fit_memory()
         return len(at)
 
     def _first_time(self, meta: dict) -> bool:
@@ -243,6 +280,8 @@ class Shard:
         rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy)
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
+        if self.cfg.prefetch and isinstance(t, DynamicRows) and t.disk_dir is not None:
+            self._prefetch.append((t, at[at[:, 1] >= 0, 1]))
         return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *rows[1:]]
 
     def _count_rows(self, sent: int, asked: int) -> None:
@@ -265,10 +304,14 @@ class Shard:
         return path
 
     def close(self) -> None:
-        """Force the write-ahead log to disk (a clean stop)."""
+        """Force the write-ahead log to disk (a clean stop); remove the disk tier's files (a
+        save holds links of its own)."""
         if self.wal is not None:
             self.wal.close()
             self.wal = None
+        for t in self.tables.values():
+            if isinstance(t, DynamicRows):
+                t.close()
 
     def _recover(self, directory: str, fsync_s: float) -> None:
         """The last base save, then every logged push after it, applied again (not logged)."""
@@ -291,41 +334,46 @@ class Shard:
         then truncate the log: a crash between the two replays nothing twice (the base names
         the last push it holds)."""
         base = os.path.join(self.wal.directory, "base.pt")
-        tmp = f"{base}.tmp-{os.getpid()}"
         if saved is None:
-            self._write(tmp)
+            self._write(base)
         else:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            os.link(saved, tmp)  # no copy: the save's own file, whatever becomes of its name
-        os.replace(tmp, base)
+            state.link_save(saved, base)  # no copy: the save's own files, whatever becomes of their names
         self.wal.truncate()
 
     def _write(self, path: str) -> None:
-        state = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                 "wal_lsn": self.wal.lsn if self.wal is not None else 0, "applied": dict(self._applied),
-                 "tables": {name: t.state_dict() for name, t in self.tables.items()}}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        tiered = {name: t for name, t in self.tables.items() if isinstance(t, DynamicRows) and t.disk_dir is not None}
+        rows = state.new_rows_suffix() if tiered else None  # the disk tier's files, linked beside the save
+        tables = {name: t.state_dict(os.path.join(path + rows, state.table_dir(name))) if name in tiered else t.state_dict()
+                  for name, t in self.tables.items()}
+        saved = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
+                 "wal_lsn": self.wal.lsn if self.wal is not None else 0, "applied": dict(self._applied),
+                 "tables": tables, "rows": rows}
         tmp = f"{path}.tmp-{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # a reader never sees half a file
+        torch.save(saved, tmp)
+        os.replace(tmp, path)  # a reader never sees half a save: it names its own rows directory
+        state.remove_other_rows(path, rows)
 
     def _read(self, path: str) -> int:
         """Load a save; the number of the last logged push it holds (0: none)."""
-        state = torch.load(path, weights_only=True)
-        if state.get("format") != SAVE_FORMAT:
-            raise ValueError(f"{path}: save format {state.get('format')}, expected {SAVE_FORMAT}")
-        if (state["index"], state["num_shards"]) != (self.cfg.index, self.cfg.num_shards):
-            raise ValueError(f"{path} holds shard {state['index']} of {state['num_shards']}, "
+        saved = state.read_save(path)
+        if saved.get("format") != SAVE_FORMAT:
+            raise ValueError(f"{path}: save format {saved.get('format')}, expected {SAVE_FORMAT}")
+        if (saved["index"], saved["num_shards"]) != (self.cfg.index, self.cfg.num_shards):
+            raise ValueError(f"{path} holds shard {saved['index']} of {saved['num_shards']}, "
                              f"this is shard {self.cfg.index} of {self.cfg.num_shards}")
-        if set(state["tables"]) != set(self.tables):
-            raise ValueError(f"{path} holds tables {sorted(state['tables'])}, expected {sorted(self.tables)}")
+        if set(saved["tables"]) != set(self.tables):
+            raise ValueError(f"{path} holds tables {sorted(saved['tables'])}, expected {sorted(self.tables)}")
         for name, t in self.tables.items():
-            t.check_state(state["tables"][name], path)
+            t.check_state(saved["tables"][name], path)
         for name, t in self.tables.items():  # all checked: now change
-            t.load_state_dict(state["tables"][name])
-        self._applied = dict(state.get("applied", {}))
-        return int(state.get("wal_lsn", 0))
+            if isinstance(t, DynamicRows):
+                t.load_state_dict(saved["tables"][name], state.rows_dir(path, saved, name))
+            else:
+                t.load_state_dict(saved["tables"][name])
+        self._fit_memory()
+        self._applied = dict(saved.get("applied", {}))
+        return int(saved.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:
         """Counters, and per table its stored rows and bytes (``tables``); the process's

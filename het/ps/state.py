@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -49,6 +51,83 @@ def resolve(state_dir: str | None, name: str, write: bool) -> str:
     return path
 
 
+# -- saves --------------------------------------------------------------------------------------
+# A save is one file, ``shard-<i>.pt``; a shard with a disk tier adds a directory beside it,
+# ``shard-<i>.pt.rows-<token>``, of hard links to the tier's segment files, which the file names
+# (``rows``). A new save at the same path links a new directory, replaces the file (the one
+# atomic step), then removes the old directory: a crash leaves the old save or the new one whole.
+# Moving, lending or linking a save takes its rows directory along.
+
+def new_rows_suffix() -> str:
+    return f".rows-{secrets.token_hex(6)}"
+
+
+def table_dir(table: str) -> str:
+    """A table's directory in a disk tier and in a save's rows: its name, safe as a file name."""
+    return "table-" + table.encode().hex()
+
+
+def read_save(path: str) -> dict:
+    """A save's file (its rows directory, if any, stays where it is)."""
+    import torch  # saves are torch files; this module is imported by tools that need no torch
+    return torch.load(path, weights_only=True)
+
+
+def rows_dir(path: str, saved: dict, table: str) -> str | None:
+    """Where the save at ``path`` keeps ``table``'s disk-tier files (None: it has none)."""
+    return os.path.join(path + saved["rows"], table_dir(table)) if saved.get("rows") else None
+
+
+def rows_dirs(path: str) -> list[str]:
+    """The rows directories beside the save at ``path`` (one; more only after a crash mid-save)."""
+    return sorted(glob.glob(glob.escape(path) + ".rows-*"))
+
+
+def remove_other_rows(path: str, keep: str | None) -> None:
+    """Remove the rows directories of ``path`` but the one with suffix ``keep``."""
+    for d in rows_dirs(path):
+        if keep is None or d != path + keep:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def link_save(src: str, dst: str) -> None:
+    """Make ``dst`` a save equal to ``src`` by hard links (copies across filesystems); an older
+    save at ``dst`` is replaced whole."""
+    suffixes = [d[len(src):] for d in rows_dirs(src)]
+    for suffix in suffixes:
+        _link_tree(src + suffix, dst + suffix)
+    tmp = f"{dst}.tmp-{os.getpid()}"
+    if os.path.exists(tmp):
+        os.remove(tmp)
+    _link_or_copy(src, tmp)
+    os.replace(tmp, dst)
+    for d in rows_dirs(dst):
+        if d[len(dst):] not in suffixes:
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def move_save(src: str, dst: str) -> str:
+    """Move a save and its rows directories; the new path."""
+    for d in rows_dirs(src):
+        shutil.move(d, dst + d[len(src):])
+    return shutil.move(src, dst)
+
+
+def _link_tree(src: str, dst: str) -> None:
+    for root, _, files in os.walk(src):
+        out = os.path.join(dst, os.path.relpath(root, src))
+        os.makedirs(out, exist_ok=True)
+        for f in files:
+            _link_or_copy(os.path.join(root, f), os.path.join(out, f))
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # no copy of a big file
+    except OSError:
+        shutil.copyfile(src, dst)  # another filesystem
+
+
 def temporary() -> str:
     """A new state directory for a shard that was given none (in-process, tests)."""
     return tempfile.mkdtemp(prefix="het-shard-state-")
@@ -64,7 +143,7 @@ def collect(state_dirs: list[str], tag: str, directory: str) -> list[str]:
     os.makedirs(directory, exist_ok=True)
     paths = []
     for i, root in enumerate(state_dirs):
-        paths.append(shutil.move(os.path.join(root, tag, shard_name(i)), os.path.join(directory, shard_name(i))))
+        paths.append(move_save(os.path.join(root, tag, shard_name(i)), os.path.join(directory, shard_name(i))))
         os.rmdir(os.path.join(root, tag))
     return paths
 
@@ -81,11 +160,7 @@ def lent(state_dirs: list[str], tag: str, directory: str):
     try:
         for i, (root, src) in enumerate(zip(state_dirs, sources)):
             os.makedirs(os.path.join(root, tag))
-            dst = os.path.join(root, tag, shard_name(i))
-            try:
-                os.link(src, dst)  # no copy of a big file
-            except OSError:
-                shutil.copyfile(src, dst)  # another filesystem
+            link_save(src, os.path.join(root, tag, shard_name(i)))
         yield
     finally:
         for root in state_dirs:

@@ -1,0 +1,237 @@
+"""A shard's disk tier: rows as fixed-width records in append-only segment files.
+
+A record is written once and never changed: a row written again gets a new record at the end
+of the current segment, and its old one becomes garbage. So a save hard-links the segment
+files (:meth:`Segments.link_into`) and later writes cannot change what it holds, and no save
+copies the disk tier. Segments whose records are mostly garbage are rewritten by the owner
+(:meth:`het.ps.tiers.TieredRows.compact`), then unlinked (a save's links keep their data).
+
+- **Writes** are one ``os.pwrite`` of a contiguous buffer per segment a batch reaches.
+- **Reads** map each segment read-only (``MADV_RANDOM``: no read-ahead for random rows) and take
+  the batch's records with one ``numpy.take`` per segment touched; then ``MADV_DONTNEED`` drops
+  the mapped pages from the process (its RSS), while the kernel's page cache may keep them.
+- **Memory**: per record its owner's slot (int32), to find the live records of a segment.
+
+Measured against a row file written in place, LMDB and RocksDB in docs/RESULTS.md ("Disk tier:
+candidate stores").
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+
+import numpy as np
+import torch
+
+SEGMENT_BYTES = 128 << 20  # a segment's size on disk (the last one is written as it fills)
+
+
+class Segments:
+    """Records of ``width`` float32 in append-only files under ``directory``; a record is
+    addressed by its number ``segment * per_segment + offset``.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> s = Segments(d, width=2, segment_bytes=32)  # 4 records per segment
+        >>> recs = s.append(np.arange(12, dtype=np.float32).reshape(6, 2), torch.arange(6))
+        >>> recs.tolist(), len(s.files)
+        ([0, 1, 2, 3, 4, 5], 2)
+        >>> s.read(torch.tensor([5, 0])).tolist()
+        [[10.0, 11.0], [0.0, 1.0]]
+        >>> s.kill(torch.tensor([0, 1, 2])); s.live, s.dead
+        (3, 3)
+        >>> s.close()
+    """
+
+    def __init__(self, directory: str, width: int, segment_bytes: int = SEGMENT_BYTES):
+        self.directory, self.width = directory, width
+        self.record_bytes = 4 * width
+        self.per_segment = max(1, segment_bytes // self.record_bytes)
+        os.makedirs(directory, exist_ok=True)
+        self.files: dict[int, _Segment] = {}
+        self.next = 0  # the next record's number
+        self.live = self.dead = 0
+        self.reads = self.writes = 0
+
+    # -- records ----------------------------------------------------------------------------
+    def append(self, rows: np.ndarray, owners: torch.Tensor) -> torch.Tensor:
+        """Write ``rows`` as new records owned by ``owners`` (slots); their numbers. Shape:
+        (n, width), (n,) -> (n,)."""
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        n, done = len(rows), 0
+        records = torch.arange(self.next, self.next + n)
+        while done < n:
+            seg, off = divmod(self.next, self.per_segment)
+            k = min(n - done, self.per_segment - off)
+            f = self.files.get(seg) or self._open(seg)
+            os.pwrite(f.fd, memoryview(rows[done:done + k]).cast("B"), off * self.record_bytes)
+            f.own(off, owners[done:done + k].numpy())
+            f.live += k
+            f.written = off + k
+            self.next += k
+            done += k
+        self.live += n
+        self.writes += n
+        return records
+
+    def read(self, records: torch.Tensor) -> np.ndarray:
+        """The rows of ``records``. Shape: (n,) -> (n, width)."""
+        out = np.empty((len(records), self.width), dtype=np.float32)
+        if not len(records):
+            return out
+        seg = records // self.per_segment
+        segs, inverse = torch.unique(seg, return_inverse=True)
+        local = (records - seg * self.per_segment).numpy()
+        for i, s in enumerate(segs.tolist()):  # one take per segment touched, not per record
+            pos = (inverse == i).nonzero().flatten().numpy()
+            f = self.files[s]
+            out[pos] = f.rows().take(local[pos], axis=0)
+            f.drop_pages()
+        self.reads += len(records)
+        return out
+
+    def kill(self, records: torch.Tensor) -> None:
+        """Mark ``records`` (unique, live) garbage: rows written again or forgotten."""
+        if not len(records):
+            return
+        seg = records // self.per_segment
+        local = (records - seg * self.per_segment).numpy()
+        segs, counts = torch.unique(seg, return_counts=True)
+        for s, c in zip(segs.tolist(), counts.tolist()):
+            f = self.files[s]
+            f.owners[local[(seg == s).numpy()]] = -1
+            f.live -= c
+        self.live -= len(records)
+        self.dead += len(records)
+
+    # -- segments ---------------------------------------------------------------------------
+    def sparse_segments(self, want: int) -> list[int]:
+        """Closed segments with the most garbage, until they hold ``want`` dead records (the
+        current one, still filling, is never chosen)."""
+        current = self.next // self.per_segment
+        closed = sorted((f.live - f.written, s) for s, f in self.files.items() if s != current)
+        chosen, dead = [], 0
+        for neg_dead, s in closed:
+            if dead >= want or neg_dead == 0:
+                break
+            chosen.append(s)
+            dead -= neg_dead
+        return chosen
+
+    def live_records(self, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A segment's live records and their owners."""
+        f = self.files[seg]
+        offs = np.flatnonzero(f.owners[:f.written] >= 0)
+        return torch.from_numpy(offs + seg * self.per_segment), torch.from_numpy(f.owners[offs].astype(np.int64))
+
+    def drop(self, seg: int) -> None:
+        """Forget a segment whose live records were moved: its file is unlinked (a save that
+        linked it keeps it)."""
+        f = self.files.pop(seg)
+        self.live -= f.live
+        self.dead -= f.written - f.live
+        f.close()
+        os.unlink(f.path)
+
+    def link_into(self, directory: str) -> dict[int, str]:
+        """Hard-link every segment into ``directory`` (copied where links are impossible);
+        segment -> file name."""
+        os.makedirs(directory, exist_ok=True)
+        names = {}
+        for s, f in self.files.items():
+            names[s] = os.path.basename(f.path)
+            _link_or_copy(f.path, os.path.join(directory, names[s]))
+        return names
+
+    def adopt(self, path: str, owners: np.ndarray) -> int:
+        """Take a saved segment file (linked, not copied) as a new closed segment whose records
+        ``0 .. len(owners) - 1`` are owned by ``owners`` (-1: garbage); its number."""
+        seg = -(-self.next // self.per_segment)  # past the current one, which stays open
+        f = self._open(seg, source=path)
+        f.own(0, owners)
+        f.written, f.live = len(owners), int((owners >= 0).sum())
+        self.next = (seg + 1) * self.per_segment
+        self.live += f.live
+        self.dead += f.written - f.live
+        return seg
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes written to the segment files (live records and garbage)."""
+        return sum(f.written for f in self.files.values()) * self.record_bytes
+
+    @property
+    def memory_bytes(self) -> int:
+        """DRAM this tier holds: the owners of every segment's records."""
+        return sum(4 * len(f.owners) for f in self.files.values())
+
+    def close(self) -> None:
+        for f in self.files.values():
+            f.close()
+        self.files.clear()
+
+    def _open(self, seg: int, source: str | None = None) -> "_Segment":
+        path = os.path.join(self.directory, f"seg-{seg:06d}.rows")
+        if os.path.lexists(path):  # never written through: a save may hold a link to it
+            os.unlink(path)
+        if source is not None:
+            _link_or_copy(source, path)
+        f = _Segment(path, self.per_segment, self.record_bytes, self.width)
+        self.files[seg] = f
+        return f
+
+
+class _Segment:
+    """One segment file: its descriptor, its read-only map (made on the first read), and the
+    owner of each record (-1: garbage or not written)."""
+
+    def __init__(self, path: str, per_segment: int, record_bytes: int, width: int):
+        self.path, self.width = path, width
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.size = per_segment * record_bytes
+        if os.fstat(self.fd).st_size < self.size:
+            os.ftruncate(self.fd, self.size)  # sparse: blocks are allocated as records are written
+        self.owners = np.empty(0, dtype=np.int32)  # grows as records are written
+        self.written = self.live = 0
+        self._map: mmap.mmap | None = None
+        self._rows: np.ndarray | None = None
+
+    def own(self, offset: int, owners: np.ndarray) -> None:
+        """Set the owners of records ``offset ..``, the array grown (doubling) to hold them."""
+        end = offset + len(owners)
+        if end > len(self.owners):
+            grown = np.full(max(end, 2 * len(self.owners)), -1, dtype=np.int32)
+            grown[:len(self.owners)] = self.owners
+            self.owners = grown
+        self.owners[offset:end] = owners
+
+    def rows(self) -> np.ndarray:
+        if self._rows is None:
+            self._map = mmap.mmap(self.fd, self.size, prot=mmap.PROT_READ)
+            self._map.madvise(mmap.MADV_RANDOM)
+            self._rows = np.frombuffer(self._map, dtype=np.float32).reshape(-1, self.width)
+        return self._rows
+
+    def drop_pages(self) -> None:
+        """Unmap the pages a read faulted in: they leave the process's RSS, not the page cache."""
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        self._rows = None  # the map cannot close while an array views it
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        import shutil
+        shutil.copyfile(src, dst)

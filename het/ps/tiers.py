@@ -1,0 +1,374 @@
+"""Where a dynamic table's rows live: all in memory, or the hot ones in memory under a budget and
+the others on disk.
+
+Both stores keep a slot's row and optimizer state together (a record ``[weight | state]``) and
+answer the same calls, so :class:`het.ps.dynamic.DynamicRows` does not know which it has.
+
+:class:`TieredRows`, for a shard with a memory budget (``het serve --memory``):
+
+- **DRAM tier**: a pool of positions holding records, as many as the shard's budget leaves
+  room for (:meth:`set_capacity`); per slot its position (-1: not in memory) and its record on
+  disk (-1: none, or stale: the row in memory is newer). The index and the clocks stay in DRAM
+  (:class:`het.ps.dynamic.DynamicRows`).
+- **Disk tier**: append-only segment files (:class:`het.ps.disk.Segments`).
+- **Moves**: a row read or written comes into memory; when the pool is full the least recently
+  used rows (``lru``) or the least used since they came in (``lfu``) leave, 1/16 of the pool at
+  a time so that choosing victims is paid rarely. A row leaving is written to disk unless its
+  record there is current (it was only read). A batch larger than the pool is served too: the
+  rows that do not fit are read from disk, or written there, directly.
+- **Garbage**: past as many dead records as live ones, the segments with the most garbage are
+  rewritten (:meth:`compact`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import numpy as np
+import torch
+
+from het.ps.chunks import Chunks
+from het.ps.disk import SEGMENT_BYTES, Segments
+
+POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
+BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
+SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
+EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
+POLICIES = ("lru", "lfu")
+
+
+class MemoryRows:
+    """Every record in memory (a shard without a budget): rows and state by slot."""
+
+    def __init__(self, dim: int, state_width: int):
+        self.dim = dim
+        self.weight = Chunks(dim, torch.float32)
+        self.state = Chunks(state_width, torch.float32) if state_width else None
+
+    def grow_to(self, slots: int) -> None:
+        for c in (self.weight, self.state):
+            if c is not None:
+                c.grow_to(slots)
+
+    def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.weight.gather(slots)
+
+    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
+
+    def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
+        self.weight.scatter(slots, weight)
+        if self.state is not None:
+            self.state.scatter(slots, state)
+
+    def release(self, slots: torch.Tensor) -> None:
+        pass
+
+    def prefetch(self, slots: torch.Tensor) -> int:
+        return 0
+
+    def nbytes(self, used: int) -> int:
+        return sum(c.nbytes(used) for c in (self.weight, self.state) if c is not None)
+
+    def stats(self, rows: int) -> dict:
+        return {"rows_in_memory": rows, "rows_on_disk": 0, "disk_bytes": 0, "disk_reads": 0, "disk_writes": 0}
+
+
+class TieredRows:
+    """Records by slot: the hot ones in a pool of ``capacity`` positions, the others on disk
+    under ``directory``.
+
+    Example:
+        >>> import tempfile
+        >>> t = TieredRows(dim=2, state_width=0, directory=tempfile.mkdtemp(), capacity=2)
+        >>> t.grow_to(3)
+        >>> t.scatter(torch.arange(3), torch.arange(6.).reshape(3, 2), None)  # 3 rows, room for 2
+        >>> t.stats(3)["rows_in_memory"], t.stats(3)["rows_on_disk"]
+        (2, 1)
+        >>> t.gather_weight(torch.tensor([2, 0])).tolist()
+        [[4.0, 5.0], [0.0, 1.0]]
+        >>> t.close()
+    """
+
+    def __init__(self, dim: int, state_width: int, directory: str, capacity: int = 0, policy: str = "lru",
+                 segment_bytes: int = SEGMENT_BYTES):
+        if policy not in POLICIES:
+            raise ValueError(f"memory policy must be one of {POLICIES}, got {policy!r}")
+        self.dim, self.width, self.policy = dim, dim + state_width, policy
+        self.place = Chunks(2, torch.int64)  # per slot: POS, REC
+        self.pool = Chunks(self.width, torch.float32, first=BLOCK, fixed=True)
+        self.slot_of = torch.empty(0, dtype=torch.int64)  # per position: its slot (-1: free)
+        self.score = torch.empty(0, dtype=torch.int64)  # per position: last use (lru) or uses (lfu)
+        self.free = torch.empty(0, dtype=torch.int64)  # free positions below ``high``
+        self.high = 0  # positions handed out at least once since the pool last shrank
+        self.capacity = capacity
+        self.tick = 0
+        self.slots = 0
+        self.disk = Segments(directory, self.width, segment_bytes)
+        self.counters = Counter(evicted_to_disk=0, prefetched=0, compactions=0)
+
+    # -- the store's calls ------------------------------------------------------------------
+    def grow_to(self, slots: int) -> None:
+        if slots > self.slots:
+            self.place.grow_to(slots)
+            new = torch.arange(self.slots, slots)
+            self.place.scatter(new, torch.full((len(new), 2), -1, dtype=torch.int64))
+            self.slots = slots
+
+    def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
+        return self._records(slots)[:, :self.dim].contiguous()
+
+    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        records = self._records(slots)
+        return records[:, :self.dim], records[:, self.dim:] if self.width > self.dim else None
+
+    def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
+        """Write the rows of ``slots`` (unique): their records on disk are stale from now."""
+        records = weight if state is None else torch.cat([weight, state], 1)
+        place = self.place.gather(slots)
+        stale = place[:, REC] >= 0
+        self.disk.kill(place[stale, REC])
+        place[:, REC] = -1
+        hot = (place[:, POS] >= 0).nonzero().flatten()
+        if len(hot):
+            self.pool.scatter(place[hot, POS], records[hot])
+            self._touch(place[hot, POS])
+        self.place.scatter(slots, place)
+        cold = (place[:, POS] < 0).nonzero().flatten()
+        if len(cold):
+            self._bring_in(slots[cold], records[cold], place[cold, REC], pinned=place[hot, POS])
+        self._compact_if_sparse()
+
+    def release(self, slots: torch.Tensor) -> None:
+        """Forget the rows of ``slots``: their positions and records are free."""
+        place = self.place.gather(slots)
+        pos = place[place[:, POS] >= 0, POS]
+        self.slot_of[pos] = -1
+        self.free = torch.cat([self.free, pos])
+        self.disk.kill(place[place[:, REC] >= 0, REC])
+        self.place.scatter(slots, torch.full_like(place, -1))
+
+    def prefetch(self, slots: torch.Tensor) -> int:
+        """Bring the rows of ``slots`` on disk into memory (ahead of a request that needs them);
+        how many came."""
+        slots = torch.unique(slots)
+        place = self.place.gather(slots)
+        cold = ((place[:, POS] < 0) & (place[:, REC] >= 0)).nonzero().flatten()
+        if len(cold):
+            records = torch.from_numpy(self.disk.read(place[cold, REC]))
+            self._bring_in(slots[cold], records, place[cold, REC], pinned=place[place[:, POS] >= 0, POS])
+            self.counters["prefetched"] += len(cold)
+        return len(cold)
+
+    def set_capacity(self, rows: int) -> None:
+        """Hold at most ``rows`` records in memory from now on. A pool that must shrink goes a
+        little lower; one may grow once there is room for 1/16 more."""
+        rows = max(0, rows)
+        if rows > self.capacity + rows // 16:
+            self.capacity = rows
+        if rows >= self.capacity:
+            return
+        self.capacity = rows = rows - rows // SHRINK_SLACK
+        in_use = (self.slot_of[rows:self.high] >= 0).nonzero().flatten() + rows
+        self._evict_positions(in_use)  # those past the new end
+        over = self.in_memory - rows
+        if over > 0:
+            self._evict(over, pinned=torch.empty(0, dtype=torch.int64))
+        self.free = self.free[self.free < rows]
+        self.high = min(self.high, rows)
+        self.slot_of, self.score = self.slot_of[:self.high], self.score[:self.high]
+        self.pool.truncate(rows)
+
+    @property
+    def in_memory(self) -> int:
+        return self.high - len(self.free)
+
+    def nbytes(self, used: int) -> int:
+        """DRAM held: the slots' places, the pool (positions handed out), its per-position
+        arrays and the disk tier's record owners."""
+        return 16 * used + (4 * self.width + 16) * self.high + 8 * len(self.free) + self.disk.memory_bytes
+
+    def fixed_bytes(self, used: int) -> int:
+        """DRAM held besides the pool's positions: the slots' places, free positions, owners."""
+        return 16 * used + 8 * len(self.free) + self.disk.memory_bytes
+
+    def position_bytes(self) -> int:
+        """DRAM one more position in the pool costs."""
+        return 4 * self.width + 16
+
+    def stats(self, rows: int) -> dict:
+        return {"rows_in_memory": self.in_memory, "rows_on_disk": rows - self.in_memory,
+                "disk_bytes": self.disk.nbytes, "disk_reads": self.disk.reads, "disk_writes": self.disk.writes,
+                "memory_capacity_rows": self.capacity, **self.counters}
+
+    def close(self) -> None:
+        self.disk.close()
+
+    # -- moving rows ------------------------------------------------------------------------
+    def _records(self, slots: torch.Tensor) -> torch.Tensor:
+        """The records of ``slots`` (stored ones); those on disk come into memory."""
+        place = self.place.gather(slots)
+        hot = place[:, POS] >= 0
+        if bool(hot.all()):
+            self._touch(place[:, POS])
+            return self.pool.gather(place[:, POS])
+        out = torch.empty(len(slots), self.width)
+        h, c = hot.nonzero().flatten(), (~hot).nonzero().flatten()
+        if len(h):
+            out[h] = self.pool.gather(place[h, POS])
+            self._touch(place[h, POS])
+        cold, inverse = torch.unique(slots[c], return_inverse=True)  # a pull may name a key twice
+        records = torch.empty(len(cold), dtype=torch.int64).scatter_(0, inverse, place[c, REC])
+        rows = torch.from_numpy(self.disk.read(records))
+        out[c] = rows[inverse]
+        self._bring_in(cold, rows, records, pinned=place[h, POS])
+        return out
+
+    def _bring_in(self, slots, records, disk_records, pinned) -> None:
+        """Put ``records`` of ``slots`` (not in memory) into the pool, making room; what does
+        not fit stays on disk, written there if it has no current record."""
+        room = self.capacity - self.in_memory
+        if room < len(slots):
+            self._evict(len(slots) - room + self.capacity // EVICT_SHARE, pinned)
+            room = self.capacity - self.in_memory
+        fit = min(len(slots), max(room, 0))
+        if fit:
+            pos = self._positions(fit)
+            self.pool.scatter(pos, records[:fit])
+            self.slot_of[pos] = slots[:fit]
+            self.score[pos] = self.tick if self.policy == "lru" else 1
+            self.place.scatter(slots[:fit], torch.stack([pos, disk_records[:fit]], 1))
+        if fit < len(slots):
+            rest, recs = slots[fit:], disk_records[fit:]
+            unwritten = (recs < 0).nonzero().flatten()
+            if len(unwritten):
+                new = self.disk.append(records[fit:][unwritten].numpy(), rest[unwritten])
+                self.place.scatter(rest[unwritten], torch.stack([torch.full_like(new, -1), new], 1))
+
+    def _positions(self, n: int) -> torch.Tensor:
+        reused = self.free[len(self.free) - min(n, len(self.free)):]
+        self.free = self.free[:len(self.free) - len(reused)]
+        fresh = torch.arange(self.high, self.high + n - len(reused))
+        if len(fresh):
+            self.high += len(fresh)
+            self.pool.grow_to(self.high)
+            grow = self.high - len(self.slot_of)
+            if grow > 0:
+                self.slot_of = torch.cat([self.slot_of, torch.full((grow,), -1, dtype=torch.int64)])
+                self.score = torch.cat([self.score, torch.zeros(grow, dtype=torch.int64)])
+        return torch.cat([reused, fresh])
+
+    def _touch(self, pos: torch.Tensor) -> None:
+        self.tick += 1
+        if self.policy == "lru":
+            self.score[pos] = self.tick
+        else:
+            self.score[pos] += 1
+
+    def _evict(self, n: int, pinned: torch.Tensor) -> None:
+        """Move the ``n`` coldest rows in memory, except those at ``pinned``, to disk."""
+        score = self.score[:self.high].clone()
+        score[self.slot_of[:self.high] < 0] = torch.iinfo(torch.int64).max  # free: never chosen
+        score[pinned] = torch.iinfo(torch.int64).max
+        n = min(n, self.in_memory - len(pinned))
+        if n > 0:
+            self._evict_positions(torch.topk(score, n, largest=False).indices)
+
+    def _evict_positions(self, pos: torch.Tensor) -> None:
+        if not len(pos):
+            return
+        slots = self.slot_of[pos]
+        place = self.place.gather(slots)
+        unwritten = (place[:, REC] < 0).nonzero().flatten()  # changed since read: written now
+        if len(unwritten):
+            rows = self.pool.gather(pos[unwritten])
+            place[unwritten, REC] = self.disk.append(rows.numpy(), slots[unwritten])
+        place[:, POS] = -1
+        self.place.scatter(slots, place)
+        self.slot_of[pos] = -1
+        self.free = torch.cat([self.free, pos])
+        self.counters["evicted_to_disk"] += len(pos)
+
+    def _compact_if_sparse(self) -> None:
+        if self.disk.dead > max(self.disk.live, self.disk.per_segment):
+            self.compact()
+
+    def compact(self) -> None:
+        """Rewrite the live records of the segments with the most garbage, until about half
+        the garbage is gone, and drop those segments. A row in memory whose record is there
+        loses it instead (it is written when it leaves)."""
+        for seg in self.disk.sparse_segments(self.disk.dead // 2):
+            records, slots = self.disk.live_records(seg)
+            place = self.place.gather(slots)
+            hot = place[:, POS] >= 0
+            place[hot, REC] = -1
+            cold = (~hot).nonzero().flatten()
+            if len(cold):
+                # moved, not killed: dropping the segment below takes them off its count
+                place[cold, REC] = self.disk.append(self.disk.read(records[cold]), slots[cold])
+            self.place.scatter(slots, place)
+            self.disk.drop(seg)
+        self.counters["compactions"] += 1
+
+    # -- persistence ------------------------------------------------------------------------
+    def flush(self) -> None:
+        """Write every row in memory without a current record to disk (they stay in memory)."""
+        pos = (self.slot_of[:self.high] >= 0).nonzero().flatten()
+        slots = self.slot_of[pos]
+        place = self.place.gather(slots)
+        unwritten = (place[:, REC] < 0).nonzero().flatten()
+        if len(unwritten):
+            rows = self.pool.gather(pos[unwritten])
+            place[unwritten, REC] = self.disk.append(rows.numpy(), slots[unwritten])
+            self.place.scatter(slots, place)
+
+    def save(self, slots: torch.Tensor, directory: str) -> dict:
+        """Link the disk tier into ``directory``, every row in memory written first; what a save
+        holds to find the rows of ``slots`` there again (:meth:`load`)."""
+        self.flush()
+        return {"records": self.place.gather(slots)[:, REC].clone(), "segments": self.disk.link_into(directory),
+                "per_segment": self.disk.per_segment, "width": self.width}
+
+    def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
+        """Take the rows of ``slots`` from a save's disk tier (:meth:`save`): its segment files
+        linked in as they are when their layout is this one's, read and written otherwise."""
+        records = saved["records"]
+        if (saved["per_segment"], saved["width"]) != (self.disk.per_segment, self.width):
+            for part in torch.arange(len(slots)).split(1 << 20):
+                rows = torch.from_numpy(read_saved(directory, saved, records[part]))
+                self.scatter(slots[part], rows[:, :self.dim], rows[:, self.dim:] if self.width > self.dim else None)
+            return
+        per = self.disk.per_segment
+        seg, off = records // per, records % per
+        new = torch.empty_like(records)
+        for s, name in saved["segments"].items():
+            mine = (seg == s).nonzero().flatten()
+            owners = np.full(int(off[mine].max()) + 1 if len(mine) else 0, -1, dtype=np.int32)
+            owners[off[mine].numpy()] = slots[mine].numpy()
+            new[mine] = self.disk.adopt(os.path.join(directory, name), owners) * per + off[mine]
+        self.place.scatter(slots, torch.stack([torch.full_like(new, -1), new], 1))
+
+    def peek(self, slots: torch.Tensor) -> torch.Tensor:
+        """The records of ``slots``, none of them moved. Shape: (n,) -> (n, width)."""
+        place = self.place.gather(slots)
+        out = torch.empty(len(slots), self.width)
+        hot = place[:, POS] >= 0
+        out[hot] = self.pool.gather(place[hot, POS])
+        out[~hot] = torch.from_numpy(self.disk.read(place[~hot, REC]))
+        return out
+
+
+def read_saved(directory: str, saved: dict, records: torch.Tensor) -> np.ndarray:
+    """Rows of ``records`` from a save's segment files in ``directory`` (:meth:`TieredRows.save`
+    said which), without taking the files. Shape: (n,) -> (n, width)."""
+    per, width = saved["per_segment"], saved["width"]
+    seg, local = (records // per).numpy(), (records % per).numpy()
+    out = np.empty((len(records), width), dtype=np.float32)
+    for s in np.unique(seg):
+        pos = np.flatnonzero(seg == s)
+        mm = np.memmap(os.path.join(directory, saved["segments"][int(s)]), dtype=np.float32,
+                       mode="r").reshape(-1, width)
+        out[pos] = mm.take(local[pos], axis=0)
+        del mm
+    return out
