@@ -68,8 +68,9 @@ def cmd_serve(args) -> None:
         from het.train.config import TrainConfig
         from het.train.tasks import job_tables
 
-        tables = tuple(job_tables(TrainConfig.load(args.config)))
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys, args.memory,
+        job = TrainConfig.load(args.config)
+        memory = args.memory if args.memory is not None else job.ps_memory_bytes  # the flag wins
+        cfg = ShardConfig(tuple(job_tables(job)), args.shard_index, args.num_shards, args.max_keys, memory,
                           args.memory_policy, not args.no_prefetch)
     else:
         if not args.table:

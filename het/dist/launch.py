@@ -58,14 +58,15 @@ class LocalCluster:
 
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
                  secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
-                 encrypt: bool = False, on_failure=None):
+                 encrypt: bool = False, on_failure=None, shard_options: dict | None = None):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
         directories (``LOG_DIR/ps-<i>``). ``on_failure``: called with the :class:`ClusterError`
-        as soon as a process's death is seen, before the teardown (which waits for the others)."""
+        as soon as a process's death is seen, before the teardown (which waits for the others).
+        ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...)."""
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
-        self.encrypt = encrypt
+        self.encrypt, self.shard_options = encrypt, dict(shard_options or {})
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network, self.on_failure = network, on_failure
         self.shard_restarts = 0
@@ -81,7 +82,7 @@ class LocalCluster:
         try:
             for i in range(self.num_servers):
                 host = f"ps{i}"
-                self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers),
+                self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options),
                                                   bind=f"{self._ip(host)}:0",
                                                   secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
@@ -161,7 +162,7 @@ class LocalCluster:
               f"write-ahead log. Its log: {old.log_path}", file=sys.stderr, flush=True)
         old.stop()
         host, bind = f"ps{i}", old.address.replace("tcp://", "")
-        self.servers[i] = ServerProcess(ShardConfig(self.tables, i, self.num_servers), bind=bind, secret=self.secret,
+        self.servers[i] = ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options), bind=bind, secret=self.secret,
                                         env=self.threads_env, new_session=True, popen=self._popen(host),
                                         log_path=os.path.join(self.log_dir, f"server-{i}.restart-{self.shard_restarts}.log"),
                                         state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True,

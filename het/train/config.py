@@ -26,7 +26,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 
-from het.config import OPTIMIZERS, POLICIES
+from het.config import OPTIMIZERS, POLICIES, parse_bytes
 from het.ps.protocol import PUSH_DTYPES
 from het.staleness import check_staleness, format_staleness
 
@@ -165,6 +165,12 @@ class TrainConfig:
     expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
     max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores; the least recently updated "
                                    "go first (none: no budget)")
+    ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
+                                    "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
+                                    "makes the table dynamic (none: all in memory)")
+    ps_memory_policy: str = setting("lru", "with ps_memory: which rows leave DRAM first", choices=("lru", "lfu"))
+    ps_prefetch: bool = setting(True, "with ps_memory: a shard brings the rows on disk that a prefetched sync "
+                                "names into DRAM after replying, before the step that needs them")
     push_dtype: str = setting("f32", "how pushed gradients travel: bf16 takes half the bytes (rounded)",
                               choices=PUSH_DTYPES)
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
@@ -198,6 +204,7 @@ class TrainConfig:
             (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
             (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
+            (self.ps_memory is None or self.ps_memory_bytes > 0, f"ps_memory must be > 0, got {self.ps_memory!r}"),
         ]
         for ok, message in checks:
             _require(ok, message)
@@ -208,6 +215,11 @@ class TrainConfig:
             if self.data == kind or (arg and self.data.startswith(prefix + ":") and len(self.data) > len(prefix) + 1):
                 return True
         return False
+
+    @property
+    def ps_memory_bytes(self) -> int | None:
+        """``ps_memory`` in bytes (``2GiB``, ``512MiB``, or a number)."""
+        return None if self.ps_memory is None else parse_bytes(self.ps_memory)
 
     @property
     def is_graph(self) -> bool:

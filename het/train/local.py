@@ -68,8 +68,15 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
         secret = secrets.token_hex(16).encode()
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
-                           encrypt=cfg.ps_encrypt)
+                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg))
     return cluster.run()
+
+
+def shard_options(cfg: TrainConfig) -> dict:
+    """The job's settings of its shards beyond their tables (a memory budget and its disk tier)."""
+    if cfg.ps_memory is None:
+        return {}
+    return {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "prefetch": cfg.ps_prefetch}
 
 
 def check_job(cfg: TrainConfig) -> None:

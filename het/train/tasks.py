@@ -198,10 +198,11 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     apply only to dynamic tables."""
     task = task or make_task(cfg)
     dynamic = {"admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
-    if task.num_rows is not None and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None}:
+    if (task.num_rows is not None and cfg.ps_memory is None
+            and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None}):
         table = TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
                             optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed)
-    else:  # hashed ids, or label-encoded ones under admission, expiry or a budget
+    else:  # hashed ids, or label-encoded ones under admission, expiry or a budget (rows or memory)
         table = TableConfig(EMBEDDING_TABLE, rows=None, dim=cfg.dim,
                             optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
                             admit_counters=cfg.admit_counters, **dynamic)
