@@ -21,8 +21,11 @@ import shutil
 
 import torch
 
-from het.ps import partition
+from het.config import TableConfig
+from het.ps import optim, partition
 from het.ps.shard import SAVE_FORMAT
+from het.ps.state import rows_dir
+from het.ps.tiers import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 
@@ -80,6 +83,9 @@ def _load_all(src: str) -> list[dict]:
             raise ValueError(f"{files[i]}: save format {state.get('format')}, expected {SAVE_FORMAT}")
         if state["index"] != i:
             raise ValueError(f"{files[i]} holds shard {state['index']}, not {i}")
+        for name, t in state["tables"].items():  # a disk tier's rows stay in its files until read
+            if "disk" in t:
+                t["rows_dir"] = rows_dir(files[i], state, name)
         states.append(state)
     total = states[0]["num_shards"]
     if sorted(files) != list(range(total)) or any(s["num_shards"] != total for s in states):
@@ -125,9 +131,15 @@ def _dynamic_slice(tables: list[dict], index: int, num_shards: int) -> dict:
     def cat(get) -> torch.Tensor:
         return torch.cat([get(t).index_select(0, pos) for t, pos in zip(tables, mine)])
 
-    out = {"config": tables[0]["config"], "keys": cat(lambda t: t["keys"]), "weight": cat(lambda t: t["weight"]),
+    cfg = TableConfig.from_dict(tables[0]["config"])
+    names, d = optim.make(cfg.optimizer, 0, cfg.dim).state_names, cfg.dim
+    # rows as [weight | state...]: read from a disk tier's files, or from the save itself
+    records = torch.cat([torch.from_numpy(read_saved(t["rows_dir"], t["disk"], t["disk"]["records"][pos]))
+                         if "disk" in t else torch.cat([t["weight"][pos], *(t["optimizer"][n][pos] for n in names)], 1)
+                         for t, pos in zip(tables, mine)])
+    out = {"config": tables[0]["config"], "keys": cat(lambda t: t["keys"]), "weight": records[:, :d].clone(),
            "clocks": cat(lambda t: t["clocks"]), "last_step": cat(lambda t: t["last_step"]),
-           "optimizer": {k: cat(lambda t, k=k: t["optimizer"][k]) for k in tables[0]["optimizer"]},
+           "optimizer": {n: records[:, (i + 1) * d:(i + 2) * d].clone() for i, n in enumerate(names)},
            "step": max(int(t.get("step", 0)) for t in tables), "sketch": None,
            "counters": {k: sum(t["counters"].get(k, 0) for t in tables) if index == 0 else 0
                         for k in tables[0].get("counters", {})}}

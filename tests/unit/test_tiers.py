@@ -197,3 +197,31 @@ def test_a_budget_needs_a_dynamic_table_and_a_state_directory(tmp_path):
         ShardConfig((fixed,), memory=1 << 20)
     with pytest.raises(ValueError, match="needs a state directory"):
         Shard(ShardConfig((table(OPTIMIZERS[0]),), memory=1 << 20))
+
+
+def test_reshard_reads_the_disk_tier_of_every_shard(tmp_path):
+    from het.ps import partition
+    from het.ps.reshard import reshard
+    opt, cfg = OPTIMIZERS[2], table(OPTIMIZERS[2], dim=32)
+    shards = [Shard(ShardConfig((cfg,), i, 2, memory=1_000_000), state_dir=str(tmp_path / f"s{i}")) for i in range(2)]
+    one = Shard(ShardConfig((cfg,)))
+    for keys, grads, counts, step in pushes(15, universe=20000, batch=2000, dim=32):
+        keys = torch.unique(keys)
+        grads, counts = grads[:len(keys)], counts[:len(keys)]
+        one.push("emb", keys.numpy(), grads.numpy(), counts.numpy(), step)
+        owner = partition.shard_of(keys, 2, hashed=True)
+        for i, s in enumerate(shards):
+            mine = owner == i
+            s.push("emb", keys[mine].numpy(), grads[mine].numpy(), counts[mine].numpy(), step)
+    assert all(s.stats_dict()["tables"]["emb"]["rows_on_disk"] > 0 for s in shards)
+    for i, s in enumerate(shards):
+        s.save(str(tmp_path / "save" / f"shard-{i}.pt"))
+    reshard(str(tmp_path / "save"), str(tmp_path / "one"), 1)
+    back = Shard(ShardConfig((cfg,)), state_dir=str(tmp_path / "back"))
+    back.load(str(tmp_path / "one" / "shard-0.pt"))
+    a, b = one.tables["emb"].state_dict(), back.tables["emb"].state_dict()
+    order_a, order_b = torch.argsort(a["keys"]), torch.argsort(b["keys"])
+    assert torch.equal(a["keys"][order_a], b["keys"][order_b])
+    assert torch.equal(a["weight"][order_a], b["weight"][order_b])
+    for name in a["optimizer"]:
+        assert torch.equal(a["optimizer"][name][order_a], b["optimizer"][name][order_b])
