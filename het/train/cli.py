@@ -90,11 +90,20 @@ def format_summary(summary: dict) -> str:
 
 
 def _format_ps(ps: dict | None) -> str:
-    """What the shards hold, one line (admission, expiry and eviction only when they acted)."""
+    """What the shards hold, one line (the rows on disk, admission, expiry and eviction only when
+    they are there or acted).
+
+    Example:
+        >>> _format_ps({"rows": 3000, "bytes": 2_000_000, "rows_in_memory": 1000, "rows_on_disk": 2000,
+        ...             "disk_bytes": 5_000_000, "peak_rss_bytes": 900_000_000}).strip()
+        "PS: 3,000 rows stored (2 MB): 1,000 in memory, 2,000 on disk (5 MB on disk); shards' peak RSS 900 MB"
+    """
     if not ps:
         return ""
     acted = [f"{ps[k]:,} {what}" for k, what in (("admitted", "admitted"),
                                                   ("refused_updates", "gradient rows dropped before admission"),
                                                   ("expired", "expired"), ("evicted", "evicted")) if ps.get(k)]
-    return (f"\n  PS: {ps['rows']:,} rows stored ({ps['bytes'] / 1e6:,.0f} MB)" + "".join(f", {a}" for a in acted)
+    disk = (f": {ps.get('rows_in_memory', 0):,} in memory, {ps['rows_on_disk']:,} on disk "
+            f"({ps.get('disk_bytes', 0) / 1e6:,.0f} MB on disk)" if ps.get("rows_on_disk") else "")
+    return (f"\n  PS: {ps['rows']:,} rows stored ({ps['bytes'] / 1e6:,.0f} MB){disk}" + "".join(f", {a}" for a in acted)
             + f"; shards' peak RSS {ps['peak_rss_bytes'] / 1e6:,.0f} MB")

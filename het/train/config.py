@@ -128,6 +128,9 @@ class TrainConfig:
                         "PS too (TF-PS)", choices=MODES)
     staleness: float | None = setting(None, "the bound s: an integer (0: BSP) or inf", kind="staleness")
     steps: int | None = setting(None, "training steps")
+    time_limit_s: float | None = setting(None, "stop at the first step boundary after N seconds of training, "
+                                         "then flush, evaluate and report the steps run (none: no limit)",
+                                         aliases=("--time-limit",))
     batch: int | None = setting(None, "samples per worker per step")
     dim: int | None = setting(None, "embedding width")
     optimizer: str | None = setting(None, "the sparse optimizer, applied by the PS", choices=OPTIMIZERS)
@@ -151,6 +154,8 @@ class TrainConfig:
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
                                "the shared secret (a local cluster makes one)")
+    ps_stats_every: float = setting(10.0, "rank 0 asks the shards for their STATS every N seconds: the summary's "
+                                    "timeline of rows, disk and RSS (0: never)")
     max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "
                                 "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
@@ -194,6 +199,9 @@ class TrainConfig:
             (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),
             (self.workers >= 1 and self.servers >= 1,
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
+            (self.time_limit_s is None or self.time_limit_s > 0,
+             f"time_limit_s must be > 0 (seconds) or none, got {self.time_limit_s}"),
+            (self.ps_stats_every >= 0, f"ps_stats_every must be >= 0 (seconds; 0: never), got {self.ps_stats_every}"),
             (self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),

@@ -45,7 +45,9 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
                   file=sys.stderr, flush=True)
             continue
         if restarts:
-            summary.update(steps=cfg.steps, resumed_from_step=restarts[-1]["resumed_from_step"])
+            # the job's steps, not the last run's (a time limit stopped it at stopped_at_step)
+            summary.update(steps=summary.get("stopped_at_step", cfg.steps),
+                           resumed_from_step=restarts[-1]["resumed_from_step"])
         return {**summary, "restarts": len(restarts), "restart_log": restarts}
 
 

@@ -27,6 +27,7 @@ from het.staleness import format_staleness
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.tasks import EMBEDDING_TABLE, make_task
+from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
 STOP_GRACE_S = 1.0
@@ -60,6 +61,7 @@ class Worker:
         self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
         self.step_count = 0
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
+        self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
 
     def _dense_sync(self) -> DenseSync:
         if self.cfg.mode == "ps":
@@ -114,6 +116,9 @@ class Worker:
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
         bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
+        # rank 0 alone asks the shards how they fare: the summary's timeline, the bar's rows on disk
+        timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
+                            self.cfg.batch * self.world, start)
         start_time = time.perf_counter()
         batch = self.batch(start) if start < steps else None
         loss = math.nan
@@ -123,25 +128,32 @@ class Worker:
             batch = next_batch
             stats = self.embedding.stats()[EMBEDDING_TABLE]
             elapsed = time.perf_counter() - start_time
+            timeline.after_step(step + 1)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", hit_rate=f"{stats.get('hit_rate', 0):.3f}",
                             samples_per_s=f"{(step + 1 - start) * self.cfg.batch * self.world / elapsed:,.0f}",
-                            refresh=False)
+                            **disk_postfix(timeline.last), refresh=False)
             if on_step is not None:
                 on_step(step + 1)  # a checkpoint or an evaluation: the next step prefetches again
-            if self._stop_requested():
+            if self._stop_requested(time.perf_counter() - start_time):
                 break
         self.embedding.flush()
         barrier(self.world)
         bar.close()
-        return {"wall_s": time.perf_counter() - start_time, "loss": loss}
+        return {"wall_s": time.perf_counter() - start_time, "loss": loss, "timeline": timeline.entries}
 
-    def _stop_requested(self) -> bool:
+    def _stop_requested(self, elapsed_s: float) -> bool:
+        """Whether every rank stops after this step: SIGTERM reached one (``stop``), or training
+        ran past ``cfg.time_limit_s`` on one (``out_of_time``, then set on every rank)."""
+        limit = self.cfg.time_limit_s
+        out_of_time = limit is not None and elapsed_s >= limit
         if self.world == 1:
-            return self.stop
-        flag = torch.tensor([float(self.stop)], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # one float a step: any rank's signal stops all
-        return bool(flag.item())
+            self.out_of_time = out_of_time
+            return self.stop or out_of_time
+        flags = torch.tensor([float(self.stop), float(out_of_time)], device=self.device)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # two floats a step: any rank's signal or clock stops all
+        self.out_of_time = bool(flags[1].item())
+        return bool(flags.max().item())
 
     def evaluate(self, samples: int) -> dict:
         """Held-out metrics, computed by all ranks together: every rank must call it. Each
@@ -193,23 +205,29 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
     }
 
 
-PS_COUNTERS = ("rows", "admitted", "refused_updates", "expired", "evicted", "bytes")
+PS_COUNTERS = ("rows", "admitted", "refused_updates", "expired", "evicted", "bytes",
+               "rows_in_memory", "rows_on_disk", "disk_bytes", "disk_reads", "disk_writes")
 
 
-def ps_summary(shard_stats: list[dict]) -> dict:
+def ps_summary(shard_stats: list[dict], timeline: list[dict] = ()) -> dict:
     """What the shards hold, over every shard and table: stored rows, keys admitted, gradient rows
     dropped before admission, rows expired and evicted, their bytes (rows, optimizer state, index,
-    counters), and the shards' peak RSS summed (``peak_rss_bytes``) and at most (``max_rss_bytes``).
+    counters), the rows in memory and on disk with the disk's bytes, reads and writes (a counter a
+    shard does not report counts 0); the shards' peak RSS summed (``peak_rss_bytes``) and at most
+    (``max_rss_bytes``), and the largest shard RSS the ``timeline`` saw (``sampled_peak_rss_bytes``).
 
     Example:
-        >>> ps_summary([{"tables": {"t": {"rows": 3, "bytes": 96}}, "peak_rss_bytes": 10},
-        ...             {"tables": {"t": {"rows": 2, "bytes": 64, "evicted": 1}}, "peak_rss_bytes": 12}])
-        {'rows': 5, 'admitted': 0, 'refused_updates': 0, 'expired': 0, 'evicted': 1, 'bytes': 160, 'peak_rss_bytes': 22, 'max_rss_bytes': 12}
+        >>> ps = ps_summary([{"tables": {"t": {"rows": 3, "bytes": 96}}, "peak_rss_bytes": 10},
+        ...                  {"tables": {"t": {"rows": 2, "bytes": 64, "evicted": 1}}, "peak_rss_bytes": 12}],
+        ...                 [{"rss_bytes": 9}, {"rss_bytes": 11}])
+        >>> ps["rows"], ps["evicted"], ps["bytes"], ps["rows_on_disk"], ps["max_rss_bytes"], ps["sampled_peak_rss_bytes"]
+        (5, 1, 160, 0, 12, 11)
     """
     tables = [t for s in shard_stats for t in s.get("tables", {}).values()]
     out = {k: sum(int(t.get(k, 0)) for t in tables) for k in PS_COUNTERS}
     rss = [int(s.get("peak_rss_bytes", 0)) for s in shard_stats]
-    return {**out, "peak_rss_bytes": sum(rss), "max_rss_bytes": max(rss, default=0)}
+    return {**out, "peak_rss_bytes": sum(rss), "max_rss_bytes": max(rss, default=0),
+            "sampled_peak_rss_bytes": max((int(e["rss_bytes"]) for e in timeline), default=0)}
 
 
 def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = None, progress: bool = True,
@@ -237,14 +255,18 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             _say(f"het train: worker {rank} stopped by SIGTERM after step {start + worker.step_count}, "
                  f"its cache flushed")
             raise SystemExit(143)
+        steps = worker.step_count  # cfg.steps - start, or fewer when the time limit stopped training
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         summary = None
         if rank == 0:
-            metrics = selector.pick(metrics, cfg.steps)
-            summary = summarise(cfg, world, client.num_shards, cfg.steps - start, run["wall_s"], per_rank, metrics,
+            metrics = selector.pick(metrics, start + steps)
+            summary = summarise(cfg, world, client.num_shards, steps, run["wall_s"], per_rank, metrics,
                                 worker.task.num_ids)
-            summary["ps"] = ps_summary(client.stats())  # every rank flushed before the gather above
+            # every rank flushed before the gather above
+            summary.update(ps=ps_summary(client.stats(), run["timeline"]), timeline=run["timeline"])
+            if worker.out_of_time:
+                summary["stopped_at_step"] = start + steps
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)

@@ -63,6 +63,21 @@ def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
     assert s["time_split"]["allreduce"] == 0 and s["bytes"]["dense"] > 0 and s["hit_rate"] == 0
 
 
+def test_a_time_limit_ends_a_long_job_with_its_summary_and_a_timeline(tmp_path):
+    """--time-limit stops both workers at the same step boundary, as SIGTERM does, but the job
+    then evaluates, reports the steps it ran and exits 0; rank 0 samples the shards meanwhile."""
+    started = time.monotonic()
+    s = het("train", "--steps", "100000", "--time-limit", "8", "--ps-stats-every", "2", *SMALL, "--json", "--quiet",
+            "--log-dir", str(tmp_path))
+    assert time.monotonic() - started < 60
+    assert 0 < s["steps"] < 100000 and s["stopped_at_step"] == s["steps"] and s["samples"] == s["steps"] * 64 * 2
+    assert 8 <= s["wall_s"] < 20 and 0 < s["auc"] < 1
+    timeline = s["timeline"]
+    assert len(timeline) >= 2 and all(e["rss_bytes"] > 0 and e["rows"] > 0 and e["samples_per_s"] > 0 for e in timeline)
+    assert [e["t_s"] for e in timeline] == sorted(e["t_s"] for e in timeline) and timeline[-1]["step"] <= s["steps"]
+    assert s["ps"]["sampled_peak_rss_bytes"] == max(e["rss_bytes"] for e in timeline)
+
+
 def start_long_job(tmp_path):
     """A local cluster that would train for hours, once its processes are up; and their pids."""
     # Ctrl-C as from a terminal: a shell that runs the tests as a background job hands its children
