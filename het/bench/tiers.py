@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 
+from het.config import parse_bytes
 from het.process import die_with_parent
 
 JOB = ("--data", "synthetic-criteo-1tb", "--dim", "64")
@@ -42,22 +42,6 @@ STATS_EVERY_S = 10
 FIGURES = ("steps", "samples", "samples_per_s", "wall_s", "auc", "planted_auc", "logloss", "hit_rate",
            "workers", "servers", "stopped_at_step", "ps", "timeline")
 GIB = 1 << 30
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-
-
-def parse_bytes(text: str) -> int:
-    """A size as ``--ps-memory`` takes it: bytes, or a number with kB, MB, GB, TB (powers of
-    1000) or KiB, MiB, GiB, TiB (powers of 1024).
-
-    Example:
-        >>> parse_bytes("2GiB"), parse_bytes("1.5 GB"), parse_bytes("4096")
-        (2147483648, 1500000000, 4096)
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"expected a size such as 2GiB, 512MiB, 1.5GB or 4096 (bytes), got {text!r}")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def job_args(minutes: float, ps_memory: str | None = None, extra: list[str] = ()) -> list[str]:

@@ -172,7 +172,7 @@ class TrainConfig:
                                    "go first (none: no budget)")
     ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
                                     "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
-                                    "makes the table dynamic (none: all in memory)")
+                                    "makes the table dynamic (none: all in memory)", kind="size")
     ps_memory_policy: str = setting("lru", "with ps_memory: which rows leave DRAM first", choices=("lru", "lfu"))
     ps_prefetch: bool = setting(True, "with ps_memory: a shard brings the rows on disk that a prefetched sync "
                                 "names into DRAM after replying, before the step that needs them")

@@ -55,6 +55,8 @@ def a_value(key, f, hint):
         return value, value
     if f.metadata.get("kind") == "staleness":
         return 7, "7"
+    if f.metadata.get("kind") == "size":
+        return "3MiB", "3MiB"
     inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     kind = tuple if typing.get_origin(hint) is tuple else inner[0]
     if kind is tuple:

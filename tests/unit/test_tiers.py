@@ -202,7 +202,7 @@ def test_a_budget_needs_a_dynamic_table_and_a_state_directory(tmp_path):
 def test_reshard_reads_the_disk_tier_of_every_shard(tmp_path):
     from het.ps import partition
     from het.ps.reshard import reshard
-    opt, cfg = OPTIMIZERS[2], table(OPTIMIZERS[2], dim=32)
+    cfg = table(OPTIMIZERS[2], dim=32)
     shards = [Shard(ShardConfig((cfg,), i, 2, memory=1_000_000), state_dir=str(tmp_path / f"s{i}")) for i in range(2)]
     one = Shard(ShardConfig((cfg,)))
     for keys, grads, counts, step in pushes(15, universe=20000, batch=2000, dim=32):
