@@ -60,6 +60,7 @@ class Chunks:
         if len(self.parts) == 1:
             yield self.parts[0], None, slots
             return
+        slots = slots.contiguous()  # a column of a (n, 2) tensor, often
         chunk = torch.searchsorted(self.starts, slots, right=True) - 1
         for c, part in enumerate(self.parts):
             pos = (chunk == c).nonzero().flatten()
