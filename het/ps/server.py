@@ -37,8 +37,11 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
     """Answer requests until a STOP request or ``should_stop()``. A request that breaks the
     handler gets an error reply; the loop goes on."""
     while not shard.stopping and not should_stop():
-        got = endpoint.recv(poll_s)
+        # rows a sync named come off disk only while no request waits (server-side prefetch)
+        got = endpoint.recv(0 if shard.prefetch_pending else poll_s)
         if got is None:
+            if shard.prefetch_pending:
+                shard.prefetch()
             continue
         peer, frames = got
         try:
@@ -48,8 +51,6 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
             shard.stats["errors"] += 1
             reply = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
         endpoint.send(peer, reply)
-        if shard._prefetch:  # the worker computes its step meanwhile: its next rows come off disk now
-            shard.prefetch()
 
 
 def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,

@@ -28,6 +28,7 @@ from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, 
                              narrow, peek_request_id)
 
 SAVE_FORMAT = 1
+PREFETCH_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
 
 
 class Shard:
@@ -107,6 +108,10 @@ class Shard:
         share = max(0, self.cfg.memory - others - fixed) // len(tiered)
         for t in tiered:
             t.store.set_capacity(share // t.store.position_bytes())
+
+    @property
+    def prefetch_pending(self) -> bool:
+        return bool(self._prefetch)
 
     def prefetch(self) -> int:
         """Bring the rows on disk that the syncs since the last call named into DRAM: the
@@ -281,7 +286,7 @@ class Shard:
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         if self.cfg.prefetch and isinstance(t, DynamicRows) and t.disk_dir is not None:
-            self._prefetch.append((t, at[at[:, 1] >= 0, 1]))
+            self._prefetch = [*self._prefetch[-PREFETCH_SYNCS + 1:], (t, at[at[:, 1] >= 0, 1])]
         return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *rows[1:]]
 
     def _count_rows(self, sent: int, asked: int) -> None:
