@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
                    "frame than such a request needs drops its sender (default %(default)s)")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
-    s.add_argument("--memory", type=parse_bytes, default=None, metavar="SIZE",
+    s.add_argument("--memory", type=size, default=None, metavar="SIZE",
                    help="dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); the "
                         "rest of the rows live in a disk tier under --state-dir (default: all in memory)")
     s.add_argument("--memory-policy", default="lru", choices=("lru", "lfu"),
@@ -53,6 +53,11 @@ def add_parser(sub) -> None:
                    help="with --memory: do not bring a sync's rows on disk into DRAM after replying")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     s.set_defaults(func=cmd_serve)
+
+
+def size(text: str) -> int:
+    """``--memory``'s type (argparse names it in an error: "invalid size value")."""
+    return parse_bytes(text)
 
 
 def cmd_serve(args) -> None:

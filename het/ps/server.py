@@ -41,7 +41,11 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
         got = endpoint.recv(0 if shard.prefetch_pending else poll_s)
         if got is None:
             if shard.prefetch_pending:
-                shard.prefetch()
+                try:
+                    shard.prefetch()
+                except Exception:  # a cache fill that failed changes no row: the shard goes on
+                    log.exception("prefetch failed")
+                    shard.stats["errors"] += 1
             continue
         peer, frames = got
         try:

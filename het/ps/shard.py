@@ -371,6 +371,7 @@ class Shard:
             raise ValueError(f"{path} holds tables {sorted(saved['tables'])}, expected {sorted(self.tables)}")
         for name, t in self.tables.items():
             t.check_state(saved["tables"][name], path)
+        self._prefetch = []  # slots of the rows it replaces
         for name, t in self.tables.items():  # all checked: now change
             if isinstance(t, DynamicRows):
                 t.load_state_dict(saved["tables"][name], state.rows_dir(path, saved, name))

@@ -187,6 +187,10 @@ class TrainConfig:
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value)
         check_fields(self)
+        try:
+            self.ps_memory_bytes
+        except ValueError as e:
+            raise ValueError(f"ps_memory: {e}") from None
         checks = [
             (self._data_fits_model(), f"model {self.model!r} takes data "
              f"{GRAPH_DATA if self.is_graph else CTR_DATA}, got {self.data!r}"),
