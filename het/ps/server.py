@@ -11,6 +11,7 @@ served (see :mod:`het.ps.auth`). Binding any address but loopback without one is
 from __future__ import annotations
 
 import errno
+import faulthandler
 import json
 import logging
 import os
@@ -73,6 +74,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack to stderr
     print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
         print("het serve: serving only requests signed with the shared secret"
