@@ -120,6 +120,7 @@ def test_training_at_staleness_0_under_a_budget_gives_the_rows_of_all_in_memory(
         assert torch.equal(a[name], b[name]), name
 
 
+@pytest.mark.slow  # 30 s; the default suite keeps test_train's checkpoint test and test_tiers' saves
 def test_a_job_with_a_disk_tier_checkpoints_and_resumes_like_a_straight_run(tmp_path):
     """`het train --ps-memory`: a checkpoint carries the disk tier (linked beside each shard's
     file), and 6 steps, a checkpoint, 6 more give the rows of 12 straight, bit for bit."""
