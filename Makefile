@@ -4,7 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test test-slow test-all bench clean
+NATIVE := het/native/.built
+
+.PHONY: run test test-slow test-all bench native clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,24 +15,32 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+# The native core (het/native/core.cpp) with the system g++. If it cannot be built, het runs
+# its PyTorch reference path and says so once.
+$(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
+	$(PY) -m het.native.build
+	touch $(NATIVE)
+
+native: $(NATIVE)
+
 # The default job: Wide&Deep on synthetic Criteo, 2 workers + 1 PS shard on this machine.
-run: $(STAMP)
+run: $(STAMP) $(NATIVE)
 	$(VENV)/bin/het train
 
-test: $(STAMP)
+test: $(STAMP) $(NATIVE)
 	$(PY) -m pytest -q -m "not slow" het tests
 
-test-slow: $(STAMP)
+test-slow: $(STAMP) $(NATIVE)
 	$(PY) -m pytest -q -m slow tests
 
-test-all: $(STAMP)
+test-all: $(STAMP) $(NATIVE)
 	$(PY) -m pytest -q het tests
 
 # The evaluation suite, short versions (about 5 minutes): results, tables and plots in
 # runs/bench-quick/. The full suite, which rewrites docs/RESULTS.md's report region and
 # docs/img/: `het bench report --run` (about 30 minutes).
-bench: $(STAMP)
+bench: $(STAMP) $(NATIVE)
 	$(VENV)/bin/het bench report --run --quick
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so

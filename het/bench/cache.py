@@ -5,6 +5,9 @@ up, filled from an in-process shard (misses and stale rows), given a gradient, a
 are pushed back. ``keys_per_s`` counts unique keys per second of cache work (lookup, fill,
 gradient update, clock bookkeeping, write-back); the shard's own time is measured apart and
 reported as ``ps_s``, so ``keys_per_s_with_ps`` is the rate of the whole loop.
+``row_touch_keys_per_s`` is the floor measured in the same run: keys per second of only a
+gather and an ``index_add_`` of one random row per key (:func:`row_touch_keys_per_s`).
+``native`` says which path ran (het.native's C++ step, or the PyTorch reference).
 """
 
 from __future__ import annotations
@@ -66,6 +69,24 @@ def static_oracle_hit_rate(steps: list[torch.Tensor], capacity: int) -> float:
     return float(torch.topk(counts, min(capacity, counts.numel())).values.sum()) / keys.numel()
 
 
+def row_touch_keys_per_s(steps: list[torch.Tensor], rows: int, dim: int, device: str = "cpu", seed: int = 0) -> float:
+    """The floor under any cache's cost per key, on this machine: keys per second of only
+    touching rows, a gather and an ``index_add_`` of one random row per key of each step in a
+    table of ``rows`` rows of ``dim`` floats (what a lookup's hits and an update cost at least)."""
+    gen = torch.Generator().manual_seed(seed)
+    table = torch.randn(max(rows, 1), dim, device=device)
+    slots = [torch.randint(0, max(rows, 1), (k.numel(),), generator=gen).to(device) for k in steps]
+    total = 0.0
+    for s in slots:
+        t0 = time.perf_counter()
+        out = table.index_select(0, s)
+        table.index_add_(0, s, out)
+        if table.device.type == "cuda":
+            torch.cuda.synchronize()
+        total += time.perf_counter() - t0
+    return sum(k.numel() for k in steps) / total if total else 0.0
+
+
 def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: int = 128,
         staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu",
         lookahead: int = 0) -> dict:
@@ -83,7 +104,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
     for keys in steps[:lookahead]:  # the data loader runs `lookahead` steps ahead
         cache.announce(keys)
     grad_pool = torch.randn(max((k.numel() for k in steps), default=0), dim, device=device) * 1e-3
-    cache_s = ps_s = 0.0
+    cache_s = ps_s = lookup_s = 0.0
     timed_keys = 0
     for i, keys in enumerate(steps):
         keys = keys.to(device)
@@ -107,6 +128,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
             shard.push("bench", due.keys.cpu().numpy(), due.grads.cpu().numpy(), due.counts.cpu().numpy())
         t4 = time.perf_counter()
         if i >= warmup:
+            lookup_s += t1 - t0
             cache_s += (t1 - t0) + (t3 - t2)
             ps_s += (t2 - t1) + (t4 - t3)
             timed_keys += keys.numel()
@@ -121,7 +143,9 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
         "evictions": stats.get("evictions", 0), "stale_refreshes": stats.get("stale_refreshes", 0),
         "keys_per_s": timed_keys / cache_s if cache_s else 0.0,
         "keys_per_s_with_ps": timed_keys / (cache_s + ps_s) if cache_s + ps_s else 0.0,
-        "cache_s": cache_s, "ps_s": ps_s, "threads": torch.get_num_threads(), "device": str(device),
+        "cache_s": cache_s, "lookup_s": lookup_s, "fill_update_s": cache_s - lookup_s, "ps_s": ps_s,
+        "threads": torch.get_num_threads(), "device": str(device), "native": cache.native,
+        "row_touch_keys_per_s": row_touch_keys_per_s(steps[warmup:], cache.slots, dim, device),
     }
 
 
@@ -205,4 +229,6 @@ def _main(args) -> None:
     else:
         print(f"miss rate {result['miss_rate']:.4f} over {result['lookups']} lookups; "
               f"{result['keys_per_s']:,.0f} unique keys/s through the cache "
-              f"({result['keys_per_s_with_ps']:,.0f} with the in-process shard)")
+              f"({'native' if result['native'] else 'reference'} path; "
+              f"{result['keys_per_s_with_ps']:,.0f} with the in-process shard); only touching the rows: "
+              f"{result['row_touch_keys_per_s']:,.0f} keys/s")

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
+from het import native
 from het.cache.lookahead import NEVER, Lookahead
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
@@ -119,14 +120,18 @@ class EmbeddingCache:
         self.window = Lookahead(cfg.lookahead) if cfg.lookahead else None  # announced coming steps
         self.soon = torch.full((n,), NEVER, dtype=torch.int64, device=dev)  # next announced use
         self.exact_local = table.optimizer.name == "sgd" and self.local_lr == table.optimizer.lr
+        # a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
+        self.clear_clock = not self.exact_local and table.rows is None and table.admit_after > 1
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
+        self.native = native.usable(self.rows)  # the C++ step (het.native) on CPU, this code elsewhere
 
     def to(self, device) -> "EmbeddingCache":
         """Move every slot tensor to ``device`` (in place); returns self."""
         self.device = torch.device(device)
         for name in ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way", "soon"):
             setattr(self, name, getattr(self, name).to(self.device))
+        self.native = native.usable(self.rows)
         return self
 
     @property
@@ -191,6 +196,8 @@ class EmbeddingCache:
             return Plan(keys, slot, torch.zeros_like(keys, dtype=torch.bool), slot.clone(), self._no_rows())
         # the next announced step each key is needed in
         nxt = self.window.next_use(keys) if self.window is not None else None
+        if self.native and keys.device.type == "cpu":
+            return self._lookup_native(keys, nxt)
         sets = self.set_of(keys)                                              # (n,)
         slot = self._find(keys, sets)
         hit = slot >= 0
@@ -207,6 +214,32 @@ class EmbeddingCache:
             self.soon.index_copy_(0, slot[held], nxt[held])
         clocks = torch.where(hit, self.clock.index_select(0, slot.clamp(min=0)), -1)
         return Plan(keys, slot, hit, clocks, writeback)
+
+    def _lookup_native(self, keys: torch.Tensor, nxt: torch.Tensor | None) -> Plan:
+        """:meth:`lookup`'s find, touch, placement and eviction in one native call (het.native);
+        the same plan, bit for bit."""
+        none = torch.empty(0, dtype=torch.int64)
+        order, away, cand_away = none, none, none
+        if nxt is not None and self.window.queue:  # misses needed soonest are placed first
+            away, cand_away = self.window.steps_away(self.soon), self.window.steps_away(nxt)
+            order = torch.argsort(cand_away, stable=True)
+        slot, hit, clocks, wb_keys, wb_grads, wb_counts, counts = native.ops.cache_lookup(
+            keys.contiguous(), order, self.keys, self.held, self.rows, self.pending, self.clock, self.updates,
+            self.last_use, self.uses, self.score, self.ways, self.step, self.protect, self.policy.name == "lfu",
+            away, cand_away)
+        n_hit, placed, evictions = counts.tolist()
+        n = keys.numel()
+        self.counters["hits"] += n_hit
+        self.counters["misses"] += n - n_hit
+        if n_hit < n:
+            self.counters["bypasses"] += n - n_hit - placed
+            self.counters["evictions"] += evictions
+            self.counters["writebacks"] += len(wb_keys)
+            self.counters["pushed_rows"] += len(wb_keys)
+        if nxt is not None:
+            held = slot >= 0
+            self.soon.index_copy_(0, slot[held], nxt[held])
+        return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts))
 
     def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
         """The ways of ``sets``, one set a row. Shape: (T,) -> (T, W)."""
@@ -284,6 +317,12 @@ class EmbeddingCache:
         """Take the rows the PS sent for ``plan.keys[index]`` (misses and stale hits); return
         every key's row. A refreshed row is the server's value plus the local updates not yet
         pushed. Shape: index (m,), rows (m, D), clocks (m,) -> (n, D)."""
+        if self.native and rows.dtype == torch.float32 and native.usable(rows, index, plan.slot):
+            out, stale = native.ops.cache_fill(plan.slot, plan.hit, index.long().contiguous(), rows.contiguous(),
+                                               clocks.long().contiguous(), self.rows, self.pending, self.clock,
+                                               self.local_lr)
+            self.counters["stale_refreshes"] += int(stale)
+            return out
         slot = plan.slot
         sent_slot = slot.index_select(0, index)
         cached = sent_slot >= 0
@@ -309,6 +348,12 @@ class EmbeddingCache:
         """Apply one step's gradients (one per key of ``plan``): cached rows change at once
         (read-your-writes) and accumulate; returns the rows due to be pushed (``u > s``) and
         the gradients of bypassed keys. Shape: grads (n, D)."""
+        if self.native and grads.dtype == torch.float32 and native.usable(grads, plan.slot):
+            keys, g, counts, due = native.ops.cache_update(
+                plan.keys, plan.slot, grads.contiguous(), self.keys, self.held, self.rows, self.pending, self.clock,
+                self.updates, self.local_lr, float(self.bound), self.exact_local, self.clear_clock)
+            self.counters["pushed_rows"] += int(due)
+            return Rows(keys, g, counts)
         slot = plan.slot
         # a key may have bypassed the cache, or lost its slot to a later lookup
         if self.num_sets:
@@ -342,7 +387,7 @@ class EmbeddingCache:
                    self.updates.index_select(0, slots))
         if stay and self.exact_local:
             self.clock.index_add_(0, slots, out.counts)
-        elif stay and self.table.rows is None and self.table.admit_after > 1:
+        elif stay and self.clear_clock:
             # the shard may drop this push (a key not admitted yet) and leave its clock where the
             # copy's is: the copy asks again as a miss, so it reads the shard's row (the initial
             # one if the push was dropped) plus its later updates. Costs nothing when admitted:

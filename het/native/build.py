@@ -1,0 +1,61 @@
+"""Build het's native core in place: ``python -m het.native.build`` (``make`` runs it).
+
+torch.utils.cpp_extension compiles core.cpp with the system g++ against the installed torch
+into ``het/native/_het_native*.so``. A build that fails prints why and exits with status 0
+unless ``--strict``: het then runs its PyTorch reference path, with one warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def build(verbose: bool = False) -> str:
+    """Compile core.cpp; the path of the module built."""
+    from setuptools import Extension  # noqa: F401  (setuptools first: it patches distutils)
+    from setuptools import setup
+    from torch.utils.cpp_extension import BuildExtension, CppExtension
+
+    from het.native import source_hash
+
+    flags = ["-O3", "-ffp-contract=off", "-std=c++20", f'-DHET_SOURCE_HASH="{source_hash()}"']
+    ext = CppExtension("het.native._het_native", [os.path.join(HERE, "core.cpp")], extra_compile_args=flags)
+    tmp = tempfile.mkdtemp(prefix="het-native-")
+    try:
+        setup(name="het-native", ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=False)},
+              script_args=["-q" if not verbose else "-v", "build_ext", "--build-temp", tmp, "--build-lib", tmp])
+        built = [os.path.join(root, f) for root, _, files in os.walk(tmp) for f in files
+                 if f.startswith("_het_native") and f.endswith(".so")]
+        if len(built) != 1:
+            raise RuntimeError(f"expected one _het_native*.so under {tmp}, found {built}")
+        target = os.path.join(HERE, os.path.basename(built[0]))
+        shutil.copyfile(built[0], target + ".tmp")
+        os.replace(target + ".tmp", target)  # a running process keeps the old file's inode
+        return target
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m het.native.build", description=__doc__.splitlines()[0])
+    p.add_argument("--strict", action="store_true", help="exit with status 1 if the build fails")
+    p.add_argument("-v", "--verbose", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        path = build(args.verbose)
+    except (Exception, SystemExit) as e:  # setuptools reports a compiler failure as SystemExit
+        print(f"het: the native core did not build ({type(e).__name__}: {e}); het will run its PyTorch "
+              f"reference path (slower on CPU). Needs g++ and the Python headers.", file=sys.stderr)
+        return 1 if args.strict else 0
+    print(f"het: built the native core: {os.path.relpath(path)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,359 @@
+// het's native core: the worker cache's step (lookup with miss placement, fill, update) in one
+// pass over the keys each, where the PyTorch reference (het/cache/cache.py) needs dozens of
+// small tensor ops. Same results, bit for bit: every float is computed with the same operations
+// in the same order as the reference (compiled with -ffp-contract=off, so no fused multiply-add).
+//
+// CPU tensors only; the cache keeps the reference for CUDA. Every function takes the cache's
+// slot tensors and updates them in place.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+constexpr int64_t kProtected = std::numeric_limits<int64_t>::max();
+constexpr int64_t kNever = int64_t(1) << 40;           // het.cache.lookahead.NEVER
+constexpr int64_t kSoon = (int64_t(1) << 62) + kNever;  // het.cache.cache._SOON
+constexpr uint64_t kHash = 0x9E3779B97F4A7C15ull;       // Fibonacci hashing (het.cache.cache._HASH)
+constexpr int64_t kGrain = 4096;                        // keys per task of the thread pool
+
+void check(const torch::Tensor& t, torch::ScalarType type, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, ": expected a CPU tensor, got one on ", t.device());
+  TORCH_CHECK(t.scalar_type() == type, name, ": expected ", type, ", got ", t.scalar_type());
+  TORCH_CHECK(t.is_contiguous(), name, ": expected a contiguous tensor");
+}
+
+constexpr int64_t kAhead = 6;  // keys ahead whose rows are prefetched: random rows are the cost
+
+inline void prefetch(const void* p, int64_t bytes, bool write) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t b = 0; b < bytes; b += 64) {
+    if (write) __builtin_prefetch(c + b, 1, 3);
+    else __builtin_prefetch(c + b, 0, 3);
+  }
+}
+
+inline int64_t policy_score(bool lfu, int64_t step, int64_t uses) {
+  // het.cache.policy: LRU scores the last use; LFU packs (uses, last use)
+  if (!lfu) return step;
+  return (std::min<int64_t>(uses, (int64_t(1) << 29) - 1) << 32) | step;
+}
+
+inline int64_t set_of(int64_t key, int64_t num_sets) {
+  uint64_t high = (uint64_t(key) * kHash) >> 32;  // the product wraps mod 2^64, as torch's int64 does
+  return int64_t((high * uint64_t(num_sets)) >> 32);
+}
+
+struct Slots {  // the cache's per-slot tensors, as raw pointers
+  int64_t* keys;
+  bool* held;
+  float* rows;
+  float* pending;
+  int64_t* clock;
+  int64_t* updates;
+  int64_t* last_use;
+  int64_t* uses;
+  int64_t* score;
+  int64_t dim;
+};
+
+Slots slots_of(torch::Tensor keys, torch::Tensor held, torch::Tensor rows, torch::Tensor pending,
+               torch::Tensor clock, torch::Tensor updates, torch::Tensor last_use, torch::Tensor uses,
+               torch::Tensor score) {
+  check(keys, torch::kInt64, "keys");
+  check(held, torch::kBool, "held");
+  check(rows, torch::kFloat32, "rows");
+  check(pending, torch::kFloat32, "pending");
+  for (auto* t : {&clock, &updates, &last_use, &uses, &score}) check(*t, torch::kInt64, "slot column");
+  return {keys.data_ptr<int64_t>(), held.data_ptr<bool>(), rows.data_ptr<float>(), pending.data_ptr<float>(),
+          clock.data_ptr<int64_t>(), updates.data_ptr<int64_t>(), last_use.data_ptr<int64_t>(),
+          uses.data_ptr<int64_t>(), score.data_ptr<int64_t>(), rows.size(1)};
+}
+
+}  // namespace
+
+// The set of each key (EmbeddingCache.set_of).
+torch::Tensor cache_sets(torch::Tensor keys, int64_t num_sets) {
+  check(keys, torch::kInt64, "keys");
+  auto out = torch::empty_like(keys);
+  const int64_t* k = keys.data_ptr<int64_t>();
+  int64_t* s = out.data_ptr<int64_t>();
+  at::parallel_for(0, keys.numel(), kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) s[i] = set_of(k[i], num_sets);
+  });
+  return out;
+}
+
+// EmbeddingCache.lookup after its window bookkeeping: find each key in its set; hits are
+// touched; misses, in `order` (a permutation of the keys, empty for key order), take the
+// lowest-scored unprotected way of their set, or bypass. Returns slot, hit, clocks to sync, the
+// writeback (keys, grads, counts) of evicted rows with unpushed updates, and the counts
+// [hits, placed, evictions].
+std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order, torch::Tensor tkeys,
+                                        torch::Tensor held, torch::Tensor rows, torch::Tensor pending,
+                                        torch::Tensor clock, torch::Tensor updates, torch::Tensor last_use,
+                                        torch::Tensor uses, torch::Tensor score, int64_t ways, int64_t step,
+                                        int64_t protect, bool lfu, torch::Tensor slot_away,
+                                        torch::Tensor key_away) {
+  check(keys, torch::kInt64, "keys");
+  Slots c = slots_of(tkeys, held, rows, pending, clock, updates, last_use, uses, score);
+  const int64_t n = keys.numel(), num_sets = tkeys.numel() / ways, D = c.dim;
+  const int64_t* k = keys.data_ptr<int64_t>();
+  auto slot_t = torch::empty({n}, keys.options());
+  auto hit_t = torch::empty({n}, keys.options().dtype(torch::kBool));
+  int64_t* slot = slot_t.data_ptr<int64_t>();
+  bool* hit = hit_t.data_ptr<bool>();
+  std::vector<int64_t> sets(n);
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {  // find: reads only
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e) {
+        const int64_t ahead = set_of(k[i + kAhead], num_sets) * ways;
+        prefetch(c.keys + ahead, ways * 8, false);
+        prefetch(c.held + ahead, ways, false);
+      }
+      const int64_t base = set_of(k[i], num_sets) * ways;
+      sets[i] = base;
+      int64_t found = -1;
+      for (int64_t w = 0; w < ways; ++w) {
+        if (c.held[base + w] && c.keys[base + w] == k[i]) { found = base + w; break; }
+      }
+      slot[i] = found;
+      hit[i] = found >= 0;
+    }
+  });
+  int64_t hits = 0;
+  for (int64_t i = 0; i < n; ++i) {  // touch the hits: uses + 1, last use now
+    const int64_t t = slot[i];
+    if (t < 0) continue;
+    ++hits;
+    c.last_use[t] = step;
+    c.uses[t] += 1;
+    c.score[t] = policy_score(lfu, step, c.uses[t]);
+  }
+  const bool window = slot_away.numel() > 0;
+  const int64_t* away = window ? slot_away.data_ptr<int64_t>() : nullptr;
+  const int64_t* kaway = window ? key_away.data_ptr<int64_t>() : nullptr;
+  check(order, torch::kInt64, "order");
+  const int64_t* ord = order.numel() ? order.data_ptr<int64_t>() : nullptr;  // none: key order
+  // misses are placed in rounds in the reference (the r-th miss of each set in round r); sets
+  // are independent, so one pass in order gives the same choices; victims are listed by round
+  std::vector<int32_t> rank_in_set(num_sets, 0);
+  struct Victim { int64_t round, seq, slot, key; bool held; };
+  std::vector<Victim> victims;
+  int64_t placed = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int64_t i = ord ? ord[j] : j, base = sets[i];
+    if (hit[i]) continue;
+    const int64_t round = rank_in_set[base / ways]++;
+    if (round >= ways) continue;  // the reference runs `ways` rounds: later misses bypass
+    int64_t best = 0, victim = 0;
+    for (int64_t w = 0; w < ways; ++w) {
+      const int64_t t = base + w;
+      int64_t s = c.score[t];
+      if (window && away[t] < kNever) s = kSoon - away[t];
+      if (c.last_use[t] > step - protect) s = kProtected;
+      if (w == 0 || s < victim) { victim = s; best = w; }
+    }
+    bool ok = victim != kProtected;
+    if (window) ok = ok && ((victim <= kSoon - kNever) || (kaway[i] < kSoon - victim));
+    if (!ok) continue;
+    const int64_t t = base + best;
+    victims.push_back({round, j, t, c.keys[t], c.held[t]});
+    c.keys[t] = k[i];
+    c.held[t] = true;
+    c.clock[t] = -1;
+    c.last_use[t] = step;
+    c.uses[t] = 1;
+    c.score[t] = policy_score(lfu, step, 1);
+    slot[i] = t;
+    ++placed;
+  }
+  std::stable_sort(victims.begin(), victims.end(),
+                   [](const Victim& a, const Victim& b) { return a.round < b.round; });
+  int64_t evictions = 0, dirty = 0;
+  for (const auto& v : victims) {
+    evictions += v.held;
+    dirty += v.held && c.updates[v.slot] > 0;
+  }
+  auto wb_keys = torch::empty({dirty}, keys.options());
+  auto wb_grads = torch::empty({dirty, D}, rows.options());
+  auto wb_counts = torch::empty({dirty}, keys.options());
+  int64_t* wk = wb_keys.data_ptr<int64_t>();
+  float* wg = wb_grads.data_ptr<float>();
+  int64_t* wc = wb_counts.data_ptr<int64_t>();
+  int64_t m = 0;
+  for (const auto& v : victims) {
+    if (!(v.held && c.updates[v.slot] > 0)) continue;
+    wk[m] = v.key;
+    wc[m] = c.updates[v.slot];
+    std::copy(c.pending + v.slot * D, c.pending + (v.slot + 1) * D, wg + m * D);
+    std::fill(c.pending + v.slot * D, c.pending + (v.slot + 1) * D, 0.0f);
+    c.updates[v.slot] = 0;
+    ++m;
+  }
+  auto clocks_t = torch::empty({n}, keys.options());
+  int64_t* clocks = clocks_t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) clocks[i] = hit[i] ? c.clock[slot[i]] : -1;
+  auto counts = torch::tensor({hits, placed, evictions}, keys.options());
+  return {slot_t, hit_t, clocks_t, wb_keys, wb_grads, wb_counts, counts};
+}
+
+// EmbeddingCache.fill: take the rows the PS sent for keys[index]; a stale hit's row is the
+// server's minus local_lr times its pending gradient sum. Returns every key's row and the
+// number of stale hits refreshed.
+std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, torch::Tensor index,
+                                      torch::Tensor sent, torch::Tensor sent_clocks, torch::Tensor rows,
+                                      torch::Tensor pending, torch::Tensor clock, double local_lr) {
+  check(slot, torch::kInt64, "slot");
+  check(hit, torch::kBool, "hit");
+  check(index, torch::kInt64, "index");
+  check(sent, torch::kFloat32, "rows sent");
+  check(sent_clocks, torch::kInt64, "clocks sent");
+  check(rows, torch::kFloat32, "cache rows");
+  check(pending, torch::kFloat32, "pending");
+  check(clock, torch::kInt64, "clock");
+  const int64_t n = slot.numel(), m = index.numel(), D = rows.size(1);
+  TORCH_CHECK(sent.size(0) == m && (m == 0 || sent.size(1) == D), "rows sent: expected (", m, ", ", D,
+              "), got ", sent.sizes());
+  const int64_t* sl = slot.data_ptr<int64_t>();
+  const bool* h = hit.data_ptr<bool>();
+  const int64_t* ix = index.data_ptr<int64_t>();
+  const float* src = sent.data_ptr<float>();
+  const int64_t* sc = sent_clocks.data_ptr<int64_t>();
+  float* r = rows.data_ptr<float>();
+  const float* p = pending.data_ptr<float>();
+  int64_t* ck = clock.data_ptr<int64_t>();
+  const float lr = float(local_lr);  // torch multiplies a float tensor by a Python float in float
+  auto out = torch::empty({n, D}, rows.options());
+  float* o = out.data_ptr<float>();
+  int64_t stale = 0;
+  for (int64_t j = 0; j < m; ++j) stale += sl[ix[j]] >= 0 && h[ix[j]];
+  at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {  // index holds distinct keys
+    for (int64_t j = b; j < e; ++j) {
+      if (j + kAhead < e && sl[ix[j + kAhead]] >= 0) {
+        prefetch(r + sl[ix[j + kAhead]] * D, D * 4, true);
+        if (h[ix[j + kAhead]]) prefetch(p + sl[ix[j + kAhead]] * D, D * 4, false);
+      }
+      const int64_t i = ix[j], t = sl[i];
+      const float* s = src + j * D;
+      if (t < 0) {
+        std::copy(s, s + D, o + i * D);
+        continue;
+      }
+      float* dst = r + t * D;
+      if (h[i]) {
+        const float* pt = p + t * D;
+        for (int64_t d = 0; d < D; ++d) dst[d] = s[d] - lr * pt[d];
+      } else {
+        std::copy(s, s + D, dst);
+      }
+      ck[t] = sc[j];
+    }
+  });
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e && sl[i + kAhead] >= 0) prefetch(r + sl[i + kAhead] * D, D * 4, false);
+      if (sl[i] >= 0) std::copy(r + sl[i] * D, r + (sl[i] + 1) * D, o + i * D);
+    }
+  });
+  return {out, torch::tensor({stale}, slot.options())};
+}
+
+// EmbeddingCache.update: apply one step's gradients to the cached rows (row -= local_lr * g),
+// accumulate them, and take the rows with more than `bound` unpushed updates (with their clocks
+// advanced by the updates when the local rule is exact, or cleared when `clear_clock`), then the
+// gradients of keys that bypassed the cache or lost their slot. Returns keys, grads, counts and
+// the number of rows taken from the cache.
+std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, torch::Tensor grads,
+                                        torch::Tensor tkeys, torch::Tensor held, torch::Tensor rows,
+                                        torch::Tensor pending, torch::Tensor clock, torch::Tensor updates,
+                                        double local_lr, double bound, bool exact_local, bool clear_clock) {
+  check(keys, torch::kInt64, "keys");
+  check(slot, torch::kInt64, "slot");
+  check(grads, torch::kFloat32, "grads");
+  check(tkeys, torch::kInt64, "cache keys");
+  check(held, torch::kBool, "held");
+  check(rows, torch::kFloat32, "rows");
+  check(pending, torch::kFloat32, "pending");
+  check(clock, torch::kInt64, "clock");
+  check(updates, torch::kInt64, "updates");
+  const int64_t n = keys.numel(), D = rows.size(1);
+  TORCH_CHECK(grads.size(0) == n && (n == 0 || grads.size(1) == D), "grads: expected (", n, ", ", D, "), got ",
+              grads.sizes());
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* sl = slot.data_ptr<int64_t>();
+  const float* g = grads.data_ptr<float>();
+  const int64_t* tk = tkeys.data_ptr<int64_t>();
+  const bool* hd = held.data_ptr<bool>();
+  float* r = rows.data_ptr<float>();
+  float* p = pending.data_ptr<float>();
+  int64_t* ck = clock.data_ptr<int64_t>();
+  int64_t* u = updates.data_ptr<int64_t>();
+  const float nlr = float(-local_lr);
+  std::vector<uint8_t> live(n);
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {  // distinct keys: distinct slots
+    for (int64_t i = b; i < e; ++i) {
+      if (i + kAhead < e && sl[i + kAhead] >= 0) {
+        prefetch(r + sl[i + kAhead] * D, D * 4, true);
+        prefetch(p + sl[i + kAhead] * D, D * 4, true);
+      }
+      const int64_t t = sl[i];
+      live[i] = t >= 0 && hd[t] && tk[t] == k[i];
+      if (!live[i]) continue;
+      const float* __restrict__ gi = g + i * D;
+      float* __restrict__ rt = r + t * D;
+      float* __restrict__ pt = p + t * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float step = gi[d] * nlr;
+        rt[d] += step;
+        pt[d] += gi[d];
+      }
+      u[t] += 1;
+    }
+  });
+  int64_t due = 0, gone = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!live[i]) ++gone;
+    else due += double(u[sl[i]]) > bound;
+  }
+  auto out_keys = torch::empty({due + gone}, keys.options());
+  auto out_grads = torch::empty({due + gone, D}, grads.options());
+  auto out_counts = torch::empty({due + gone}, keys.options());
+  int64_t* ok = out_keys.data_ptr<int64_t>();
+  float* og = out_grads.data_ptr<float>();
+  int64_t* oc = out_counts.data_ptr<int64_t>();
+  int64_t a = 0, b = due;  // rows taken first, then the gradients of keys without a slot
+  for (int64_t i = 0; i < n; ++i) {
+    if (!live[i]) {
+      ok[b] = k[i];
+      oc[b] = 1;
+      std::copy(g + i * D, g + (i + 1) * D, og + b * D);
+      ++b;
+      continue;
+    }
+    const int64_t t = sl[i];
+    if (!(double(u[t]) > bound)) continue;
+    ok[a] = tk[t];
+    oc[a] = u[t];
+    std::copy(p + t * D, p + (t + 1) * D, og + a * D);
+    std::fill(p + t * D, p + (t + 1) * D, 0.0f);
+    if (exact_local) ck[t] += u[t];
+    else if (clear_clock) ck[t] = -1;
+    u[t] = 0;
+    ++a;
+  }
+  return {out_keys, out_grads, out_counts, torch::tensor({due}, keys.options())};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "het's native core: the worker cache's step in one pass over the keys";
+  m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
+  m.def("cache_sets", &cache_sets);
+  m.def("cache_lookup", &cache_lookup);
+  m.def("cache_fill", &cache_fill);
+  m.def("cache_update", &cache_update);
+}

@@ -1,0 +1,154 @@
+"""het's native core (het/native) against its PyTorch reference: identical plans, rows, clocks
+and pushes, bit for bit; and the reference path when there is no build."""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from het import native
+from het.cache.cache import EmbeddingCache
+from het.config import CacheConfig, OptimizerConfig, TableConfig
+
+needs_build = pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
+
+SLOT_TENSORS = ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "soon")
+
+
+def pair(table, cfg):
+    """The same cache twice: one on the native path, one on the reference."""
+    fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg)
+    ref.native = False
+    assert fast.native
+    return fast, ref
+
+
+def same(a, b, what):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), what
+    else:
+        assert a == b, what
+
+
+def step_both(fast, ref, keys, gen, dim, announce=None):
+    """One training step on both caches, the PS's reply and the gradients drawn from ``gen``."""
+    if announce is not None:
+        fast.announce(announce)
+        ref.announce(announce)
+    p, q = fast.lookup(keys), ref.lookup(keys)
+    for name in ("keys", "slot", "hit", "clocks"):
+        same(getattr(p, name), getattr(q, name), f"plan.{name}")
+    for name in ("keys", "grads", "counts"):
+        same(getattr(p.writeback, name), getattr(q.writeback, name), f"writeback.{name}")
+    # the PS sends every miss and a random part of the hits (stale ones), in a random order
+    n = keys.numel()
+    stale = torch.rand(n, generator=gen) < 0.3
+    index = (~p.hit | stale).nonzero().flatten()
+    index = index[torch.randperm(index.numel(), generator=gen)]
+    rows = torch.randn(index.numel(), dim, generator=gen)
+    clocks = torch.randint(0, 50, (index.numel(),), generator=gen)
+    same(fast.fill(p, index, rows, clocks), ref.fill(q, index.clone(), rows.clone(), clocks.clone()), "fill")
+    grads = torch.randn(n, dim, generator=gen)
+    a, b = fast.update(p, grads), ref.update(q, grads.clone())
+    for name in ("keys", "grads", "counts"):
+        same(getattr(a, name), getattr(b, name), f"update.{name}")
+    for name in SLOT_TENSORS:
+        same(getattr(fast, name), getattr(ref, name), name)
+    same(dict(fast.counters), dict(ref.counters), "counters")
+
+
+@needs_build
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), capacity=st.sampled_from([0, 1, 5, 33, 64, 200]),
+       ways=st.sampled_from([1, 4, 8, 32]), policy=st.sampled_from(["lru", "lfu"]),
+       bound=st.sampled_from([0, 1, 3, math.inf]), lookahead=st.sampled_from([0, 1, 3]),
+       optimizer=st.sampled_from([("sgd", None), ("sgd", 0.05), ("adagrad", None), ("adam", None)]),
+       dynamic=st.booleans(), key_space=st.sampled_from([50, 400, 1 << 62]))
+def test_the_native_step_equals_the_reference_bit_for_bit(seed, capacity, ways, policy, bound, lookahead,
+                                                         optimizer, dynamic, key_space):
+    """Random key streams (raw int64 ids included), capacities, ways, policies, bounds,
+    lookahead windows and optimizers (SGD's exact local rule, the others', a dynamic table's
+    admission): every plan, filled row, push, slot tensor and counter is identical."""
+    gen = torch.Generator().manual_seed(seed)
+    name, local_lr = optimizer
+    table = TableConfig("t", rows=None if dynamic or key_space > 1 << 31 else key_space, dim=8,
+                        optimizer=OptimizerConfig(name, lr=0.1), admit_after=2 if dynamic else 1)
+    fast, ref = pair(table, CacheConfig(capacity=capacity, policy=policy, staleness=bound, ways=ways,
+                                        local_lr=local_lr, lookahead=lookahead))
+    steps = []
+    for _ in range(12):
+        n = int(torch.randint(1, 80, (1,), generator=gen))
+        if key_space > 1 << 31:  # any int64, negative ones too
+            raw = torch.randint(-(1 << 62), 1 << 62, (n,), generator=gen)
+            raw[: n // 2] = raw[: n // 2] % 97  # some repeat across steps
+        else:
+            raw = torch.randint(0, key_space, (n,), generator=gen)
+        steps.append(torch.unique(raw))
+    for keys in steps[:lookahead]:
+        fast.announce(keys)
+        ref.announce(keys)
+    for i, keys in enumerate(steps):
+        ahead = steps[i + lookahead] if lookahead and i + lookahead < len(steps) else None
+        step_both(fast, ref, keys, gen, table.dim, ahead)
+    a, b = fast.flush(), ref.flush()
+    for name in ("keys", "grads", "counts"):
+        same(getattr(a, name), getattr(b, name), f"flush.{name}")
+
+
+@needs_build
+def test_a_big_batch_through_the_thread_pool_equals_the_reference():
+    """More keys than one task of the pool takes (4,096), with 2 threads."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        gen = torch.Generator().manual_seed(1)
+        table = TableConfig("t", rows=200_000, dim=16, optimizer=OptimizerConfig("sgd", lr=0.1))
+        fast, ref = pair(table, CacheConfig(capacity=12_000, policy="lfu", staleness=2, ways=32))
+        for _ in range(4):
+            step_both(fast, ref, torch.unique(torch.randint(0, 200_000, (30_000,), generator=gen)), gen, table.dim)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@needs_build
+def test_native_operators_name_what_they_expected():
+    with pytest.raises(RuntimeError, match="expected Long"):
+        native.ops.cache_sets(torch.zeros(3, dtype=torch.int32), 4)
+
+
+def test_without_a_build_het_warns_once_and_runs_the_reference_path(tmp_path):
+    """A fresh clone before `make`: the module is missing. One RuntimeWarning, then the
+    reference path; HET_NATIVE=0 chooses that path without a warning."""
+    code = """
+import warnings, torch
+import het.native as native
+native.ops, native._why_not = None, "it is not built (test)"
+from het.cache.cache import EmbeddingCache
+from het.config import CacheConfig, TableConfig
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    caches = [EmbeddingCache(TableConfig("t", rows=100, dim=2), CacheConfig(capacity=8)) for _ in range(3)]
+    plan = caches[0].lookup(torch.tensor([1, 2, 3]))
+print(sum(issubclass(w.category, RuntimeWarning) and "native core" in str(w.message) for w in caught),
+      any(c.native for c in caches), plan.hit.tolist())
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HET_NATIVE": "1"})
+    assert out.stdout.split() == ["1", "False", "[False,", "False,", "False]"]
+    code0 = ("import warnings; warnings.simplefilter('error'); import torch; from het import native; "
+             "print(native.ops is None, native.usable(torch.zeros(1)))")
+    out = subprocess.run([sys.executable, "-c", code0], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HET_NATIVE": "0"})
+    assert out.stdout.split() == ["True", "False"]
+
+
+@needs_build
+def test_the_build_is_the_source_in_the_tree():
+    assert native.ops.SOURCE_HASH == native.source_hash()
