@@ -87,6 +87,13 @@ def row_touch_keys_per_s(steps: list[torch.Tensor], rows: int, dim: int, device:
     return sum(k.numel() for k in steps) / total if total else 0.0
 
 
+def bench_table(steps: list[torch.Tensor], dim: int) -> TableConfig:
+    """Label-encoded keys: a fixed table over them; raw int64 ids (negative ones too): a dynamic one."""
+    small = all(k.numel() == 0 or (int(k.min()) >= 0 and int(k.max()) < 1 << 31) for k in steps)
+    rows = max((int(k.max()) + 1 for k in steps if k.numel()), default=1) if small else None
+    return TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
+
+
 def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: int = 128,
         staleness: float = 100, ways: int = 32, warmup: int = 2, device: str = "cpu",
         lookahead: int = 0) -> dict:
@@ -94,10 +101,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
     each step's unique keys; any int64 keys: a trace with keys outside [0, 2^31) runs on a
     dynamic table); return the figures."""
     steps = trace_steps(trace, batch) if isinstance(trace, np.ndarray) else list(trace)
-    small = all(k.numel() == 0 or (int(k.min()) >= 0 and int(k.max()) < 1 << 31) for k in steps)
-    # label-encoded keys: a fixed table over them; raw int64 ids (negative ones too): a dynamic one
-    rows = max((int(k.max()) + 1 for k in steps if k.numel()), default=1) if small else None
-    table = TableConfig("bench", rows=rows, dim=dim, optimizer=OptimizerConfig("sgd", lr=0.01))
+    table = bench_table(steps, dim)
     shard = Shard(ShardConfig((table,)))
     cache = EmbeddingCache(table, CacheConfig(capacity=capacity, policy=policy, staleness=staleness, ways=ways,
                                               lookahead=lookahead), device)

@@ -349,6 +349,35 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   return {out_keys, out_grads, out_counts, torch::tensor({due}, keys.options())};
 }
 
+// het.ps.table.initial_rows after its counters: row i, column c is splitmix64 of
+// (counters[i] * dim + c) ^ salt, its top 24 bits scaled to [-scale, scale), in float64 as numpy
+// computes it, then rounded to float32.
+torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, double scale) {
+  check(counters, torch::kInt64, "counters");
+  const int64_t n = counters.numel();
+  auto out = torch::empty({n, dim}, counters.options().dtype(torch::kFloat32));
+  const uint64_t* ctr = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
+  float* o = out.data_ptr<float>();
+  const uint64_t s = uint64_t(salt), d = uint64_t(dim);
+  at::parallel_for(0, n, std::max<int64_t>(1, kGrain / std::max<int64_t>(dim, 1)), [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      const uint64_t first = ctr[i] * d;
+      for (int64_t c = 0; c < dim; ++c) {
+        uint64_t x = ((first + uint64_t(c)) ^ s) + 0x9E3779B97F4A7C15ull;
+        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+        x ^= x >> 31;
+        double unit = double(x >> 40);
+        unit *= 2.0 / double(1 << 24);
+        unit -= 1;
+        unit *= scale;
+        o[i * dim + c] = float(unit);
+      }
+    }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the worker cache's step in one pass over the keys";
   m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
@@ -356,4 +385,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_lookup", &cache_lookup);
   m.def("cache_fill", &cache_fill);
   m.def("cache_update", &cache_update);
+  m.def("initial_rows", &initial_rows);
 }

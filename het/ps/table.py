@@ -8,6 +8,7 @@ import zlib
 import numpy as np
 import torch
 
+from het import native
 from het.config import TableConfig
 from het.ps import checks, optim, partition
 
@@ -40,6 +41,9 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     counters = keys.astype(np.uint64)
     if wide.any():
         counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
+    if native.ops is not None:  # the same hash in one pass (het.native)
+        return native.ops.initial_rows(torch.from_numpy(counters.view(np.int64)), table.dim,
+                                       int(salt.view(np.int64)), float(table.init_scale)).numpy()
     x = counters[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
     shifted = np.empty_like(x)
     with np.errstate(over="ignore"):

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -152,3 +153,22 @@ print(sum(issubclass(w.category, RuntimeWarning) and "native core" in str(w.mess
 @needs_build
 def test_the_build_is_the_source_in_the_tree():
     assert native.ops.SOURCE_HASH == native.source_hash()
+
+
+@needs_build
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dim=st.integers(1, 70), scale=st.sampled_from([0.01, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1),
+       name=st.sampled_from(["t", "user_id", "C14.a-b"]),
+       keys=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
+def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, seed, name, keys):
+    """Every key (negative and huge ones take the mixed counter), dim, scale and seed."""
+    from het.ps.table import initial_rows
+
+    table = TableConfig(name, rows=None, dim=dim, seed=seed, init_scale=scale)
+    keys = np.array(keys + [0, 1, 2**63 - 1, -(2**63)], dtype=np.int64)
+    fast = initial_rows(table, keys)
+    with monkeypatch.context() as m:  # undone at once: each example sets it again
+        m.setattr(native, "ops", None)
+        ref = initial_rows(table, keys)
+    assert fast.dtype == ref.dtype == np.float32 and fast.shape == ref.shape == (len(keys), dim)
+    assert np.array_equal(fast.view(np.int32), ref.view(np.int32))
