@@ -1,10 +1,11 @@
-// het's native core: the worker cache's step (lookup with miss placement, fill, update) in one
-// pass over the keys each, where the PyTorch reference (het/cache/cache.py) needs dozens of
-// small tensor ops. Same results, bit for bit: every float is computed with the same operations
-// in the same order as the reference (compiled with -ffp-contract=off, so no fused multiply-add).
+// het's native core: the worker cache's step (lookup with miss placement, fill, update), a fixed
+// table's push on the shard and initial_rows, each in one pass over the keys, where the PyTorch
+// reference (het/cache/cache.py, het/ps/table.py) needs dozens of small tensor ops. Same results, bit for bit: every float is computed with the same operations
+// in the same order as the reference (compiled with -ffp-contract=off: a multiply-add is fused
+// only where torch's kernel fuses it, and square roots are torch's own).
 //
-// CPU tensors only; the cache keeps the reference for CUDA. Every function takes the cache's
-// slot tensors and updates them in place.
+// CPU tensors only; the cache keeps the reference for CUDA. Functions update the tensors they
+// are given in place.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
@@ -349,6 +350,134 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   return {out_keys, out_grads, out_counts, torch::tensor({due}, keys.options())};
 }
 
+// The square roots of an (m, D) block, by torch's kernel, as the reference's `sqrt_` takes them
+// (the same bits: torch's vectorised sqrt is not always IEEE's correctly rounded one).
+torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
+  return torch::from_blob(values, {m, D}, torch::kFloat32).sqrt();
+}
+
+// TableRows.push for a fixed table, all or nothing: the new rows and optimizer state of the
+// unique `rows` are computed aside and checked first (every value finite, no clock past
+// max_clock), and written only if they pass. `at` gives each gradient's place in `rows`, and
+// `inverse` each count's. SGD applies the gradients in order, duplicates one after another;
+// Adagrad and Adam take one gradient per row (duplicates summed by the caller). The floats follow
+// het.ps.optim's tensor ops: torch's index_add_(alpha) is a fused multiply-add (its kernel:
+// vec::fmadd), and square roots are torch's. Returns 0, or what failed: 1 rows, 2 + i state i,
+// 100 a clock.
+int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
+                   torch::Tensor clocks, torch::Tensor touched, torch::Tensor rows, torch::Tensor at,
+                   torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
+                   double beta1, double beta2, double step_size, int64_t max_clock) {
+  check(weight, torch::kFloat32, "weight");
+  for (auto& t : state) check(t, torch::kFloat32, "optimizer state");
+  check(clocks, torch::kInt64, "clocks");
+  check(touched, torch::kBool, "touched");
+  check(rows, torch::kInt64, "rows");
+  check(at, torch::kInt64, "at");
+  check(inverse, torch::kInt64, "inverse");
+  check(grads, torch::kFloat32, "grads");
+  check(counts, torch::kInt64, "counts");
+  const int64_t m = rows.numel(), n = at.numel(), D = weight.size(1);
+  TORCH_CHECK(grads.size(0) == n && (n == 0 || grads.size(1) == D), "grads: expected (", n, ", ", D, "), got ",
+              grads.sizes());
+  TORCH_CHECK(counts.numel() == inverse.numel(), "counts: expected ", inverse.numel(), ", got ", counts.numel());
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t* a = at.data_ptr<int64_t>();
+  const int64_t* inv = inverse.data_ptr<int64_t>();
+  const float* g = grads.data_ptr<float>();
+  const int64_t* cn = counts.data_ptr<int64_t>();
+  float* w = weight.data_ptr<float>();
+  int64_t* ck = clocks.data_ptr<int64_t>();
+  const int S = int(state.size());
+  std::vector<float*> st(S);
+  for (int i = 0; i < S; ++i) st[i] = state[i].data_ptr<float>();
+  // the new values, aside: rows, then each state
+  // scratch without zero-filling: every value is copied in below
+  auto nw_t = torch::empty({m * D}, weight.options()), ns_t = torch::empty({m * D * S}, weight.options());
+  float* nw = nw_t.data_ptr<float>();
+  float* ns = ns_t.data_ptr<float>();
+  for (int64_t j = 0; j < m; ++j) {
+    std::copy(w + r[j] * D, w + (r[j] + 1) * D, nw + j * D);
+    for (int i = 0; i < S; ++i) std::copy(st[i] + r[j] * D, st[i] + (r[j] + 1) * D, ns + (i * m + j) * D);
+  }
+  const float flr = float(lr), nlr = float(-lr), feps = float(eps);
+  if (kind == "sgd") {
+    for (int64_t i = 0; i < n; ++i) {  // grads.mul_(-lr), then index_add_ in order
+      float* dst = nw + a[i] * D;
+      const float* gi = g + i * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float step = gi[d] * nlr;
+        dst[d] += step;
+      }
+    }
+  } else if (kind == "adagrad") {
+    for (int64_t i = 0; i < n; ++i) {  // one gradient per row
+      float* acc = ns + a[i] * D;
+      const float* gi = g + i * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float sq = gi[d] * gi[d];
+        acc[d] += sq;
+      }
+    }
+    const auto root = torch_sqrt(ns, m, D);  // torch's own kernel: its vectorised sqrt is not IEEE's
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = a[i];
+      float* wj = nw + j * D;
+      const float* rj = root.data_ptr<float>() + j * D;
+      const float* gi = g + i * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float q = gi[d] / (rj[d] + feps);
+        wj[d] = std::fma(q, nlr, wj[d]);
+      }
+    }
+  } else if (kind == "adam") {
+    const float c1 = float(1 - beta1), c2 = float(1 - beta2), nstep = float(-step_size);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = a[i];
+      float* mj = ns + j * D;
+      float* vj = ns + (m + j) * D;
+      const float* gi = g + i * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float dm = (gi[d] - mj[d]) * c1;
+        mj[d] += dm;
+        const float sq = gi[d] * gi[d];
+        const float dv = (sq - vj[d]) * c2;
+        vj[d] += dv;
+      }
+    }
+    const auto root = torch_sqrt(ns + m * D, m, D);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = a[i];
+      float* wj = nw + j * D;
+      const float* mj = ns + j * D;
+      const float* rj = root.data_ptr<float>() + j * D;
+      for (int64_t d = 0; d < D; ++d) {
+        const float q = mj[d] / (rj[d] + feps);
+        wj[d] = std::fma(q, nstep, wj[d]);
+      }
+    }
+  } else {
+    TORCH_CHECK(false, "optimizer: expected sgd, adagrad or adam, got ", kind);
+  }
+  (void)flr;
+  for (int64_t i = 0; i < m * D; ++i) if (!std::isfinite(nw[i])) return 1;
+  for (int i = 0; i < S; ++i) {
+    for (int64_t k = 0; k < m * D; ++k) if (!std::isfinite(ns[int64_t(i) * m * D + k])) return 2 + i;
+  }
+  std::vector<int64_t> nc(m);
+  for (int64_t j = 0; j < m; ++j) nc[j] = ck[r[j]];
+  for (int64_t i = 0; i < inverse.numel(); ++i) nc[inv[i]] += cn[i];
+  for (int64_t j = 0; j < m; ++j) if (nc[j] > max_clock) return 100;
+  bool* tc = touched.data_ptr<bool>();
+  for (int64_t j = 0; j < m; ++j) {  // all checked: write
+    std::copy(nw + j * D, nw + (j + 1) * D, w + r[j] * D);
+    for (int i = 0; i < S; ++i) std::copy(ns + (i * m + j) * D, ns + (i * m + j + 1) * D, st[i] + r[j] * D);
+    ck[r[j]] = nc[j];
+    tc[r[j]] = true;
+  }
+  return 0;
+}
+
 // het.ps.table.initial_rows after its counters: row i, column c is splitmix64 of
 // (counters[i] * dim + c) ^ salt, its top 24 bits scaled to [-scale, scale), in float64 as numpy
 // computes it, then rounded to float32.
@@ -386,4 +515,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_fill", &cache_fill);
   m.def("cache_update", &cache_update);
   m.def("initial_rows", &initial_rows);
+  m.def("table_push", &table_push);
 }

@@ -3,6 +3,7 @@ initial value of any row (a pure function of the table's seed and the key)."""
 
 from __future__ import annotations
 
+import math
 import zlib
 
 import numpy as np
@@ -83,6 +84,7 @@ class TableRows:
         # initial_rows, which a client can build itself instead of receiving them
         self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+        self.native = native.ops is not None and cfg.optimizer.name in ("sgd", "adagrad", "adam")
 
     def check_keys(self, keys: torch.Tensor) -> str:
         """Why ``keys`` do not belong to this slice ('' when they do)."""
@@ -109,6 +111,8 @@ class TableRows:
         non-finite or a clock pass MAX_CLOCK raises ValueError and changes nothing.
         Shape: (n,), (n, D), (n,)."""
         rows, inverse = torch.unique(local, return_inverse=True)
+        if self.native and grads.dtype == torch.float32:
+            return self._push_native(local, rows, inverse, grads, counts, step)
         before = self._snapshot(rows)
         self.clocks.index_add_(0, local, counts)
         self.touched.index_fill_(0, local, True)
@@ -123,6 +127,28 @@ class TableRows:
         if problem:  # refused whole: the rows, clocks and state are as they were
             self._restore(rows, before)
             raise ValueError(problem)
+
+    def _push_native(self, local, rows, inverse, grads, counts, step) -> None:
+        """:meth:`push` in one native call (het.native): the new values computed aside and
+        checked before any is written, so nothing needs restoring; the same bits."""
+        opt = self.optimizer
+        at = inverse
+        if not opt.accepts_duplicates and len(rows) != len(local):
+            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            at = torch.arange(len(rows))
+        cfg, step = opt.cfg, max(int(step), 1)
+        b1, b2 = cfg.betas
+        step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
+        failed = native.ops.table_push(cfg.name, self.weight, [opt.state[n] for n in opt.state_names], self.clocks,
+                                       self.touched, rows, at.contiguous(), inverse.contiguous(), grads.contiguous(),
+                                       counts.contiguous(), cfg.lr, cfg.eps or 0.0, b1, b2, step_size,
+                                       checks.MAX_CLOCK)
+        if failed == 1:
+            raise ValueError("the update would make rows non-finite (overflow)")
+        if failed == 100:
+            raise ValueError(f"a clock would pass {checks.MAX_CLOCK}")
+        if failed:
+            raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
 
     def _snapshot(self, rows: torch.Tensor) -> dict:
         """What a push to ``rows`` (unique) may change: their rows, clocks, marks and state."""

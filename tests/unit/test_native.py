@@ -172,3 +172,46 @@ def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, s
         ref = initial_rows(table, keys)
     assert fast.dtype == ref.dtype == np.float32 and fast.shape == ref.shape == (len(keys), dim)
     assert np.array_equal(fast.view(np.int32), ref.view(np.int32))
+
+
+@needs_build
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), optimizer=st.sampled_from(["sgd", "adagrad", "adam"]),
+       dim=st.sampled_from([1, 3, 8, 13, 16, 64, 130]), rows=st.sampled_from([5, 40, 300]),
+       shards=st.sampled_from([1, 3]), blow_up=st.sampled_from([None, "grad", "clock"]))
+def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, rows, shards, blow_up):
+    """Pushes with duplicate keys, several steps, each optimizer and dims off the vector width;
+    a push that would overflow a value or a clock is refused whole, with the same message, on
+    both paths."""
+    from het.ps.checks import MAX_CLOCK
+    from het.ps.table import TableRows
+
+    gen = torch.Generator().manual_seed(seed)
+    cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.05))
+    fast, ref = TableRows(cfg, shards - 1, shards), TableRows(cfg, shards - 1, shards)
+    ref.native = False
+    assert fast.native
+    local_rows = len(fast.weight)
+    for step in range(1, 6):
+        n = int(torch.randint(1, 2 * local_rows + 2, (1,), generator=gen))
+        local = torch.randint(0, local_rows, (n,), generator=gen)
+        grads = torch.randn(n, dim, generator=gen)
+        counts = torch.randint(0, 3, (n,), generator=gen)
+        if blow_up == "grad" and step == 4:
+            grads[0, 0] = 3e38 if optimizer == "sgd" else float("inf")
+            grads[-1] = 3e38
+        if blow_up == "clock" and step == 4:
+            fast.clocks[local[0]] = ref.clocks[local[0]] = MAX_CLOCK - 1
+            counts[0] = 5
+        errors = []
+        for table in (fast, ref):
+            try:
+                table.push(local.clone(), grads.clone(), counts.clone(), step)
+                errors.append(None)
+            except ValueError as e:
+                errors.append(str(e))
+        assert errors[0] == errors[1]
+        for name in ("weight", "clocks", "touched"):
+            assert torch.equal(getattr(fast, name), getattr(ref, name)), (name, step)
+        for name in fast.optimizer.state:
+            assert torch.equal(fast.optimizer.state[name], ref.optimizer.state[name]), (name, step)
