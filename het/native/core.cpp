@@ -220,6 +220,12 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
   const int64_t n = slot.numel(), m = index.numel(), D = rows.size(1);
   TORCH_CHECK(sent.size(0) == m && (m == 0 || sent.size(1) == D), "rows sent: expected (", m, ", ", D,
               "), got ", sent.sizes());
+  TORCH_CHECK(sent_clocks.numel() == m, "clocks sent: expected ", m, ", got ", sent_clocks.numel());
+  TORCH_CHECK(hit.numel() == n, "hit: expected ", n, " marks, got ", hit.numel());
+  for (int64_t j = 0; j < m; ++j) {  // the reply's positions: a bad one must not write elsewhere
+    const int64_t i = index.data_ptr<int64_t>()[j];
+    TORCH_CHECK(i >= 0 && i < n, "index: expected positions in [0, ", n, "), got ", i);
+  }
   const int64_t* sl = slot.data_ptr<int64_t>();
   const bool* h = hit.data_ptr<bool>();
   const int64_t* ix = index.data_ptr<int64_t>();

@@ -215,3 +215,14 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
             assert torch.equal(getattr(fast, name), getattr(ref, name)), (name, step)
         for name in fast.optimizer.state:
             assert torch.equal(fast.optimizer.state[name], ref.optimizer.state[name]), (name, step)
+
+
+@needs_build
+def test_a_fill_with_a_position_out_of_range_is_refused_and_changes_nothing():
+    table = TableConfig("t", rows=100, dim=4)
+    cache = EmbeddingCache(table, CacheConfig(capacity=8, ways=4))
+    plan = cache.lookup(torch.tensor([1, 2, 3]))
+    before = cache.rows.clone(), cache.clock.clone()
+    with pytest.raises(RuntimeError, match=r"index: expected positions in \[0, 3\), got 7"):
+        cache.fill(plan, torch.tensor([0, 7]), torch.ones(2, 4), torch.tensor([1, 1]))
+    assert torch.equal(cache.rows, before[0]) and torch.equal(cache.clock, before[1])

@@ -1,0 +1,81 @@
+"""het's native operators against their PyTorch/numpy reference, in-process, one thread.
+
+    .venv/bin/python docs/scripts/native_ops.py
+
+Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys at dim 128) and
+of a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer), native
+and reference in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path
+is chosen by ``het.native.ops = None`` (initial_rows) and ``TableRows.native = False`` (push).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from het import native
+from het.config import OptimizerConfig, TableConfig
+from het.ps.table import TableRows, initial_rows
+
+
+def time_initial_rows(use_native: bool, keys: np.ndarray, table: TableConfig) -> float:
+    ops = native.ops
+    native.ops = ops if use_native else None
+    try:
+        t0 = time.perf_counter()
+        initial_rows(table, keys)
+        return (time.perf_counter() - t0) * 1000
+    finally:
+        native.ops = ops
+
+
+def time_push(use_native: bool, table: TableRows, batches: list, dim: int) -> float:
+    table.native = use_native
+    grads, counts = torch.full((len(batches[0]), dim), 1e-3), torch.ones(len(batches[0]), dtype=torch.int64)
+    t0 = time.perf_counter()
+    for b in batches:
+        table.push(b, grads.clone(), counts, 1)
+    return (time.perf_counter() - t0) * 1000 / len(batches)
+
+
+def summary(native_ms: list, reference_ms: list) -> dict:
+    return {"native_ms": [round(x, 2) for x in native_ms], "reference_ms": [round(x, 2) for x in reference_ms],
+            "speedup_of_medians": statistics.median(reference_ms) / statistics.median(native_ms)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=3)
+    args = p.parse_args()
+    if native.ops is None:
+        raise SystemExit("the native core is not built: run `make native`")
+    torch.set_num_threads(1)
+    out = {}
+    table = TableConfig("t", rows=None, dim=128)
+    keys = np.random.default_rng(0).integers(0, 1 << 40, 100_000)
+    time_initial_rows(False, keys, table)  # first touch of the output pages, not counted
+    runs = {True: [], False: []}
+    for _ in range(args.rounds):
+        for use_native in (True, False):
+            runs[use_native].append(time_initial_rows(use_native, keys, table))
+    out["initial_rows_100k_x_128"] = summary(runs[True], runs[False])
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randperm(200_000, generator=gen)[:4096] for _ in range(20)]
+    for name in ("sgd", "adagrad", "adam"):
+        rows = TableRows(TableConfig("t", rows=200_000, dim=128, optimizer=OptimizerConfig(name, lr=0.01)), 0, 1)
+        time_push(True, rows, batches[:2], 128)  # warm-up
+        runs = {True: [], False: []}
+        for _ in range(args.rounds):
+            for use_native in (True, False):
+                runs[use_native].append(time_push(use_native, rows, batches, 128))
+        out[f"push_4096_x_128_{name}"] = summary(runs[True], runs[False])
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
