@@ -12,8 +12,10 @@ from dataclasses import asdict, dataclass, field
 
 from het.staleness import check_staleness
 
-OPTIMIZERS = ("sgd", "adagrad", "adam")
+OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
+DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")  # row-wise Adagrad is for embedding rows
 POLICIES = ("lru", "lfu")
+LOCAL_UPDATES = ("sgd", "row", "full")  # CacheConfig.local_update
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
@@ -61,8 +63,8 @@ class OptimizerConfig:
                  f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
         _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
         if self.eps is None:
-            # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8.
-            object.__setattr__(self, "eps", 1e-10 if self.name == "adagrad" else 1e-8)
+            # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8 (row-wise Adagrad as Adagrad).
+            object.__setattr__(self, "eps", 1e-10 if "adagrad" in self.name else 1e-8)
         _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
         b1, b2 = self.betas
         _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
@@ -181,9 +183,16 @@ class CacheConfig:
             once it holds more than ``s`` local updates. ``0`` is synchronous, ``math.inf``
             fully asynchronous.
         ways: rows per set (set-associative slots, as in FBGEMM's cache).
-        local_lr: step size of the worker's own read-your-writes update to a cached row
-            (``row -= local_lr * grad``). ``None`` takes the table optimizer's lr; exact for
-            SGD, an approximation for Adagrad and Adam until the row is next refreshed.
+        local_lr: step size of the ``"sgd"`` local update (``row -= local_lr * grad``).
+            ``None`` takes the table optimizer's lr: exact for SGD.
+        local_update: how a worker updates its cached copy of a row between refreshes (read
+            your writes). ``"sgd"``: HET's rule, ``row -= local_lr * grad``, exact for SGD only.
+            ``"row"`` (Adagrad and row-wise Adagrad tables): the copy is the server's row at the
+            last refresh moved by the step the server's optimizer will take with the pending
+            gradient sum, from a one-float-a-row summary of its accumulator sent with the row
+            (the mean over the row; row-wise Adagrad's own). ``"full"``: the same with the
+            whole per-coordinate accumulator (one float per coordinate on the wire). Tables
+            of other optimizers (SGD, Adam) use ``"sgd"``.
         lookahead: how many coming steps' keys, announced by the data loader
             (``Embedding.announce``), the cache consults when it evicts; 0: the policy alone.
 
@@ -202,6 +211,7 @@ class CacheConfig:
     ways: int = 32
     local_lr: float | None = None
     lookahead: int = 0
+    local_update: str = "row"
 
     def __post_init__(self) -> None:
         _require(isinstance(self.capacity, int) and self.capacity >= 0,
@@ -212,6 +222,8 @@ class CacheConfig:
                  f"ways must be an int in [1, 256], got {self.ways!r}")
         _require(isinstance(self.lookahead, int) and self.lookahead >= 0,
                  f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}")
+        _require(self.local_update in LOCAL_UPDATES,
+                 f"local_update must be one of {LOCAL_UPDATES}, got {self.local_update!r}")
 
 
 @dataclass(frozen=True)

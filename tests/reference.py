@@ -7,6 +7,8 @@ from collections import OrderedDict
 
 import torch
 
+from het.ps.optim import RowWiseAdagradTorch
+
 
 class ExactLRU:
     """Fully associative LRU with HET's batch semantics: a key is a hit if cached when its batch
@@ -125,6 +127,7 @@ TORCH_OPTIMIZERS = {
     "sgd": lambda params, lr: torch.optim.SGD(params, lr=lr),
     "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr),
     "adam": lambda params, lr: torch.optim.SparseAdam(params, lr=lr),
+    "rowwise_adagrad": lambda params, lr: RowWiseAdagradTorch(params, lr=lr),  # torch has none: ours
 }
 
 

@@ -53,8 +53,8 @@ def run(keys: int = 1_000_000, dim: int = 64, optimizer: str = "adagrad", batch:
             full = client.stats()[0]
         finally:
             client.close()
-    state_per_row = len(optim.make(table.optimizer, 0, dim).state_names)
-    ideal = keys * dim * 4 * (1 + state_per_row)
+    state_per_row = sum(optim.make(table.optimizer, 0, dim).state_widths(dim).values())
+    ideal = keys * 4 * (dim + state_per_row)
     stats = full["tables"]["ids"]
     return {"bench": "memory", "keys": keys, "dim": dim, "optimizer": optimizer, "passes": passes,
             "rows": stats["rows"], "ideal_bytes": ideal, "table_bytes": stats["bytes"],

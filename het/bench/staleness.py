@@ -24,8 +24,8 @@ from het.train.config import TrainConfig
 from het.train.flags import add_config_flags, config_from_args
 
 DEFAULT_STALENESSES = "0,100,10000,inf"
-RESULT_KEYS = ("auc", "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "samples_per_s",
-               "wall_s")
+RESULT_KEYS = ("auc", "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "drift",
+               "sparse_bytes_per_sample", "samples_per_s", "wall_s")
 
 
 def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None, progress: bool = False) -> dict:

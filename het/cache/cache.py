@@ -12,7 +12,7 @@ One training step, for the unique keys of a batch::
 
     plan = cache.lookup(keys)              # hits, slots for misses, victims to write back
     # send plan.writeback (push) and sync(keys, plan.clocks) to the PS, wait for the reply
-    rows = cache.fill(plan, reply.index, reply.rows, reply.clocks)  # (n, D): every key's row
+    rows = cache.fill(plan, reply.index, reply.rows, reply.clocks, reply.state)  # (n, D): every key's row
     ...forward, backward...
     push = cache.update(plan, grads)       # local update; rows with u > s are due to push
 """
@@ -29,6 +29,7 @@ from het import native
 from het.cache.lookahead import NEVER, Lookahead
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
+from het.ps.optim import adagrad_factor
 from het.staleness import must_push
 
 _HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
@@ -38,20 +39,23 @@ _SOON = (1 << 62) + NEVER  # a row needed in the lookahead window scores _SOON -
 
 @dataclass
 class Rows:
-    """Rows bound for the PS: keys, summed gradients and update counts.
-    Shape: keys (n,), grads (n, D), counts (n,)."""
+    """Rows bound for the PS: keys, summed gradients and update counts, and under a local rule
+    that follows Adagrad the sums of the steps' squared gradients (het.ps.optim.Pushed).
+    Shape: keys (n,), grads (n, D), counts (n,), sq (n, 1) or (n, D)."""
 
     keys: torch.Tensor
     grads: torch.Tensor
     counts: torch.Tensor
+    sq: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return self.keys.numel()
 
     @staticmethod
     def cat(parts: list["Rows"]) -> "Rows":
+        sq = None if any(p.sq is None for p in parts) else torch.cat([p.sq for p in parts])
         return Rows(torch.cat([p.keys for p in parts]), torch.cat([p.grads for p in parts]),
-                    torch.cat([p.counts for p in parts]))
+                    torch.cat([p.counts for p in parts]), sq)
 
 
 @dataclass
@@ -80,6 +84,7 @@ class EmbeddingCache:
 
     Example:
         >>> from het.config import CacheConfig, TableConfig
+from het.ps.optim import adagrad_factor
         >>> cache = EmbeddingCache(TableConfig("t", rows=100, dim=2), CacheConfig(capacity=8, ways=4))
         >>> plan = cache.lookup(torch.tensor([3, 9]))
         >>> plan.hit.tolist(), plan.clocks.tolist()
@@ -119,7 +124,16 @@ class EmbeddingCache:
         self.protect = 1  # slots used in the last `protect` lookups are never victims
         self.window = Lookahead(cfg.lookahead) if cfg.lookahead else None  # announced coming steps
         self.soon = torch.full((n,), NEVER, dtype=torch.int64, device=dev)  # next announced use
-        self.exact_local = table.optimizer.name == "sgd" and self.local_lr == table.optimizer.lr
+        # the local update (CacheConfig.local_update): "sgd", or follow the table's Adagrad from
+        # `acc`, the summary of its accumulator the shard sent with the row ("row": (n, 1),
+        # "full": (n, D)) and what the pushes since added to it
+        opt = table.optimizer
+        self.rule = local_rule(opt.name, cfg.local_update if cfg.local_lr is None else "sgd")
+        width = {"sgd": 0, "row": 1, "full": d}[self.rule]
+        self.acc = torch.zeros(n, width, device=dev)
+        self.sq = torch.zeros(n, width, device=dev)  # the pending steps' squared gradients, summed
+        self.lr, self.eps = opt.lr, opt.eps or 0.0
+        self.exact_local = opt.name == "sgd" and self.local_lr == opt.lr
         # a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
         self.clear_clock = not self.exact_local and table.rows is None and table.admit_after > 1
         self.counters = Counter()
@@ -129,7 +143,8 @@ class EmbeddingCache:
     def to(self, device) -> "EmbeddingCache":
         """Move every slot tensor to ``device`` (in place); returns self."""
         self.device = torch.device(device)
-        for name in ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way", "soon"):
+        for name in ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled", "_way",
+                     "soon", "acc", "sq"):
             setattr(self, name, getattr(self, name).to(self.device))
         self.native = native.usable(self.rows)
         return self
@@ -173,6 +188,7 @@ class EmbeddingCache:
 
         Example:
             >>> from het.config import CacheConfig, TableConfig
+from het.ps.optim import adagrad_factor
             >>> cache = EmbeddingCache(TableConfig("t", rows=None, dim=1), CacheConfig(capacity=12, ways=4))
             >>> cache.set_of(torch.tensor([-1, 0, -2**63, 2**63 - 1, 1 << 40, 2 << 40])).tolist()  # 3 sets
             [1, 0, 1, 2, 0, 1]
@@ -223,10 +239,10 @@ class EmbeddingCache:
         if nxt is not None and self.window.queue:  # misses needed soonest are placed first
             away, cand_away = self.window.steps_away(self.soon), self.window.steps_away(nxt)
             order = torch.argsort(cand_away, stable=True)
-        slot, hit, clocks, wb_keys, wb_grads, wb_counts, counts = native.ops.cache_lookup(
+        slot, hit, clocks, wb_keys, wb_grads, wb_counts, counts, wb_sq = native.ops.cache_lookup(
             keys.contiguous(), order, self.keys, self.held, self.rows, self.pending, self.clock, self.updates,
             self.last_use, self.uses, self.score, self.ways, self.step, self.protect, self.policy.name == "lfu",
-            away, cand_away)
+            away, cand_away, self.sq)
         n_hit, placed, evictions = counts.tolist()
         n = keys.numel()
         self.counters["hits"] += n_hit
@@ -239,7 +255,7 @@ class EmbeddingCache:
         if nxt is not None:
             held = slot >= 0
             self.soon.index_copy_(0, slot[held], nxt[held])
-        return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts))
+        return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts, None if self.rule == "sgd" else wb_sq))
 
     def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
         """The ways of ``sets``, one set a row. Shape: (T,) -> (T, W)."""
@@ -313,15 +329,44 @@ class EmbeddingCache:
         self.counters["writebacks"] += len(writeback)
         return writeback
 
-    def fill(self, plan: Plan, index: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:
+    @property
+    def state_request(self) -> str | None:
+        """The optimizer state a sync must ask the PS for, beside the rows: the local rule's."""
+        return None if self.rule == "sgd" else self.rule
+
+    def _server_step(self, acc: torch.Tensor, pending: torch.Tensor, sq: torch.Tensor,
+                     counts: torch.Tensor) -> torch.Tensor:
+        """What the table's Adagrad will move rows by when it applies a push of ``pending``, the
+        sum of ``counts`` steps whose squared gradients sum to ``sq``, from ``acc``, its
+        accumulator before (het.ps.optim.adagrad_factor; per row: (k, 1), per coordinate:
+        (k, D)). Shape: -> (k, D)."""
+        return pending * adagrad_factor(acc, sq, counts[:, None], self.eps) * self.lr
+
+    def _squares(self, grads: torch.Tensor) -> torch.Tensor:
+        """What one step of ``grads`` adds to the accumulator: per row or per coordinate."""
+        sq = grads * grads
+        return sq.mean(1, keepdim=True) if self.acc.shape[1] == 1 else sq
+
+    def fill(self, plan: Plan, index: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor,
+             state: torch.Tensor | None = None) -> torch.Tensor:
         """Take the rows the PS sent for ``plan.keys[index]`` (misses and stale hits); return
         every key's row. A refreshed row is the server's value plus the local updates not yet
-        pushed. Shape: index (m,), rows (m, D), clocks (m,) -> (n, D)."""
+        pushed. ``state``: the rows' optimizer state (``state_request``), which a local rule
+        other than SGD needs. Shape: index (m,), rows (m, D), clocks (m,), state (m, W) -> (n, D)."""
+        if self.rule != "sgd" and (state is None or state.shape != (len(index), self.acc.shape[1])):
+            raise ValueError(f"the {self.rule!r} local update needs the rows' optimizer state: expected shape "
+                             f"({len(index)}, {self.acc.shape[1]}), got {None if state is None else tuple(state.shape)}")
         if self.native and rows.dtype == torch.float32 and native.usable(rows, index, plan.slot):
-            out, stale = native.ops.cache_fill(plan.slot, plan.hit, index.long().contiguous(), rows.contiguous(),
+            sent_state = self.acc if state is None else state.float().contiguous()  # unread when no rule needs it
+            out, stats = native.ops.cache_fill(plan.slot, plan.hit, index.long().contiguous(), rows.contiguous(),
                                                clocks.long().contiguous(), self.rows, self.pending, self.clock,
-                                               self.local_lr)
+                                               self.local_lr, self.acc, sent_state, self.sq, self.updates, self.lr,
+                                               self.eps)
+            stale, drift_sq, norm_sq = stats.tolist()
             self.counters["stale_refreshes"] += int(stale)
+            if stale:
+                self.counters["drift_sq"] += drift_sq
+                self.counters["drift_norm_sq"] += norm_sq
             return out
         slot = plan.slot
         sent_slot = slot.index_select(0, index)
@@ -329,9 +374,18 @@ class EmbeddingCache:
         all_cached = bool(cached.all())
         cs = sent_slot if all_cached else sent_slot[cached]
         fresh = rows if all_cached else rows[cached]
-        stale_hits = int(plan.hit.index_select(0, index).sum())
+        stale = plan.hit.index_select(0, index)
+        stale = stale if all_cached else stale[cached]
+        stale_hits = int(stale.sum())
+        if self.rule != "sgd":
+            self.acc.index_copy_(0, cs, state if all_cached else state[cached])
         if stale_hits:  # re-apply the local updates not yet pushed (misses have none)
-            fresh = fresh - self.local_lr * self.pending.index_select(0, cs)
+            if self.rule == "sgd":
+                fresh = fresh - self.local_lr * self.pending.index_select(0, cs)
+            else:  # the step the server will take with the pending push
+                fresh = fresh - self._server_step(self.acc.index_select(0, cs), self.pending.index_select(0, cs),
+                                                  self.sq.index_select(0, cs), self.updates.index_select(0, cs))
+            self._count_drift(self.rows.index_select(0, cs[stale]), fresh[stale])
         self.rows.index_copy_(0, cs, fresh)
         self.clock.index_copy_(0, cs, clocks if all_cached else clocks[cached])
         self.counters["stale_refreshes"] += stale_hits
@@ -344,16 +398,24 @@ class EmbeddingCache:
             out.index_copy_(0, index[bypass], rows[bypass])
         return out
 
+    def _count_drift(self, old: torch.Tensor, new: torch.Tensor) -> None:
+        """How far refreshed copies had drifted from what the server's rows say they are: the
+        squared distance from each copy to its refreshed value, and the refreshed values'
+        squared norms (``stats``'s ``drift``). Shape: (k, D), (k, D)."""
+        self.counters["drift_sq"] += float(((old - new) ** 2).sum())
+        self.counters["drift_norm_sq"] += float((new * new).sum())
+
     def update(self, plan: Plan, grads: torch.Tensor) -> Rows:
         """Apply one step's gradients (one per key of ``plan``): cached rows change at once
         (read-your-writes) and accumulate; returns the rows due to be pushed (``u > s``) and
         the gradients of bypassed keys. Shape: grads (n, D)."""
         if self.native and grads.dtype == torch.float32 and native.usable(grads, plan.slot):
-            keys, g, counts, due = native.ops.cache_update(
+            keys, g, counts, due, sq = native.ops.cache_update(
                 plan.keys, plan.slot, grads.contiguous(), self.keys, self.held, self.rows, self.pending, self.clock,
-                self.updates, self.local_lr, float(self.bound), self.exact_local, self.clear_clock)
+                self.updates, self.local_lr, float(self.bound), self.exact_local, self.clear_clock, self.acc, self.sq,
+                self.lr, self.eps)
             self.counters["pushed_rows"] += int(due)
-            return Rows(keys, g, counts)
+            return Rows(keys, g, counts, None if self.rule == "sgd" else sq)
         slot = plan.slot
         # a key may have bypassed the cache, or lost its slot to a later lookup
         if self.num_sets:
@@ -363,14 +425,22 @@ class EmbeddingCache:
             live = torch.zeros_like(slot, dtype=torch.bool)
         all_live = bool(live.all())
         s, g = (slot, grads) if all_live else (slot[live], grads[live])
-        self.rows.index_add_(0, s, g * -self.local_lr)
-        self.pending.index_add_(0, s, g)
+        if self.rule == "sgd":
+            self.rows.index_add_(0, s, g * -self.local_lr)
+            self.pending.index_add_(0, s, g)
+        else:  # the copy is the synced row moved by the server's step for the pending sum
+            acc, before, sq, u = (t.index_select(0, s) for t in (self.acc, self.pending, self.sq, self.updates))
+            after, sq_after = before + g, sq + self._squares(g)
+            self.rows.index_add_(0, s, self._server_step(acc, before, sq, u) - self._server_step(acc, after, sq_after, u + 1))
+            self.pending.index_copy_(0, s, after)
+            self.sq.index_copy_(0, s, sq_after)
         self.updates.index_add_(0, s, torch.ones_like(s))
         due = s[must_push(self.updates.index_select(0, s), self.bound)]
         out = [self._take(due, stay=True)]
         if not all_live:
             gone = ~live
-            out.append(Rows(plan.keys[gone], grads[gone], torch.ones_like(plan.keys[gone])))
+            out.append(Rows(plan.keys[gone], grads[gone], torch.ones_like(plan.keys[gone]),
+                            None if self.rule == "sgd" else self._squares(grads[gone])))
         return out[0] if len(out) == 1 else Rows.cat(out)
 
     def flush(self) -> Rows:
@@ -384,7 +454,11 @@ class EmbeddingCache:
         the copy already does, so they do not make it stale (and if a dynamic table drops the
         push, the copy is then ahead of the shard and refreshed: het.staleness.must_refresh)."""
         out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
-                   self.updates.index_select(0, slots))
+                   self.updates.index_select(0, slots), None if self.rule == "sgd" else self.sq.index_select(0, slots))
+        if self.rule != "sgd":
+            if stay:  # the accumulator as the server's will be once the push lands
+                self.acc.index_add_(0, slots, out.sq)
+            self.sq.index_fill_(0, slots, 0)
         if stay and self.exact_local:
             self.clock.index_add_(0, slots, out.counts)
         elif stay and self.clear_clock:
@@ -401,7 +475,8 @@ class EmbeddingCache:
     def _no_rows(self) -> Rows:
         return Rows(torch.empty(0, dtype=torch.int64, device=self.device),
                     torch.empty(0, self.table.dim, device=self.device),
-                    torch.empty(0, dtype=torch.int64, device=self.device))
+                    torch.empty(0, dtype=torch.int64, device=self.device),
+                    None if self.rule == "sgd" else torch.empty(0, self.acc.shape[1], device=self.device))
 
     # -- reporting --------------------------------------------------------------------------
     def stats(self) -> dict:
@@ -410,4 +485,20 @@ class EmbeddingCache:
         c["hit_rate"] = c.get("hits", 0) / lookups if lookups else 0.0
         c["miss_rate"] = c.get("misses", 0) / lookups if lookups else 0.0
         c["capacity"] = self.slots
+        # refreshed copies' distance from the server's view, relative to the rows' norm
+        c["drift"] = math.sqrt(c["drift_sq"] / c["drift_norm_sq"]) if c.get("drift_norm_sq") else 0.0
         return c
+
+
+def local_rule(optimizer: str, asked: str) -> str:
+    """The local update a cache of an ``optimizer`` table uses when ``asked`` for one
+    (CacheConfig.local_update): Adagrad's can be followed; other optimizers' copies take SGD
+    steps, and row-wise Adagrad's whole state is its row summary.
+
+    Example:
+        >>> local_rule("adagrad", "full"), local_rule("rowwise_adagrad", "full"), local_rule("adam", "row")
+        ('full', 'row', 'sgd')
+    """
+    if optimizer == "rowwise_adagrad" and asked != "sgd":
+        return "row"
+    return asked if optimizer == "adagrad" else "sgd"

@@ -99,8 +99,9 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
                                         torch::Tensor clock, torch::Tensor updates, torch::Tensor last_use,
                                         torch::Tensor uses, torch::Tensor score, int64_t ways, int64_t step,
                                         int64_t protect, bool lfu, torch::Tensor slot_away,
-                                        torch::Tensor key_away) {
+                                        torch::Tensor key_away, torch::Tensor sq) {
   check(keys, torch::kInt64, "keys");
+  check(sq, torch::kFloat32, "sq");
   Slots c = slots_of(tkeys, held, rows, pending, clock, updates, last_use, uses, score);
   const int64_t n = keys.numel(), num_sets = tkeys.numel() / ways, D = c.dim;
   const int64_t* k = keys.data_ptr<int64_t>();
@@ -183,9 +184,13 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
   auto wb_keys = torch::empty({dirty}, keys.options());
   auto wb_grads = torch::empty({dirty, D}, rows.options());
   auto wb_counts = torch::empty({dirty}, keys.options());
+  const int64_t W = sq.dim() == 2 ? sq.size(1) : 0;  // the pending squares (a rule that follows Adagrad)
+  auto wb_sq = torch::empty({dirty, W}, rows.options());
   int64_t* wk = wb_keys.data_ptr<int64_t>();
   float* wg = wb_grads.data_ptr<float>();
   int64_t* wc = wb_counts.data_ptr<int64_t>();
+  float* sqp = W ? sq.data_ptr<float>() : nullptr;
+  float* wsq = W ? wb_sq.data_ptr<float>() : nullptr;
   int64_t m = 0;
   for (const auto& v : victims) {
     if (!(v.held && c.updates[v.slot] > 0)) continue;
@@ -193,6 +198,10 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
     wc[m] = c.updates[v.slot];
     std::copy(c.pending + v.slot * D, c.pending + (v.slot + 1) * D, wg + m * D);
     std::fill(c.pending + v.slot * D, c.pending + (v.slot + 1) * D, 0.0f);
+    if (W) {
+      std::copy(sqp + v.slot * W, sqp + (v.slot + 1) * W, wsq + m * W);
+      std::fill(sqp + v.slot * W, sqp + (v.slot + 1) * W, 0.0f);
+    }
     c.updates[v.slot] = 0;
     ++m;
   }
@@ -200,15 +209,57 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
   int64_t* clocks = clocks_t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) clocks[i] = hit[i] ? c.clock[slot[i]] : -1;
   auto counts = torch::tensor({hits, placed, evictions}, keys.options());
-  return {slot_t, hit_t, clocks_t, wb_keys, wb_grads, wb_counts, counts};
+  return {slot_t, hit_t, clocks_t, wb_keys, wb_grads, wb_counts, counts, wb_sq};
 }
 
+// The local rule that follows the table's Adagrad (EmbeddingCache._server_step): the step the
+// server will take with a push of `p`, from the accumulator `a` (W = 1: one per row, the mean
+// of the squares; W = D: one per coordinate), written as -step into `out` (may alias nothing).
+struct Follow {
+  float lr, eps;
+  int64_t W, D;
+  // het.ps.optim.adagrad_factor: one step 1 / (sqrt(a + q) + eps); u > 1 steps of like size
+  // 2 / (sqrt(a + q + h) + sqrt(a + h) + 2 eps), h = q / 2u
+  float factor(float a, float q, int64_t u) const {
+    if (u > 1) {
+      const float h = q / float(2 * u);
+      return 2.0f / (std::sqrt(a + q + h) + std::sqrt(a + h) + 2.0f * eps);
+    }
+    return 1.0f / (std::sqrt(a + q) + eps);
+  }
+  // out[d] = -(p[d] * factor * lr): minus the step the server will take with a push of `p`,
+  // the sum of `u` steps whose squares sum to `q`, from the accumulator `a` (W floats each)
+  void neg_step(const float* a, const float* p, const float* q, int64_t u, float* out) const {
+    if (u == 0) {
+      std::fill(out, out + D, 0.0f);
+    } else if (W == 1) {
+      const float f = factor(a[0], q[0], u);
+      for (int64_t d = 0; d < D; ++d) out[d] = -(p[d] * f * lr);
+    } else {
+      for (int64_t d = 0; d < D; ++d) out[d] = -(p[d] * factor(a[d], q[d], u) * lr);
+    }
+  }
+  // what one step of gradient `g` adds to the squares `q`
+  void add_squares(float* q, const float* g) const {
+    if (W == 1) {
+      double sum = 0;
+      for (int64_t d = 0; d < D; ++d) sum += double(g[d]) * g[d];
+      q[0] += float(sum / D);
+    } else {
+      for (int64_t d = 0; d < D; ++d) q[d] += g[d] * g[d];
+    }
+  }
+};
+
 // EmbeddingCache.fill: take the rows the PS sent for keys[index]; a stale hit's row is the
-// server's minus local_lr times its pending gradient sum. Returns every key's row and the
-// number of stale hits refreshed.
+// server's minus its pending gradient sum's step (local_lr times it, or with `acc` given (n, W),
+// the step the server's Adagrad will take, from the state sent beside the rows). Returns every
+// key's row and (stale hits refreshed, their squared drift, their refreshed squared norm).
 std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, torch::Tensor index,
                                       torch::Tensor sent, torch::Tensor sent_clocks, torch::Tensor rows,
-                                      torch::Tensor pending, torch::Tensor clock, double local_lr) {
+                                      torch::Tensor pending, torch::Tensor clock, double local_lr,
+                                      torch::Tensor acc, torch::Tensor sent_state, torch::Tensor sq,
+                                      torch::Tensor updates, double lr, double eps) {
   check(slot, torch::kInt64, "slot");
   check(hit, torch::kBool, "hit");
   check(index, torch::kInt64, "index");
@@ -217,11 +268,20 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
   check(rows, torch::kFloat32, "cache rows");
   check(pending, torch::kFloat32, "pending");
   check(clock, torch::kInt64, "clock");
-  const int64_t n = slot.numel(), m = index.numel(), D = rows.size(1);
+  check(acc, torch::kFloat32, "acc");
+  check(sent_state, torch::kFloat32, "state sent");
+  check(sq, torch::kFloat32, "sq");
+  check(updates, torch::kInt64, "updates");
+  const int64_t n = slot.numel(), m = index.numel(), D = rows.size(1), W = acc.dim() == 2 ? acc.size(1) : 0;
+  TORCH_CHECK(sq.sizes() == acc.sizes(), "sq: expected the shape of acc, ", acc.sizes(), ", got ", sq.sizes());
   TORCH_CHECK(sent.size(0) == m && (m == 0 || sent.size(1) == D), "rows sent: expected (", m, ", ", D,
               "), got ", sent.sizes());
   TORCH_CHECK(sent_clocks.numel() == m, "clocks sent: expected ", m, ", got ", sent_clocks.numel());
   TORCH_CHECK(hit.numel() == n, "hit: expected ", n, " marks, got ", hit.numel());
+  TORCH_CHECK(W == 0 || W == 1 || W == D, "acc: expected width 0, 1 or ", D, ", got ", W);
+  TORCH_CHECK(W == 0 || (acc.size(0) == rows.size(0) && sent_state.dim() == 2 && sent_state.size(0) == m &&
+                         sent_state.size(1) == W),
+              "state sent: expected (", m, ", ", W, "), got ", sent_state.sizes());
   for (int64_t j = 0; j < m; ++j) {  // the reply's positions: a bad one must not write elsewhere
     const int64_t i = index.data_ptr<int64_t>()[j];
     TORCH_CHECK(i >= 0 && i < n, "index: expected positions in [0, ", n, "), got ", i);
@@ -234,12 +294,21 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
   float* r = rows.data_ptr<float>();
   const float* p = pending.data_ptr<float>();
   int64_t* ck = clock.data_ptr<int64_t>();
-  const float lr = float(local_lr);  // torch multiplies a float tensor by a Python float in float
+  float* a = W ? acc.data_ptr<float>() : nullptr;
+  const float* ss = W ? sent_state.data_ptr<float>() : nullptr;
+  const float* q = W ? sq.data_ptr<float>() : nullptr;
+  const int64_t* u = updates.data_ptr<int64_t>();
+  const float llr = float(local_lr);  // torch multiplies a float tensor by a Python float in float
+  const Follow follow{float(lr), float(eps), W, D};
   auto out = torch::empty({n, D}, rows.options());
   float* o = out.data_ptr<float>();
   int64_t stale = 0;
   for (int64_t j = 0; j < m; ++j) stale += sl[ix[j]] >= 0 && h[ix[j]];
+  const int threads = at::get_num_threads();
+  std::vector<double> drift(threads, 0.0), norm(threads, 0.0);
   at::parallel_for(0, m, kGrain, [&](int64_t b, int64_t e) {  // index holds distinct keys
+    const int tid = at::get_thread_num();
+    std::vector<float> fresh(D);
     for (int64_t j = b; j < e; ++j) {
       if (j + kAhead < e && sl[ix[j + kAhead]] >= 0) {
         prefetch(r + sl[ix[j + kAhead]] * D, D * 4, true);
@@ -252,9 +321,24 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
         continue;
       }
       float* dst = r + t * D;
+      if (W) std::copy(ss + j * W, ss + (j + 1) * W, a + t * W);
       if (h[i]) {
         const float* pt = p + t * D;
-        for (int64_t d = 0; d < D; ++d) dst[d] = s[d] - lr * pt[d];
+        if (W) {
+          follow.neg_step(a + t * W, pt, q + t * W, u[t], fresh.data());
+          for (int64_t d = 0; d < D; ++d) fresh[d] = s[d] + fresh[d];
+        } else {
+          for (int64_t d = 0; d < D; ++d) fresh[d] = s[d] - llr * pt[d];
+        }
+        double dr = 0, nr = 0;
+        for (int64_t d = 0; d < D; ++d) {
+          const double diff = double(dst[d]) - fresh[d];
+          dr += diff * diff;
+          nr += double(fresh[d]) * fresh[d];
+        }
+        drift[tid] += dr;
+        norm[tid] += nr;
+        std::copy(fresh.begin(), fresh.end(), dst);
       } else {
         std::copy(s, s + D, dst);
       }
@@ -267,18 +351,23 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
       if (sl[i] >= 0) std::copy(r + sl[i] * D, r + (sl[i] + 1) * D, o + i * D);
     }
   });
-  return {out, torch::tensor({stale}, slot.options())};
+  double drift_sq = 0, norm_sq = 0;
+  for (int i = 0; i < threads; ++i) drift_sq += drift[i], norm_sq += norm[i];
+  auto stats = torch::tensor({double(stale), drift_sq, norm_sq}, torch::kFloat64);
+  return {out, stats};
 }
 
-// EmbeddingCache.update: apply one step's gradients to the cached rows (row -= local_lr * g),
+// EmbeddingCache.update: apply one step's gradients to the cached rows (row -= local_lr * g, or
+// with `acc` (n, W) the change of the step the server's Adagrad will take with the pending sum),
 // accumulate them, and take the rows with more than `bound` unpushed updates (with their clocks
-// advanced by the updates when the local rule is exact, or cleared when `clear_clock`), then the
-// gradients of keys that bypassed the cache or lost their slot. Returns keys, grads, counts and
-// the number of rows taken from the cache.
+// advanced by the updates when the local rule is exact, or cleared when `clear_clock`; their
+// accumulators as the server's will be), then the gradients of keys that bypassed the cache or
+// lost their slot. Returns keys, grads, counts and the number of rows taken from the cache.
 std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, torch::Tensor grads,
                                         torch::Tensor tkeys, torch::Tensor held, torch::Tensor rows,
                                         torch::Tensor pending, torch::Tensor clock, torch::Tensor updates,
-                                        double local_lr, double bound, bool exact_local, bool clear_clock) {
+                                        double local_lr, double bound, bool exact_local, bool clear_clock,
+                                        torch::Tensor acc, torch::Tensor sq, double lr, double eps) {
   check(keys, torch::kInt64, "keys");
   check(slot, torch::kInt64, "slot");
   check(grads, torch::kFloat32, "grads");
@@ -288,9 +377,14 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   check(pending, torch::kFloat32, "pending");
   check(clock, torch::kInt64, "clock");
   check(updates, torch::kInt64, "updates");
-  const int64_t n = keys.numel(), D = rows.size(1);
+  check(acc, torch::kFloat32, "acc");
+  check(sq, torch::kFloat32, "sq");
+  const int64_t n = keys.numel(), D = rows.size(1), W = acc.dim() == 2 ? acc.size(1) : 0;
+  TORCH_CHECK(sq.sizes() == acc.sizes(), "sq: expected the shape of acc, ", acc.sizes(), ", got ", sq.sizes());
   TORCH_CHECK(grads.size(0) == n && (n == 0 || grads.size(1) == D), "grads: expected (", n, ", ", D, "), got ",
               grads.sizes());
+  TORCH_CHECK(W == 0 || ((W == 1 || W == D) && acc.size(0) == rows.size(0)), "acc: expected (", rows.size(0),
+              ", 1 or ", D, "), got ", acc.sizes());
   const int64_t* k = keys.data_ptr<int64_t>();
   const int64_t* sl = slot.data_ptr<int64_t>();
   const float* g = grads.data_ptr<float>();
@@ -300,9 +394,13 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   float* p = pending.data_ptr<float>();
   int64_t* ck = clock.data_ptr<int64_t>();
   int64_t* u = updates.data_ptr<int64_t>();
+  float* ac = W ? acc.data_ptr<float>() : nullptr;
   const float nlr = float(-local_lr);
+  const Follow follow{float(lr), float(eps), W, D};
+  float* q = W ? sq.data_ptr<float>() : nullptr;
   std::vector<uint8_t> live(n);
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {  // distinct keys: distinct slots
+    std::vector<float> before(W ? D : 0), after(W ? D : 0);
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e && sl[i + kAhead] >= 0) {
         prefetch(r + sl[i + kAhead] * D, D * 4, true);
@@ -314,10 +412,18 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
       const float* __restrict__ gi = g + i * D;
       float* __restrict__ rt = r + t * D;
       float* __restrict__ pt = p + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        const float step = gi[d] * nlr;
-        rt[d] += step;
-        pt[d] += gi[d];
+      if (W) {  // row += step(before) - step(after)
+        follow.neg_step(ac + t * W, pt, q + t * W, u[t], before.data());
+        for (int64_t d = 0; d < D; ++d) pt[d] += gi[d];
+        follow.add_squares(q + t * W, gi);
+        follow.neg_step(ac + t * W, pt, q + t * W, u[t] + 1, after.data());
+        for (int64_t d = 0; d < D; ++d) rt[d] += after[d] - before[d];
+      } else {
+        for (int64_t d = 0; d < D; ++d) {
+          const float step = gi[d] * nlr;
+          rt[d] += step;
+          pt[d] += gi[d];
+        }
       }
       u[t] += 1;
     }
@@ -330,15 +436,18 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   auto out_keys = torch::empty({due + gone}, keys.options());
   auto out_grads = torch::empty({due + gone, D}, grads.options());
   auto out_counts = torch::empty({due + gone}, keys.options());
+  auto out_sq = torch::zeros({due + gone, W}, grads.options());
   int64_t* ok = out_keys.data_ptr<int64_t>();
   float* og = out_grads.data_ptr<float>();
   int64_t* oc = out_counts.data_ptr<int64_t>();
+  float* osq = W ? out_sq.data_ptr<float>() : nullptr;
   int64_t a = 0, b = due;  // rows taken first, then the gradients of keys without a slot
   for (int64_t i = 0; i < n; ++i) {
     if (!live[i]) {
       ok[b] = k[i];
       oc[b] = 1;
       std::copy(g + i * D, g + (i + 1) * D, og + b * D);
+      if (W) follow.add_squares(osq + b * W, g + i * D);
       ++b;
       continue;
     }
@@ -346,6 +455,11 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
     if (!(double(u[t]) > bound)) continue;
     ok[a] = tk[t];
     oc[a] = u[t];
+    if (W) {  // the squares travel with the push; the accumulator is as the server's will be
+      for (int64_t w = 0; w < W; ++w) ac[t * W + w] += q[t * W + w];
+      std::copy(q + t * W, q + (t + 1) * W, osq + a * W);
+      std::fill(q + t * W, q + (t + 1) * W, 0.0f);
+    }
     std::copy(p + t * D, p + (t + 1) * D, og + a * D);
     std::fill(p + t * D, p + (t + 1) * D, 0.0f);
     if (exact_local) ck[t] += u[t];
@@ -353,7 +467,7 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
     u[t] = 0;
     ++a;
   }
-  return {out_keys, out_grads, out_counts, torch::tensor({due}, keys.options())};
+  return {out_keys, out_grads, out_counts, torch::tensor({due}, keys.options()), out_sq};
 }
 
 // The square roots of an (m, D) block, by torch's kernel, as the reference's `sqrt_` takes them

@@ -191,7 +191,7 @@ class Embedding(nn.Module):
         pushes = Rows.cat(out.parts) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1),
-                                       grad_dtype=self.push_dtype)
+                                       grad_dtype=self.push_dtype, state=cache.state_request, sq=pushes.sq)
         out.parts.clear()
         self._count_push(pushes)
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
@@ -203,7 +203,7 @@ class Embedding(nn.Module):
         reply = self._wait(pending.handle)
         self.traffic["sync"] += reply.sync_bytes    # index, clock (and lazy's built mark) of each row
         self.traffic["sparse_pull"] += reply.row_bytes  # rows that travelled: untouched ones are built here
-        rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks)
+        rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks, reply.state)
         if not torch.is_grad_enabled():
             return rows
         anchor = torch.empty(0, device=rows.device, requires_grad=True)
@@ -252,7 +252,7 @@ class Embedding(nn.Module):
             out = self._outbox[name]
             out.parts.clear()
             if len(rows):
-                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
+                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1), sq=rows.sq,
                                                 grad_dtype=self.push_dtype))
                 self._count_push(rows)
         for h in handles:
@@ -266,7 +266,8 @@ class Embedding(nn.Module):
             self.wait_s += time.perf_counter() - start
 
     def _count_push(self, rows: Rows) -> None:
-        self.traffic["sparse_push"] += 16 * len(rows) + rows.grads.numel() * GRAD_BYTES[self.push_dtype]  # keys, counts, grads
+        self.traffic["sparse_push"] += (16 * len(rows) + rows.grads.numel() * GRAD_BYTES[self.push_dtype]  # keys, counts, grads
+                                        + (0 if rows.sq is None else rows.sq.numel() * 4))  # and squares, when they travel
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.

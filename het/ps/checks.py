@@ -53,6 +53,26 @@ def lazy(meta: dict) -> bool:
     return value
 
 
+STATES = ("row", "full")  # what a sync may ask of the rows' optimizer state
+
+
+def state(meta: dict) -> str | None:
+    """The optimizer state a sync asks for beside its rows: ``"row"`` (a float a row),
+    ``"full"`` (a float a coordinate) or None."""
+    value = meta.get("state")
+    if value is not None and value not in STATES:
+        raise ValueError(f"meta['state'] must be one of {STATES} or absent, got {value!r}")
+    return value
+
+
+def sq(meta: dict) -> bool:
+    """Whether a push carries one more array: its rows' sums of squared gradients."""
+    value = meta.get("sq", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"meta['sq'] must be true or false, got {value!r}")
+    return value
+
+
 def grads_as(meta: dict) -> str:
     grads = meta.get("grads", "f32")
     if grads not in PUSH_DTYPES:
@@ -88,7 +108,8 @@ def every_field(meta: dict) -> None:
         ...
         ValueError: meta['lazy'] must be true or false, got 1
     """
-    for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path)):
+    for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path),
+                        ("state", state), ("sq", sq)):
         if name in meta:
             parse(meta)
     if "bound" in meta:

@@ -16,8 +16,8 @@ import time
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import state
-from het.ps.requests import check_clocks, check_keys, check_push, cut, push_sync_parts, route
+from het.ps import checks, state
+from het.ps.requests import check_clocks, check_keys, check_push, check_sq, cut, push_sync_parts, route
 from het.ps.auth import check_secret, curve_keys
 from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
 from het.ps.shard import Shard
@@ -117,44 +117,56 @@ class PSClient:
         return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
-             step: int = 1, grad_dtype: str = "f32") -> Handle:
+             step: int = 1, grad_dtype: str = "f32", sq: torch.Tensor | None = None) -> Handle:
         """Send gradients and update counts; ``wait`` gives the number of rows applied.
-        ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest)."""
+        ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest).
+        ``sq``: the sums of the squared gradients of the steps each row's gradient sums, (n, 1)
+        or (n, D), which an Adagrad table follows (:class:`het.ps.optim.Pushed`)."""
         keys = check_keys(self.tables, table, keys)
         grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
-        return self._send(Op.PUSH, table, keys, lambda p: [keys[p], grads[p], counts[p]],
-                          {"step": int(step), **_grads_meta(grad_dtype)})
+        sq = check_sq(self.tables[table], keys, sq)
+        return self._send(Op.PUSH, table, keys,
+                          lambda p: [keys[p], grads[p], counts[p], *([] if sq is None else [sq[p]])],
+                          {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
 
-    def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float) -> Handle:
+    def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float,
+             state: str | None = None) -> Handle:
         """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
-        that are more than ``bound`` updates behind, and every miss."""
+        that are more than ``bound`` updates behind, and every miss. ``state``: ``"row"`` or
+        ``"full"`` to get the rows' optimizer state too (an Adagrad table's; see
+        :meth:`het.ps.optim.SparseOptimizer.local_state`)."""
         keys = check_keys(self.tables, table, keys)
         clocks = check_clocks(keys, clocks)
         handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]],
-                            {"bound": bound_to_wire(bound), "lazy": self.lazy_init})
+                            {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
+        handle.state = state
         handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
-                  step: int = 1, grad_dtype: str = "f32") -> Handle:
+                  step: int = 1, grad_dtype: str = "f32", state: str | None = None,
+                  sq: torch.Tensor | None = None) -> Handle:
         """A push and a sync in one message per shard (more past the shards' ``max_keys``, the
-        pushes first); the push is applied first."""
+        pushes first); the push is applied first. ``state``: as :meth:`sync`'s; ``sq``: as
+        :meth:`push`'s."""
         push_keys, sync_keys = check_keys(self.tables, table, push_keys), check_keys(self.tables, table, sync_keys)
         cfg = self.tables[table]
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
+        sq = check_sq(cfg, push_keys, sq)
         clocks = check_clocks(sync_keys, clocks)
         push_parts = route(cfg, push_keys, self.num_shards)
-        meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype)}
+        meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype),
+                **_state_meta(state), **({} if sq is None else {"sq": True})}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
                         sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
-                        keys=sync_keys)
+                        keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
             for q, p in push_sync_parts(push_parts[shard], sync_part, self.max_keys):
                 if len(p) or len(q):
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
-                    self._send_part(handle, shard, meta,
-                                    [push_keys[q], grads[q], counts[q], sync_keys[p_all], clocks[p_all]], p)
+                    pushed = [push_keys[q], grads[q], counts[q], *([] if sq is None else [sq[q]])]
+                    self._send_part(handle, shard, meta, [*pushed, sync_keys[p_all], clocks[p_all]], p)
         return handle
 
     def wait(self, handle: Handle):
@@ -364,6 +376,12 @@ class PSClient:
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
 _PROBE_S = 2.0  # with reconnect_s: silence after which a shard is asked whether it restarted
+
+
+def _state_meta(state: str | None) -> dict:
+    if state is None:
+        return {}
+    return {"state": checks.state({"state": state})}  # a bad value fails here, before any request
 
 
 def _grads_meta(grad_dtype: str) -> dict:

@@ -28,6 +28,7 @@ import ctypes
 import os
 from collections import Counter
 
+import numpy as np
 import torch
 
 from het.config import TableConfig
@@ -35,7 +36,7 @@ from het.ps import optim, partition
 from het.ps.admission import SightingSketch
 from het.ps.chunks import Chunks
 from het.ps.index import KeyIndex
-from het.ps.table import initial_rows, rows_problem
+from het.ps.table import initial_rows, rows_problem, sum_rows
 from het.ps.tiers import MemoryRows, TieredRows, read_saved
 
 KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
@@ -61,7 +62,12 @@ class DynamicRows:
         self.disk_dir, self.policy = disk_dir, policy
         self.optimizer = optim.make(cfg.optimizer, 0, cfg.dim)  # its rules; the state lives in `store`
         self.state_names = self.optimizer.state_names
-        state_width = cfg.dim * len(self.state_names)
+        # each state's columns in a packed record after the row: (name, first, end)
+        widths = self.optimizer.state_widths(cfg.dim)
+        ends = np.cumsum([0] + [widths[n] for n in self.state_names]).tolist()
+        self.state_spans = [(n, ends[i], ends[i + 1]) for i, n in enumerate(self.state_names)]
+        state_width = ends[-1]
+        self.state_width = state_width
         # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.tiers)
         self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
                       else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
@@ -102,50 +108,65 @@ class DynamicRows:
         out[stored] = rows
         return [out.numpy()], len(at)
 
+    def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
+        """As :meth:`TableRows.local_state`: a row not stored has its initial state."""
+        stored = (at[:, 1] >= 0).nonzero().flatten()
+        packed = torch.empty(len(at), self.state_width)
+        fresh = self.optimizer.initial_state(len(at), self.cfg.dim)
+        if fresh:
+            packed[:] = torch.cat([fresh[name] for name in self.state_names], 1)
+        if len(stored):
+            packed[stored] = self.store.gather(at[stored, 1])[1]
+        state = {name: packed[:, lo:hi] for name, lo, hi in self.state_spans}
+        return self.optimizer.local_state(state, full).contiguous().numpy()
+
     # -- pushes -----------------------------------------------------------------------------
-    def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
+    def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+             sq: torch.Tensor | None = None) -> None:
         """As :meth:`TableRows.push` (all or nothing), after admission: the gradients of keys not
         admitted are dropped and counted. Then expiry and the budget run."""
         if self.sketch is not None:
-            at, grads, counts = self._admit(at, grads, counts)
+            at, grads, counts, sq = self._admit(at, grads, counts, sq)
         merges = self.keys.merges
         if len(at):
-            self._apply(at, grads, counts, step)
+            self._apply(at, grads, counts, step, sq)
         if self.keys.merges != merges:  # the merge's scratch (every key, twice) was freed: give it back
             release_freed_memory()
         self.step = max(self.step, int(step))
         self._expire()
         self._enforce_budget()
 
-    def _admit(self, at, grads, counts):
+    def _admit(self, at, grads, counts, sq=None):
         """The pushed entries whose keys are stored or admitted now; the others are counted."""
         if bool((at[:, 1] >= 0).all()):
-            return at, grads, counts
+            return at, grads, counts, sq
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         new = (_first_of(at[:, 1], inverse, len(unique)) < 0).nonzero().flatten()
         sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
         refused = new[self.sketch.add(unique[new], sightings[new]) < self.cfg.admit_after]
         if not len(refused):
-            return at, grads, counts
+            return at, grads, counts, sq
         drop = torch.zeros(len(unique), dtype=torch.bool)
         drop[refused] = True
         keep = ~drop[inverse]
         self.counters["refused_updates"] += int(len(at) - keep.sum())
-        return at[keep], grads[keep], counts[keep]
+        return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep]
 
-    def _apply(self, at, grads, counts, step) -> None:
+    def _apply(self, at, grads, counts, step, sq=None) -> None:
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
         weight, state, meta, packed = self._rows_for(unique, slots, new)
         meta[:, CLOCK].index_add_(0, inverse, counts)
+        several = sq is not None and self.optimizer.followed and bool((counts > 1).any())
         if self.optimizer.accepts_duplicates:
             self.optimizer.apply(weight, inverse, grads, step, state)
         elif len(unique) != len(at):  # duplicates summed first, in the order a fixed table sums them
-            grads = torch.zeros(len(unique), grads.shape[1]).index_add_(0, inverse, grads)
-            self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state)
+            pushed = optim.Pushed(*(sum_rows(v, inverse, len(unique)) for v in (counts, sq))) if several else None
+            grads = sum_rows(grads, inverse, len(unique))
+            self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state, pushed)
         else:
-            self.optimizer.apply(weight, inverse, grads, step, state)
+            self.optimizer.apply(weight, inverse, grads, step, state, optim.Pushed(counts, sq) if several else None)
         problem = rows_problem(weight, state, meta[:, CLOCK])
         if problem:  # nothing was written yet
             raise ValueError(problem)
@@ -163,7 +184,7 @@ class DynamicRows:
         stored = (slots >= 0).nonzero().flatten()
         n, dim = len(keys), self.cfg.dim
         weight = torch.empty(n, dim)
-        packed = torch.empty(n, dim * len(self.state_names))
+        packed = torch.empty(n, self.state_width)
         meta = torch.empty(n, 3, dtype=torch.int64)
         if len(stored):
             weight[stored], state = self.store.gather(slots[stored])
@@ -177,7 +198,7 @@ class DynamicRows:
                 packed[new] = torch.cat([fresh[name] for name in self.state_names], 1)
             meta[new] = torch.stack([keys[new], torch.zeros_like(new), torch.zeros_like(new)], 1)
         # views: the optimizer updates them in place, so `packed` is written back as it is
-        state = {name: packed[:, i * dim:(i + 1) * dim] for i, name in enumerate(self.state_names)}
+        state = {name: packed[:, lo:hi] for name, lo, hi in self.state_spans}
         return weight, state, meta, packed
 
     # -- slots ------------------------------------------------------------------------------
@@ -249,20 +270,20 @@ class DynamicRows:
         records = self.store.peek(slots) if isinstance(self.store, TieredRows) else torch.cat(
             [r for r in self.store.gather(slots) if r is not None], 1)
         return {**out, "weight": records[:, :d].clone(),
-                "optimizer": {n: records[:, (i + 1) * d:(i + 2) * d].clone() for i, n in enumerate(self.state_names)}}
+                "optimizer": {n: records[:, d + lo:d + hi].clone() for n, lo, hi in self.state_spans}}
 
     def check_state(self, saved: dict, path: str) -> None:
         name = self.cfg.name
         if "keys" not in saved:
             raise ValueError(f"{path}: table {name!r} was saved as a fixed table, this shard's is dynamic")
-        n, width = len(saved["keys"]), self.cfg.dim * (1 + len(self.state_names))
+        n, width = len(saved["keys"]), self.cfg.dim + self.state_width
         shapes = {"clocks": (n,), "last_step": (n,)}
         got = {"clocks": saved["clocks"].shape, "last_step": saved["last_step"].shape}
         if "disk" in saved:
             shapes.update(records=(n,), width=width)
             got.update(records=saved["disk"]["records"].shape, width=saved["disk"]["width"])
         else:
-            shapes.update({"weight": (n, self.cfg.dim), **{f"optimizer {k}": (n, self.cfg.dim) for k in self.state_names}})
+            shapes.update({"weight": (n, self.cfg.dim), **{f"optimizer {k}": (n, hi - lo) for k, lo, hi in self.state_spans}})
             got.update({"weight": saved["weight"].shape, **{f"optimizer {k}": v.shape for k, v in saved["optimizer"].items()}})
         if {k: v if isinstance(v, int) else tuple(v) for k, v in got.items()} != shapes:
             raise ValueError(f"{path}: table {name!r} holds {got}, expected {shapes}")

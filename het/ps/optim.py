@@ -4,12 +4,16 @@ Each follows the torch optimizer a user would otherwise pair with
 ``nn.Embedding(sparse=True)``: ``SGD`` as ``torch.optim.SGD``, ``Adagrad`` as
 ``torch.optim.Adagrad`` (per-row sum of squares) and ``Adam`` as ``torch.optim.SparseAdam``
 (lazy: only pushed rows move; bias correction uses the pushing worker's step number, as
-SparseAdam uses its global step count).
+SparseAdam uses its global step count). ``RowWiseAdagrad`` is FBGEMM's and TorchRec's row-wise
+Adagrad: one accumulator per row, the mean of the squared gradient over its coordinates, so its
+state is one float a row instead of one a coordinate (torch has no such optimizer:
+:class:`RowWiseAdagradTorch` is its reference for ``nn.Embedding``).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -21,21 +25,35 @@ class SparseOptimizer:
 
     state_names: tuple[str, ...] = ()
     accepts_duplicates = False  # True: `apply` may get repeated rows (summed), no coalescing needed
+    followed = False  # True: `local_state` gives what a worker's cache follows this optimizer with
 
     def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int):
         self.cfg = cfg
         self.state = self.initial_state(num_rows, dim)
 
     def initial_state(self, num_rows: int, dim: int) -> dict[str, torch.Tensor]:
-        """The state of ``num_rows`` rows no gradient reached yet."""
-        return {n: torch.zeros(num_rows, dim) for n in self.state_names}
+        """The state of ``num_rows`` rows no gradient reached yet: (num_rows, width) each."""
+        return {n: torch.zeros(num_rows, w) for n, w in self.state_widths(dim).items()}
+
+    def state_widths(self, dim: int) -> dict[str, int]:
+        """Each state tensor's floats per row: ``dim`` (one per coordinate) or 1 (one per row)."""
+        return {n: dim for n in self.state_names}
 
     def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int,
-              state: dict | None = None) -> None:
+              state: dict | None = None, pushed: "Pushed | None" = None) -> None:
         """Update ``weight[rows]`` with ``grads`` (which it may overwrite); ``rows`` are unique
         unless ``accepts_duplicates``. ``state``: the per-row state to use and update instead of
-        the optimizer's own (a dynamic table gathers its rows' state). Shape: (n,), (n, D)."""
+        the optimizer's own (a dynamic table gathers its rows' state). ``pushed``: how many
+        steps each gradient sums and their squares (see :class:`Pushed`); an optimizer that
+        does not follow them applies the sum as one step. Shape: (n,), (n, D)."""
         raise NotImplementedError
+
+    def local_state(self, state: dict, full: bool) -> torch.Tensor | None:
+        """What a worker's cache needs of ``state`` (the per-row state of some rows) to update
+        its copies as this optimizer will (het.cache.cache, ``local_update``): ``full``, the
+        accumulator per coordinate (m, D); else one float a row (m, 1). None: this optimizer
+        has no such rule (its copies use the SGD step)."""
+        return None
 
     def state_dict(self) -> dict:
         return dict(self.state)
@@ -48,10 +66,42 @@ class SparseOptimizer:
             self.state[n] = state[n].clone()
 
 
+@dataclass
+class Pushed:
+    """What a push of summed gradients says of the steps it sums, for an Adagrad table:
+    ``counts`` (n,), the steps of each row, and ``sq`` (n, 1) or (n, D), the sum of their
+    squared gradients (the mean over the row, or per coordinate). With them Adagrad takes
+    the steps' worth of its rule (:func:`adagrad_factor`) instead of one step of their sum,
+    whose square overstates the accumulator by up to the number of steps."""
+
+    counts: torch.Tensor
+    sq: torch.Tensor
+
+
+def adagrad_factor(acc: torch.Tensor, sq: torch.Tensor, counts: torch.Tensor, eps: float) -> torch.Tensor:
+    """The factor that Adagrad's ``u`` steps multiply their gradient sum by, from the
+    accumulator ``acc`` before them and ``sq``, what they add to it: ``1 / (sqrt(acc + sq) +
+    eps)`` for one step (Adagrad's own), and for ``u > 1`` steps of like size
+    ``(1/u) sum_k 1 / sqrt(acc + k sq / u)`` by the midpoint rule,
+    ``2 / (sqrt(acc + sq + h) + sqrt(acc + h) + 2 eps)`` with ``h = sq / 2u``. Shapes
+    broadcast; ``counts`` (n, 1).
+
+    Example:
+        >>> g = torch.tensor([[0.1]])  # 100 steps of 0.1 from a zero accumulator
+        >>> step = 100 * g * adagrad_factor(torch.zeros(1, 1), 100 * g * g, torch.tensor([[100]]), 0.0)
+        >>> sequential = sum(0.1 / math.sqrt(k * 0.01) for k in range(1, 101))
+        >>> round(float(step), 2), round(sequential, 2), round(float(100 * g / (100 * g).abs()), 2)  # vs one step
+        (18.64, 18.59, 1.0)
+    """
+    h = sq / (2 * counts)
+    several = 2 / ((acc + sq + h).sqrt() + (acc + h).sqrt() + 2 * eps)
+    return torch.where(counts > 1, several, 1 / ((acc + sq).sqrt() + eps))
+
+
 class SGD(SparseOptimizer):
     accepts_duplicates = True  # a sum of steps is the step of the sum
 
-    def apply(self, weight, rows, grads, step, state=None):
+    def apply(self, weight, rows, grads, step, state=None, pushed=None):
         weight.index_add_(0, rows, grads.mul_(-self.cfg.lr))  # grads are the shard's own buffer
 
 
@@ -61,9 +111,52 @@ class Adagrad(SparseOptimizer):
     def initial_state(self, num_rows, dim):
         return {"sum": torch.full((num_rows, dim), float(self.cfg.initial_accumulator))}
 
-    def apply(self, weight, rows, grads, step, state=None):
+    followed = True
+
+    def local_state(self, state, full):
+        return state["sum"] if full else state["sum"].mean(1, keepdim=True)
+
+    def apply(self, weight, rows, grads, step, state=None, pushed=None):
         acc = (state or self.state)["sum"]
+        if several_steps(pushed):
+            sq = grads * grads
+            if pushed.sq.shape[1] == 1:  # the steps' squares shared out in proportion to the sum's
+                mean = sq.mean(1, keepdim=True)
+                sq = torch.where(mean > 0, sq * (pushed.sq / mean), pushed.sq.expand_as(sq))
+            else:
+                sq = pushed.sq
+            return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, grads * grads),
+                                  pushed.counts, self.cfg)
         acc.index_add_(0, rows, grads * grads)
+        std = acc.index_select(0, rows).sqrt_().add_(self.cfg.eps)
+        weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr)
+
+
+class RowWiseAdagrad(SparseOptimizer):
+    """Adagrad with one accumulator per row (FBGEMM's ``rowwise_adagrad``): ``sum += mean(g^2)``
+    over the row's coordinates, then ``row -= lr * g / (sqrt(sum) + eps)``."""
+
+    state_names = ("sum",)
+
+    def state_widths(self, dim):
+        return {"sum": 1}
+
+    def initial_state(self, num_rows, dim):
+        return {"sum": torch.full((num_rows, 1), float(self.cfg.initial_accumulator))}
+
+    followed = True
+
+    def local_state(self, state, full):
+        return state["sum"]
+
+    def apply(self, weight, rows, grads, step, state=None, pushed=None):
+        acc = (state or self.state)["sum"]
+        if several_steps(pushed):
+            sq = pushed.sq if pushed.sq.shape[1] == 1 else pushed.sq.mean(1, keepdim=True)
+            one = (grads * grads).mean(1, keepdim=True)
+            return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, one),
+                                  pushed.counts, self.cfg)
+        acc.index_add_(0, rows, (grads * grads).mean(1, keepdim=True))
         std = acc.index_select(0, rows).sqrt_().add_(self.cfg.eps)
         weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr)
 
@@ -71,7 +164,7 @@ class Adagrad(SparseOptimizer):
 class Adam(SparseOptimizer):
     state_names = ("exp_avg", "exp_avg_sq")
 
-    def apply(self, weight, rows, grads, step, state=None):
+    def apply(self, weight, rows, grads, step, state=None, pushed=None):
         b1, b2 = self.cfg.betas
         m, v = (state or self.state)["exp_avg"], (state or self.state)["exp_avg_sq"]
         old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
@@ -84,7 +177,56 @@ class Adam(SparseOptimizer):
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
 
 
-_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "adam": Adam}
+def several_steps(pushed: Pushed | None) -> bool:
+    """Whether a push sums several steps of some row (one step each is Adagrad's plain rule)."""
+    return pushed is not None and bool((pushed.counts > 1).any())
+
+
+def _adagrad_steps(weight, acc, rows, grads, sq, counts, cfg) -> None:
+    """Adagrad's steps summed in ``grads``: the accumulator grows by ``sq`` and the rows move by
+    ``-lr * grads * adagrad_factor``. Shape: rows (n,), grads (n, D), sq like acc's rows."""
+    factor = adagrad_factor(acc.index_select(0, rows), sq, counts[:, None], cfg.eps)
+    acc.index_add_(0, rows, sq)
+    weight.index_add_(0, rows, grads * factor, alpha=-cfg.lr)
+
+
+class RowWiseAdagradTorch(torch.optim.Optimizer):
+    """Row-wise Adagrad as a torch optimizer, for the sparse gradients of ``nn.Embedding(sparse=True)``
+    (and dense 2-D parameters): the reference :class:`RowWiseAdagrad` is checked against.
+
+    Example:
+        >>> emb = torch.nn.Embedding(4, 2, sparse=True)
+        >>> opt = RowWiseAdagradTorch(emb.parameters(), lr=0.1)
+        >>> emb(torch.tensor([1, 1])).sum().backward()
+        >>> opt.step()
+        >>> opt.state[emb.weight]["sum"].flatten().tolist()  # row 1: mean of (2^2, 2^2)
+        [0.0, 4.0, 0.0, 0.0]
+    """
+
+    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator: float = 0.0):
+        super().__init__(params, {"lr": lr, "eps": eps, "initial_accumulator": initial_accumulator})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.dim() != 2:
+                    raise ValueError(f"row-wise Adagrad updates rows: expected a 2-D parameter, got shape "
+                                     f"{tuple(p.shape)}")
+                state = self.state[p]
+                if "sum" not in state:
+                    state["sum"] = torch.full((p.shape[0], 1), float(group["initial_accumulator"]), device=p.device)
+                grad = p.grad.coalesce() if p.grad.is_sparse else p.grad.to_sparse(1)
+                rows, values = grad.indices()[0], grad.values()
+                acc = state["sum"]
+                acc.index_add_(0, rows, (values * values).mean(1, keepdim=True))
+                std = acc.index_select(0, rows).sqrt_().add_(group["eps"])
+                p.index_add_(0, rows, values / std, alpha=-group["lr"])
+
+
+_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam}
 
 
 def make(cfg: OptimizerConfig, num_rows: int, dim: int) -> SparseOptimizer:

@@ -25,6 +25,7 @@ class Handle:
     done: bool = False
     sync_bytes: int = 0  # a sync's keys and clocks as sent
     keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
+    state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
 
 
 @dataclass
@@ -39,6 +40,7 @@ class SyncResult:
     clocks: torch.Tensor
     sync_bytes: int = 0
     row_bytes: int = 0
+    state: torch.Tensor | None = None  # the rows' optimizer state when the sync asked for it
 
 
 def merge(handle: Handle, replies: list, table: TableConfig):
@@ -61,16 +63,31 @@ def merge(handle: Handle, replies: list, table: TableConfig):
         return sum(m.meta["applied"] for _, m in replies)
     # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
     index = [p.cpu()[torch.from_numpy(m.arrays[0]).long()] for p, m in replies]
+    width = None if handle.state is None else (1 if handle.state == "row" else dim)
     if not index:
         return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
-                          torch.empty(0, dtype=torch.int64, device=dev))
-    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[3:]) for _, m in replies)
-    row_bytes = sum(m.arrays[1].nbytes for _, m in replies)
-    rows = torch.cat([_rows(handle, table, i, m.arrays[1], m.arrays[3:]) for i, (_, m) in zip(index, replies)])
+                          torch.empty(0, dtype=torch.int64, device=dev),
+                          state=None if width is None else torch.empty(0, width, device=dev))
+    built = 3 if width is None else 4  # lazy's built marks come after the rows, clocks (and state)
+    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[built:]) for _, m in replies)
+    # the rows that travelled, and the state beside them: what a refreshed row costs
+    row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
+    rows = torch.cat([_rows(handle, table, i, m.arrays[1], m.arrays[built:]) for i, (_, m) in zip(index, replies)])
     index = torch.cat(index)
     clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
     order = torch.argsort(index)
-    return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes)
+    state = None
+    if width is not None:
+        state = torch.cat([_state(m.arrays[3], len(m.arrays[0]), width) for _, m in replies])[order].to(dev)
+    return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes, state)
+
+
+def _state(sent, m: int, width: int) -> torch.Tensor:
+    """A reply's optimizer state for its ``m`` rows, checked. Shape: -> (m, width)."""
+    if len(sent.shape) != 2 or sent.dtype.name != "float32" or tuple(sent.shape) != (m, width):
+        raise PSError(f"a reply's optimizer state: expected float32 of shape ({m}, {width}), got "
+                      f"{sent.dtype} {tuple(sent.shape)}")
+    return torch.from_numpy(sent)
 
 def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, built) -> torch.Tensor:
     """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a

@@ -63,6 +63,20 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
     return grads.float(), counts
 
 
+def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
+    """A push's sums of squared gradients (None, or float32 (n, 1) or (n, D), finite, >= 0)."""
+    if sq is None:
+        return None
+    n, d = len(keys), table.dim
+    if not isinstance(sq, torch.Tensor) or tuple(sq.shape) not in ((n, 1), (n, d)):
+        raise ValueError(f"sq must be a tensor of shape ({n}, 1) or ({n}, {d}), got "
+                         f"{tuple(sq.shape) if isinstance(sq, torch.Tensor) else type(sq).__name__}")
+    sq = sq.float()
+    if not all_finite(sq) or (n and float(sq.min()) < 0):
+        raise ValueError(f"sq (sums of squared gradients) for table {table.name!r} must be finite and >= 0")
+    return sq
+
+
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
     """A sync's clocks, one per key: int32 on the wire while every clock fits, else int64."""
     clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)

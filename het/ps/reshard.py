@@ -15,6 +15,7 @@ DST --servers N`` continues it on ``N`` shards.
 from __future__ import annotations
 
 import glob
+import itertools
 import os
 import re
 import shutil
@@ -132,14 +133,16 @@ def _dynamic_slice(tables: list[dict], index: int, num_shards: int) -> dict:
         return torch.cat([get(t).index_select(0, pos) for t, pos in zip(tables, mine)])
 
     cfg = TableConfig.from_dict(tables[0]["config"])
-    names, d = optim.make(cfg.optimizer, 0, cfg.dim).state_names, cfg.dim
+    opt, d = optim.make(cfg.optimizer, 0, cfg.dim), cfg.dim
+    names, widths = opt.state_names, opt.state_widths(d)
     # rows as [weight | state...]: read from a disk tier's files, or from the save itself
     records = torch.cat([torch.from_numpy(read_saved(t["rows_dir"], t["disk"], t["disk"]["records"][pos]))
                          if "disk" in t else torch.cat([t["weight"][pos], *(t["optimizer"][n][pos] for n in names)], 1)
                          for t, pos in zip(tables, mine)])
     out = {"config": tables[0]["config"], "keys": cat(lambda t: t["keys"]), "weight": records[:, :d].clone(),
            "clocks": cat(lambda t: t["clocks"]), "last_step": cat(lambda t: t["last_step"]),
-           "optimizer": {n: records[:, (i + 1) * d:(i + 2) * d].clone() for i, n in enumerate(names)},
+           "optimizer": {n: records[:, d + lo:d + lo + widths[n]].clone()
+                         for n, lo in zip(names, itertools.accumulate([0] + [widths[n] for n in names]))},
            "step": max(int(t.get("step", 0)) for t in tables), "sketch": None,
            "counters": {k: sum(t["counters"].get(k, 0) for t in tables) if index == 0 else 0
                         for k in tables[0].get("counters", {})}}

@@ -191,22 +191,27 @@ class Shard:
             _expect_arrays(msg, 1)
             return {}, self.pull(checks.table(meta), a[0], lazy=checks.lazy(meta))
         if op is Op.PUSH:
-            _expect_arrays(msg, 3)
+            _expect_arrays(msg, 3 + checks.sq(meta))
             if not self._first_time(meta):  # re-sent after a restart, applied before it
                 return {"applied": len(a[0]), "again": True}, []
-            return {"applied": self.push(checks.table(meta), *a, step=checks.step(meta),
-                                         grads_as=checks.grads_as(meta), session=checks.session(meta))}, []
+            return {"applied": self.push(checks.table(meta), *a[:3], step=checks.step(meta),
+                                         grads_as=checks.grads_as(meta), session=checks.session(meta),
+                                         sq=a[3] if checks.sq(meta) else None)}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
-            return {}, self.sync(checks.table(meta), *a, bound=meta.get("bound"), lazy=checks.lazy(meta))
+            return {}, self.sync(checks.table(meta), *a, bound=meta.get("bound"), lazy=checks.lazy(meta),
+                                 state=checks.state(meta))
         if op is Op.PUSH_SYNC:
-            _expect_arrays(msg, 5)
+            with_sq = checks.sq(meta)
+            _expect_arrays(msg, 5 + with_sq)
             table, lazy, step, grads = checks.table(meta), checks.lazy(meta), checks.step(meta), checks.grads_as(meta)
             bound_from_wire(meta.get("bound"))
-            self._check_sync(table, *a[3:])  # the sync's fields checked before the push changes anything
+            wanted, sync = checks.state(meta), a[3 + with_sq:]
+            self._check_sync(table, *sync, state=wanted)  # the sync checked before the push changes anything
             if self._first_time(meta):
-                self.push(table, *a[:3], step=step, grads_as=grads, session=checks.session(meta))
-            return {}, self.sync(table, *a[3:], bound=meta.get("bound"), lazy=lazy)
+                self.push(table, *a[:3], step=step, grads_as=grads, session=checks.session(meta),
+                          sq=a[3] if with_sq else None)
+            return {}, self.sync(table, *sync, bound=meta.get("bound"), lazy=lazy, state=wanted)
         if op is Op.SAVE:  # a name inside the state directory, checked before anything is written
             self.save(state.resolve(self.state_dir, checks.path(meta), write=True))
             return {"path": meta["path"]}, []
@@ -234,26 +239,29 @@ class Shard:
         return [rows[0], t.clocks_of(at).numpy(), *rows[1:]]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
-             session: tuple[str, int] | None = None) -> int:
+             session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
         summed first. ``grads_as="bf16"``: ``grads`` are int16 bits of bfloat16 values. With a
         write-ahead log the push is logged (as applied, in float32) unless ``logged`` is False
         (a replay). ``session``: the request's (session, seq), remembered so that the push is
-        not applied again when re-sent. Shape: (n,), (n, D), (n,)."""
+        not applied again when re-sent. ``sq``: the sums of the squared gradients of the steps
+        each row's gradient sums (Adagrad tables follow them: :class:`het.ps.optim.Pushed`).
+        Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         if grads_as == "bf16":
             if grads.dtype != np.int16:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         step = checks.step({"step": step})
-        t, at = self._check_push(table, keys, grads, counts)
+        t, at = self._check_push(table, keys, grads, counts, sq)
         if len(at) == 0:
             return 0
         if self.wal is not None and logged:
             # logged before it is applied (applying may overwrite grads) and acknowledged: a push
             # the table refuses is refused again, the same way, when the log is replayed
-            self.wal.append(table, keys, grads, counts, step, session)
+            self.wal.append(table, keys, grads, counts, step, session, sq)
         try:
-            t.push(at, torch.from_numpy(grads), torch.from_numpy(counts), step)
+            t.push(at, torch.from_numpy(grads), torch.from_numpy(counts), step,
+                   None if sq is None else torch.from_numpy(sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
             self.stats["refused_pushes"] += 1
             raise ValueError(f"push to table {table!r} refused, nothing changed: {e}") from None
@@ -273,12 +281,14 @@ class Shard:
         self.stats["pushes_again"] += 1
         return False
 
-    def sync(self, table, keys, clocks, bound=None, lazy: bool = False) -> list:
+    def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
         sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,); with
-        ``lazy`` the rows of untouched keys stay behind: rows (k, D) and a fourth array,
-        built (m,) uint8 (see :meth:`TableRows.rows_to_send`)."""
-        t, at = self._check_sync(table, keys, clocks)
+        ``state`` (``"row"`` or ``"full"``) then the optimizer state the worker's cache follows
+        them with, (m, 1) or (m, D) float32 (:meth:`TableRows.local_state`); with ``lazy`` the
+        rows of untouched keys stay behind: rows (k, D) and a last array, built (m,) uint8
+        (see :meth:`TableRows.rows_to_send`)."""
+        t, at = self._check_sync(table, keys, clocks, state=state)
         server = t.clocks_of(at)
         sent = torch.from_numpy(clocks).long()
         index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
@@ -287,7 +297,9 @@ class Shard:
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         if self.cfg.prefetch and isinstance(t, DynamicRows) and t.disk_dir is not None:
             self._prefetch = [*self._prefetch[-PREFETCH_SYNCS + 1:], (t, at[at[:, 1] >= 0, 1])]
-        return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *rows[1:]]
+        sent_state = [] if state is None else [t.local_state(at.index_select(0, index), state == "full")]
+        return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *sent_state,
+                *rows[1:]]
 
     def _count_rows(self, sent: int, asked: int) -> None:
         self.stats["rows_out"] += sent
@@ -327,6 +339,7 @@ class Shard:
             session = (record["session"], record["seq"]) if record.get("session") else None
             try:
                 self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
+                          sq=record.get("sq"),
                           logged=False, session=session)
             except ValueError:  # refused when it was sent too (logged before it was applied)
                 pass
@@ -405,11 +418,15 @@ class Shard:
             raise ValueError(problem)
         return t, t.locate(keys)
 
-    def _check_push(self, table, keys, grads, counts):
+    def _check_push(self, table, keys, grads, counts, sq=None):
         t, local = self._rows_of(table, keys)
         n, d = len(keys), t.cfg.dim
         if grads.dtype != np.float32 or grads.shape != (n, d):
             raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
+        if sq is not None and (sq.dtype != np.float32 or sq.shape not in ((n, 1), (n, d))):
+            raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
+        if sq is not None and n and not (_all_finite(sq) and sq.min() >= 0):
+            raise ValueError(f"sq (sums of squared gradients) for table {table!r} must be finite and >= 0: refused")
         if counts.dtype != np.int64 or counts.shape != (n,):
             raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
         if n and not _all_finite(grads):
@@ -419,8 +436,12 @@ class Shard:
             raise ValueError(f"counts must lie in [0, {checks.MAX_COUNT}], got {bad}")
         return t, local
 
-    def _check_sync(self, table, keys, clocks):
+    def _check_sync(self, table, keys, clocks, state: str | None = None):
         t, local = self._rows_of(table, keys)
+        if state is not None and not t.optimizer.followed:
+            name = t.cfg.optimizer.name
+            raise ValueError(f"table {table!r}'s optimizer {name} has no state a cache follows: a sync may ask for "
+                             f"state only of an Adagrad or row-wise Adagrad table, got state {state!r}")
         if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
             raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
         if len(clocks) and (clocks.min() < -1 or clocks.max() > checks.MAX_CLOCK):

@@ -105,13 +105,16 @@ class TableRows:
     def clocks_of(self, local: torch.Tensor) -> torch.Tensor:
         return self.clocks.index_select(0, local)
 
-    def push(self, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int) -> None:
+    def push(self, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+             sq: torch.Tensor | None = None) -> None:
         """Apply the optimizer to ``grads`` (which it may overwrite) and add ``counts`` to the
-        clocks; duplicate rows are summed first. All or nothing: a push that would make a value
-        non-finite or a clock pass MAX_CLOCK raises ValueError and changes nothing.
-        Shape: (n,), (n, D), (n,)."""
+        clocks; duplicate rows are summed first. ``sq``: the sum of the squared gradients of the
+        steps each row's gradient sums (:class:`het.ps.optim.Pushed`). All or nothing: a push
+        that would make a value non-finite or a clock pass MAX_CLOCK raises ValueError and
+        changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         rows, inverse = torch.unique(local, return_inverse=True)
-        if self.native and grads.dtype == torch.float32:
+        several = sq is not None and self.optimizer.followed and bool((counts > 1).any())
+        if self.native and grads.dtype == torch.float32 and not several:
             return self._push_native(local, rows, inverse, grads, counts, step)
         before = self._snapshot(rows)
         self.clocks.index_add_(0, local, counts)
@@ -119,10 +122,11 @@ class TableRows:
         if self.optimizer.accepts_duplicates:
             self.optimizer.apply(self.weight, local, grads, step)
         elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
-            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
-            self.optimizer.apply(self.weight, rows, grads, step)
+            pushed = optim.Pushed(*(sum_rows(v, inverse, len(rows)) for v in (counts, sq))) if several else None
+            grads = sum_rows(grads, inverse, len(rows))
+            self.optimizer.apply(self.weight, rows, grads, step, pushed=pushed)
         else:
-            self.optimizer.apply(self.weight, local, grads, step)
+            self.optimizer.apply(self.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
         problem = self._check_rows(rows)
         if problem:  # refused whole: the rows, clocks and state are as they were
             self._restore(rows, before)
@@ -180,6 +184,12 @@ class TableRows:
         sent = local[touched]
         return [weight.take(sent.numpy(), axis=0), (~touched).to(torch.uint8).numpy()], len(sent)
 
+    def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
+        """The optimizer state a worker's cache follows the rows ``local`` with
+        (:meth:`het.ps.optim.SparseOptimizer.local_state`). Shape: (m,) -> (m, 1) or (m, D)."""
+        state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
+        return self.optimizer.local_state(state, full).contiguous().numpy()
+
     def state_dict(self) -> dict:
         return {"config": self.cfg.to_dict(), "weight": self.weight, "clocks": self.clocks, "touched": self.touched,
                 "optimizer": self.optimizer.state_dict()}
@@ -209,6 +219,12 @@ class TableRows:
         """Rows held and their bytes (rows, optimizer state, clocks and marks)."""
         state = sum(v.numel() * v.element_size() for v in self.optimizer.state.values())
         return {"rows": len(self.weight), "bytes": self.weight.numel() * 4 + state + self.clocks.numel() * 9}
+
+
+def sum_rows(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` of duplicate rows summed: row ``inverse[i]`` of the result adds ``values[i]``.
+    Shape: (m, ...) -> (n, ...)."""
+    return torch.zeros(n, *values.shape[1:], dtype=values.dtype).index_add_(0, inverse, values)
 
 
 def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str:

@@ -63,15 +63,18 @@ class WriteAheadLog:
         self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0}
 
     def append(self, table: str, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int,
-               session: tuple[str, int] | None = None) -> int:
-        """Log one applied push (and its request's session and sequence number); its log
-        sequence number."""
+               session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
+        """Log one applied push (and its request's session and sequence number, and its sums of
+        squared gradients when it carries them); its log sequence number."""
         self.lsn += 1
-        meta = json.dumps({"lsn": self.lsn, "table": table, "step": int(step), "n": len(keys),
-                           "dim": int(grads.shape[1]), "session": session and session[0],
-                           "seq": session and session[1]}).encode()
+        head = {"lsn": self.lsn, "table": table, "step": int(step), "n": len(keys), "dim": int(grads.shape[1]),
+                "session": session and session[0], "seq": session and session[1]}
+        if sq is not None:
+            head["sq_width"] = int(sq.shape[1])
+        meta = json.dumps(head).encode()
         body = b"".join((meta, np.ascontiguousarray(keys, "<i8").tobytes(),
-                         np.ascontiguousarray(grads, "<f4").tobytes(), np.ascontiguousarray(counts, "<i8").tobytes()))
+                         np.ascontiguousarray(grads, "<f4").tobytes(), np.ascontiguousarray(counts, "<i8").tobytes(),
+                         b"" if sq is None else np.ascontiguousarray(sq, "<f4").tobytes()))
         record = _RECORD.pack(MAGIC, len(meta), len(body), zlib.crc32(body)) + body
         written = os.write(self.fd, record)
         if written != len(record):  # a full disk: the push must not be acknowledged
@@ -99,7 +102,8 @@ class WriteAheadLog:
 
 def read(directory: str, after: int = 0) -> Iterator[dict]:
     """The records of ``directory/log`` past ``after``, in order, up to the first torn one:
-    ``{"lsn", "table", "step", "keys", "grads", "counts"}``."""
+    ``{"lsn", "table", "step", "keys", "grads", "counts", "sq"}`` (``sq`` None when the push
+    carried none)."""
     path = os.path.join(directory, "log")
     if not os.path.exists(path):
         return
@@ -119,4 +123,8 @@ def read(directory: str, after: int = 0) -> Iterator[dict]:
         keys = np.frombuffer(body, "<i8", n, at)
         grads = np.frombuffer(body, "<f4", n * dim, at + 8 * n).reshape(n, dim)
         counts = np.frombuffer(body, "<i8", n, at + 8 * n + 4 * n * dim)
-        yield {**meta, "keys": keys.copy(), "grads": grads.copy(), "counts": counts.copy()}
+        sq = None
+        if meta.get("sq_width"):
+            width = meta["sq_width"]
+            sq = np.frombuffer(body, "<f4", n * width, at + 16 * n + 4 * n * dim).reshape(n, width).copy()
+        yield {**meta, "keys": keys.copy(), "grads": grads.copy(), "counts": counts.copy(), "sq": sq}

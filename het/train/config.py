@@ -26,7 +26,7 @@ import sys
 import typing
 from dataclasses import dataclass, field
 
-from het.config import OPTIMIZERS, POLICIES, parse_bytes
+from het.config import DENSE_OPTIMIZERS, LOCAL_UPDATES, OPTIMIZERS, POLICIES, parse_bytes
 from het.ps.protocol import PUSH_DTYPES
 from het.staleness import check_staleness, format_staleness
 
@@ -135,14 +135,17 @@ class TrainConfig:
     dim: int | None = setting(None, "embedding width")
     optimizer: str | None = setting(None, "the sparse optimizer, applied by the PS", choices=OPTIMIZERS)
     lr: float | None = setting(None, "the sparse learning rate")
-    dense_optimizer: str | None = setting(None, "the dense layers' optimizer (default: the sparse one's)",
-                                          choices=OPTIMIZERS)
+    dense_optimizer: str | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
+                                          "Adagrad under row-wise Adagrad)", choices=DENSE_OPTIMIZERS)
     dense_lr: float | None = setting(None, "the dense learning rate")
     weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
     policy: str = setting("lfu", "the cache's replacement policy", choices=POLICIES)
     lookahead: int = setting(0, "announce the next N steps' keys to the cache: Belady's rule within them")
+    local_update: str = setting("row", "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
+                                "step the PS's Adagrad will take, from a float of its state a row), full (from "
+                                "its whole state); tables of other optimizers use sgd", choices=LOCAL_UPDATES)
     workers: int = setting(2, "local cluster: worker processes")
     servers: int = setting(1, "local cluster: PS shard processes")
     eval_samples: int | None = setting(None, "held-out samples evaluated at the end (0: no evaluation)")

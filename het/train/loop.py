@@ -50,7 +50,7 @@ class Worker:
         table = client.tables[EMBEDDING_TABLE]
         capacity = cfg.cache_rows_for(self.task.num_ids)
         cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
-                            lookahead=cfg.lookahead if capacity else 0)
+                            lookahead=cfg.lookahead if capacity else 0, local_update=cfg.local_update)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
                                    grad_scale=1.0 / world, push_dtype=cfg.push_dtype, mode=self.task.pooling)
         self.model = self.task.build_model(self.embedding).to(self.device)
@@ -68,7 +68,8 @@ class Worker:
             dense = PSDense(self.model, self.client, self.world, self.rank)
             barrier(self.world)  # rank 0 has written the initial dense values
             return dense
-        optimizer = DENSE_OPTIMIZERS[self.cfg.dense_optimizer or self.cfg.optimizer]
+        # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum)
+        optimizer = DENSE_OPTIMIZERS[self.cfg.dense_optimizer or self.cfg.optimizer.removeprefix("rowwise_")]
         return AllReduceDense(self.model, self.world, self.device, optimizer, lr=self.cfg.dense_lr,
                               weight_decay=self.cfg.weight_decay)
 
@@ -174,7 +175,8 @@ class Worker:
         """This rank's traffic, cache and time counters (summed over ranks by the summary)."""
         stats = self.embedding.stats()[EMBEDDING_TABLE]
         dense = self.dense.counters()
-        return {**{k: stats.get(k, 0) for k in ("lookups", "hits", "misses", "stale_refreshes", "evictions")},
+        return {**{k: stats.get(k, 0) for k in ("lookups", "hits", "misses", "stale_refreshes", "evictions",
+                                                "drift_sq", "drift_norm_sq")},
                 **{k: self.embedding.traffic.get(k, 0) for k in ("sparse_pull", "sparse_push", "sync")},
                 "dense": dense["dense"], "wait_ps_s": self.embedding.wait_s + dense["wait_ps_s"],
                 "allreduce_s": dense["allreduce_s"]}
@@ -195,12 +197,15 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
         "samples_per_s": samples / wall_s if wall_s else 0.0, **metrics,
         "hit_rate": total["hits"] / total["lookups"] if total["lookups"] else 0.0,
         "stale_refreshes": total["stale_refreshes"], "evictions": total["evictions"],
+        # how far refreshed copies had drifted from the server's rows (het.cache.cache's stats)
+        "drift": math.sqrt(total["drift_sq"] / total["drift_norm_sq"]) if total["drift_norm_sq"] else 0.0,
         "bytes": {k: total[k] for k in ("sparse_pull", "sparse_push", "sync", "dense")},
         "sparse_bytes_per_sample": sparse / samples if samples else 0.0,
         "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
-        "policy": cfg.policy, "optimizer": cfg.optimizer, "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
+        "policy": cfg.policy, "optimizer": cfg.optimizer, "local_update": cfg.local_update,
+        "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
         "push_dtype": cfg.push_dtype,
     }
 

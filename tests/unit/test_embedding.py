@@ -10,7 +10,7 @@ from het.ps.client import PSClient
 from reference import train_side_by_side
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_shards):
     rows, lr = 60, 0.05

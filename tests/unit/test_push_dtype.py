@@ -70,4 +70,5 @@ def test_training_with_bf16_pushes_stays_close_and_counts_every_update():
     (rows32, clocks32, push32), (rows16, clocks16, push16) = results
     assert torch.equal(clocks32, clocks16) and int(clocks32.sum()) > 0  # no update lost or doubled
     assert torch.allclose(rows32, rows16, rtol=0, atol=2e-3) and not torch.equal(rows32, rows16)
-    assert push16 * (16 + 4 * 8) == push32 * (16 + 2 * 8)  # per row: key and count, then the gradient
+    # per row: key and count, Adagrad's sum of squares (one float: the cache follows Adagrad), the gradient
+    assert push16 * (20 + 4 * 8) == push32 * (20 + 2 * 8)

@@ -1,0 +1,126 @@
+"""Row-wise Adagrad, and Adagrad's pushes of several steps (counts and squared gradients):
+against torch references, against sequential steps, and what a shard refuses."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het.ps import optim, wal
+from het.ps.client import PSClient
+from het.ps.optim import Pushed, RowWiseAdagradTorch
+from het.ps.protocol import PSError
+from het.ps.table import TableRows
+
+
+def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
+    cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
+    table = TableRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    ref = torch.nn.Embedding(20, 6, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(table.weight)
+    opt = RowWiseAdagradTorch(ref.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        keys = torch.randint(0, 20, (9,), generator=gen)  # duplicates on purpose
+        target = torch.randn(9, 6, generator=gen)
+        opt.zero_grad()
+        ((ref(keys) - target) ** 2).sum().backward()
+        grad = ref.weight.grad.coalesce()
+        table.push(grad.indices()[0], grad.values().clone(), torch.ones(len(grad.indices()[0]), dtype=torch.int64), 1)
+        opt.step()
+    assert torch.equal(table.weight, ref.weight.detach())
+    assert table.optimizer.state["sum"].shape == (20, 1)  # one float a row
+    assert torch.equal(table.optimizer.state["sum"], opt.state[ref.weight]["sum"])
+
+
+@pytest.mark.parametrize("name", ["adagrad", "rowwise_adagrad"])
+def test_pushes_of_single_steps_ignore_their_squares_and_are_plain_adagrad(name):
+    """Every count 1 (staleness 0): the sums of squares change nothing, bit for bit."""
+    cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
+    plain, told = TableRows(cfg, 0, 1), TableRows(cfg, 0, 1)
+    gen = torch.Generator().manual_seed(1)
+    for _ in range(5):
+        rows, grads = torch.randperm(10, generator=gen)[:6], torch.randn(6, 4, generator=gen)
+        ones = torch.ones(6, dtype=torch.int64)
+        plain.push(rows, grads.clone(), ones, 1)
+        told.push(rows, grads.clone(), ones, 1, sq=torch.rand(6, 1, generator=gen))
+    assert torch.equal(plain.weight, told.weight)
+    assert torch.equal(plain.optimizer.state["sum"], told.optimizer.state["sum"])
+
+
+@pytest.mark.parametrize("name,width", [("adagrad", 1), ("adagrad", 4), ("rowwise_adagrad", 1)])
+def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width):
+    """100 like steps pushed as one sum with their squares move a fresh row about as far as
+    100 sequential Adagrad steps; the sum alone (HET's push) moves it 1/10 as far."""
+    cfg = TableConfig("t", rows=1, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
+    g = torch.tensor([[0.01, -0.02, 0.03, 0.01]])
+    sequential, summed, followed = (TableRows(cfg, 0, 1) for _ in range(3))
+    start = sequential.weight.clone()
+    for _ in range(100):
+        sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)
+    summed.push(torch.tensor([0]), 100 * g, torch.tensor([100]), 1)
+    sq = 100 * g * g
+    followed.push(torch.tensor([0]), 100 * g, torch.tensor([100]), 1, sq=sq.mean(1, keepdim=True) if width == 1 else sq)
+    moved = {k: float((t.weight - start).norm()) for k, t in (("seq", sequential), ("sum", summed), ("follow", followed))}
+    assert moved["follow"] == pytest.approx(moved["seq"], rel=0.05)
+    assert moved["sum"] < 0.2 * moved["seq"]
+    assert torch.allclose(followed.optimizer.state["sum"], sequential.optimizer.state["sum"], rtol=1e-4)
+
+
+def test_the_factor_of_one_step_is_adagrads():
+    acc, sq = torch.tensor([[0.5]]), torch.tensor([[0.25]])
+    f = optim.adagrad_factor(acc, sq, torch.tensor([[1]]), 1e-10)
+    assert float(f) == pytest.approx(1 / (math.sqrt(0.75) + 1e-10))
+
+
+def test_the_local_copy_under_rowwise_adagrad_is_the_row_the_server_then_holds():
+    """One worker, staleness 3: after each push the cached copies equal the server's rows."""
+    table = TableConfig("embedding", rows=30, dim=8, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.05))
+    client = PSClient.local([table])
+    emb = Embedding(tables=table, client=client, cache=CacheConfig(capacity=30, staleness=3, ways=8))
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(12):
+        keys = torch.randint(0, 6, (16,), generator=gen)
+        (emb(keys) ** 2).sum().backward()
+    cache = emb.caches["embedding"]
+    emb.flush()
+    held = cache.keys[cache.held]
+    copies = cache.rows[cache.held]
+    assert torch.allclose(copies, emb.read(held), rtol=1e-5, atol=1e-6)
+    assert int(cache.updates.sum()) == 0
+
+
+def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
+    table = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1))
+    client = cluster_factory([table], 1).client()
+    keys, grads, counts = torch.tensor([1, 2]), torch.ones(2, 4), torch.tensor([3, 3])
+    with pytest.raises(ValueError, match=r"sq must be a tensor of shape \(2, 1\) or \(2, 4\)"):
+        client.push("t", keys, grads, counts, sq=torch.ones(2, 3))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        client.push("t", keys, grads, counts, sq=-torch.ones(2, 1))
+    shard = client.channels[0]
+    # past the client's checks: the shard names what it expected and changes nothing
+    before = client.wait(client.pull("t", keys))[0]
+    with pytest.raises(PSError, match=r"sq must be float32 of shape \(2, 1\) or \(2, 4\)"):
+        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+                             [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 2), np.float32)])
+        client._reply(0, 99)
+    assert torch.equal(client.wait(client.pull("t", keys))[0], before)
+    assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(2, 1))) == 2  # still serving
+    assert shard is client.channels[0]
+
+
+def test_the_write_ahead_log_keeps_a_pushs_squares(tmp_path):
+    log = wal.WriteAheadLog(str(tmp_path))
+    sq = np.array([[0.5], [2.0]], np.float32)
+    log.append("t", np.array([1, 2]), np.ones((2, 3), np.float32), np.array([4, 4]), 7, sq=sq)
+    log.append("t", np.array([5]), np.ones((1, 3), np.float32), np.array([1]), 8)
+    log.close()
+    first, second = wal.read(str(tmp_path))
+    assert np.array_equal(first["sq"], sq) and first["counts"].tolist() == [4, 4]
+    assert second["sq"] is None
