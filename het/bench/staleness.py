@@ -10,6 +10,11 @@ s = 0 / 100 / 10^4 / inf: AUC 79.64 / 79.62 / 78.84 / 74.61.
 Example (the last line of stdout is the JSON object)::
 
     het bench staleness --stalenesses 0,100,10000,inf --steps 1000 --workers 2 --json
+
+The gap as a function of steps: ``--eval-curve N`` evaluates every N steps as well, and the
+table gives each bound's AUC and gap by step. The paper's run is one Criteo epoch, about 44k
+steps, so s = 100 is 0.23% of it: ``--steps 44000 --eval-curve 4000`` puts s = 100 in that
+proportion (about 25 minutes a bound on 2 cores).
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from het.train.flags import add_config_flags, config_from_args
 
 DEFAULT_STALENESSES = "0,100,10000,inf"
 RESULT_KEYS = ("auc", "logloss", "planted_auc", "samples", "hit_rate", "stale_refreshes", "drift",
-               "sparse_bytes_per_sample", "samples_per_s", "wall_s")
+               "sparse_bytes_per_sample", "samples_per_s", "wall_s", "curve")
 
 
 def run(base: TrainConfig, stalenesses: list[float], log_dir: str | None = None, progress: bool = False) -> dict:
@@ -73,7 +78,23 @@ def format_table(result: dict) -> str:
         rows.append(f"{r['staleness']!s:>6} {auc:>7.4f} {planted:>7.4f} {planted - auc:>7.4f} "
                     f"{_num(r['logloss']):>7.4f} {_num(r['hit_rate']):>8.3f} {r['stale_refreshes'] or 0:>11,} "
                     f"{_num(r['samples_per_s']):>10,.0f}")
+    rows += _curve_table(result["results"])
     return "\n".join(rows)
+
+
+def _curve_table(results: list[dict]) -> list[str]:
+    """With ``--eval-curve``: AUC by step for each bound, and each bound's gap to the first's."""
+    if not all(r.get("curve") for r in results):
+        return []
+    first = {p["step"]: p.get("auc") for p in results[0]["curve"]}
+    rows = ["", f"{'step':>6} " + " ".join(f"{'s=' + str(r['staleness']):>9} {'gap':>8}" for r in results)]
+    for i, step in enumerate(first):
+        cells = []
+        for r in results:
+            auc = _num(r["curve"][i].get("auc")) if i < len(r["curve"]) else math.nan
+            cells.append(f"{auc:>9.4f} {auc - _num(first[step]):>+8.4f}")
+        rows.append(f"{step:>6} " + " ".join(cells))
+    return rows
 
 
 def _num(x) -> float:

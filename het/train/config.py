@@ -149,6 +149,8 @@ class TrainConfig:
     workers: int = setting(2, "local cluster: worker processes")
     servers: int = setting(1, "local cluster: PS shard processes")
     eval_samples: int | None = setting(None, "held-out samples evaluated at the end (0: no evaluation)")
+    eval_curve: int = setting(0, "CTR models: also evaluate every N steps while training; the summary's curve "
+                              "holds each step's metrics (0: only at the end)")
     seed: int = setting(0, "seed of the data order and the model")
     checkpoint: str | None = setting(None, "checkpoint directory")
     checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
@@ -204,6 +206,7 @@ class TrainConfig:
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
             (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),
+            (self.eval_curve >= 0, f"eval_curve must be >= 0 (steps), got {self.eval_curve}"),
             (self.workers >= 1 and self.servers >= 1,
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
             (self.time_limit_s is None or self.time_limit_s > 0,

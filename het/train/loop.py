@@ -253,7 +253,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if cfg.resume:
             start = checkpoint.restore(worker, cfg.resume)
         selector = _Selector(worker, cfg.graph.eval_every)
-        hooks = [h for h in (checkpoint.saver(worker, cfg), selector) if h]
+        curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples)
+        hooks = [h for h in (checkpoint.saver(worker, cfg), selector, curve) if h]
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         if worker.stop:
@@ -270,6 +271,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
                                 worker.task.num_ids)
             # every rank flushed before the gather above
             summary.update(ps=ps_summary(client.stats(), run["timeline"]), timeline=run["timeline"])
+            if curve:
+                summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
             if worker.out_of_time:
                 summary["stopped_at_step"] = start + steps
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
@@ -279,7 +282,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         return summary
     finally:
         client.close()
-        worker = selector = hooks = None  # DDP's reducer goes before the process group it uses
+        worker = selector = curve = hooks = None  # DDP's reducer goes before the process group it uses
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -312,6 +315,23 @@ class _Selector:
         if final[self.worker.task.selection_metric] >= score:
             step, metrics = last_step, final
         return {**metrics, "best_step": step, **{f"final_{k}": v for k, v in final.items()}}
+
+
+class _Curve:
+    """Held-out metrics every ``every`` steps while training (``eval_curve``), all ranks
+    together: how a metric moves with the steps, e.g. the gap between staleness bounds. The
+    last point is the final evaluation, after the flush."""
+
+    def __init__(self, worker: Worker, every: int, samples: int):
+        self.worker, self.every, self.samples = worker, every, samples
+        self.points: list[dict] = []
+
+    def __bool__(self) -> bool:
+        return self.every > 0
+
+    def __call__(self, step: int) -> None:
+        if step % self.every == 0 and step < self.worker.cfg.steps:  # the end is evaluated anyway
+            self.points.append({"step": step, **self.worker.evaluate(self.samples)})
 
 
 @contextlib.contextmanager
