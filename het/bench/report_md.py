@@ -145,8 +145,8 @@ def checks_staleness(result: dict) -> list[str]:
     out = []
     if 0 in auc and 100 in auc:
         d = auc[100] - auc[0]
-        out.append(f"AUC s=100 - s=0 = {d:+.4f} (target |.| <= 0.005; paper WDL -0.0002): "
-                   f"{_verdict(abs(d) <= 0.005, 'met', 'missed')}")
+        out.append(f"AUC s=100 - s=0 = {d:+.4f} (target >= -0.0008, issue 15; paper WDL -0.0002): "
+                   f"{_verdict(d >= -0.0008, 'met', 'missed')}")
     if 0 in auc and math.inf in auc:
         d = auc[math.inf] - auc[0]
         out.append(f"AUC s=inf - s=0 = {d:+.4f} (paper WDL -0.0503); visibly worse (by more than 0.01): "
@@ -166,14 +166,18 @@ def render_staleness(record: dict, img: str | None = None) -> str:
     result = record["result"]
     rows = [[_s_label(r["staleness"]), _num(r.get("auc"), ".4f"), _num(r.get("logloss"), ".4f"),
              _num(r.get("planted_auc"), ".4f"), _num(r.get("hit_rate"), ".3f"), _num(r.get("stale_refreshes")),
+             _num(r.get("sparse_bytes_per_sample"), ",.0f"), _num(r.get("drift"), ".3f"),
              _num(r.get("samples")), _num(PAPER_AUC_WDL.get(_staleness(r["staleness"])), ".4f")]
             for r in result.get("results", [])]
     cfg = result.get("config", {})
-    lines = _table(["s", "AUC", "logloss", "planted AUC", "hit rate", "stale refreshes", "samples",
-                    "paper WDL AUC"], rows)
+    lines = _table(["s", "AUC", "logloss", "planted AUC", "hit rate", "stale refreshes", "sparse B/sample",
+                    "drift", "samples", "paper WDL AUC"], rows)
     lines += ["", (f"Measured: {cfg.get('model', '?')} on synthetic Criteo, {cfg.get('workers', '?')} workers, "
-              f"batch {cfg.get('batch', '?')}, dim {cfg.get('dim', '?')} (the planted AUC is the best any model "
-              f"can reach). Paper: Wide&Deep on Criteo Kaggle, 8 workers, one epoch.")]
+              f"batch {cfg.get('batch', '?')}, dim {cfg.get('dim', '?')}, sparse optimizer "
+              f"{cfg.get('optimizer', '?')} (lr {cfg.get('lr', '?')}) on the PS, cache local update "
+              f"{cfg.get('local_update', 'sgd')} (the planted AUC is the best any model can reach; drift: how far "
+              f"refreshed copies had moved from the server's rows, relative to their norm). Paper: Wide&Deep on "
+              f"Criteo Kaggle, 8 workers, one epoch.")]
     return "\n".join(lines + _figure(img, "Table 2") + _checks(checks_staleness(result)))
 
 

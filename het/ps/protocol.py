@@ -25,9 +25,11 @@ PULL       keys (n,) i8  (table, lazy)                         rows (n, D) f4, c
                                                                [lazy: rows (k, D), built (n,) u1]
 PUSH       keys (n,), grads (n, D), counts (n,) (table, step,  -- (applied)
            grads: "f32" | "bf16")
+           [sq: true: then sq (n, 1)|(n, D) f4]
 SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound,      index (m,) i4, rows (m, D), clocks (m,) i4|i8
-           lazy)                                               [lazy: rows (k, D), built (m,) u1]
-PUSH_SYNC  PUSH's three arrays, then SYNC's two                 SYNC's reply
+           lazy, [state: "row" | "full"])                      [state: then state (m, 1)|(m, D) f4]
+                                                               [lazy: rows (k, D), ..., built (m,) u1]
+PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
 SAVE/LOAD  -- (path)                                           -- (path)
 STATS      --                                                  -- (stats)
 INFO       --                                                  -- (shard)
@@ -36,6 +38,11 @@ STOP       --                                                  --
 
 A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
 more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
+An Adagrad table's cache follows its optimizer (``CacheConfig.local_update``): a sync with
+``state`` gets each row's accumulator beside it (its mean over the row, or all of it), and a
+push with ``sq`` carries each row's sum of the squared gradients of the steps it sums, from
+which Adagrad takes those steps' worth (:func:`het.ps.optim.adagrad_factor`) instead of one
+step of their sum. Both are optional: a message without them is as before.
 Gradients travel as float32, or with ``grads: "bf16"`` in the meta as bfloat16 (the upper 16 bits
 of each float32, rounded to nearest even; sent as int16 bits): half the bytes of a push, about
 three significant digits per value.
