@@ -122,7 +122,9 @@ from het.ps.optim import adagrad_factor
         self.score[self.disabled] = PROTECTED
         self.step = 0
         self.protect = 1  # slots used in the last `protect` lookups are never victims
-        self.window = Lookahead(cfg.lookahead) if cfg.lookahead else None  # announced coming steps
+        # announced coming steps; the native index on CPU
+        self.window = Lookahead(cfg.lookahead, native=native.ops is not None and self.device.type == "cpu") \
+            if cfg.lookahead else None
         self.soon = torch.full((n,), NEVER, dtype=torch.int64, device=dev)  # next announced use
         # the local update (CacheConfig.local_update): "sgd", or follow the table's Adagrad from
         # `acc`, the summary of its accumulator the shard sent with the row ("row": (n, 1),

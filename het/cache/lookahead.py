@@ -6,12 +6,18 @@ rows needed soon, evict first the row needed last, and let a miss that is needed
 every row it could displace bypass the cache. Outside the window the replacement policy
 decides as before. Announcements are hints: a wrong one costs hits, never correctness.
 
-Steps are numbered in announcement order (1, 2, ...). Every ``depth // 4`` steps the window
-sorts the distinct queued keys and packs each queued (key, step) pair into one sorted int64
-(``rank of the key << 20 | step - base``), so a key's next use after the current step is two
-binary searches (its rank, then ``(rank, now + 1)``), and a step costs one search of its keys,
-not a rebuild; the cache stores, per slot, the number of the next announced step that uses its
-row. Ranks, not keys, are packed: every int64 is a key (a dynamic table's raw ids).
+Steps are numbered in announcement order (1, 2, ...); the cache stores, per slot, the number
+of the next announced step that uses its row. Two indexes give a key's next use after the
+current step, the same answer:
+
+- native (het.native's ``Window``, on CPU): per key, the numbers of the queued steps that hold
+  it, oldest first, kept up to date as steps are announced and leave: a step costs a hash
+  operation per key announced, looked up and asked about;
+- the reference (PyTorch, on CUDA or without a build): when the window changed since it was
+  last asked, it sorts the distinct queued keys and packs each queued (key, step) pair into one
+  sorted int64 (``rank of the key << 20 | step - base``), so a key's next use is two binary
+  searches (its rank, then ``(rank, now + 1)``). Ranks, not keys, are packed: every int64 is a
+  key (a dynamic table's raw ids).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from __future__ import annotations
 import collections
 
 import torch
+
+from het import native as het_native
 
 NEVER = 1 << 40  # the "next use" of a key not announced
 _BITS = 20       # an index entry packs rank of the key << 20 | (step number - base)
@@ -32,6 +40,7 @@ class Lookahead:
     Args:
         depth: how many steps ahead the data loader announces (the trainer's setting); the
             queue holds at most ``4 * depth`` steps, dropping the oldest beyond that.
+        native: keep the index with het.native's ``Window`` (CPU keys); else the reference.
 
     Example:
         >>> w = Lookahead(depth=4)
@@ -49,11 +58,11 @@ class Lookahead:
         [4, 4, 3, 1099511627776]
     """
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, native: bool = False):
         if not isinstance(depth, int) or not 1 <= depth <= MAX_DEPTH:
             raise ValueError(f"lookahead depth must be an int in [1, {MAX_DEPTH}], got {depth!r}")
         self.depth = depth
-        self.rebuild_every = max(1, depth // 4)
+        self._window = het_native.ops.Window() if native and het_native.ops is not None else None
         self.queue: collections.deque[tuple[int, torch.Tensor]] = collections.deque()
         self.announced = 0  # number of the last announced step
         self.now = 0        # number of the step looked up last (0: none yet)
@@ -68,26 +77,34 @@ class Lookahead:
         step = torch.unique(keys.reshape(-1).to(torch.int64))
         self.announced += 1
         self.queue.append((self.announced, step))
+        if self._window is not None:
+            self._window.announce(step.cpu(), self.announced)
         while len(self.queue) > 4 * self.depth:  # announcements nobody looks up: keep the newest
-            self.queue.popleft()
-        if self._index is None or self._index.numel() == 0:
-            self._index = None  # nothing useful was indexed: take this step in at once
+            self._leave()
+        self._index = None
         return self.announced
+
+    def _leave(self) -> int:
+        """The oldest queued step leaves the window; its number."""
+        number, keys = self.queue.popleft()
+        if self._window is not None:
+            self._window.forget(keys.cpu(), number)
+        return number
 
     def advance(self, keys: torch.Tensor) -> bool:
         """A lookup of ``keys`` (unique, sorted) is starting: if they are the first announced
         step, that step leaves the queue and becomes ``now``. Whether they were."""
         if not self.queue or not torch.equal(self.queue[0][1], keys.to(self.queue[0][1].device)):
             return False
-        self.now = self.queue.popleft()[0]
-        if self.now - self._base >= self.rebuild_every:
-            self._index = None
+        self.now = self._leave()
+        self._index = None
         return True
 
     def next_use(self, keys: torch.Tensor) -> torch.Tensor:
-        """The number of the first step after ``now`` holding each key, among the steps queued
-        at the last rebuild (every ``depth // 4`` steps, so the window spans 3/4 to all of
-        ``depth``); ``NEVER`` if none. Shape: any -> same, int64."""
+        """The number of the first queued step (after ``now``) holding each key; ``NEVER`` if
+        none. Shape: any -> same, int64."""
+        if self._window is not None and keys.device.type == "cpu":
+            return self._window.next_use(keys.to(torch.int64).contiguous())
         if self._index is None:
             self._build()
         index, known = self._index.to(keys.device), self._keys.to(keys.device)
@@ -118,3 +135,5 @@ class Lookahead:
     def clear(self) -> None:
         self.queue.clear()
         self._index = None
+        if self._window is not None:
+            self._window.clear()

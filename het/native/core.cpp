@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 namespace {
@@ -627,6 +628,57 @@ torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, do
   return out;
 }
 
+// het.cache.lookahead.Lookahead's index, kept up to date one step at a time instead of rebuilt:
+// per key, the numbers of the announced steps that hold it, oldest first. Steps leave in
+// announcement order (looked up, or dropped as too old), so a key's next use is the front.
+class Window {
+ public:
+  // the unique keys of the step numbered `number` (numbers grow)
+  void announce(torch::Tensor keys, int64_t number) {
+    check(keys, torch::kInt64, "keys");
+    const int64_t* k = keys.data_ptr<int64_t>();
+    for (int64_t i = 0; i < keys.numel(); ++i) uses_[k[i]].steps.push_back(number);
+  }
+  // the oldest step, numbered `number`, with these keys, leaves the window
+  void forget(torch::Tensor keys, int64_t number) {
+    check(keys, torch::kInt64, "keys");
+    const int64_t* k = keys.data_ptr<int64_t>();
+    for (int64_t i = 0; i < keys.numel(); ++i) {
+      auto it = uses_.find(k[i]);
+      if (it == uses_.end()) continue;
+      Uses& u = it->second;
+      if (u.head < u.steps.size() && u.steps[u.head] == number) ++u.head;
+      if (u.head == u.steps.size()) {
+        uses_.erase(it);
+      } else if (u.head > 32 && 2 * u.head > u.steps.size()) {  // keep the vector short
+        u.steps.erase(u.steps.begin(), u.steps.begin() + u.head);
+        u.head = 0;
+      }
+    }
+  }
+  // each key's next announced step, kNever if none
+  torch::Tensor next_use(torch::Tensor keys) {
+    check(keys, torch::kInt64, "keys");
+    auto out = torch::empty_like(keys);
+    const int64_t* k = keys.data_ptr<int64_t>();
+    int64_t* o = out.data_ptr<int64_t>();
+    for (int64_t i = 0; i < keys.numel(); ++i) {
+      auto it = uses_.find(k[i]);
+      o[i] = it == uses_.end() ? kNever : it->second.steps[it->second.head];
+    }
+    return out;
+  }
+  void clear() { uses_.clear(); }
+  int64_t size() const { return int64_t(uses_.size()); }
+
+ private:
+  struct Uses {
+    std::vector<int64_t> steps;
+    size_t head = 0;
+  };
+  std::unordered_map<int64_t, Uses> uses_;
+};
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the worker cache's step in one pass over the keys";
   m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
@@ -636,4 +688,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_update", &cache_update);
   m.def("initial_rows", &initial_rows);
   m.def("table_push", &table_push);
+  pybind11::class_<Window>(m, "Window")
+      .def(pybind11::init<>())
+      .def("announce", &Window::announce)
+      .def("forget", &Window::forget)
+      .def("next_use", &Window::next_use)
+      .def("clear", &Window::clear)
+      .def("__len__", &Window::size);
 }

@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig, native
 from het.cache.belady import belady_miss_rate
 from het.cache.cache import EmbeddingCache
 from het.cache.lookahead import NEVER, Lookahead
@@ -14,11 +14,15 @@ from het.data.zipf import zipf_keys
 from reference import train_side_by_side
 
 
+WINDOWS = [False] + ([True] if native.ops is not None else [])  # the reference, and the native index if built
+
+
+@pytest.mark.parametrize("use_native", WINDOWS)
 @settings(max_examples=60, deadline=None)
 @given(steps=st.lists(st.lists(st.integers(0, 20), max_size=8), min_size=1, max_size=12),
        looked_up=st.integers(0, 12), depth=st.integers(1, 4))
-def test_next_use_is_the_first_announced_step_not_yet_looked_up(steps, looked_up, depth):
-    window = Lookahead(depth)
+def test_next_use_is_the_first_announced_step_not_yet_looked_up(use_native, steps, looked_up, depth):
+    window = Lookahead(depth, native=use_native)
     numbers = [window.announce(torch.tensor(k, dtype=torch.int64)) for k in steps]
     kept = steps[-4 * depth:]                       # the queue keeps the newest 4 * depth steps
     kept_numbers = numbers[-4 * depth:]
@@ -32,6 +36,28 @@ def test_next_use_is_the_first_announced_step_not_yet_looked_up(steps, looked_up
     away = window.steps_away(window.next_use(query))
     now = kept_numbers[done - 1] if done else 0
     assert away.tolist() == [e - now if e != NEVER else NEVER for e in expect]
+
+
+@pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), depth=st.integers(1, 6), key_space=st.sampled_from([10, 100, 1 << 62]))
+def test_the_native_index_kept_step_by_step_answers_as_the_reference(seed, depth, key_space):
+    """Announcements and lookups interleaved as a trainer makes them (announced ahead, some
+    lookups of steps never announced, the queue overflowing): the same next uses at every step."""
+    gen = torch.Generator().manual_seed(seed)
+    fast, ref = Lookahead(depth, native=True), Lookahead(depth)
+    assert fast._window is not None and ref._window is None
+    ahead = []
+    for _ in range(40):
+        for _ in range(int(torch.randint(0, 3, (1,), generator=gen))):  # 0-2 announcements a step
+            keys = torch.randint(-(key_space // 2), key_space // 2 + 1, (int(torch.randint(0, 12, (1,), generator=gen)),),
+                                 generator=gen)
+            assert fast.announce(keys) == ref.announce(keys)
+            ahead.append(torch.unique(keys))
+        step = ahead.pop(0) if ahead and bool(torch.rand(1, generator=gen) < 0.8) else torch.tensor([3, 5])
+        assert fast.advance(step) == ref.advance(step)
+        query = torch.cat([step, torch.randint(-key_space // 2, key_space // 2 + 1, (8,), generator=gen)])
+        assert torch.equal(fast.next_use(query), ref.next_use(query))
 
 
 def test_a_lookup_that_was_not_announced_leaves_the_window_alone():

@@ -30,6 +30,8 @@ def pair(table, cfg):
     """The same cache twice: one on the native path, one on the reference."""
     fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg)
     ref.native = False
+    if ref.window is not None:
+        ref.window._window = None  # the reference index too
     assert fast.native
     return fast, ref
 
