@@ -168,7 +168,9 @@ from het.ps.optim import adagrad_factor
         if self.window is None:
             return
         number = self.window.announce(keys)
-        if self.num_sets:
+        if self.num_sets and self.native and self.soon.device.type == "cpu":
+            native.ops.cache_soon(self.window.queue[-1][1], self.keys, self.held, self.soon, self.ways, number)
+        elif self.num_sets:
             slot = self._find(self.window.queue[-1][1].to(self.device))
             slot = slot[slot >= 0]
             self.soon.index_copy_(0, slot, self.soon.index_select(0, slot).clamp(max=number))
