@@ -44,8 +44,9 @@ CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
 # A job's defaults by model, for the fields whose default is None.
+# lookahead 32: 12.8% fewer sparse bytes at the same samples/s on loopback (docs/RESULTS.md)
 _CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
-                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536}
+                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536, "lookahead": 32}
 MODEL_DEFAULTS = {
     "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
     # DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR sparse lr of
@@ -55,7 +56,7 @@ MODEL_DEFAULTS = {
     # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes;
     # eval_samples only switches the final evaluation on (every node is scored).
     "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
-                  "lr": 0.001, "dense_lr": 0.01, "eval_samples": 1},
+                  "lr": 0.001, "dense_lr": 0.01, "eval_samples": 1, "lookahead": 0},
 }
 
 
@@ -142,7 +143,8 @@ class TrainConfig:
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
     policy: str = setting("lfu", "the cache's replacement policy", choices=POLICIES)
-    lookahead: int = setting(0, "announce the next N steps' keys to the cache: Belady's rule within them")
+    lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within "
+                                    "them (0: off)")
     local_update: str = setting("row", "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
                                 "step the PS's Adagrad will take, from a float of its state a row), full (from "
                                 "its whole state); tables of other optimizers use sgd", choices=LOCAL_UPDATES)
