@@ -49,7 +49,7 @@ class OptimizerConfig:
         >>> OptimizerConfig("rmsprop")
         Traceback (most recent call last):
         ...
-        ValueError: optimizer must be one of ('sgd', 'adagrad', 'adam'), got 'rmsprop'
+        ValueError: optimizer must be one of ('sgd', 'adagrad', 'rowwise_adagrad', 'adam'), got 'rmsprop'
     """
 
     name: str = "sgd"

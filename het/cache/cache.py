@@ -84,7 +84,6 @@ class EmbeddingCache:
 
     Example:
         >>> from het.config import CacheConfig, TableConfig
-from het.ps.optim import adagrad_factor
         >>> cache = EmbeddingCache(TableConfig("t", rows=100, dim=2), CacheConfig(capacity=8, ways=4))
         >>> plan = cache.lookup(torch.tensor([3, 9]))
         >>> plan.hit.tolist(), plan.clocks.tolist()
@@ -192,7 +191,6 @@ from het.ps.optim import adagrad_factor
 
         Example:
             >>> from het.config import CacheConfig, TableConfig
-from het.ps.optim import adagrad_factor
             >>> cache = EmbeddingCache(TableConfig("t", rows=None, dim=1), CacheConfig(capacity=12, ways=4))
             >>> cache.set_of(torch.tensor([-1, 0, -2**63, 2**63 - 1, 1 << 40, 2 << 40])).tolist()  # 3 sets
             [1, 0, 1, 2, 0, 1]

@@ -46,11 +46,16 @@ def table(meta: dict) -> str:
     return name
 
 
-def lazy(meta: dict) -> bool:
-    value = meta.get("lazy", False)
+def _flag(meta: dict, name: str) -> bool:
+    value = meta.get(name, False)
     if not isinstance(value, bool):
-        raise ValueError(f"meta['lazy'] must be true or false, got {value!r}")
+        raise ValueError(f"meta[{name!r}] must be true or false, got {value!r}")
     return value
+
+
+def lazy(meta: dict) -> bool:
+    """Whether a pull or sync leaves untouched rows for the client to build."""
+    return _flag(meta, "lazy")
 
 
 STATES = ("row", "full")  # what a sync may ask of the rows' optimizer state
@@ -67,10 +72,7 @@ def state(meta: dict) -> str | None:
 
 def sq(meta: dict) -> bool:
     """Whether a push carries one more array: its rows' sums of squared gradients."""
-    value = meta.get("sq", False)
-    if not isinstance(value, bool):
-        raise ValueError(f"meta['sq'] must be true or false, got {value!r}")
-    return value
+    return _flag(meta, "sq")
 
 
 def grads_as(meta: dict) -> str:

@@ -201,6 +201,7 @@ def test_ctrl_c_stops_every_process(tmp_path):
     assert [name for name, pid in pids.items() if alive(pid)] == []
 
 
+@pytest.mark.slow  # 35 s of three jobs; the checkpoint's logic: tests/unit/test_checkpoint.py
 def test_checkpoint_and_resume_equal_training_straight_through(tmp_path):
     args = ["--staleness", "0", "--optimizer", "sgd", "--lr", "0.5", "--dense-optimizer", "adagrad",
             "--dense-lr", "0.01", *SMALL, "--eval-samples", "0", "--json", "--quiet"]

@@ -12,7 +12,7 @@ import torch
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.ps import optim, wal
 from het.ps.client import PSClient
-from het.ps.optim import Pushed, RowWiseAdagradTorch
+from het.ps.optim import RowWiseAdagradTorch
 from het.ps.protocol import PSError
 from het.ps.table import TableRows
 
