@@ -513,7 +513,8 @@ torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
 int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
                    torch::Tensor clocks, torch::Tensor touched, torch::Tensor rows, torch::Tensor at,
                    torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
-                   double beta1, double beta2, double step_size, int64_t max_clock) {
+                   double beta1, double beta2, double step_size, int64_t max_clock, torch::Tensor steps,
+                   torch::Tensor sq) {
   check(weight, torch::kFloat32, "weight");
   for (auto& t : state) check(t, torch::kFloat32, "optimizer state");
   check(clocks, torch::kInt64, "clocks");
@@ -574,6 +575,33 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
       for (int64_t d = 0; d < D; ++d) {
         const float q = gi[d] / (rj[d] + feps);
         wj[d] = std::fma(q, nlr, wj[d]);
+      }
+    }
+  } else if (kind == "adagrad_steps") {
+    // het.ps.optim.Adagrad with a push of several steps (Pushed): row j's gradient sums steps[j]
+    // steps whose squares sum to sq[j] (one float a row, shared out in proportion to the sum's
+    // squares, or one a coordinate); the accumulator grows by them and the row moves by
+    // lr * g * adagrad_factor. One gradient per row (at is the identity).
+    check(steps, torch::kInt64, "steps");
+    check(sq, torch::kFloat32, "sq");
+    const int64_t W = sq.size(1);
+    TORCH_CHECK(steps.numel() == n && sq.size(0) == n && (W == 1 || W == D), "steps, sq: expected (", n,
+                ") and (", n, ", 1 or ", D, "), got ", steps.sizes(), " and ", sq.sizes());
+    const int64_t* u = steps.data_ptr<int64_t>();
+    const float* sqp = sq.data_ptr<float>();
+    const Follow follow{flr, feps, W, D};
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t j = a[i];
+      float* wj = nw + j * D;
+      float* acc = ns + j * D;
+      const float* gi = g + i * D;
+      const float mean = W == 1 ? sum_squares(gi, D) / float(D) : 0.0f;
+      for (int64_t d = 0; d < D; ++d) {
+        float q = gi[d] * gi[d];
+        if (u[i] > 1) q = W == D ? sqp[i * D + d] : (mean > 0 ? q * (sqp[i] / mean) : sqp[i]);
+        const float f = follow.factor(acc[d], q, u[i]);
+        acc[d] += q;
+        wj[d] = std::fma(gi[d] * f, nlr, wj[d]);
       }
     }
   } else if (kind == "adam") {

@@ -114,8 +114,8 @@ class TableRows:
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         rows, inverse = torch.unique(local, return_inverse=True)
         several = sq is not None and self.optimizer.followed and bool((counts > 1).any())
-        if self.native and grads.dtype == torch.float32 and not several:
-            return self._push_native(local, rows, inverse, grads, counts, step)
+        if self.native and grads.dtype == torch.float32 and (not several or self.cfg.optimizer.name == "adagrad"):
+            return self._push_native(local, rows, inverse, grads, counts, step, sq if several else None)
         before = self._snapshot(rows)
         self.clocks.index_add_(0, local, counts)
         self.touched.index_fill_(0, local, True)
@@ -132,21 +132,27 @@ class TableRows:
             self._restore(rows, before)
             raise ValueError(problem)
 
-    def _push_native(self, local, rows, inverse, grads, counts, step) -> None:
+    def _push_native(self, local, rows, inverse, grads, counts, step, sq=None) -> None:
         """:meth:`push` in one native call (het.native): the new values computed aside and
-        checked before any is written, so nothing needs restoring; the same bits."""
+        checked before any is written, so nothing needs restoring; the same bits (a push of
+        several steps of Adagrad: the same values to rounding, its square roots being IEEE's)."""
         opt = self.optimizer
-        at = inverse
+        at, steps = inverse, counts
         if not opt.accepts_duplicates and len(rows) != len(local):
-            grads = torch.zeros(len(rows), grads.shape[1]).index_add_(0, inverse, grads)
+            grads = sum_rows(grads, inverse, len(rows))
             at = torch.arange(len(rows))
+            if sq is not None:  # the steps and their squares summed as the gradients are
+                steps, sq = sum_rows(counts, inverse, len(rows)), sum_rows(sq, inverse, len(rows))
+        none = torch.empty(0, dtype=torch.int64)
         cfg, step = opt.cfg, max(int(step), 1)
         b1, b2 = cfg.betas
         step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
-        failed = native.ops.table_push(cfg.name, self.weight, [opt.state[n] for n in opt.state_names], self.clocks,
+        kind = cfg.name if sq is None else "adagrad_steps"
+        failed = native.ops.table_push(kind, self.weight, [opt.state[n] for n in opt.state_names], self.clocks,
                                        self.touched, rows, at.contiguous(), inverse.contiguous(), grads.contiguous(),
                                        counts.contiguous(), cfg.lr, cfg.eps or 0.0, b1, b2, step_size,
-                                       checks.MAX_CLOCK)
+                                       checks.MAX_CLOCK, none if sq is None else steps.contiguous(),
+                                       torch.empty(0, 1) if sq is None else sq.float().contiguous())
         if failed == 1:
             raise ValueError("the update would make rows non-finite (overflow)")
         if failed == 100:

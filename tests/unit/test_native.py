@@ -247,3 +247,30 @@ def test_a_fill_with_a_position_out_of_range_is_refused_and_changes_nothing():
     with pytest.raises(RuntimeError, match=r"index: expected positions in \[0, 3\), got 7"):
         cache.fill(plan, torch.tensor([0, 7]), torch.ones(2, 4), torch.tensor([1, 1]))
     assert torch.equal(cache.rows, before[0]) and torch.equal(cache.clock, before[1])
+
+
+@needs_build
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dim=st.sampled_from([1, 3, 16, 130]), width=st.sampled_from(["row", "full"]),
+       rows=st.sampled_from([5, 300]))
+def test_a_native_push_of_several_adagrad_steps_equals_the_reference_to_rounding(seed, dim, width, rows):
+    """Pushes whose rows sum several steps, with their squares (duplicates too, some single
+    steps among them): the same rows, accumulators and clocks as the reference, to float
+    rounding (the native square roots are IEEE's, torch's vectorised ones are not)."""
+    from het.ps.table import TableRows
+
+    gen = torch.Generator().manual_seed(seed)
+    cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adagrad", lr=0.05))
+    fast, ref = TableRows(cfg, 0, 1), TableRows(cfg, 0, 1)
+    ref.native = False
+    for step in range(1, 6):
+        n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
+        local = torch.randint(0, rows, (n,), generator=gen)
+        grads = torch.randn(n, dim, generator=gen)
+        counts = torch.randint(1, 40, (n,), generator=gen)
+        sq = torch.rand(n, 1 if width == "row" else dim, generator=gen) * counts[:, None]
+        for table in (fast, ref):
+            table.push(local.clone(), grads.clone(), counts.clone(), step, sq=sq.clone())
+        torch.testing.assert_close(fast.weight, ref.weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(fast.optimizer.state["sum"], ref.optimizer.state["sum"], rtol=1e-5, atol=1e-6)
+        assert torch.equal(fast.clocks, ref.clocks) and torch.equal(fast.touched, ref.touched)
