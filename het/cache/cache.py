@@ -333,8 +333,9 @@ class EmbeddingCache:
 
     @property
     def state_request(self) -> str | None:
-        """The optimizer state a sync must ask the PS for, beside the rows: the local rule's."""
-        return None if self.rule == "sgd" else self.rule
+        """The optimizer state a sync must ask the PS for, beside the rows: the local rule's
+        (none without slots: no copy to follow it)."""
+        return None if self.rule == "sgd" or not self.num_sets else self.rule
 
     def _server_step(self, acc: torch.Tensor, pending: torch.Tensor, sq: torch.Tensor,
                      counts: torch.Tensor) -> torch.Tensor:
@@ -355,15 +356,15 @@ class EmbeddingCache:
         every key's row. A refreshed row is the server's value plus the local updates not yet
         pushed. ``state``: the rows' optimizer state (``state_request``), which a local rule
         other than SGD needs. Shape: index (m,), rows (m, D), clocks (m,), state (m, W) -> (n, D)."""
-        if self.rule != "sgd" and (state is None or state.shape != (len(index), self.acc.shape[1])):
+        if self.state_request is not None and (state is None or state.shape != (len(index), self.acc.shape[1])):
             raise ValueError(f"the {self.rule!r} local update needs the rows' optimizer state: expected shape "
                              f"({len(index)}, {self.acc.shape[1]}), got {None if state is None else tuple(state.shape)}")
         if self.native and rows.dtype == torch.float32 and native.usable(rows, index, plan.slot):
-            sent_state = self.acc if state is None else state.float().contiguous()  # unread when no rule needs it
+            acc, sq = (self.acc, self.sq) if state is not None else (self.acc[:, :0], self.sq[:, :0])  # none: no rule
+            sent_state = acc if state is None else state.float().contiguous()
             out, stats = native.ops.cache_fill(plan.slot, plan.hit, index.long().contiguous(), rows.contiguous(),
                                                clocks.long().contiguous(), self.rows, self.pending, self.clock,
-                                               self.local_lr, self.acc, sent_state, self.sq, self.updates, self.lr,
-                                               self.eps)
+                                               self.local_lr, acc, sent_state, sq, self.updates, self.lr, self.eps)
             stale, drift_sq, norm_sq = stats.tolist()
             self.counters["stale_refreshes"] += int(stale)
             if stale:
@@ -379,7 +380,7 @@ class EmbeddingCache:
         stale = plan.hit.index_select(0, index)
         stale = stale if all_cached else stale[cached]
         stale_hits = int(stale.sum())
-        if self.rule != "sgd":
+        if state is not None:
             self.acc.index_copy_(0, cs, state if all_cached else state[cached])
         if stale_hits:  # re-apply the local updates not yet pushed (misses have none)
             if self.rule == "sgd":

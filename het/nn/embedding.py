@@ -191,7 +191,8 @@ class Embedding(nn.Module):
         pushes = Rows.cat(out.parts) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1),
-                                       grad_dtype=self.push_dtype, state=cache.state_request, sq=pushes.sq)
+                                       grad_dtype=self.push_dtype, state=cache.state_request,
+                                       sq=_several_steps(pushes))
         out.parts.clear()
         self._count_push(pushes)
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
@@ -252,7 +253,8 @@ class Embedding(nn.Module):
             out = self._outbox[name]
             out.parts.clear()
             if len(rows):
-                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1), sq=rows.sq,
+                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
+                                                sq=_several_steps(rows),
                                                 grad_dtype=self.push_dtype))
                 self._count_push(rows)
         for h in handles:
@@ -266,8 +268,9 @@ class Embedding(nn.Module):
             self.wait_s += time.perf_counter() - start
 
     def _count_push(self, rows: Rows) -> None:
+        sq = _several_steps(rows)
         self.traffic["sparse_push"] += (16 * len(rows) + rows.grads.numel() * GRAD_BYTES[self.push_dtype]  # keys, counts, grads
-                                        + (0 if rows.sq is None else rows.sq.numel() * 4))  # and squares, when they travel
+                                        + (0 if sq is None else sq.numel() * 4))  # and squares, when they travel
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.
@@ -397,3 +400,11 @@ class _HandGradsToCache(torch.autograd.Function):
         module, name, plan = ctx.box
         module._apply_grads(name, plan, grad)
         return None, None
+
+
+def _several_steps(rows: Rows) -> torch.Tensor | None:
+    """The squares a push carries: none when every row is one step (the shard then ignores them:
+    plain Adagrad), as at s = 0 and for keys that bypass the cache."""
+    if rows.sq is None or not bool((rows.counts > 1).any()):
+        return None
+    return rows.sq
