@@ -160,13 +160,14 @@ class EmbeddingCache:
         """The keys the cache holds now, in slot order. Shape: (m,)."""
         return self.keys[self.held]
 
-    def announce(self, keys: torch.Tensor) -> None:
+    def announce(self, keys: torch.Tensor, unique_sorted: bool = False) -> None:
         """The keys of a coming step, after those already announced (the data loader knows
         them): eviction follows Belady's rule within the announced window (het.cache.lookahead).
-        Ignored without a lookahead window. Shape: any."""
+        Ignored without a lookahead window. ``unique_sorted``: ``keys`` are ``torch.unique``'s
+        already. Shape: any."""
         if self.window is None:
             return
-        number = self.window.announce(keys)
+        number = self.window.announce(keys, unique_sorted)
         if self.num_sets and self.native and self.soon.device.type == "cpu":
             native.ops.cache_soon(self.window.queue[-1][1], self.keys, self.held, self.soon, self.ways, number)
         elif self.num_sets:

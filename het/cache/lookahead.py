@@ -72,9 +72,10 @@ class Lookahead:
         self._keys = torch.empty(0, dtype=torch.int64)
         self._base = 0
 
-    def announce(self, keys: torch.Tensor) -> int:
-        """Add the keys of the next step after those already announced; its number."""
-        step = torch.unique(keys.reshape(-1).to(torch.int64))
+    def announce(self, keys: torch.Tensor, unique_sorted: bool = False) -> int:
+        """Add the keys of the next step after those already announced; its number.
+        ``unique_sorted``: ``keys`` are ``torch.unique``'s output already (int64)."""
+        step = keys if unique_sorted else torch.unique(keys.reshape(-1).to(torch.int64))
         self.announced += 1
         self.queue.append((self.announced, step))
         if self._window is not None:

@@ -116,6 +116,8 @@ class Embedding(nn.Module):
                        for n, t in self.tables.items()}
         self._outbox = {n: _Outbox() for n in self.tables}
         self._prefetch = {n: collections.deque() for n in self.tables}
+        # announced batches' (keys, unique keys, inverse), oldest first: their lookups reuse them
+        self._announced = {n: collections.deque() for n in self.tables}
         self.grad_scale = grad_scale
         self.traffic = Counter()  # payload bytes: sparse_pull, sparse_push, sync
         self.wait_s = 0.0         # time blocked on the PS
@@ -166,7 +168,15 @@ class Embedding(nn.Module):
         when the forwards differ, it costs hits, never correctness."""
         name = self._table_name(table)
         flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
-        self.caches[name].announce(flat)
+        cache = self.caches[name]
+        if cache.window is None:
+            return
+        unique, inverse = self._unique(name, flat)
+        cache.announce(unique, unique_sorted=True)
+        known = self._announced[name]
+        known.append((flat.clone(), unique, inverse))  # a copy: the caller may reuse its tensor
+        while len(known) > 4 * cache.window.depth:  # announcements never looked up
+            known.popleft()
 
     def prefetching(self) -> bool:
         """Whether a prefetched lookup is waiting for its ``forward``."""
@@ -181,10 +191,19 @@ class Embedding(nn.Module):
             self._finish(pending)  # not the keys prefetched: complete it so no reply is left behind
         return None
 
+    def _unique(self, name: str, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``torch.unique(flat, return_inverse=True)``, taken from the announcement when these are
+        the keys announced next (the same keys: the same result)."""
+        known = self._announced[name]
+        if known and known[0][0].shape == flat.shape and torch.equal(known[0][0], flat):
+            _, unique, inverse = known.popleft()
+            return unique, inverse
+        return torch.unique(flat, return_inverse=True)
+
     def _start(self, name: str, flat: torch.Tensor) -> "_Pending":
         """Look the unique keys up and send their sync, with this table's due pushes."""
         cache, out = self.caches[name], self._outbox[name]
-        unique, inverse = torch.unique(flat, return_inverse=True)
+        unique, inverse = self._unique(name, flat)
         plan = cache.lookup(unique)
         if len(plan.writeback):
             out.parts.append(plan.writeback)  # kept until sent: an error below loses no update
