@@ -171,7 +171,7 @@ class Embedding(nn.Module):
         cache = self.caches[name]
         if cache.window is None:
             return
-        unique, inverse = self._unique(name, flat)
+        unique, inverse = torch.unique(flat, return_inverse=True)
         cache.announce(unique, unique_sorted=True)
         known = self._announced[name]
         known.append((flat.clone(), unique, inverse))  # a copy: the caller may reuse its tensor

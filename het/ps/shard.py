@@ -442,6 +442,9 @@ class Shard:
             name = t.cfg.optimizer.name
             raise ValueError(f"table {table!r}'s optimizer {name} has no state a cache follows: a sync may ask for "
                              f"state only of an Adagrad or row-wise Adagrad table, got state {state!r}")
+        if state == "full" and t.cfg.optimizer.name == "rowwise_adagrad":
+            raise ValueError(f"table {table!r}'s row-wise Adagrad keeps one float a row: expected state 'row', "
+                             f"got {state!r}")
         if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
             raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
         if len(clocks) and (clocks.min() < -1 or clocks.max() > checks.MAX_CLOCK):

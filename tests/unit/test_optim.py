@@ -103,7 +103,6 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
         client.push("t", keys, grads, counts, sq=torch.ones(2, 3))
     with pytest.raises(ValueError, match="finite and >= 0"):
         client.push("t", keys, grads, counts, sq=-torch.ones(2, 1))
-    shard = client.channels[0]
     # past the client's checks: the shard names what it expected and changes nothing
     before = client.wait(client.pull("t", keys))[0]
     with pytest.raises(PSError, match=r"sq must be float32 of shape \(2, 1\) or \(2, 4\)"):
@@ -112,7 +111,26 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
         client._reply(0, 99)
     assert torch.equal(client.wait(client.pull("t", keys))[0], before)
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(2, 1))) == 2  # still serving
-    assert shard is client.channels[0]
+
+
+def test_a_sync_asking_for_state_a_table_cannot_give_is_refused_by_name(cluster_factory):
+    """SGD keeps no state; row-wise Adagrad keeps one float a row, not one a coordinate. The
+    shard refuses, names what it expected, and the push sent with the sync is not applied."""
+    sgd = TableConfig("s", rows=10, dim=4, optimizer=OptimizerConfig("sgd", lr=0.1))
+    rowwise = TableConfig("r", rows=10, dim=4, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.1))
+    client = cluster_factory([sgd, rowwise], 1).client()
+    keys, clocks = torch.tensor([1, 2]), torch.tensor([-1, -1])
+    with pytest.raises(PSError, match="optimizer sgd has no state a cache follows"):
+        client.wait(client.sync("s", keys, clocks, 0, state="row"))
+    with pytest.raises(PSError, match="one float a row: expected state 'row', got 'full'"):
+        client.wait(client.push_sync("r", keys, torch.ones(2, 4), torch.ones(2, dtype=torch.int64), keys, clocks, 0,
+                                     state="full"))
+    assert client.wait(client.pull("r", keys))[1].tolist() == [0, 0]  # the push was not applied
+    reply = client.wait(client.sync("r", keys, clocks, 0, state="row"))
+    # untouched rows are built by the client (lazy rows): what travelled is the state, and it is counted
+    assert reply.state.shape == (2, 1) and reply.state.tolist() == [[0.0], [0.0]] and reply.row_bytes == 2 * 4
+    with pytest.raises(ValueError, match=r"meta\['state'\] must be one of"):
+        client.sync("r", keys, clocks, 0, state="half")
 
 
 def test_the_write_ahead_log_keeps_a_pushs_squares(tmp_path):
