@@ -112,6 +112,10 @@ class TableRows:
         steps each row's gradient sums (:class:`het.ps.optim.Pushed`). All or nothing: a push
         that would make a value non-finite or a clock pass MAX_CLOCK raises ValueError and
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
+        if self.native and self.cfg.optimizer.name == "sgd" and grads.dtype == torch.float32:
+            # SGD applies the gradients one after another, duplicates too: no unique needed
+            order = torch.arange(len(local))
+            return self._push_native(local, local, order, grads, counts, step)
         rows, inverse = torch.unique(local, return_inverse=True)
         several = sq is not None and self.optimizer.followed and bool((counts > 1).any())
         if self.native and grads.dtype == torch.float32 and (not several or self.cfg.optimizer.name == "adagrad"):
@@ -135,7 +139,9 @@ class TableRows:
     def _push_native(self, local, rows, inverse, grads, counts, step, sq=None) -> None:
         """:meth:`push` in one native call (het.native): the new values computed aside and
         checked before any is written, so nothing needs restoring; the same bits (a push of
-        several steps of Adagrad: the same values to rounding, its square roots being IEEE's)."""
+        several steps of Adagrad: the same values to rounding, its square roots being IEEE's).
+        SGD without duplicates summed (``rows`` is ``local``) is applied in place in one pass,
+        each row's old value kept aside and put back if the push fails."""
         opt = self.optimizer
         at, steps = inverse, counts
         if not opt.accepts_duplicates and len(rows) != len(local):
@@ -183,12 +189,22 @@ class TableRows:
         ``[rows of the touched ones, built (n,) uint8]`` where ``built`` marks the untouched
         rows left out (the client builds them with :func:`initial_rows`); and how many rows
         were sent."""
-        weight = self.weight.numpy()  # numpy's take copies whole rows: faster than index_select here
         if not lazy:
-            return [weight.take(local.numpy(), axis=0)], len(local)
+            return [self._gather(local)], len(local)
+        if native.ops is not None:  # marks and rows in one native call, the rows prefetched ahead
+            rows, built = native.ops.gather_touched(self.weight, self.touched, local.contiguous())
+            return [rows.numpy(), built.numpy()], len(rows)
         touched = self.touched.index_select(0, local)
         sent = local[touched]
-        return [weight.take(sent.numpy(), axis=0), (~touched).to(torch.uint8).numpy()], len(sent)
+        return [self._gather(sent), (~touched).to(torch.uint8).numpy()], len(sent)
+
+    def _gather(self, local: torch.Tensor) -> np.ndarray:
+        """The rows ``local``, copied. Shape: (n,) -> (n, D)."""
+        if native.ops is None:  # numpy's take copies whole rows: faster than index_select here
+            return self.weight.numpy().take(local.numpy(), axis=0)
+        out = torch.empty(len(local), self.cfg.dim)
+        native.ops.gather_rows(self.weight, local.contiguous(), out)  # the rows prefetched ahead
+        return out.numpy()
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows ``local`` with
