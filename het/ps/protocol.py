@@ -77,6 +77,7 @@ from __future__ import annotations
 import enum
 import hmac
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 
@@ -285,7 +286,7 @@ def _array(spec, frame, i: int) -> np.ndarray:
     if any(s < 0 for s in shape):
         raise ProtocolError(f"array {i}: negative shape {shape}")
     buf = _buffer(frame)
-    expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = math.prod(shape) * dtype.itemsize
     if memoryview(buf).nbytes != expected:
         raise ProtocolError(f"array {i}: {memoryview(buf).nbytes} bytes, shape {shape} of {code} needs {expected}")
     return np.frombuffer(buf, dtype=dtype).reshape(shape)
