@@ -51,6 +51,10 @@ def add_parser(sub) -> None:
                    help="with --memory: which rows leave DRAM first (default lru)")
     s.add_argument("--no-prefetch", action="store_true",
                    help="with --memory: do not bring a sync's rows on disk into DRAM after replying")
+    s.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
+                        "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
+                        "I/O threads need)")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     s.set_defaults(func=cmd_serve)
 
@@ -61,8 +65,17 @@ def size(text: str) -> int:
 
 
 def cmd_serve(args) -> None:
+    import os
+
+    import torch
+
     from het.ps.auth import load_secret
     from het.ps.server import run_foreground
+
+    threads = args.threads if args.threads is not None else int(os.environ.get("OMP_NUM_THREADS") or 1)
+    if threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {threads}")
+    torch.set_num_threads(threads)
 
     if args.shard_config:
         d = json.loads(args.shard_config)

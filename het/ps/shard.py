@@ -11,6 +11,7 @@ import os
 import secrets
 import shutil
 import time
+import warnings
 from collections import Counter
 
 import numpy as np
@@ -29,6 +30,12 @@ from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, 
 
 SAVE_FORMAT = 1
 PREFETCH_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
+
+# A request's arrays are views of ZeroMQ's read-only frames, made tensors without a copy; the
+# shard only reads them (a push's gradients are read, never written), so torch's warning that
+# they are not writable says nothing here.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=r"het\.ps\.")
 
 
 class Shard:
@@ -396,10 +403,11 @@ class Shard:
 
     def stats_dict(self) -> dict:
         """Counters, and per table its stored rows and bytes (``tables``); the process's
-        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``)."""
+        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``); its torch threads (``threads``)."""
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
                     uptime_s=time.time() - self.started, index=self.cfg.index,
-                    tables={name: t.stats() for name, t in self.tables.items()}, rss_bytes=rss_bytes(),
+                    tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
+                    rss_bytes=rss_bytes(),
                     peak_rss_bytes=peak_rss_bytes())
 
     # -- checks -----------------------------------------------------------------------------

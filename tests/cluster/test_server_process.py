@@ -214,3 +214,21 @@ def test_het_serve_on_an_ipv6_address_is_one_line_and_exit_code_2():
     assert out.stderr.strip().startswith("het serve: error: cannot listen on '[::1]:0': ")
     assert "IPv6 addresses are not supported: bind an IPv4 one, e.g. 127.0.0.1:0" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_a_shard_runs_one_torch_thread_unless_told_otherwise(tmp_path, monkeypatch):
+    """Idle pool threads spin on the cores ZeroMQ's I/O threads need (het bench ps measured half
+    the shard's CPU in OpenMP's wait loop with two threads on two cores): one thread by default,
+    OMP_NUM_THREADS or --threads otherwise."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    with ServerProcess(ShardConfig((TABLE,)), log_path=str(tmp_path / "default.log")) as server:
+        client = PSClient.connect([server.address])
+        assert client.stats()[0]["threads"] == 1
+        client.close()
+    with ServerProcess(ShardConfig((TABLE,)), env={"OMP_NUM_THREADS": "2"}, log_path=str(tmp_path / "two.log")) as server:
+        client = PSClient.connect([server.address])
+        assert client.stats()[0]["threads"] == 2
+        client.close()
+    bad = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:4:2", "--threads", "0"],
+                         capture_output=True, text=True, timeout=120, check=False)
+    assert bad.returncode == 2 and "--threads must be >= 1, got 0" in bad.stderr
