@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from sklearn.metrics import log_loss, roc_auc_score
 
 from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
@@ -94,6 +93,8 @@ class CTRTask:
                 planted.append(self.data.planted_logits(b.sparse, b.dense))
         parts = (gather or _alone)(tuple(_cat(x) for x in (labels, preds, planted)))
         y, p, q = (_cat([part[k] for part in parts]) for k in range(3))
+        from sklearn.metrics import log_loss  # here: sklearn costs 1.5 s of every het command's start
+
         out = {"auc": _auc(y, p), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))}
         if has_planted:
             out["planted_auc"] = _auc(y, q)
@@ -224,6 +225,8 @@ def dense_params(cfg: TrainConfig, task=None) -> int:
 
 def _auc(labels: np.ndarray, scores: np.ndarray) -> float:
     """ROC AUC, or NaN when the labels hold one class only (a tiny held-out split)."""
+    from sklearn.metrics import roc_auc_score
+
     return float(roc_auc_score(labels, scores)) if len(np.unique(labels)) == 2 else math.nan
 
 
