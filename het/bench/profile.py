@@ -31,7 +31,11 @@ from het.train.tasks import job_tables
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
     """Profile ``steps`` steps of one rank of ``cfg`` after ``warmup`` unprofiled ones.
 
-    Returns ``{"s_per_step", "flush_s", "steps", "by_tottime": [...], "by_cumtime": [...]}``,
+    Returns ``{"s_per_step", "flush_s", "steps", "het_ms_per_step", "het_fraction",
+    "shard_ms_per_step", "worker_het_fraction", "by_tottime": [...], "by_cumtime": [...]}``
+    (``het_fraction``: of a step, the share in het's machinery, :func:`het_seconds`, the
+    in-process shard's answers included; ``worker_het_fraction``: the same without the shard's
+    answers, as a worker whose shards run elsewhere spends it),
     each row ``{"function", "calls_per_step", "tottime_ms_per_step", "cumtime_ms_per_step"}``.
     The caches' flush at the end (every dirty cached row pushed) is left out of ``s_per_step``
     and given as ``flush_s``; the rankings include it.
@@ -50,9 +54,61 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
     stats = pstats.Stats(profiler)
     flush = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
                 if name == "flush" and path.endswith(os.path.join("het", "nn", "embedding.py")))
-    return {"s_per_step": (wall - flush) / steps, "flush_s": flush, "steps": steps, "warmup": warmup,
+    het = het_seconds(stats)
+    shard = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
+                if name == "handle_frames" and path.endswith(os.path.join("het", "ps", "shard.py")))
+    step = wall - flush
+    return {"s_per_step": step / steps, "flush_s": flush, "steps": steps, "warmup": warmup,
+            "het_ms_per_step": 1e3 * het / steps, "het_fraction": het / step,
+            "shard_ms_per_step": 1e3 * shard / steps, "worker_het_fraction": (het - shard) / (step - shard),
             "by_tottime": _rows(stats, "tottime", steps, top), "by_cumtime": _rows(stats, "cumtime", steps, top),
             "hit_rate": worker.embedding.stats()["embedding"].get("hit_rate", 0.0)}
+
+
+# het's own machinery: what a plain torch.nn.Embedding job would not run (the model's code, the
+# training loop, the input and the dense layers' synchronisation are the job's, not het's)
+HET_PACKAGES = ("cache", "native", "nn", "ps", "staleness.py")
+
+
+def is_het(func) -> bool:
+    """Whether a profiled function (cProfile's ``(path, line, name)``) is het's machinery: a
+    function of :data:`HET_PACKAGES`. The native operators are builtins, counted through
+    their callers."""
+    path = func[0].replace(os.sep, "/")
+    return any(f"/het/{p}" in path for p in HET_PACKAGES)
+
+
+def het_seconds(stats: pstats.Stats) -> float:
+    """Seconds spent in het's machinery, everything it calls included (torch operators, the
+    native core, an in-process shard), the caches' flush left out.
+
+    Each call into het from outside it counts with all it calls. A call into het from a
+    function that het itself called (autograd's ``apply`` running het's forward) is inside a
+    call already counted: gprof's rule weights each outside caller by the share of its own time
+    that het did not call, so nothing counts twice."""
+    entries = stats.stats
+    under: dict = {}
+
+    def share_under_het(func, depth=0) -> float:  # of func's time, the share spent called from het
+        if is_het(func):
+            return 1.0
+        if func in under:
+            return under[func]
+        under[func] = 0.0  # a cycle back here adds nothing
+        _, _, _, ct, callers = entries.get(func, (0, 0, 0, 0, {}))
+        if ct <= 0 or not callers or depth > 50:
+            return 0.0
+        under[func] = min(1.0, sum(c[3] * share_under_het(caller, depth + 1) for caller, c in callers.items()) / ct)
+        return under[func]
+
+    total = 0.0
+    for func, (_, _, _, _, callers) in entries.items():
+        if not is_het(func) or func[2] == "flush":
+            continue
+        for caller, (_, _, _, ct) in callers.items():
+            if not is_het(caller):
+                total += ct * (1.0 - share_under_het(caller))
+    return total
 
 
 def _rows(stats: pstats.Stats, key: str, steps: int, top: int) -> list[dict]:
@@ -96,7 +152,9 @@ def _main(args) -> None:
         print(json.dumps(result, sort_keys=True, default=str))
         return
     print(f"{1e3 * result['s_per_step']:.1f} ms per step over {args.steps} steps, then {result['flush_s']:.2f} s "
-          f"of flush (hit rate {result['hit_rate']:.3f})")
+          f"of flush (hit rate {result['hit_rate']:.3f}); het's machinery {result['het_ms_per_step']:.1f} ms of "
+          f"it ({result['het_fraction']:.0%}; {result['worker_het_fraction']:.0%} of a step without the in-process "
+          f"shard's {result['shard_ms_per_step']:.1f} ms)")
     for key in ("tottime", "cumtime"):
         print(f"\nby {key} (ms per step):")
         for r in result[f"by_{key}"]:

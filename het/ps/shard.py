@@ -31,9 +31,10 @@ from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, 
 SAVE_FORMAT = 1
 PREFETCH_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
 
-# A request's arrays are views of ZeroMQ's read-only frames, made tensors without a copy; the
-# shard only reads them (a push's gradients are read, never written), so torch's warning that
-# they are not writable says nothing here.
+# A request's arrays are views of the frames ZeroMQ received (flagged read-only), made tensors
+# without a copy. The buffers are the request's own: nothing else reads them once it is handled
+# (a push's gradients may be scaled in place there, after the log has its copy), so torch's
+# warning that they are not writable says nothing here.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
                         module=r"het\.ps\.")
 

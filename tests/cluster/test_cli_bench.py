@@ -114,6 +114,9 @@ def test_bench_profile_ranks_a_workers_functions_per_step():
         assert times == sorted(times, reverse=True) and times[0] > 0
     # the whole step is under the train loop, so it leads the cumulative ranking
     assert result["by_cumtime"][0]["function"].startswith("het/train/loop.py")
+    # het's share: part of the step, the in-process shard's answers part of het's
+    assert 0 < result["shard_ms_per_step"] < result["het_ms_per_step"] < 1e3 * result["s_per_step"]
+    assert 0 < result["worker_het_fraction"] < result["het_fraction"] < 1
 
 
 def test_bench_profile_refuses_zero_steps():
