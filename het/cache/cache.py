@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from het import native
+from het import memory, native
 from het.cache.lookahead import NEVER, Lookahead
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
@@ -53,6 +53,9 @@ class Rows:
 
     @staticmethod
     def cat(parts: list["Rows"]) -> "Rows":
+        """The parts one after the other; one part is itself (no copy)."""
+        if len(parts) == 1:
+            return parts[0]
         sq = None if any(p.sq is None for p in parts) else torch.cat([p.sq for p in parts])
         return Rows(torch.cat([p.keys for p in parts]), torch.cat([p.grads for p in parts]),
                     torch.cat([p.counts for p in parts]), sq)
@@ -105,8 +108,8 @@ class EmbeddingCache:
         n, d, dev = self.num_sets * self.ways, table.dim, self.device
         self.keys = torch.full((n,), EMPTY, dtype=torch.int64, device=dev)  # meaningful where held
         self.held = torch.zeros(n, dtype=torch.bool, device=dev)  # slots holding a key: EMPTY is a key too
-        self.rows = torch.zeros(n, d, device=dev)
-        self.pending = torch.zeros(n, d, device=dev)
+        self.rows = memory.zeros(n, d, device=dev)  # big, read at random rows: on huge pages
+        self.pending = memory.zeros(n, d, device=dev)
         self.clock = torch.full((n,), -1, dtype=torch.int64, device=dev)   # c_s
         self.updates = torch.zeros(n, dtype=torch.int64, device=dev)       # u
         self.last_use = torch.full((n,), -(1 << 40), dtype=torch.int64, device=dev)  # never used
@@ -131,8 +134,8 @@ class EmbeddingCache:
         opt = table.optimizer
         self.rule = local_rule(opt.name, cfg.local_update if cfg.local_lr is None else "sgd")
         width = {"sgd": 0, "row": 1, "full": d}[self.rule]
-        self.acc = torch.zeros(n, width, device=dev)
-        self.sq = torch.zeros(n, width, device=dev)  # the pending steps' squared gradients, summed
+        self.acc = memory.zeros(n, width, device=dev)
+        self.sq = memory.zeros(n, width, device=dev)  # the pending steps' squared gradients, summed
         self.lr, self.eps = opt.lr, opt.eps or 0.0
         self.exact_local = opt.name == "sgd" and self.local_lr == opt.lr
         # a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
@@ -238,14 +241,14 @@ class EmbeddingCache:
         """:meth:`lookup`'s find, touch, placement and eviction in one native call (het.native);
         the same plan, bit for bit."""
         none = torch.empty(0, dtype=torch.int64)
-        order, away, cand_away = none, none, none
+        order, soon, cand_away = none, none, none
         if nxt is not None and self.window.queue:  # misses needed soonest are placed first
-            away, cand_away = self.window.steps_away(self.soon), self.window.steps_away(nxt)
+            soon, cand_away = self.soon, self.window.steps_away(nxt)  # the slots' steps away: counted natively
             order = torch.argsort(cand_away, stable=True)
         slot, hit, clocks, wb_keys, wb_grads, wb_counts, counts, wb_sq = native.ops.cache_lookup(
             keys.contiguous(), order, self.keys, self.held, self.rows, self.pending, self.clock, self.updates,
             self.last_use, self.uses, self.score, self.ways, self.step, self.protect, self.policy.name == "lfu",
-            away, cand_away, self.sq)
+            soon, self.window.now if self.window is not None else 0, cand_away, self.sq)
         n_hit, placed, evictions = counts.tolist()
         n = keys.numel()
         self.counters["hits"] += n_hit

@@ -58,3 +58,15 @@ def usable(*tensors) -> bool:
             _why_not = None
         return False
     return all(t.device.type == "cpu" for t in tensors)
+
+
+def unique_inverse(keys):
+    """``torch.unique(keys, return_inverse=True)``: the distinct keys, sorted, and each key's
+    position among them; natively for int64 keys on the CPU (a radix sort where torch's is a
+    comparison sort), the same tensors. Shape: (n,) -> (m,), (n,)."""
+    import torch
+
+    if keys.dtype == torch.int64 and keys.dim() == 1 and ops is not None and keys.device.type == "cpu":
+        unique, inverse = ops.unique_inverse(keys.contiguous())
+        return unique, inverse
+    return torch.unique(keys, return_inverse=True)

@@ -24,7 +24,7 @@ def build(verbose: bool = False) -> str:
 
     from het.native import source_hash
 
-    flags = ["-O3", "-ffp-contract=off", "-std=c++20", f'-DHET_SOURCE_HASH="{source_hash()}"']
+    flags = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++20", f'-DHET_SOURCE_HASH="{source_hash()}"']
     ext = CppExtension("het.native._het_native", [os.path.join(HERE, "core.cpp")], extra_compile_args=flags)
     tmp = tempfile.mkdtemp(prefix="het-native-")
     try:

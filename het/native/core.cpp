@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -100,7 +101,7 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
                                         torch::Tensor held, torch::Tensor rows, torch::Tensor pending,
                                         torch::Tensor clock, torch::Tensor updates, torch::Tensor last_use,
                                         torch::Tensor uses, torch::Tensor score, int64_t ways, int64_t step,
-                                        int64_t protect, bool lfu, torch::Tensor slot_away,
+                                        int64_t protect, bool lfu, torch::Tensor soon, int64_t now,
                                         torch::Tensor key_away, torch::Tensor sq) {
   check(keys, torch::kInt64, "keys");
   check(sq, torch::kFloat32, "sq");
@@ -138,8 +139,13 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
     c.uses[t] += 1;
     c.score[t] = policy_score(lfu, step, c.uses[t]);
   }
-  const bool window = slot_away.numel() > 0;
-  const int64_t* away = window ? slot_away.data_ptr<int64_t>() : nullptr;
+  // with a window: each slot's next announced use (EmbeddingCache.soon), steps away from `now`
+  // as het.cache.lookahead.steps_away counts them, read here for the few slots a miss weighs
+  const bool window = soon.numel() > 0;
+  if (window) check(soon, torch::kInt64, "soon");
+  TORCH_CHECK(!window || soon.numel() == tkeys.numel(), "soon: expected one per slot (", tkeys.numel(), "), got ",
+              soon.numel());
+  const int64_t* sn = window ? soon.data_ptr<int64_t>() : nullptr;
   const int64_t* kaway = window ? key_away.data_ptr<int64_t>() : nullptr;
   check(order, torch::kInt64, "order");
   const int64_t* ord = order.numel() ? order.data_ptr<int64_t>() : nullptr;  // none: key order
@@ -158,7 +164,7 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
     for (int64_t w = 0; w < ways; ++w) {
       const int64_t t = base + w;
       int64_t s = c.score[t];
-      if (window && away[t] < kNever) s = kSoon - away[t];
+      if (window && sn[t] > now && sn[t] < kNever) s = kSoon - (sn[t] - now);
       if (c.last_use[t] > step - protect) s = kProtected;
       if (w == 0 || s < victim) { victim = s; best = w; }
     }
@@ -245,14 +251,21 @@ struct Follow {
   }
   // out[d] = -(p[d] * factor * lr): minus the step the server will take with a push of `p`,
   // the sum of `u` steps whose squares sum to `q`, from the accumulator `a` (W floats each)
-  void neg_step(const float* a, const float* p, const float* q, int64_t u, float* out) const {
+  void neg_step(const float* __restrict__ a, const float* __restrict__ p, const float* __restrict__ q, int64_t u,
+                float* __restrict__ out) const {
     if (u == 0) {
       std::fill(out, out + D, 0.0f);
     } else if (W == 1) {
       const float f = factor(a[0], q[0], u);
       for (int64_t d = 0; d < D; ++d) out[d] = -(p[d] * f * lr);
+    } else if (u > 1) {  // factor's arithmetic, the branch out of the loop: it vectorises
+      const float twice_u = float(2 * u), two_eps = 2.0f * eps;
+      for (int64_t d = 0; d < D; ++d) {
+        const float h = q[d] / twice_u;
+        out[d] = -(p[d] * (2.0f / (std::sqrt(a[d] + q[d] + h) + std::sqrt(a[d] + h) + two_eps)) * lr);
+      }
     } else {
-      for (int64_t d = 0; d < D; ++d) out[d] = -(p[d] * factor(a[d], q[d], u) * lr);
+      for (int64_t d = 0; d < D; ++d) out[d] = -(p[d] * (1.0f / (std::sqrt(a[d] + q[d]) + eps)) * lr);
     }
   }
   // what one step of gradient `g` adds to the squares `q`
@@ -787,6 +800,57 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
   return {out, built_t};
 }
 
+// torch.unique(keys, sorted=True, return_inverse=True) of int64 keys: the distinct keys in
+// ascending order and each key's position among them. A radix sort (8-bit digits, least
+// significant first; a digit every key shares is skipped: ids below 2^24 take 3 passes) where
+// torch sorts by comparisons; integers, so the same tensors exactly.
+std::vector<torch::Tensor> unique_inverse(torch::Tensor keys) {
+  check(keys, torch::kInt64, "keys");
+  const int64_t n = keys.numel();
+  auto inverse_t = torch::empty(keys.sizes(), keys.options());
+  if (n == 0) return {torch::empty({0}, keys.options()), inverse_t};
+  constexpr uint64_t kSign = uint64_t(1) << 63;  // flipped: int64 order as unsigned order
+  const int64_t* k = keys.data_ptr<int64_t>();
+  std::vector<uint64_t> a(n), b(n);
+  std::vector<int64_t> at(n), bt(n);
+  std::vector<std::array<int64_t, 256>> count(8);
+  for (auto& c : count) c.fill(0);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint64_t v = uint64_t(k[i]) ^ kSign;
+    a[i] = v;
+    at[i] = i;
+    for (int p = 0; p < 8; ++p) ++count[p][(v >> (8 * p)) & 255];
+  }
+  for (int p = 0; p < 8; ++p) {
+    auto& c = count[p];
+    if (c[(a[0] >> (8 * p)) & 255] == n) continue;  // one digit for all: the order stands
+    int64_t offset = 0;
+    for (auto& x : c) {
+      const int64_t here = x;
+      x = offset;
+      offset += here;
+    }
+    for (int64_t i = 0; i < n; ++i) {  // stable: equal digits keep the previous passes' order
+      const int64_t to = c[(a[i] >> (8 * p)) & 255]++;
+      b[to] = a[i];
+      bt[to] = at[i];
+    }
+    a.swap(b);
+    at.swap(bt);
+  }
+  int64_t m = 1;
+  for (int64_t i = 1; i < n; ++i) m += a[i] != a[i - 1];
+  auto unique_t = torch::empty({m}, keys.options());
+  int64_t* u = unique_t.data_ptr<int64_t>();
+  int64_t* inv = inverse_t.data_ptr<int64_t>();
+  int64_t r = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i == 0 || a[i] != a[i - 1]) u[++r] = int64_t(a[i] ^ kSign);
+    inv[at[i]] = r;
+  }
+  return {unique_t, inverse_t};
+}
+
 // het.ps.table.initial_rows after its counters: row i, column c is splitmix64 of
 // (counters[i] * dim + c) ^ salt, its top 24 bits scaled to [-scale, scale), in float64 as numpy
 // computes it, then rounded to float32.
@@ -988,6 +1052,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_fill", &cache_fill);
   m.def("cache_update", &cache_update);
   m.def("initial_rows", &initial_rows);
+  m.def("unique_inverse", &unique_inverse);
   m.def("table_push", &table_push);
   m.def("gather_rows", &gather_rows);
   m.def("gather_touched", &gather_touched);

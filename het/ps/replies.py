@@ -72,14 +72,21 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[built:]) for _, m in replies)
     # the rows that travelled, and the state beside them: what a refreshed row costs
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
-    rows = torch.cat([_rows(handle, table, i, m.arrays[1], m.arrays[built:]) for i, (_, m) in zip(index, replies)])
-    index = torch.cat(index)
-    clocks = torch.cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
-    order = torch.argsort(index)
-    state = None
-    if width is not None:
-        state = torch.cat([_state(m.arrays[3], len(m.arrays[0]), width) for _, m in replies])[order].to(dev)
-    return SyncResult(index[order].to(dev), rows[order].to(dev), clocks[order].to(dev), wire, row_bytes, state)
+    rows = _cat([_rows(handle, table, i, m.arrays[1], m.arrays[built:]) for i, (_, m) in zip(index, replies)])
+    index = _cat(index)
+    clocks = _cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
+    state = None if width is None else _cat([_state(m.arrays[3], len(m.arrays[0]), width) for _, m in replies])
+    if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):  # one shard answers in key order
+        order = torch.argsort(index)
+        index, rows, clocks = index.index_select(0, order), rows.index_select(0, order), clocks.index_select(0, order)
+        state = None if state is None else state.index_select(0, order)
+    return SyncResult(index.to(dev), rows.to(dev), clocks.to(dev), wire, row_bytes,
+                      None if state is None else state.to(dev))
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    """``torch.cat``; one part is itself (a reply's arrays, read, never written)."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _state(sent, m: int, width: int) -> torch.Tensor:

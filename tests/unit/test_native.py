@@ -196,6 +196,36 @@ def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, s
 
 
 @needs_build
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([0, 1, 2, 255, 256, 3000]),
+       span=st.sampled_from([1, 7, 300, 1 << 24, 1 << 40, None]), extremes=st.booleans())
+def test_native_unique_equals_torchs(seed, n, span, extremes):
+    """The radix sort's distinct keys and inverse are torch.unique's: few and many keys, ids that
+    share high digits (skipped passes) or not, negative ones and int64's extremes."""
+    gen = torch.Generator().manual_seed(seed)
+    keys = (torch.randint(-(1 << 62), 1 << 62, (n,), generator=gen) if span is None
+            else torch.randint(0, span, (n,), generator=gen))
+    if extremes and n >= 3:
+        keys[:3] = torch.tensor([-(2**63), 2**63 - 1, -1])
+    unique, inverse = native.unique_inverse(keys)
+    expected, expected_inverse = torch.unique(keys, return_inverse=True)
+    assert torch.equal(unique, expected) and torch.equal(inverse, expected_inverse)
+    assert unique.dtype == inverse.dtype == torch.int64
+
+
+def test_native_unique_refuses_what_it_cannot_take():
+    """Not int64: torch's own (any dtype); a strided view is made contiguous first."""
+    floats = torch.tensor([2.0, 1.0, 2.0])
+    assert torch.equal(native.unique_inverse(floats)[1], torch.tensor([1, 0, 1]))
+    strided = torch.tensor([5, 0, 3, 0, 5, 0])[::2]
+    unique, inverse = native.unique_inverse(strided)
+    assert unique.tolist() == [3, 5] and inverse.tolist() == [1, 0, 1]
+    if native.ops is not None:
+        with pytest.raises(RuntimeError, match="keys: expected Long, got Int"):
+            native.ops.unique_inverse(torch.tensor([1, 2], dtype=torch.int32))
+
+
+@needs_build
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), optimizer=st.sampled_from(["sgd", "adagrad", "adam"]),
        dim=st.sampled_from([1, 3, 8, 13, 16, 64, 130]), rows=st.sampled_from([5, 40, 300]),
