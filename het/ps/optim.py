@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from het import memory
 from het.config import OptimizerConfig
 
 
@@ -33,7 +34,7 @@ class SparseOptimizer:
 
     def initial_state(self, num_rows: int, dim: int) -> dict[str, torch.Tensor]:
         """The state of ``num_rows`` rows no gradient reached yet: (num_rows, width) each."""
-        return {n: torch.zeros(num_rows, w) for n, w in self.state_widths(dim).items()}
+        return {n: memory.zeros(num_rows, w) for n, w in self.state_widths(dim).items()}
 
     def state_widths(self, dim: int) -> dict[str, int]:
         """Each state tensor's floats per row: ``dim`` (one per coordinate) or 1 (one per row)."""
@@ -109,7 +110,7 @@ class Adagrad(SparseOptimizer):
     state_names = ("sum",)
 
     def initial_state(self, num_rows, dim):
-        return {"sum": torch.full((num_rows, dim), float(self.cfg.initial_accumulator))}
+        return {"sum": memory.full((num_rows, dim), float(self.cfg.initial_accumulator))}
 
     followed = True
 
@@ -142,7 +143,7 @@ class RowWiseAdagrad(SparseOptimizer):
         return {"sum": 1}
 
     def initial_state(self, num_rows, dim):
-        return {"sum": torch.full((num_rows, 1), float(self.cfg.initial_accumulator))}
+        return {"sum": memory.full((num_rows, 1), float(self.cfg.initial_accumulator))}
 
     followed = True
 

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import torch
 
-from het import native
+from het import memory, native
 from het.config import TableConfig
 from het.ps import checks, optim, partition
 
@@ -74,7 +74,7 @@ class TableRows:
         self.cfg = cfg
         self.index, self.num_shards = index, num_shards
         n = partition.rows_on_shard(cfg.rows, index, num_shards)
-        self.weight = torch.empty(n, cfg.dim)
+        self.weight = memory.empty(n, cfg.dim)  # big, read at random rows: on huge pages
         for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
             local = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
             keys = local * num_shards + index
