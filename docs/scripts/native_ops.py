@@ -3,7 +3,8 @@
     .venv/bin/python docs/scripts/native_ops.py
 
 Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys at dim 128) and
-of a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer), native
+of a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer) and of a
+step's unique keys and inverse (13,312 keys; reference ``torch.unique``), native
 and reference in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path
 is chosen by ``het.native.ops = None`` (initial_rows) and ``TableRows.native = False`` (push).
 """
@@ -43,6 +44,13 @@ def time_push(use_native: bool, table: TableRows, batches: list, dim: int) -> fl
     return (time.perf_counter() - t0) * 1000 / len(batches)
 
 
+def time_unique(use_native: bool, keys: torch.Tensor, reps: int = 200) -> float:
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        native.unique_inverse(keys) if use_native else torch.unique(keys, return_inverse=True)
+    return (time.perf_counter() - t0) * 1000 / reps
+
+
 def summary(native_ms: list, reference_ms: list) -> dict:
     return {"native_ms": [round(x, 2) for x in native_ms], "reference_ms": [round(x, 2) for x in reference_ms],
             "speedup_of_medians": statistics.median(reference_ms) / statistics.median(native_ms)}
@@ -74,6 +82,14 @@ def main() -> None:
             for use_native in (True, False):
                 runs[use_native].append(time_push(use_native, rows, batches, 128))
         out[f"push_4096_x_128_{name}"] = summary(runs[True], runs[False])
+    # a default job's step: 512 samples x 26 fields of ids below 2.6M
+    keys = torch.randint(0, 2_600_000, (512 * 26,), generator=gen)
+    time_unique(True, keys, 20), time_unique(False, keys, 20)  # warm-up
+    runs = {True: [], False: []}
+    for _ in range(args.rounds):
+        for use_native in (True, False):
+            runs[use_native].append(time_unique(use_native, keys))
+    out["unique_inverse_13312"] = summary(runs[True], runs[False])
     print(json.dumps(out))
 
 
