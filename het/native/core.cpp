@@ -771,7 +771,10 @@ void gather_rows(torch::Tensor weight, torch::Tensor idx, torch::Tensor out) {
 
 // A lazy reply's rows (het.ps.table.TableRows.rows_to_send): the rows idx whose `touched` mark
 // is set, in order, and `built` (n,) uint8, 1 where a row was left for the client to build.
-std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx) {
+// The rows go into `out`'s first rows (at least n of dim D: a reused reply buffer), or into a new
+// tensor when `out` is empty; the rows written are returned.
+std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx,
+                                          torch::Tensor out) {
   check(weight, torch::kFloat32, "weight");
   check(touched, torch::kBool, "touched");
   check(idx, torch::kInt64, "idx");
@@ -787,7 +790,14 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
     built[i] = !tc[k[i]];
     sent += !built[i];
   }
-  auto out = torch::empty({sent, D}, weight.options());
+  if (out.numel() == 0) {
+    out = torch::empty({sent, D}, weight.options());
+  } else {
+    check(out, torch::kFloat32, "out");
+    TORCH_CHECK(out.dim() == 2 && out.size(0) >= sent && out.size(1) == D, "out: expected at least (", sent, ", ",
+                D, "), got ", out.sizes());
+    out = out.narrow(0, 0, sent);
+  }
   const float* w = weight.data_ptr<float>();
   float* o = out.data_ptr<float>();
   std::vector<int64_t> from;

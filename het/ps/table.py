@@ -4,6 +4,7 @@ initial value of any row (a pure function of the table's seed and the key)."""
 from __future__ import annotations
 
 import math
+import weakref
 import zlib
 
 import numpy as np
@@ -63,6 +64,60 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     return unit.astype(np.float32)
 
 
+def _busy() -> bool:  # the mark of a buffer taken and not lent yet
+    return True
+
+
+class ReplyBuffers:
+    """Buffers for replies' rows, reused once nothing holds them (one thread).
+
+    A reply's rows leave as a zero-copy ZeroMQ frame, which keeps its array until libzmq has
+    sent it, and an in-process client's result may keep it longer. So a buffer is lent as one
+    array and taken again only once that array is gone, as a weak reference says: anything made
+    from it (a frame, a view, a tensor) keeps it. A new 2 MiB buffer for each reply cost more than
+    the gather into it (docs/RESULTS.md).
+
+        >>> pool = ReplyBuffers(dim=4)
+        >>> a = pool.lend(pool.take(3).numpy())
+        >>> b = pool.lend(pool.take(2).numpy())  # a is held: another buffer
+        >>> del a
+        >>> c = pool.take(3)  # a's buffer again
+        >>> len(pool.buffers), c.shape
+        (2, torch.Size([3, 4]))
+    """
+
+    def __init__(self, dim: int, keep: int = 8):
+        self.dim, self.keep = dim, keep
+        self.buffers: list[list] = []  # [buffer (rows, dim), None | _busy | weak reference to the array lent]
+        self._taken: list | None = None
+
+    def take(self, rows: int) -> torch.Tensor:
+        """The first ``rows`` rows of a free buffer, to fill and then :meth:`lend`.
+        Shape: -> (rows, dim)."""
+        if self._taken is not None:  # taken and never lent (its reply failed): free again
+            self._taken[1] = None
+        free = [e for e in self.buffers if e[1] is None or e[1]() is None]
+        fits = [e for e in free if e[0].shape[0] >= rows]
+        if fits:
+            entry = min(fits, key=lambda e: e[0].shape[0])
+        else:
+            entry = [torch.empty(rows, self.dim), None]
+            if len(self.buffers) < self.keep:
+                self.buffers.append(entry)
+            elif free:  # a free buffer too small for this reply makes way
+                self.buffers[next(i for i, e in enumerate(self.buffers) if e is free[0])] = entry
+        entry[1] = _busy
+        self._taken = entry
+        return entry[0][:rows]
+
+    def lend(self, array: np.ndarray) -> np.ndarray:
+        """``array``, made from the buffer taken last: the buffer is busy while it lives."""
+        if self._taken is not None:
+            self._taken[1] = weakref.ref(array)
+            self._taken = None
+        return array
+
+
 class TableRows:
     """A fixed table's slice on this shard: dense local rows, clocks, optimizer state.
 
@@ -85,6 +140,7 @@ class TableRows:
         self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
         self.native = native.ops is not None and cfg.optimizer.name in ("sgd", "adagrad", "adam")
+        self._replies = ReplyBuffers(cfg.dim)
 
     def check_keys(self, keys: torch.Tensor) -> str:
         """Why ``keys`` do not belong to this slice ('' when they do)."""
@@ -192,8 +248,9 @@ class TableRows:
         if not lazy:
             return [self._gather(local)], len(local)
         if native.ops is not None:  # marks and rows in one native call, the rows prefetched ahead
-            rows, built = native.ops.gather_touched(self.weight, self.touched, local.contiguous())
-            return [rows.numpy(), built.numpy()], len(rows)
+            rows, built = native.ops.gather_touched(self.weight, self.touched, local.contiguous(),
+                                                    self._replies.take(len(local)))
+            return [self._replies.lend(rows.numpy()), built.numpy()], len(rows)
         touched = self.touched.index_select(0, local)
         sent = local[touched]
         return [self._gather(sent), (~touched).to(torch.uint8).numpy()], len(sent)
@@ -202,9 +259,9 @@ class TableRows:
         """The rows ``local``, copied. Shape: (n,) -> (n, D)."""
         if native.ops is None:  # numpy's take copies whole rows: faster than index_select here
             return self.weight.numpy().take(local.numpy(), axis=0)
-        out = torch.empty(len(local), self.cfg.dim)
+        out = self._replies.take(len(local))
         native.ops.gather_rows(self.weight, local.contiguous(), out)  # the rows prefetched ahead
-        return out.numpy()
+        return self._replies.lend(out.numpy())
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows ``local`` with

@@ -303,7 +303,35 @@ def test_a_native_gather_refuses_a_row_out_of_range():
     with pytest.raises(RuntimeError, match=r"row 5 out of range \[0, 5\)"):
         native.ops.gather_rows(torch.zeros(5, 2), torch.tensor([0, 5]), torch.empty(2, 2))
     with pytest.raises(RuntimeError, match=r"row -1 out of range \[0, 5\)"):
-        native.ops.gather_touched(torch.zeros(5, 2), torch.zeros(5, dtype=torch.bool), torch.tensor([-1]))
+        native.ops.gather_touched(torch.zeros(5, 2), torch.zeros(5, dtype=torch.bool), torch.tensor([-1]),
+                                  torch.empty(0))
+    with pytest.raises(RuntimeError, match=r"out: expected at least \(2, 2\), got \[1, 2\]"):
+        native.ops.gather_touched(torch.zeros(5, 2), torch.ones(5, dtype=torch.bool), torch.tensor([0, 1]),
+                                  torch.empty(1, 2))
+
+
+@needs_build
+def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
+    """Replies' rows go out in reused buffers: a buffer whose rows a frame, a view or a tensor
+    still holds is never written again; once they are gone, it is."""
+    from het.ps.table import TableRows
+
+    table = TableRows(TableConfig("t", rows=1000, dim=4), 0, 1)
+    first, _ = table.rows_to_send(torch.tensor([1, 2, 3]), lazy=False)
+    held = torch.from_numpy(first[0])[1:]  # what a client keeps: a tensor of a view
+    expected = held.clone()
+    base = first[0].ctypes.data
+    del first
+    for lazy in (False, True, False):
+        table.touched[:] = True
+        rows, _ = table.rows_to_send(torch.tensor([7, 8, 9]), lazy)
+        assert rows[0].ctypes.data != base and torch.equal(held, expected)
+        del rows
+    del held
+    again, _ = table.rows_to_send(torch.tensor([4, 5]), lazy=False)
+    assert again[0].ctypes.data == base  # free again: reused
+    assert np.array_equal(again[0], table.weight[[4, 5]].numpy())
+    assert len(table._replies.buffers) == 2
 
 
 @needs_build
