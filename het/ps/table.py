@@ -86,8 +86,9 @@ class ReplyBuffers:
         (2, torch.Size([3, 4]))
     """
 
-    def __init__(self, dim: int, keep: int = 8):
+    def __init__(self, dim: int, keep: int = 8, max_bytes: int = 16 << 20):
         self.dim, self.keep = dim, keep
+        self.max_rows = max(1, max_bytes // (4 * dim))  # a bigger reply (a bulk read) gets its own, not kept
         self.buffers: list[list] = []  # [buffer (rows, dim), None | _busy | weak reference to the array lent]
         self._taken: list | None = None
 
@@ -96,6 +97,9 @@ class ReplyBuffers:
         Shape: -> (rows, dim)."""
         if self._taken is not None:  # taken and never lent (its reply failed): free again
             self._taken[1] = None
+            self._taken = None
+        if rows > self.max_rows:
+            return torch.empty(rows, self.dim)
         free = [e for e in self.buffers if e[1] is None or e[1]() is None]
         fits = [e for e in free if e[0].shape[0] >= rows]
         if fits:

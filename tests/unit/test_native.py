@@ -332,6 +332,9 @@ def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
     assert again[0].ctypes.data == base  # free again: reused
     assert np.array_equal(again[0], table.weight[[4, 5]].numpy())
     assert len(table._replies.buffers) == 2
+    table._replies.max_rows = 10  # a bulk read: a buffer of its own, not kept
+    bulk, _ = table.rows_to_send(torch.arange(20), lazy=False)
+    assert np.array_equal(bulk[0], table.weight[:20].numpy()) and len(table._replies.buffers) == 2
 
 
 @needs_build
