@@ -240,15 +240,14 @@ class EmbeddingCache:
     def _lookup_native(self, keys: torch.Tensor, nxt: torch.Tensor | None) -> Plan:
         """:meth:`lookup`'s find, touch, placement and eviction in one native call (het.native);
         the same plan, bit for bit."""
-        none = torch.empty(0, dtype=torch.int64)
-        order, soon, cand_away = none, none, none
-        if nxt is not None and self.window.queue:  # misses needed soonest are placed first
-            soon, cand_away = self.soon, self.window.steps_away(nxt)  # the slots' steps away: counted natively
-            order = torch.argsort(cand_away, stable=True)
+        # with a window the native call orders the misses, weighs the window and marks the
+        # slots' next use, as the reference's argsort, steps_away and soon.index_copy_
+        ahead = nxt is not None and bool(self.window.queue)
         slot, hit, clocks, wb_keys, wb_grads, wb_counts, counts, wb_sq = native.ops.cache_lookup(
-            keys.contiguous(), order, self.keys, self.held, self.rows, self.pending, self.clock, self.updates,
-            self.last_use, self.uses, self.score, self.ways, self.step, self.protect, self.policy.name == "lfu",
-            soon, self.window.now if self.window is not None else 0, cand_away, self.sq)
+            keys.contiguous(), torch.empty(0, dtype=torch.int64) if nxt is None else nxt.contiguous(), self.keys,
+            self.held, self.rows, self.pending, self.clock, self.updates, self.last_use, self.uses, self.score,
+            self.ways, self.step, self.protect, self.policy.name == "lfu", self.soon,
+            self.window.now if self.window is not None else 0, ahead, self.sq)
         n_hit, placed, evictions = counts.tolist()
         n = keys.numel()
         self.counters["hits"] += n_hit
@@ -258,9 +257,6 @@ class EmbeddingCache:
             self.counters["evictions"] += evictions
             self.counters["writebacks"] += len(wb_keys)
             self.counters["pushed_rows"] += len(wb_keys)
-        if nxt is not None:
-            held = slot >= 0
-            self.soon.index_copy_(0, slot[held], nxt[held])
         return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts, None if self.rule == "sgd" else wb_sq))
 
     def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:

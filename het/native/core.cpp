@@ -92,17 +92,24 @@ torch::Tensor cache_sets(torch::Tensor keys, int64_t num_sets) {
   return out;
 }
 
+// het.cache.lookahead.steps_away: a next-use number's steps after `now`, kNever for none or past
+inline int64_t steps_away(int64_t number, int64_t now) {
+  return number > now && number < kNever ? number - now : kNever;
+}
+
 // EmbeddingCache.lookup after its window bookkeeping: find each key in its set; hits are
-// touched; misses, in `order` (a permutation of the keys, empty for key order), take the
-// lowest-scored unprotected way of their set, or bypass. Returns slot, hit, clocks to sync, the
-// writeback (keys, grads, counts) of evicted rows with unpushed updates, and the counts
-// [hits, placed, evictions].
-std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order, torch::Tensor tkeys,
+// touched; misses take the lowest-scored unprotected way of their set, or bypass. With `nxt`
+// (each key's next announced use; empty: no window) every key found or placed marks its slot's
+// next use (`soon`), and with `ahead` (steps announced) misses go soonest needed first (a stable
+// order, as argsort(stable=True)) and Belady's rule weighs the window. Returns slot, hit, clocks
+// to sync, the writeback (keys, grads, counts) of evicted rows with unpushed updates, and the
+// counts [hits, placed, evictions].
+std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor nxt, torch::Tensor tkeys,
                                         torch::Tensor held, torch::Tensor rows, torch::Tensor pending,
                                         torch::Tensor clock, torch::Tensor updates, torch::Tensor last_use,
                                         torch::Tensor uses, torch::Tensor score, int64_t ways, int64_t step,
-                                        int64_t protect, bool lfu, torch::Tensor soon, int64_t now,
-                                        torch::Tensor key_away, torch::Tensor sq) {
+                                        int64_t protect, bool lfu, torch::Tensor soon, int64_t now, bool ahead,
+                                        torch::Tensor sq) {
   check(keys, torch::kInt64, "keys");
   check(sq, torch::kFloat32, "sq");
   Slots c = slots_of(tkeys, held, rows, pending, clock, updates, last_use, uses, score);
@@ -141,35 +148,43 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
   }
   // with a window: each slot's next announced use (EmbeddingCache.soon), steps away from `now`
   // as het.cache.lookahead.steps_away counts them, read here for the few slots a miss weighs
-  const bool window = soon.numel() > 0;
-  if (window) check(soon, torch::kInt64, "soon");
-  TORCH_CHECK(!window || soon.numel() == tkeys.numel(), "soon: expected one per slot (", tkeys.numel(), "), got ",
-              soon.numel());
-  const int64_t* sn = window ? soon.data_ptr<int64_t>() : nullptr;
-  const int64_t* kaway = window ? key_away.data_ptr<int64_t>() : nullptr;
-  check(order, torch::kInt64, "order");
-  const int64_t* ord = order.numel() ? order.data_ptr<int64_t>() : nullptr;  // none: key order
+  const bool marks = nxt.numel() > 0, window = marks && ahead;
+  if (marks) {
+    check(nxt, torch::kInt64, "nxt");
+    check(soon, torch::kInt64, "soon");
+    TORCH_CHECK(nxt.numel() == n, "nxt: expected one per key (", n, "), got ", nxt.numel());
+    TORCH_CHECK(soon.numel() == tkeys.numel(), "soon: expected one per slot (", tkeys.numel(), "), got ",
+                soon.numel());
+  }
+  const int64_t* nx = marks ? nxt.data_ptr<int64_t>() : nullptr;
+  int64_t* sn = marks ? soon.data_ptr<int64_t>() : nullptr;
+  std::vector<int64_t> misses;  // in key order, or soonest needed first (stable)
+  misses.reserve(size_t(n - hits));
+  for (int64_t i = 0; i < n; ++i) if (!hit[i]) misses.push_back(i);
+  if (window) {
+    std::stable_sort(misses.begin(), misses.end(),
+                     [&](int64_t a, int64_t b) { return steps_away(nx[a], now) < steps_away(nx[b], now); });
+  }
   // misses are placed in rounds in the reference (the r-th miss of each set in round r); sets
   // are independent, so one pass in order gives the same choices; victims are listed by round
   std::vector<int32_t> rank_in_set(num_sets, 0);
   struct Victim { int64_t round, seq, slot, key; bool held; };
   std::vector<Victim> victims;
   int64_t placed = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const int64_t i = ord ? ord[j] : j, base = sets[i];
-    if (hit[i]) continue;
+  for (int64_t j = 0; j < int64_t(misses.size()); ++j) {
+    const int64_t i = misses[j], base = sets[i];
     const int64_t round = rank_in_set[base / ways]++;
     if (round >= ways) continue;  // the reference runs `ways` rounds: later misses bypass
     int64_t best = 0, victim = 0;
     for (int64_t w = 0; w < ways; ++w) {
       const int64_t t = base + w;
       int64_t s = c.score[t];
-      if (window && sn[t] > now && sn[t] < kNever) s = kSoon - (sn[t] - now);
+      if (window && steps_away(sn[t], now) < kNever) s = kSoon - steps_away(sn[t], now);
       if (c.last_use[t] > step - protect) s = kProtected;
       if (w == 0 || s < victim) { victim = s; best = w; }
     }
     bool ok = victim != kProtected;
-    if (window) ok = ok && ((victim <= kSoon - kNever) || (kaway[i] < kSoon - victim));
+    if (window) ok = ok && ((victim <= kSoon - kNever) || (steps_away(nx[i], now) < kSoon - victim));
     if (!ok) continue;
     const int64_t t = base + best;
     victims.push_back({round, j, t, c.keys[t], c.held[t]});
@@ -216,6 +231,9 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor order,
   auto clocks_t = torch::empty({n}, keys.options());
   int64_t* clocks = clocks_t.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) clocks[i] = hit[i] ? c.clock[slot[i]] : -1;
+  if (marks) {
+    for (int64_t i = 0; i < n; ++i) if (slot[i] >= 0) sn[slot[i]] = nx[i];
+  }
   auto counts = torch::tensor({hits, placed, evictions}, keys.options());
   return {slot_t, hit_t, clocks_t, wb_keys, wb_grads, wb_counts, counts, wb_sq};
 }
