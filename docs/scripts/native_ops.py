@@ -2,11 +2,13 @@
 
     .venv/bin/python docs/scripts/native_ops.py
 
-Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys at dim 128) and
-of a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer) and of a
-step's unique keys and inverse (13,312 keys; reference ``torch.unique``), native
-and reference in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path
-is chosen by ``het.native.ops = None`` (initial_rows) and ``TableRows.native = False`` (push).
+Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys at dim 128), of
+a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer) and of a
+step's unique keys and inverse (13,312 keys; reference ``torch.unique``), native and reference
+in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path is chosen by
+``het.native.ops = None`` (initial_rows) and ``TableRows.native = False`` (push). Not native,
+timed the same way: ``Embedding.forward``'s per-key gather by ``index_select`` (the "native"
+column) against the ``rows[inverse]`` it replaced, forward and backward.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ def time_unique(use_native: bool, keys: torch.Tensor, reps: int = 200) -> float:
     return (time.perf_counter() - t0) * 1000 / reps
 
 
+def time_gather(fast: bool, rows: torch.Tensor, inverse: torch.Tensor, grad: torch.Tensor, reps: int = 50) -> float:
+    """Embedding.forward's per-key gather and its backward: index_select, or rows[inverse] before."""
+    leaf = rows.clone().requires_grad_()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        leaf.grad = None
+        (leaf.index_select(0, inverse) if fast else leaf[inverse]).backward(grad)
+    return (time.perf_counter() - t0) * 1000 / reps
+
+
 def summary(native_ms: list, reference_ms: list) -> dict:
     return {"native_ms": [round(x, 2) for x in native_ms], "reference_ms": [round(x, 2) for x in reference_ms],
             "speedup_of_medians": statistics.median(reference_ms) / statistics.median(native_ms)}
@@ -90,6 +102,16 @@ def main() -> None:
         for use_native in (True, False):
             runs[use_native].append(time_unique(use_native, keys))
     out["unique_inverse_13312"] = summary(runs[True], runs[False])
+    # the same step's per-key gather, forward and backward (not native: index_select against
+    # the advanced indexing it replaced), 5,000 unique rows of dim 128
+    rows, inverse = torch.randn(5000, 128, generator=gen), torch.randint(0, 5000, (512 * 26,), generator=gen)
+    grad = torch.randn(512 * 26, 128, generator=gen)
+    time_gather(True, rows, inverse, grad, 5), time_gather(False, rows, inverse, grad, 5)  # warm-up
+    runs = {True: [], False: []}
+    for _ in range(args.rounds):
+        for fast in (True, False):
+            runs[fast].append(time_gather(fast, rows, inverse, grad))
+    out["gather_forward_backward_13312_x_128"] = summary(runs[True], runs[False])
     print(json.dumps(out))
 
 

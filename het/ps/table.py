@@ -98,18 +98,18 @@ class ReplyBuffers:
         if self._taken is not None:  # taken and never lent (its reply failed): free again
             self._taken[1] = None
             self._taken = None
-        if rows > self.max_rows:
+        if rows > self.max_rows or rows == 0:
             return torch.empty(rows, self.dim)
         free = [e for e in self.buffers if e[1] is None or e[1]() is None]
         fits = [e for e in free if e[0].shape[0] >= rows]
         if fits:
             entry = min(fits, key=lambda e: e[0].shape[0])
-        else:
-            entry = [torch.empty(rows, self.dim), None]
-            if len(self.buffers) < self.keep:
-                self.buffers.append(entry)
-            elif free:  # a free buffer too small for this reply makes way
+        else:  # sizes in powers of two: replies of varying size reuse a few buffers
+            entry = [torch.empty(min(1 << (rows - 1).bit_length(), self.max_rows), self.dim), None]
+            if free:  # a free buffer too small for this reply makes way: the pool holds what is in use
                 self.buffers[next(i for i, e in enumerate(self.buffers) if e is free[0])] = entry
+            elif len(self.buffers) < self.keep:
+                self.buffers.append(entry)
         entry[1] = _busy
         self._taken = entry
         return entry[0][:rows]
@@ -252,8 +252,9 @@ class TableRows:
         if not lazy:
             return [self._gather(local)], len(local)
         if native.ops is not None:  # marks and rows in one native call, the rows prefetched ahead
-            rows, built = native.ops.gather_touched(self.weight, self.touched, local.contiguous(),
-                                                    self._replies.take(len(local)))
+            # a pooled buffer for as many rows as asked (a bulk read: only the rows sent, allocated)
+            out = self._replies.take(len(local)) if len(local) <= self._replies.max_rows else torch.empty(0)
+            rows, built = native.ops.gather_touched(self.weight, self.touched, local.contiguous(), out)
             return [self._replies.lend(rows.numpy()), built.numpy()], len(rows)
         touched = self.touched.index_select(0, local)
         sent = local[touched]

@@ -337,6 +337,22 @@ def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
     assert np.array_equal(bulk[0], table.weight[:20].numpy()) and len(table._replies.buffers) == 2
 
 
+def test_reply_buffers_of_varying_sizes_hold_what_is_in_use():
+    """Replies of every size, each dropped before the next: a free buffer too small makes way
+    for a bigger one, so the pool does not grow to its limit."""
+    from het.ps.table import ReplyBuffers
+
+    pool = ReplyBuffers(dim=8)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        rows = int(torch.randint(1, 5000, (1,), generator=gen))
+        lent = pool.lend(pool.take(rows).numpy())
+        assert lent.shape == (rows, 8)
+        del lent
+    assert len(pool.buffers) == 1 and pool.buffers[0][0].shape[0] <= 8192
+    assert pool.take(0).shape == (0, 8) and len(pool.buffers) == 1  # nothing pooled for no rows
+
+
 @needs_build
 def test_a_fill_with_a_position_out_of_range_is_refused_and_changes_nothing():
     table = TableConfig("t", rows=100, dim=4)
