@@ -5,6 +5,11 @@ sent before this step's push is waited for, as a training loop overlaps them. Th
 runs the same sizes with plain ZeroMQ in the same run: a request of the push's
 size and a reply of the pull's size to an echo process that does nothing else. Bytes count
 every frame both ways. ``ps_fraction = bytes_per_s / zmq_bytes_per_s``.
+
+Where a step goes: ``ms_per_step``; ``client_cpu_ms_per_step``, the client process's CPU (all
+its threads, ZeroMQ's I/O thread included); ``shard_busy_ms_per_step``, the shard's handling of
+requests (its ``busy_s``); ``wait_pull_ms_per_step`` and ``wait_push_ms_per_step``, the client
+blocked on each.
 """
 
 from __future__ import annotations
@@ -117,25 +122,34 @@ def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=l
             for lo in range(0, rows, batch):  # every row stored before the clock starts
                 keys = ids(torch.arange(lo, min(rows, lo + batch)))
                 client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
-            steps, t0 = 0, time.perf_counter()
+            busy0 = client.stats()[0].get("busy_s", 0.0)
+            steps, waited_pull, waited_push = 0, 0.0, 0.0
+            t0, cpu0 = time.perf_counter(), time.process_time()
             sent0, recv0 = client.bytes["sent"], client.bytes["received"]
             pull = client.pull("bench", batches[0])
             while time.perf_counter() - t0 < seconds or steps < 3:
                 keys = batches[steps % len(batches)]
+                w0 = time.perf_counter()
                 client.wait(pull)
+                w1 = time.perf_counter()
                 push = client.push("bench", keys, grads, counts)
                 # the next pull is in flight while this push is applied, as in training
                 pull = client.pull("bench", batches[(steps + 1) % len(batches)])
+                w2 = time.perf_counter()
                 client.wait(push)
+                waited_pull, waited_push = waited_pull + w1 - w0, waited_push + time.perf_counter() - w2
                 steps += 1
             client.wait(pull)
-            elapsed = time.perf_counter() - t0
+            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
             moved = client.bytes["sent"] - sent0 + client.bytes["received"] - recv0
             shard = client.stats()[0]
         finally:
             client.close()
+    ms = 1e3 / steps  # where a step goes: the client's CPU (all its threads), the shard's handling, the waits
     return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed,
-            "shard_bytes": shard["tables"]["bench"]["bytes"]}
+            "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
+            "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
+            "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}
 
 
 def add_parser(bsub) -> None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from het.cache.cache import EmbeddingCache, Plan, Rows
 from het import native
+from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
@@ -140,8 +140,8 @@ class Embedding(nn.Module):
         name = self._table_name(table)
         flat, bag, bags = self._flatten(self._check_keys(keys, name), offsets)
         pending = self._prefetched(name, flat) or self._start(name, flat)
-        # index_select, not [inverse]: the same rows, a third of the time, and its backward an
-        # index_add (not index_put's accumulate): together 3.8 -> 1.8 ms at 13,312 x 128
+        # index_select, not [inverse]: the same rows, and its backward an index_add (not
+        # index_put's accumulate): 1.5-1.7x faster both ways at 13,312 x 128 (docs/scripts/native_ops.py)
         per_key = self._finish(pending).index_select(0, pending.inverse)          # (N, D)
         if self.mode is None:
             return per_key.reshape(*keys.shape, self.tables[name].dim)
@@ -434,7 +434,7 @@ def _several_steps(rows: Rows) -> torch.Tensor | None:
 
 def _unique(cache: EmbeddingCache, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``torch.unique(flat, return_inverse=True)``, by the native core where the cache runs it:
-    a radix sort (the default job's 13,312 keys a step: 0.7 -> 0.16 ms)."""
+    a radix sort (the default job's 13,312 keys a step: 0.73 -> 0.17 ms, docs/scripts/native_ops.py)."""
     if cache.native and flat.dtype == torch.int64:
         return native.unique_inverse(flat)
     return torch.unique(flat, return_inverse=True)

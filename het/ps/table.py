@@ -72,10 +72,10 @@ class ReplyBuffers:
     """Buffers for replies' rows, reused once nothing holds them (one thread).
 
     A reply's rows leave as a zero-copy ZeroMQ frame, which keeps its array until libzmq has
-    sent it, and an in-process client's result may keep it longer. So a buffer is lent as one
-    array and taken again only once that array is gone, as a weak reference says: anything made
-    from it (a frame, a view, a tensor) keeps it. A new 2 MiB buffer for each reply cost more than
-    the gather into it (docs/RESULTS.md).
+    sent it. So a buffer is lent as one array and taken again only once that array is gone, as a
+    weak reference says: anything made from it (a frame, a view, a tensor) keeps it. A new 2 MiB
+    buffer for each reply cost more than the gather into it (docs/scripts/shard_replies.py).
+    Replies above ``max_bytes`` (bulk reads) get buffers of their own, not kept.
 
         >>> pool = ReplyBuffers(dim=4)
         >>> a = pool.lend(pool.take(3).numpy())

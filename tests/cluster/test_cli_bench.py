@@ -83,6 +83,10 @@ def test_bench_ps_reports_both_bandwidths():
     # the dynamic shard held every row (a key, a clock, a last step and an index entry beside each)
     assert result["dynamic_fraction"] == result["dynamic_rows_per_s"] / result["rows_per_s"] > 0
     assert result["dynamic_shard_bytes"] == 2000 * (4 * 128 + 24 + 16)
+    # where a step goes: the shard's handling and the client's waits are parts of the step
+    assert 0 < result["shard_busy_ms_per_step"] < result["ms_per_step"]
+    assert 0 < result["wait_pull_ms_per_step"] + result["wait_push_ms_per_step"] < result["ms_per_step"]
+    assert result["client_cpu_ms_per_step"] > 0
 
 
 def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
