@@ -86,7 +86,20 @@ def format_summary(summary: dict) -> str:
             f"({summary['samples_per_s']:,.0f} samples/s)\n"
             f"  {metrics}; hit rate {summary['hit_rate']:.3f}\n"
             f"  sparse bytes/sample {summary['sparse_bytes_per_sample']:,.0f}; time: compute {split['compute']:.0%}, "
-            f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}" + _format_ps(summary.get("ps")))
+            f"PS wait {split['wait_ps']:.0%}, AllReduce {split['allreduce']:.0%}" + _format_flush(summary.get("flush"))
+            + _format_ps(summary.get("ps")))
+
+
+def _format_flush(flush: dict | None) -> str:
+    """The final flush, already in the figures before it: its time and share of the sparse bytes.
+
+    Example:
+        >>> _format_flush({"s": 1.25, "sparse_bytes": 44_000_000, "share_of_sparse": 0.3})
+        '; the final flush 1.25 s, 30% of the sparse bytes'
+    """
+    if not flush or not flush["sparse_bytes"]:
+        return ""
+    return f"; the final flush {flush['s']:.2f} s, {flush['share_of_sparse']:.0%} of the sparse bytes"
 
 
 def _format_ps(ps: dict | None) -> str:

@@ -60,6 +60,7 @@ class Worker:
         self.lookahead = cache.lookahead
         self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
         self.step_count = 0
+        self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
         self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
 
@@ -138,10 +139,18 @@ class Worker:
                 on_step(step + 1)  # a checkpoint or an evaluation: the next step prefetches again
             if self._stop_requested(time.perf_counter() - start_time):
                 break
-        self.embedding.flush()
+        self._flush()
         barrier(self.world)
         bar.close()
         return {"wall_s": time.perf_counter() - start_time, "loss": loss, "timeline": timeline.entries}
+
+    def _flush(self) -> None:
+        """Push every cache's pending updates (the end of training), timing it and counting its
+        bytes apart: in a short run the final flush is a good part of both."""
+        before, start = sum(self.embedding.traffic.values()), time.perf_counter()
+        self.embedding.flush()
+        self.flush_s += time.perf_counter() - start
+        self.flush_bytes += sum(self.embedding.traffic.values()) - before
 
     def _stop_requested(self, elapsed_s: float) -> bool:
         """Whether every rank stops after this step: SIGTERM reached one (``stop``), or training
@@ -179,7 +188,7 @@ class Worker:
                                                 "drift_sq", "drift_norm_sq")},
                 **{k: self.embedding.traffic.get(k, 0) for k in ("sparse_pull", "sparse_push", "sync")},
                 "dense": dense["dense"], "wait_ps_s": self.embedding.wait_s + dense["wait_ps_s"],
-                "allreduce_s": dense["allreduce_s"]}
+                "allreduce_s": dense["allreduce_s"], "flush_s": self.flush_s, "flush_bytes": self.flush_bytes}
 
 
 def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: float, per_rank: list[dict],
@@ -201,6 +210,10 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
         "drift": math.sqrt(total["drift_sq"] / total["drift_norm_sq"]) if total["drift_norm_sq"] else 0.0,
         "bytes": {k: total[k] for k in ("sparse_pull", "sparse_push", "sync", "dense")},
         "sparse_bytes_per_sample": sparse / samples if samples else 0.0,
+        # the final flush (every cache's pending updates pushed), already in the figures above:
+        # its share of the sparse bytes, and its time on a rank (a mean over ranks)
+        "flush": {"s": total["flush_s"] / world, "sparse_bytes": total["flush_bytes"],
+                  "share_of_sparse": total["flush_bytes"] / sparse if sparse else 0.0},
         "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
