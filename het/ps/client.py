@@ -30,6 +30,12 @@ from het.staleness import bound_to_wire
 # timeout would sit it out, as pyzmq resumes its poll after a signal's handler has run.
 WAIT_SLICE_S = 0.1
 
+# A pull or push of many rows (a flush, a bulk read) travels in requests of about this many
+# bytes of rows each, all in flight at once, so that a shard applies one while the next is on
+# the wire and the client builds the one after: one message of the whole would run the three in
+# turn. Steps' requests are smaller and go whole.
+PART_BYTES = 4 << 20
+
 
 class WaitAbandoned(Exception):
     """A wait for a shard given up because a stop was asked for (:meth:`PSClient.stop_waiting`)
@@ -260,9 +266,14 @@ class PSClient:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
         for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
-            for part in cut(p, self.max_keys):  # a shard takes at most max_keys a request
+            for part in cut(p, self._part_keys(table)):
                 self._send_part(handle, shard, meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
+
+    def _part_keys(self, table: str) -> int:
+        """The most keys of one request of ``_send``: the shards' ``max_keys``, and about
+        :data:`PART_BYTES` of rows (never under 1,024 keys)."""
+        return min(self.max_keys, max(1024, PART_BYTES // (4 * self.tables[table].dim)))
 
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:
         rid = next(self._ids)

@@ -87,6 +87,33 @@ def test_requests_cut_to_max_keys_give_what_uncut_ones_give(max_keys):
     assert results[0][2].tolist() == list(range(len(keys)))  # every row changed by the push it rode with
 
 
+def test_big_pulls_and_pushes_travel_in_parts_in_flight_together_and_give_what_one_message_gives(monkeypatch):
+    """A flush's push or a bulk pull of many rows goes in requests of about PART_BYTES of rows
+    (at least 1,024 keys), all sent before any is waited for; the rows are those of whole ones."""
+    import het.ps.client as client_module
+
+    keys = torch.arange(-3000, 3000) * 7919
+    grads = torch.randn(len(keys), DIM, generator=torch.Generator().manual_seed(2))
+    counts = torch.ones(len(keys), dtype=torch.int64)
+    results = []
+    for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
+        monkeypatch.setattr(client_module, "PART_BYTES", part_bytes)
+        _, connect = shards([table()], 2)
+        client = connect()
+        push = client.push("ids", keys, grads, counts)
+        pull = client.pull("ids", keys.flip(0))  # in flight beside the push's parts, after them
+        sizes = [len(p) for _, _, p in push.parts]
+        assert client.wait(push) == len(keys)
+        results.append(client.wait(pull))
+        if part_bytes:
+            assert len(push.parts) == 2, sizes  # one request a shard
+        else:
+            assert len(push.parts) >= 6 and max(sizes) == 1024 and sum(sizes) == len(keys), sizes
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert torch.equal(results[0][1], torch.ones(len(keys), dtype=torch.int64))
+
+
 def test_initial_rows_of_negative_and_huge_keys_are_sane_and_deterministic():
     t = TableConfig("ids", rows=None, dim=16, init_scale=0.1)
     keys = np.array([EMPTY, LO, HI, 0, 1, -2, 2**62, -(2**62), 2**60, -(2**60)], dtype=np.int64)
