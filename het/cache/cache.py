@@ -450,6 +450,18 @@ class EmbeddingCache:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
         return self._take((self.updates > 0).nonzero().flatten(), stay=True)
 
+    def take_idle(self, share: float) -> Rows:
+        """``ceil(share * k)`` of the ``k`` rows with unpushed updates that no announced step
+        uses (the lookahead window's), nor the last ``protect`` lookups, to push now; they stay
+        cached, clean, as a flush leaves them. Near the end of training, when the window holds
+        every step left, these rows change no more: pushed while the last steps compute,
+        they are off the final flush, at the same bytes. None without a window."""
+        if self.window is None or not 0 < share <= 1:
+            return self._no_rows()
+        dirty = ((self.updates > 0) & (self.last_use <= self.step - self.protect)).nonzero().flatten()
+        idle = dirty[self.window.next_use(self.keys.index_select(0, dirty)) == NEVER]
+        return self._take(idle[:math.ceil(share * len(idle))], stay=True)
+
     def _take(self, slots: torch.Tensor, stay: bool = False) -> Rows:
         """Rows of ``slots`` with their pending updates, which are reset. When the rows ``stay``
         cached and their local updates were exact (SGD at the table's lr), the copies count

@@ -117,6 +117,7 @@ class Embedding(nn.Module):
                        for n, t in self.tables.items()}
         self._outbox = {n: _Outbox() for n in self.tables}
         self._prefetch = {n: collections.deque() for n in self.tables}
+        self._early: list = []  # push_idle's pushes in flight, waited for by the next flush
         # announced batches' (keys, unique keys, inverse), oldest first: their lookups reuse them
         self._announced = {n: collections.deque() for n in self.tables}
         self.grad_scale = grad_scale
@@ -259,6 +260,19 @@ class Embedding(nn.Module):
         sending them with the next sync: synchronous training puts a barrier after this."""
         self._push({name: Rows.cat(out.parts) for name, out in self._outbox.items() if out.parts})
 
+    def push_idle(self, share: float) -> None:
+        """Push ``share`` of each cache's rows with updates that no announced step uses
+        (:meth:`EmbeddingCache.take_idle`), now and apart from the steps' syncs; the next
+        ``flush`` waits for them. The training loop calls it in the last ``lookahead`` steps,
+        when the window holds every step left."""
+        for name, cache in self.caches.items():
+            rows = cache.take_idle(share)
+            if len(rows):
+                out = self._outbox[name]
+                self._early.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
+                                                    sq=_several_steps(rows), grad_dtype=self.push_dtype))
+                self._count_push(rows)
+
     def flush(self) -> None:
         """Push every pending update of every table and wait until the PS applied them."""
         for pending in [p for queue in self._prefetch.values() for p in queue]:
@@ -270,7 +284,7 @@ class Embedding(nn.Module):
                     for name, cache in self.caches.items()})
 
     def _push(self, rows_by_table: dict) -> None:
-        handles = []
+        handles, self._early = self._early, []  # push_idle's, sent earlier
         for name, rows in rows_by_table.items():
             out = self._outbox[name]
             out.parts.clear()

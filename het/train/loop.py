@@ -59,6 +59,7 @@ class Worker:
         self.prefetch = cfg.prefetch and not self.bsp
         self.lookahead = cache.lookahead
         self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
+        self._end = math.inf  # the step train() stops before
         self.step_count = 0
         self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
@@ -84,7 +85,7 @@ class Worker:
         if not self._ahead or self._ahead[0][0] != step:  # a new start (first step, a resume)
             self._ahead.clear()
         made = self._ahead[-1][0] + 1 if self._ahead else step
-        for s in range(made, step + self.lookahead + 1):
+        for s in range(made, min(step + self.lookahead, self._end - 1) + 1):  # none past the last step
             batch = self.task.batch(s, self.rank, self.world, self.device)
             self.embedding.announce(self.task.keys(batch))
             self._ahead.append((s, batch))
@@ -122,12 +123,18 @@ class Worker:
         timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
                             self.cfg.batch * self.world, start)
         start_time = time.perf_counter()
+        self._end = steps
         batch = self.batch(start) if start < steps else None
         loss = math.nan
         for step in range(start, steps):
             next_batch = self.batch(step + 1) if step + 1 < steps else None
             loss = self.step(batch, next_batch)
             batch = next_batch
+            left = steps - step - 1
+            if self.lookahead and not self.bsp and 0 < left <= self.lookahead:
+                # the window holds every step left: rows none of them uses are pushed now, a
+                # share a step, instead of all in the final flush
+                self.embedding.push_idle(1 / left)
             stats = self.embedding.stats()[EMBEDDING_TABLE]
             elapsed = time.perf_counter() - start_time
             timeline.after_step(step + 1)
