@@ -180,7 +180,9 @@ class PSClient:
         if handle.done:
             return handle.result
         replies = [(positions, self._reply(shard, rid)) for shard, rid, positions in handle.parts]
+        start = time.perf_counter()
         handle.result, handle.done = merge(handle, replies, self.tables[handle.table]), True
+        handle.merge_s = time.perf_counter() - start
         return handle.result
 
     # -- whole-PS requests ------------------------------------------------------------------

@@ -26,6 +26,7 @@ class Handle:
     sync_bytes: int = 0  # a sync's keys and clocks as sent
     keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
+    merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
 
 
 @dataclass

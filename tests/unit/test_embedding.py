@@ -1,6 +1,7 @@
 """het.Embedding against torch.nn.Embedding, its shapes, pooling and bad input."""
 
 import math
+import time
 
 import pytest
 import torch
@@ -256,3 +257,24 @@ def test_fresh_lookups_read_the_rows_other_workers_changed(cluster_factory):
     with torch.no_grad(), a.fresh():
         assert torch.allclose(a(keys), before - 2)
     assert a.caches["embedding"].bound == math.inf
+
+
+def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies(monkeypatch):
+    """The time split's PS wait: an in-process shard answers at once, so a merge made slow
+    (0.2 s a reply) must not show in ``wait_s``; it is the worker's own work."""
+    import het.ps.client as client_module
+
+    merge = client_module.merge
+
+    def slow_merge(*args):
+        time.sleep(0.2)
+        return merge(*args)
+
+    monkeypatch.setattr(client_module, "merge", slow_merge)
+    emb = Embedding(100, 4, cache=CacheConfig(capacity=10, staleness=2), client=PSClient.local(
+        [TableConfig("embedding", rows=100, dim=4)]))
+    start = time.perf_counter()
+    emb(torch.tensor([1, 2, 3])).sum().backward()
+    emb.flush()
+    assert time.perf_counter() - start >= 0.4  # a sync's merge and a push's, at least
+    assert 0 <= emb.wait_s < 0.1
