@@ -15,8 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The native core (het/native/core.cpp) with the system g++. If it cannot be built, het runs
-# its PyTorch reference path and says so once.
+# The native core (het/native/core.cpp) with the system g++, for this machine's CPU
+# (HET_NATIVE_MARCH=x86-64-v3 for a build shared by several kinds). If it cannot be built, het
+# runs its PyTorch reference path and says so once.
 $(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
 	$(PY) -m het.native.build
 	touch $(NATIVE)
@@ -43,4 +44,4 @@ bench: $(STAMP) $(NATIVE)
 	$(VENV)/bin/het bench report --run --quick
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so het/native/_het_native.cpu

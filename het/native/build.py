@@ -3,17 +3,50 @@
 torch.utils.cpp_extension compiles core.cpp with the system g++ against the installed torch
 into ``het/native/_het_native*.so``. A build that fails prints why and exits with status 0
 unless ``--strict``: het then runs its PyTorch reference path, with one warning.
+
+On Linux it compiles for this machine's CPU (``-march=native``) and writes the CPU's
+instruction sets to ``het/native/_het_native.cpu``; a CPU without one of them runs the
+reference path instead (:mod:`het.native`). ``HET_NATIVE_MARCH`` chooses another target (any
+of g++'s ``-march`` values; empty: none), for a build shared by machines of several kinds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+MARCH_ENV = "HET_NATIVE_MARCH"
+
+
+def march(environ=os.environ, platform: str = sys.platform) -> str | None:
+    """The ``-march`` of the build: ``HET_NATIVE_MARCH`` when set (empty: none), else
+    ``native`` on Linux, where the loader can tell another CPU (/proc/cpuinfo), and none
+    elsewhere.
+
+    Example:
+        >>> march({}, "linux"), march({}, "darwin"), march({MARCH_ENV: "x86-64-v3"}, "linux"), march({MARCH_ENV: ""})
+        ('native', None, 'x86-64-v3', None)
+    """
+    if MARCH_ENV in environ:
+        return environ[MARCH_ENV].strip() or None
+    return "native" if platform.startswith("linux") else None
+
+
+def compile_flags(target: str | None, source_hash: str) -> list[str]:
+    """g++'s flags: -O3, floating point as written (no contraction into FMAs: the reference's
+    bits), no errno from math, and ``-march=target`` when there is one.
+
+    Example:
+        >>> compile_flags("native", "ab12")[:3], compile_flags(None, "ab12")[:2]
+        (['-O3', '-march=native', '-ffp-contract=off'], ['-O3', '-ffp-contract=off'])
+    """
+    return ["-O3", *([f"-march={target}"] if target else []), "-ffp-contract=off", "-fno-math-errno",
+            "-std=c++20", f'-DHET_SOURCE_HASH="{source_hash}"']
 
 
 def build(verbose: bool = False) -> str:
@@ -22,9 +55,10 @@ def build(verbose: bool = False) -> str:
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    from het.native import source_hash
+    from het.native import CPU_FILE, cpu_flags, source_hash
 
-    flags = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-std=c++20", f'-DHET_SOURCE_HASH="{source_hash()}"']
+    target = march()
+    flags = compile_flags(target, source_hash())
     ext = CppExtension("het.native._het_native", [os.path.join(HERE, "core.cpp")], extra_compile_args=flags)
     tmp = tempfile.mkdtemp(prefix="het-native-")
     try:
@@ -34,10 +68,14 @@ def build(verbose: bool = False) -> str:
                  if f.startswith("_het_native") and f.endswith(".so")]
         if len(built) != 1:
             raise RuntimeError(f"expected one _het_native*.so under {tmp}, found {built}")
-        target = os.path.join(HERE, os.path.basename(built[0]))
-        shutil.copyfile(built[0], target + ".tmp")
-        os.replace(target + ".tmp", target)  # a running process keeps the old file's inode
-        return target
+        path = os.path.join(HERE, os.path.basename(built[0]))
+        # the CPU it is for first: a module without its file would load anywhere
+        with open(CPU_FILE + ".tmp", "w") as f:
+            json.dump({"march": target, "flags": sorted(cpu_flags()) if target == "native" else []}, f)
+        os.replace(CPU_FILE + ".tmp", CPU_FILE)
+        shutil.copyfile(built[0], path + ".tmp")
+        os.replace(path + ".tmp", path)  # a running process keeps the old file's inode
+        return path
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

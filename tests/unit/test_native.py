@@ -3,6 +3,7 @@ and pushes, bit for bit; and the reference path when there is no build."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -169,6 +170,32 @@ print(sum(issubclass(w.category, RuntimeWarning) and "native core" in str(w.mess
     out = subprocess.run([sys.executable, "-c", code0], capture_output=True, text=True, check=True,
                          env={**os.environ, "HET_NATIVE": "0"})
     assert out.stdout.split() == ["True", "False"]
+
+
+def test_a_build_for_another_cpu_is_not_loaded_and_says_why(tmp_path, monkeypatch):
+    """A module built with -march=native on a CPU with instruction sets this one lacks could
+    die on an illegal instruction: het does not import it, and the warning names what is missing."""
+    built = tmp_path / "_het_native.cpu"
+    built.write_text(json.dumps({"march": "native", "flags": sorted(native.cpu_flags() | {"avx_of_the_future"})}))
+    monkeypatch.setattr(native, "CPU_FILE", str(built))
+    monkeypatch.setenv(native.ENV, "1")
+    ops, why = native._load()
+    assert ops is None and "built for a CPU with avx_of_the_future, which this one lacks" in why
+    built.write_text(json.dumps({"march": "native", "flags": sorted(native.cpu_flags())}))  # this CPU: fine
+    assert native._missing_cpu_flags() == []
+    built.write_text(json.dumps({"march": "x86-64-v3", "flags": []}))  # a portable target names none
+    assert native._missing_cpu_flags() == []
+
+
+def test_cpu_flags_keep_the_instruction_sets_of_x86_and_arm(tmp_path):
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx2 fma hypervisor constant_tsc avx512f bmi2\n"
+                   "bugs\t\t: spectre_v1\n")
+    assert native.cpu_flags(str(x86)) == {"sse", "sse2", "avx2", "fma", "avx512f", "bmi2"}
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve atomics\n")
+    assert native.cpu_flags(str(arm)) == {"fp", "asimd", "sve", "atomics"}
+    assert native.cpu_flags(str(tmp_path / "none")) == frozenset()
 
 
 @needs_build
