@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The native core (het/native/core.cpp) with the system g++, for this machine's CPU
-# (HET_NATIVE_MARCH=x86-64-v3 for a build shared by several kinds). If it cannot be built, het
+# (for a build shared by several kinds: HET_NATIVE_MARCH=x86-64-v3 $(PY) -m het.native.build). If it cannot be built, het
 # runs its PyTorch reference path and says so once.
 $(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
 	$(PY) -m het.native.build

@@ -10,7 +10,7 @@ On Linux the build targets the CPU it runs on (``-march=native``: AVX2 or AVX-51
 is some) and writes down that CPU's instruction sets beside the module (:data:`CPU_FILE`).
 A machine that lacks one of them does not load the module (it could die on an illegal
 instruction): it runs the reference and says to rebuild. Machines of several kinds sharing one
-build: ``HET_NATIVE_MARCH=x86-64-v3 make native`` (any -march; empty for none).
+build: ``HET_NATIVE_MARCH=x86-64-v3 python -m het.native.build`` (any -march; empty for none).
 
     >>> from het import native
     >>> native.ops is None or native.ops.SOURCE_HASH == native.source_hash()
@@ -75,7 +75,7 @@ def _load():
     missing = _missing_cpu_flags()
     if missing:  # checked before the import: loading it here could already hit such an instruction
         return None, (f"it was built for a CPU with {', '.join(missing[:6])}, which this one lacks: rebuild "
-                      f"it here, or for machines of several kinds with HET_NATIVE_MARCH=x86-64-v3")
+                      f"it here, or for machines of several kinds with HET_NATIVE_MARCH=x86-64-v3 python -m het.native.build")
     try:
         ops = importlib.import_module(MODULE)
     except ImportError as e:
