@@ -15,9 +15,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The native core (het/native/core.cpp) with the system g++, for this machine's CPU
-# (for a build shared by several kinds: HET_NATIVE_MARCH=x86-64-v3 $(PY) -m het.native.build). If it cannot be built, het
-# runs its PyTorch reference path and says so once.
+# The native core (het/native/core.cpp) with the system g++, for this machine's CPU (for a build
+# shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v3 .venv/bin/python -m
+# het.native.build). If it cannot be built, het runs its PyTorch reference path and says so once.
 $(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
 	$(PY) -m het.native.build
 	touch $(NATIVE)
