@@ -458,8 +458,10 @@ class EmbeddingCache:
         they are off the final flush, at the same bytes. None without a window."""
         if self.window is None or not 0 < share <= 1:
             return self._no_rows()
-        dirty = ((self.updates > 0) & (self.last_use <= self.step - self.protect)).nonzero().flatten()
-        idle = dirty[self.window.next_use(self.keys.index_select(0, dirty)) == NEVER]
+        # `soon`, each slot's next announced use as the last lookup or announcement of its key
+        # left it: none ahead when it is past (<= now) or NEVER
+        unused = (self.soon <= self.window.now) | (self.soon == NEVER)
+        idle = ((self.updates > 0) & (self.last_use <= self.step - self.protect) & unused).nonzero().flatten()
         return self._take(idle[:math.ceil(share * len(idle))], stay=True)
 
     def _take(self, slots: torch.Tensor, stay: bool = False) -> Rows:

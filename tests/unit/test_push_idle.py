@@ -3,6 +3,7 @@ in the last `lookahead` steps the window holds every step left, and the rows non
 uses are pushed a share a step. Only when they travel changes: the PS ends with the same rows
 and clocks, bit for bit, and the same bytes travel; the final flush is smaller."""
 
+import pytest
 import torch
 
 from het.cache.cache import EmbeddingCache
@@ -16,9 +17,11 @@ from het.train.tasks import job_tables
 DIM = 4
 
 
-def cache_with(lookahead: int) -> EmbeddingCache:
+def cache_with(lookahead: int, native: bool = True) -> EmbeddingCache:
     table = TableConfig("t", rows=100, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.1))
-    return EmbeddingCache(table, CacheConfig(capacity=32, ways=4, staleness=100, lookahead=lookahead))
+    cache = EmbeddingCache(table, CacheConfig(capacity=32, ways=4, staleness=100, lookahead=lookahead))
+    cache.native = cache.native and native  # False: the PyTorch reference's lookup (and its marks)
+    return cache
 
 
 def step(cache: EmbeddingCache, keys: list[int]) -> None:
@@ -30,13 +33,15 @@ def step(cache: EmbeddingCache, keys: list[int]) -> None:
     cache.update(plan, torch.ones(len(keys), DIM))
 
 
-def test_take_idle_takes_the_updated_rows_no_announced_step_uses_and_leaves_them_cached_clean():
-    cache = cache_with(lookahead=4)
-    for keys in ([1, 2, 3], [4, 5], [6, 7]):
+@pytest.mark.parametrize("native", [True, False])
+def test_take_idle_takes_the_updated_rows_no_announced_step_uses_and_leaves_them_cached_clean(native):
+    cache = cache_with(lookahead=4, native=native)
+    steps = ([1, 2, 3], [4, 5], [6, 7], [2, 9])
+    for keys in steps:  # announced ahead, as the training loop does
         cache.announce(torch.tensor(keys))
+    for keys in steps[:3]:
         step(cache, keys)
-    cache.announce(torch.tensor([2, 9]))  # a coming step uses 2
-    # 6 and 7: the last lookup (protect = 1 here); 2: announced. Idle: 1, 3, 4, 5
+    # 6 and 7: the last lookup (protect = 1 here); 2: the coming step uses it. Idle: 1, 3, 4, 5
     taken = cache.take_idle(1.0)
     assert sorted(taken.keys.tolist()) == [1, 3, 4, 5]
     assert taken.counts.tolist() == [1] * 4 and torch.equal(taken.grads, torch.ones(4, DIM))
@@ -44,8 +49,9 @@ def test_take_idle_takes_the_updated_rows_no_announced_step_uses_and_leaves_them
     assert set(cache.cached_keys.tolist()) == {1, 2, 3, 4, 5, 6, 7}  # all still cached
 
 
-def test_take_idle_takes_its_share_rounded_up_and_nothing_without_a_window():
-    cache = cache_with(lookahead=4)
+@pytest.mark.parametrize("native", [True, False])
+def test_take_idle_takes_its_share_rounded_up_and_nothing_without_a_window(native):
+    cache = cache_with(lookahead=4, native=native)
     for keys in ([1, 2, 3, 4, 5], [6]):
         cache.announce(torch.tensor(keys))
         step(cache, keys)
