@@ -156,7 +156,7 @@ class EmbeddingCache:
     @property
     def slots(self) -> int:
         """Rows the cache can hold."""
-        return self.keys.numel() - int(self.disabled.sum())
+        return self.cfg.capacity if self.num_sets else 0
 
     @property
     def cached_keys(self) -> torch.Tensor:
