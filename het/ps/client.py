@@ -35,6 +35,9 @@ WAIT_SLICE_S = 0.1
 # the wire and the client builds the one after: one message of the whole would run the three in
 # turn. Steps' requests are smaller and go whole.
 PART_BYTES = 4 << 20
+# ... and in at most this many requests to one shard, bigger ones past that: they are all sent
+# before any reply is read, and ZeroMQ's queues hold 1,000 messages each way
+MAX_PARTS = 64
 
 
 class WaitAbandoned(Exception):
@@ -268,14 +271,15 @@ class PSClient:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
         for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
-            for part in cut(p, self._part_keys(table)):
+            for part in cut(p, self._part_keys(table, len(p))):
                 self._send_part(handle, shard, meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
-    def _part_keys(self, table: str) -> int:
-        """The most keys of one request of ``_send``: the shards' ``max_keys``, and about
-        :data:`PART_BYTES` of rows (never under 1,024 keys)."""
-        return min(self.max_keys, max(1024, PART_BYTES // (4 * self.tables[table].dim)))
+    def _part_keys(self, table: str, n: int) -> int:
+        """The most keys of one request of ``_send`` carrying ``n`` keys to a shard: the shards'
+        ``max_keys``, and about :data:`PART_BYTES` of rows (never under 1,024 keys) in at most
+        :data:`MAX_PARTS` requests."""
+        return min(self.max_keys, max(1024, PART_BYTES // (4 * self.tables[table].dim), -(-n // MAX_PARTS)))
 
     def _send_part(self, handle, shard, meta, tensors, positions) -> None:
         rid = next(self._ids)

@@ -112,6 +112,12 @@ def test_big_pulls_and_pushes_travel_in_parts_in_flight_together_and_give_what_o
     for a, b in zip(*results):
         assert torch.equal(a, b)
     assert torch.equal(results[0][1], torch.ones(len(keys), dtype=torch.int64))
+    # never more than MAX_PARTS requests to a shard: bigger parts instead
+    monkeypatch.setattr(client_module, "MAX_PARTS", 2)
+    _, connect = shards([table()], 2)
+    client = connect()
+    push = client.push("ids", keys, grads, counts)
+    assert len(push.parts) == 4 and client.wait(push) == len(keys)
 
 
 def test_initial_rows_of_negative_and_huge_keys_are_sane_and_deterministic():
