@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The native core (het/native/core.cpp) with the system g++, for this machine's CPU (for a build
-# shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v3 .venv/bin/python -m
+# shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2 .venv/bin/python -m
 # het.native.build). If it cannot be built, het runs its PyTorch reference path and says so once.
 $(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
 	$(PY) -m het.native.build
@@ -44,4 +44,4 @@ bench: $(STAMP) $(NATIVE)
 	$(VENV)/bin/het bench report --run --quick
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so het/native/_het_native.cpu
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so het/native/_het_native*.cpu

@@ -6,11 +6,12 @@ a build, or with ``HET_NATIVE=0``, and the tests hold the two paths equal bit fo
 a usable build (none, one compiled from another version of core.cpp, or one compiled for
 another CPU) het warns once and runs the reference.
 
-On Linux the build targets the CPU it runs on (``-march=native``: AVX2 or AVX-512 where there
-is some) and writes down that CPU's instruction sets beside the module (:data:`CPU_FILE`).
-A machine that lacks one of them does not load the module (it could die on an illegal
-instruction): it runs the reference and says to rebuild. Machines of several kinds sharing one
-build: ``HET_NATIVE_MARCH=x86-64-v3 python -m het.native.build`` (any -march; empty for none).
+On x86-64 and ARM Linux the build targets the CPU it runs on (``-march=native``: AVX2 or
+AVX-512 where there is some) and writes down the instruction sets it may use beside the module
+(``<module file>.cpu``). A machine that lacks one of them does not load the module (it could die
+on an illegal instruction): it runs the reference and says to rebuild. Machines of several
+kinds sharing one build: ``HET_NATIVE_MARCH=x86-64-v2 python -m het.native.build`` (or v3 for
+AVX2; any -march, empty for none).
 
     >>> from het import native
     >>> native.ops is None or native.ops.SOURCE_HASH == native.source_hash()
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import re
@@ -29,11 +31,15 @@ import warnings
 ENV = "HET_NATIVE"  # "0": the reference path everywhere
 SOURCE = os.path.join(os.path.dirname(__file__), "core.cpp")
 MODULE = "het.native._het_native"
-CPU_FILE = os.path.join(os.path.dirname(__file__), "_het_native.cpu")  # what the build targeted
-# the instruction-set extensions among /proc/cpuinfo's x86 flags (the rest say nothing of
-# what code may run: a hypervisor's, a clock's); ARM's "Features" are all of that kind
-_X86_ISA = re.compile(r"^(mmx|sse|ssse|avx|fma|f16c|bmi|adx|abm|lzcnt|popcnt|movbe|aes|pclmul|vpclmul|vaes|gfni"
-                      r"|sha|rdrand|rdseed|xsave|cx8|cx16|amx|clflushopt|clwb|serialize)")
+# the extensions among /proc/cpuinfo's x86 flags that a compiler emits on its own, from plain
+# C++ (the rest: a hypervisor's, a clock's, or instructions only intrinsics reach, which a
+# virtual machine may hide); ARM's "Features" are all instruction sets
+_X86_ISA = re.compile(r"^(sse|ssse3|avx|fma|f16c|bmi|abm|popcnt|movbe|cx16|lahf_lm|3dnowprefetch|xop|tbm)")
+_V2 = {"cx16", "lahf_lm", "popcnt", "sse4_1", "sse4_2", "ssse3"}
+_V3 = _V2 | {"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "abm", "movbe"}
+# what g++'s -march=x86-64-vN assumes (the x86-64 psABI's levels), in /proc/cpuinfo's names
+LEVELS = {"x86-64-v2": _V2, "x86-64-v3": _V3,
+          "x86-64-v4": _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}}
 
 
 def source_hash() -> str:
@@ -58,24 +64,50 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset:
     return frozenset()
 
 
-def _missing_cpu_flags() -> list[str]:
-    """The instruction sets the build targeted (:data:`CPU_FILE`) that this CPU lacks."""
+def built_flags(target: str | None) -> list[str]:
+    """The instruction sets a build for ``-march=target`` may use, as far as het can tell: this
+    CPU's for ``native``, a level's for ``x86-64-vN``, none known otherwise."""
+    if target == "native":
+        return sorted(cpu_flags())
+    return sorted(LEVELS.get(target, ()))
+
+
+def record_path() -> str | None:
+    """The file beside the module the import would load that names the instruction sets its
+    build used (``<module file>.cpu``); None without a build."""
     try:
-        with open(CPU_FILE) as f:
-            built = json.load(f)
-    except (OSError, ValueError):
-        return []
-    return sorted(set(built.get("flags", ())) - cpu_flags())
+        spec = importlib.util.find_spec(MODULE)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin + ".cpu" if spec is not None and spec.origin else None
 
 
-def _load():
-    """The built module, or None and why not."""
+def missing_cpu_flags(record: str | None) -> list[str] | None:
+    """The instruction sets the build of ``record`` used that this CPU lacks; None when the
+    record is there but cannot be read (the build then is not trusted)."""
+    if record is None or not os.path.exists(record):
+        return []  # no build, or one from before builds targeted a CPU (plain x86-64)
+    try:
+        with open(record) as f:
+            flags = json.load(f)["flags"]
+        if not isinstance(flags, list) or not all(isinstance(v, str) for v in flags):
+            raise TypeError(flags)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return sorted(set(flags) - cpu_flags())
+
+
+def _load(record: str | None = None):
+    """The built module, or None and why not (``record``: its CPU record, if not the usual)."""
     if os.environ.get(ENV, "1") == "0":
         return None, None
-    missing = _missing_cpu_flags()
+    missing = missing_cpu_flags(record or record_path())
+    rebuild = "python -m het.native.build"
+    if missing is None:
+        return None, f"the record of the CPU it was built for cannot be read: rebuild it ({rebuild})"
     if missing:  # checked before the import: loading it here could already hit such an instruction
-        return None, (f"it was built for a CPU with {', '.join(missing[:6])}, which this one lacks: rebuild "
-                      f"it here, or for machines of several kinds with HET_NATIVE_MARCH=x86-64-v3 python -m het.native.build")
+        return None, (f"it was built for a CPU with {', '.join(missing[:6])}, which this one lacks: rebuild it "
+                      f"here ({rebuild}), or for machines of several kinds with HET_NATIVE_MARCH=x86-64-v2 {rebuild}")
     try:
         ops = importlib.import_module(MODULE)
     except ImportError as e:

@@ -4,9 +4,9 @@ torch.utils.cpp_extension compiles core.cpp with the system g++ against the inst
 into ``het/native/_het_native*.so``. A build that fails prints why and exits with status 0
 unless ``--strict``: het then runs its PyTorch reference path, with one warning.
 
-On Linux it compiles for this machine's CPU (``-march=native``) and writes the CPU's
-instruction sets to ``het/native/_het_native.cpu``; a CPU without one of them runs the
-reference path instead (:mod:`het.native`). ``HET_NATIVE_MARCH`` chooses another target (any
+On x86-64 and ARM Linux it compiles for this machine's CPU (``-march=native``) and writes the
+instruction sets the module may use beside it (``<module file>.cpu``); a CPU without one of
+them runs the reference path instead (:mod:`het.native`). ``HET_NATIVE_MARCH`` chooses another target (any
 of g++'s ``-march`` values; empty: none), for a build shared by machines of several kinds.
 """
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform as _platform
 import shutil
 import sys
 import tempfile
@@ -23,18 +24,20 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 MARCH_ENV = "HET_NATIVE_MARCH"
 
 
-def march(environ=os.environ, platform: str = sys.platform) -> str | None:
+def march(environ=os.environ, platform: str = sys.platform, machine: str = _platform.machine()) -> str | None:
     """The ``-march`` of the build: ``HET_NATIVE_MARCH`` when set (empty: none), else
-    ``native`` on Linux, where the loader can tell another CPU (/proc/cpuinfo), and none
-    elsewhere.
+    ``native`` on x86-64 and ARM Linux, where the loader can tell another CPU (/proc/cpuinfo),
+    and none elsewhere.
 
     Example:
-        >>> march({}, "linux"), march({}, "darwin"), march({MARCH_ENV: "x86-64-v3"}, "linux"), march({MARCH_ENV: ""})
-        ('native', None, 'x86-64-v3', None)
+        >>> march({}, "linux", "x86_64"), march({}, "linux", "ppc64le"), march({}, "darwin", "arm64")
+        ('native', None, None)
+        >>> march({MARCH_ENV: "x86-64-v2"}, "linux", "x86_64"), march({MARCH_ENV: ""}, "linux", "x86_64")
+        ('x86-64-v2', None)
     """
     if MARCH_ENV in environ:
         return environ[MARCH_ENV].strip() or None
-    return "native" if platform.startswith("linux") else None
+    return "native" if platform.startswith("linux") and machine in ("x86_64", "aarch64") else None
 
 
 def compile_flags(target: str | None, source_hash: str) -> list[str]:
@@ -55,7 +58,7 @@ def build(verbose: bool = False) -> str:
     from setuptools import setup
     from torch.utils.cpp_extension import BuildExtension, CppExtension
 
-    from het.native import CPU_FILE, cpu_flags, source_hash
+    from het.native import built_flags, source_hash
 
     target = march()
     flags = compile_flags(target, source_hash())
@@ -69,10 +72,10 @@ def build(verbose: bool = False) -> str:
         if len(built) != 1:
             raise RuntimeError(f"expected one _het_native*.so under {tmp}, found {built}")
         path = os.path.join(HERE, os.path.basename(built[0]))
-        # the CPU it is for first: a module without its file would load anywhere
-        with open(CPU_FILE + ".tmp", "w") as f:
-            json.dump({"march": target, "flags": sorted(cpu_flags()) if target == "native" else []}, f)
-        os.replace(CPU_FILE + ".tmp", CPU_FILE)
+        # the instruction sets it may use first: a module without its record loads anywhere
+        with open(path + ".cpu.tmp", "w") as f:
+            json.dump({"march": target, "flags": built_flags(target)}, f)
+        os.replace(path + ".cpu.tmp", path + ".cpu")
         shutil.copyfile(built[0], path + ".tmp")
         os.replace(path + ".tmp", path)  # a running process keeps the old file's inode
         return path

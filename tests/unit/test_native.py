@@ -174,23 +174,36 @@ print(sum(issubclass(w.category, RuntimeWarning) and "native core" in str(w.mess
 
 def test_a_build_for_another_cpu_is_not_loaded_and_says_why(tmp_path, monkeypatch):
     """A module built with -march=native on a CPU with instruction sets this one lacks could
-    die on an illegal instruction: het does not import it, and the warning names what is missing."""
-    built = tmp_path / "_het_native.cpu"
-    built.write_text(json.dumps({"march": "native", "flags": sorted(native.cpu_flags() | {"avx_of_the_future"})}))
-    monkeypatch.setattr(native, "CPU_FILE", str(built))
+    die on an illegal instruction: het does not import it, and the warning names what is
+    missing. A record that cannot be read is not trusted either."""
+    record = tmp_path / "_het_native.so.cpu"
     monkeypatch.setenv(native.ENV, "1")
-    ops, why = native._load()
+    record.write_text(json.dumps({"march": "native", "flags": sorted(native.cpu_flags() | {"avx_of_the_future"})}))
+    ops, why = native._load(str(record))
     assert ops is None and "built for a CPU with avx_of_the_future, which this one lacks" in why
-    built.write_text(json.dumps({"march": "native", "flags": sorted(native.cpu_flags())}))  # this CPU: fine
-    assert native._missing_cpu_flags() == []
-    built.write_text(json.dumps({"march": "x86-64-v3", "flags": []}))  # a portable target names none
-    assert native._missing_cpu_flags() == []
+    for bad in ("[]", "null", '{"flags": [1]}', '{"march": "nat'):
+        record.write_text(bad)
+        ops, why = native._load(str(record))
+        assert ops is None and "cannot be read" in why, bad
+    for target in ("native", "x86-64-v5", None):  # this CPU's own; a target het knows nothing of
+        record.write_text(json.dumps({"march": target, "flags": native.built_flags(target)}))
+        assert native.missing_cpu_flags(str(record)) == []
+    assert native.missing_cpu_flags(str(tmp_path / "none")) == []  # a build from before records
+
+
+def test_a_portable_target_records_its_level_and_the_loader_checks_it(tmp_path):
+    assert set(native.built_flags("x86-64-v3")) >= {"avx2", "fma", "sse4_2"}
+    assert set(native.built_flags("x86-64-v2")) < set(native.built_flags("x86-64-v3"))
+    cpuinfo = tmp_path / "cpuinfo"  # a CPU of level v2 only
+    cpuinfo.write_text("flags\t\t: " + " ".join(native.built_flags("x86-64-v2")) + " hypervisor\n")
+    flags = native.cpu_flags(str(cpuinfo))
+    assert set(native.built_flags("x86-64-v2")) <= flags and not set(native.built_flags("x86-64-v3")) <= flags
 
 
 def test_cpu_flags_keep_the_instruction_sets_of_x86_and_arm(tmp_path):
     x86 = tmp_path / "x86"
-    x86.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx2 fma hypervisor constant_tsc avx512f bmi2\n"
-                   "bugs\t\t: spectre_v1\n")
+    x86.write_text("processor\t: 0\nflags\t\t: fpu sse sse2 avx2 fma hypervisor constant_tsc avx512f bmi2 "
+                   "xsaves sha_ni\nbugs\t\t: spectre_v1\n")
     assert native.cpu_flags(str(x86)) == {"sse", "sse2", "avx2", "fma", "avx512f", "bmi2"}
     arm = tmp_path / "arm"
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd sve atomics\n")
