@@ -51,7 +51,6 @@ def launcher_death():
     p, pids, lines = start(d)
     t0 = time.monotonic()
     p.kill()
-    workers = [q for n, q in pids.items() if n.startswith("worker")]
     gone = {}
     while any(alive(q) for q in pids.values()) and time.monotonic() - t0 < 120:
         for n, q in pids.items():
