@@ -27,6 +27,12 @@ class Handle:
     keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
+    keys_cpu: torch.Tensor | None = None  # ``keys`` on the CPU, copied once for every reply
+
+    def cpu_keys(self) -> torch.Tensor:
+        if self.keys_cpu is None:
+            self.keys_cpu = self.keys.cpu()
+        return self.keys_cpu
 
 
 @dataclass
@@ -112,7 +118,7 @@ def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, bui
                       f"{len(sent)}: expected {len(positions)} marks and the rest sent")
     if not bool(built.any()):
         return sent
-    keys = handle.keys.cpu()[positions.cpu()[built]]
+    keys = handle.cpu_keys()[positions.cpu()[built]]
     rows = torch.empty(len(built), table.dim)
     rows[~built] = sent
     rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))
