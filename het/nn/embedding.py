@@ -24,6 +24,7 @@ from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
 from het.ps.protocol import GRAD_BYTES, PUSH_DTYPES
+from het.ps.requests import wire_keys
 
 POOLING = ("sum", "mean")
 
@@ -308,7 +309,9 @@ class Embedding(nn.Module):
 
     def _count_push(self, rows: Rows) -> None:
         sq = _several_steps(rows)
-        self.traffic["sparse_push"] += (16 * len(rows) + rows.grads.numel() * GRAD_BYTES[self.push_dtype]  # keys, counts, grads
+        key = wire_keys(rows.keys).element_size()  # 4 bytes when every key fits int32 (het.ps.requests)
+        self.traffic["sparse_push"] += ((key + 8) * len(rows)  # keys, counts
+                                        + rows.grads.numel() * GRAD_BYTES[self.push_dtype]
                                         + (0 if sq is None else sq.numel() * 4))  # and squares, when they travel
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import checks, state
-from het.ps.requests import check_clocks, check_keys, check_push, check_sq, cut, push_sync_parts, route
+from het.ps.requests import check_clocks, check_keys, check_push, check_sq, cut, push_sync_parts, route, wire_keys
 from het.ps.auth import check_secret, curve_keys
 from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
 from het.ps.shard import Shard
@@ -123,7 +123,8 @@ class PSClient:
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
         keys = check_keys(self.tables, table, keys)
-        return self._send(Op.PULL, table, keys, lambda p: [keys[p]], {"lazy": self.lazy_init})
+        wire = wire_keys(keys)
+        return self._send(Op.PULL, table, keys, lambda p: [wire[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
              step: int = 1, grad_dtype: str = "f32", sq: torch.Tensor | None = None) -> Handle:
@@ -134,8 +135,9 @@ class PSClient:
         keys = check_keys(self.tables, table, keys)
         grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
         sq = check_sq(self.tables[table], keys, sq)
+        wire = wire_keys(keys)
         return self._send(Op.PUSH, table, keys,
-                          lambda p: [keys[p], grads[p], counts[p], *([] if sq is None else [sq[p]])],
+                          lambda p: [wire[p], grads[p], counts[p], *([] if sq is None else [sq[p]])],
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
 
     def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float,
@@ -146,10 +148,11 @@ class PSClient:
         :meth:`het.ps.optim.SparseOptimizer.local_state`)."""
         keys = check_keys(self.tables, table, keys)
         clocks = check_clocks(keys, clocks)
-        handle = self._send(Op.SYNC, table, keys, lambda p: [keys[p], clocks[p]],
+        wire = wire_keys(keys)
+        handle = self._send(Op.SYNC, table, keys, lambda p: [wire[p], clocks[p]],
                             {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
         handle.state = state
-        handle.sync_bytes = keys.numel() * keys.element_size() + clocks.numel() * clocks.element_size()
+        handle.sync_bytes = wire.numel() * wire.element_size() + clocks.numel() * clocks.element_size()
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
@@ -163,19 +166,20 @@ class PSClient:
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, push_keys, sq)
         clocks = check_clocks(sync_keys, clocks)
+        push_wire, sync_wire = wire_keys(push_keys), wire_keys(sync_keys)
         push_parts = route(cfg, push_keys, self.num_shards)
         meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype),
                 **_state_meta(state), **({} if sq is None else {"sq": True})}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
-                        sync_bytes=sync_keys.numel() * sync_keys.element_size() + clocks.numel() * clocks.element_size(),
+                        sync_bytes=sync_wire.numel() * sync_wire.element_size() + clocks.numel() * clocks.element_size(),
                         keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
             for q, p in push_sync_parts(push_parts[shard], sync_part, self.max_keys):
                 if len(p) or len(q):
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
-                    pushed = [push_keys[q], grads[q], counts[q], *([] if sq is None else [sq[q]])]
-                    self._send_part(handle, shard, meta, [*pushed, sync_keys[p_all], clocks[p_all]], p)
+                    pushed = [push_wire[q], grads[q], counts[q], *([] if sq is None else [sq[q]])]
+                    self._send_part(handle, shard, meta, [*pushed, sync_wire[p_all], clocks[p_all]], p)
         return handle
 
     def wait(self, handle: Handle):

@@ -21,12 +21,12 @@ Requests and their arrays (``n`` keys, rows of width ``D``):
 =========  ==================================================  =================================
 op         request arrays (meta)                               reply arrays (meta)
 =========  ==================================================  =================================
-PULL       keys (n,) i8  (table, lazy)                         rows (n, D) f4, clocks (n,) i8
+PULL       keys (n,) i4|i8 (table, lazy)                       rows (n, D) f4, clocks (n,) i8
                                                                [lazy: rows (k, D), built (n,) u1]
 PUSH       keys (n,), grads (n, D), counts (n,) (table, step,  -- (applied)
            grads: "f32" | "bf16")
            [sq: true: then sq (n, 1)|(n, D) f4]
-SYNC       keys (n,) i8, clocks (n,) i4|i8 (table, bound,      index (m,) i4, rows (m, D), clocks (m,) i4|i8
+SYNC       keys (n,) i4|i8, clocks (n,) i4|i8 (table, bound,   index (m,) i4, rows (m, D), clocks (m,) i4|i8
            lazy, [state: "row" | "full"])                      [state: then state (m, 1)|(m, D) f4]
                                                                [lazy: rows (k, D), ..., built (m,) u1]
 PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
@@ -57,9 +57,11 @@ A row is marked ``touched`` by its first push of any count (mode ps installs its
 with pushes of count 0); the marks are saved with the shard, and a save without them loads as
 all touched.
 
-Keys are int64 everywhere. Clocks travel as int32 while every clock of the message fits (below
-2^31), else as int64 (:func:`narrow`), and a SYNC's reply index as int32: a sync costs 12 bytes
-per key sent (key and clock) and 8 per row answered besides the row (index and clock). The sync
+Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
+below 2^31 rows; :func:`het.ps.requests.wire_keys`); a shard takes either and widens them.
+Clocks travel as int32 while every clock of the message fits (below 2^31), else as int64
+(:func:`narrow`), and a SYNC's reply index as int32: a sync costs 8 bytes per key sent (key and
+clock; 12 with int64 keys) and 8 per row answered besides the row (index and clock). The sync
 is most of what a cached row costs on the wire. bfloat16 gradients are opt-in (``het train
 --push-dtype bf16``).
 

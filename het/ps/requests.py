@@ -85,6 +85,20 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
     return narrow(clocks)
 
 
+def wire_keys(keys: torch.Tensor) -> torch.Tensor:
+    """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
+    else int64 as they are; the shard widens them back. Half of a sync's 8 bytes a key.
+
+    Example:
+        >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype
+        (torch.int32, torch.int64)
+    """
+    if keys.numel() == 0:
+        return keys.to(torch.int32)
+    lo, hi = torch.aminmax(keys)
+    return keys.to(torch.int32) if -(2**31) <= int(lo) and int(hi) < 2**31 else keys
+
+
 def route(table: TableConfig, keys: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
     """Positions of ``keys`` bound for each shard, in their order: ``key % S`` for a fixed
     table, ``mix(key) % S`` for a dynamic one. Shape: (n,) -> S tensors (k_i,).

@@ -416,12 +416,12 @@ class Shard:
         t = self.tables.get(table)
         if t is None:
             raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
-        if keys.dtype != np.int64 or keys.ndim != 1:
-            raise ValueError(f"keys must be a 1-D int64 array, got {keys.dtype} of shape {keys.shape}")
+        if keys.dtype not in (np.int64, np.int32) or keys.ndim != 1:
+            raise ValueError(f"keys must be a 1-D int64 or int32 array, got {keys.dtype} of shape {keys.shape}")
         if len(keys) > self.cfg.max_keys:
             raise ValueError(f"a request holds at most {self.cfg.max_keys} keys (the shard's max_keys), "
                              f"got {len(keys)}")
-        keys = torch.from_numpy(keys)
+        keys = torch.from_numpy(keys).long()  # int32 on the wire when every key fits
         problem = t.check_keys(keys)
         if problem:
             raise ValueError(problem)

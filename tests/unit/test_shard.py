@@ -143,11 +143,24 @@ def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
 
 
-def test_sync_clocks_travel_as_int32_until_they_do_not_fit():
+def test_keys_past_int32_travel_as_int64_and_either_width_reaches_the_same_rows():
+    dyn = TableConfig("ids", rows=None, dim=3, optimizer=OptimizerConfig("sgd", lr=0.5))
+    client = PSClient.local([dyn], 2)
+    narrow, wide = torch.tensor([7, -3, 2**31 - 1]), torch.tensor([7, -3, 2**40])
+    for keys, key_bytes in ((narrow, 4), (wide, 8)):
+        assert client.sync("ids", keys, torch.full_like(keys, -1), 0).sync_bytes == 3 * key_bytes + 3 * 4
+        client.wait(client.push("ids", keys, torch.ones(3, 3), torch.ones(3, dtype=torch.int64)))
+    keys = torch.tensor([7, -3, 2**31 - 1, 2**40])
+    rows, clocks = client.wait(client.pull("ids", keys))
+    assert clocks.tolist() == [2, 2, 1, 1]
+    assert torch.allclose(rows, torch.from_numpy(initial_rows(dyn, keys.numpy())) - 0.5 * clocks[:, None].float())
+
+
+def test_sync_keys_and_clocks_travel_as_int32_until_they_do_not_fit():
     client = PSClient.local([T], 1)
     keys = torch.tensor([1, 2])
     small = client.sync("t", keys, torch.tensor([-1, 0]), 0)
-    assert small.sync_bytes == 2 * 8 + 2 * 4                     # int64 keys, int32 clocks
+    assert small.sync_bytes == 2 * 4 + 2 * 4                     # int32 keys, int32 clocks
     res = client.wait(small)
     assert res.clocks.dtype == torch.int64 and res.index.dtype == torch.int64  # widened for the cache
     assert res.sync_bytes == 1 * 4 + 1 * 4 + 1                   # one miss: int32 index and clock, built mark
@@ -157,6 +170,6 @@ def test_sync_clocks_travel_as_int32_until_they_do_not_fit():
     for count in (1 << 31, 5):  # one push counts at most 2^31 updates of a key
         client.wait(client.push("t", torch.tensor([2]), torch.zeros(1, 3), torch.tensor([count])))
     wide = client.sync("t", keys, torch.tensor([-1, big - 1]), 0)
-    assert wide.sync_bytes == 2 * 8 + 2 * 8
+    assert wide.sync_bytes == 2 * 4 + 2 * 8
     res = client.wait(wide)
     assert res.index.tolist() == [0, 1] and res.clocks.tolist() == [0, big]
