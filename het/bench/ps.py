@@ -92,8 +92,8 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(64)]
     fixed = _measure(TableConfig("bench", rows=rows, dim=dim, optimizer=opt), batches, rows, seconds)
-    # same sizes as a push request (keys, grads, counts) and a pull reply (rows, clocks)
-    raw = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
+    # same sizes as a push request (int32 keys, grads, counts) and a pull reply (rows, clocks)
+    raw = raw_zmq(request_bytes=batch * (4 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
     out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
     if dynamic:
@@ -103,7 +103,7 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
         out.update({f"dynamic_{k}": v for k, v in d.items()})
         out["dynamic_fraction"] = d["rows_per_s"] / fixed["rows_per_s"]
     if curve:
-        secure = raw_zmq(request_bytes=batch * (8 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
+        secure = raw_zmq(request_bytes=batch * (4 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
                          seconds=seconds, curve=True)
         out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
         out["curve_fraction"] = secure["zmq_bytes_per_s"] / out["zmq_bytes_per_s"]
