@@ -545,6 +545,12 @@ bool all_finite(const float* x, int64_t n) {
   return true;
 }
 
+// het.ps.checks.all_finite: whether every float of a contiguous float32 tensor is finite.
+bool all_finite_op(torch::Tensor x) {
+  check(x, torch::kFloat32, "x");
+  return all_finite(x.data_ptr<float>(), x.numel());
+}
+
 // The square roots of an (m, D) block, by torch's kernel, as the reference's `sqrt_` takes them
 // (the same bits: torch's vectorised sqrt is not always IEEE's correctly rounded one).
 torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
@@ -1085,6 +1091,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_rows", &gather_rows);
   m.def("gather_touched", &gather_touched);
   m.def("cache_soon", &cache_soon);
+  m.def("all_finite", &all_finite_op);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from het import native
 from het.ps.protocol import PUSH_DTYPES
 from het.staleness import bound_from_wire
 
@@ -120,6 +121,9 @@ def every_field(meta: dict) -> None:
 
 
 def all_finite(t: torch.Tensor) -> bool:
-    """Whether every value is finite: NaN and inf reach the sum, so a finite sum clears the
-    tensor in one cheap pass (a full pass only when the sum overflowed)."""
+    """Whether every value is finite. A contiguous float32 tensor on the CPU: one native pass
+    over the exponent bits (het.native). Else NaN and inf reach the sum, so a finite sum
+    clears the tensor in one cheap pass (a full pass only when the sum overflowed)."""
+    if native.ops is not None and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
+        return native.ops.all_finite(t)
     return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())

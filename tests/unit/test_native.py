@@ -212,6 +212,21 @@ def test_cpu_flags_keep_the_instruction_sets_of_x86_and_arm(tmp_path):
 
 
 @needs_build
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 10_000), seed=st.integers(0, 2**32 - 1),
+       bad=st.sampled_from([None, math.nan, math.inf, -math.inf, 3.4e38]))
+def test_native_all_finite_says_what_torch_says(n, seed, bad):
+    from het.ps.checks import all_finite
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 1e30
+    if bad is not None and n:
+        x[seed % n] = bad
+    expect = bool(torch.isfinite(x).all())
+    assert native.ops.all_finite(x) is expect and all_finite(x) is expect
+    assert all_finite(x.reshape(-1, 1).expand(-1, 2)) is expect  # not contiguous: torch's path
+
+
+@needs_build
 def test_the_build_is_the_source_in_the_tree():
     assert native.ops.SOURCE_HASH == native.source_hash()
 
