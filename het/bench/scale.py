@@ -15,7 +15,7 @@ The projection model (also in the JSON, ``model.formula``)::
     a = the mean; a constant if one dim was measured), and at least 0 wherever it is used:
       t_c   compute seconds per worker-step = wall_s * time_split.compute / steps
       b_ps  bytes per worker-step on the PS link = sparse_bytes_per_sample * batch
-            (+ in mode ps the dense table's pull and push, 2 R (4 * 256 + 16), R = ceil(P / 256))
+            (+ in mode ps the dense table's pull and push, 2 R (4 * 256 + 12), R = ceil(P / 256))
       o_ps  PS seconds per step the link does not explain = wait_ps per step - wire_ps(W0)
       o_ar  AllReduce seconds per step the link does not explain, per unit of ring(W):
             (allreduce per step - wire_ar(W0)) / ring(W0)   (0 when W0 = 1: nothing measured)

@@ -118,18 +118,18 @@ def dense_table(numel: int, lr: float) -> TableConfig:
 
 def ps_dense_bytes(numel: int) -> int:
     """Bytes a worker's step moves in mode ps for ``numel`` dense parameters: a pull and a push
-    of the whole dense table (rows of DENSE_ROW floats, 16 bytes a row of key and count or
-    clock). :class:`PSDense` counts them as they travel.
+    of the whole dense table (rows of DENSE_ROW floats, 12 bytes a row of key, as int32, and
+    count or clock). :class:`PSDense` counts them as they travel.
 
     Example:
         >>> ps_dense_bytes(300)  # 2 rows, both ways
-        4160
+        4144
     """
     return 2 * _one_way_bytes(math.ceil(numel / DENSE_ROW))
 
 
 def _one_way_bytes(rows: int) -> int:
-    return rows * (4 * DENSE_ROW + 16)
+    return rows * (4 * DENSE_ROW + 12)
 
 
 class PSDense:
@@ -163,9 +163,7 @@ class PSDense:
                                           zero_counts))
 
     def before_forward(self) -> None:
-        start = time.perf_counter()
-        rows, _ = self.client.wait(self.client.pull(DENSE_TABLE, self.keys))
-        self.wait_s += time.perf_counter() - start
+        rows, _ = self._wait(self.client.pull(DENSE_TABLE, self.keys))
         self.bytes += _one_way_bytes(self.rows)
         flat = rows.reshape(-1)
         offset = 0
@@ -181,11 +179,18 @@ class PSDense:
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         grads = (grads / self.world).reshape(self.rows, self.row_width)
         self.step += 1
-        start = time.perf_counter()
-        self.client.wait(self.client.push(DENSE_TABLE, self.keys, grads, torch.ones(self.rows, dtype=torch.int64),
-                                          step=self.step))
-        self.wait_s += time.perf_counter() - start
+        self._wait(self.client.push(DENSE_TABLE, self.keys, grads, torch.ones(self.rows, dtype=torch.int64),
+                                    step=self.step))
         self.bytes += _one_way_bytes(self.rows)
+
+    def _wait(self, handle):
+        """The handle's result; ``wait_s`` counts the time blocked on the PS, not the merging of
+        its replies afterwards (as :meth:`het.nn.Embedding._wait`)."""
+        start = time.perf_counter()
+        try:
+            return self.client.wait(handle)
+        finally:
+            self.wait_s += time.perf_counter() - start - handle.merge_s
 
     def counters(self) -> dict:
         return {"dense": self.bytes, "wait_ps_s": self.wait_s, "allreduce_s": 0.0}

@@ -278,3 +278,26 @@ def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies
     emb.flush()
     assert time.perf_counter() - start >= 0.4  # a sync's merge and a push's, at least
     assert 0 <= emb.wait_s < 0.1
+
+
+
+def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(monkeypatch):
+    """Mode ps's dense pull and push: as the embedding's, a slow merge (0.2 s a reply) is the
+    worker's own work, not PS wait."""
+    import het.ps.client as client_module
+    from het.dist.dense import PSDense, dense_table
+
+    merge = client_module.merge
+
+    def slow_merge(*args):
+        time.sleep(0.2)
+        return merge(*args)
+
+    model = torch.nn.Linear(3, 1)
+    dense = PSDense(model, PSClient.local([dense_table(4, 0.1)]), world=1, rank=0)
+    monkeypatch.setattr(client_module, "merge", slow_merge)
+    start = time.perf_counter()
+    dense.before_forward()
+    model(torch.zeros(2, 3)).sum().backward()
+    dense.after_backward()
+    assert time.perf_counter() - start >= 0.4 and 0 <= dense.wait_s < 0.1
