@@ -87,7 +87,7 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
 
 def wire_keys(keys: torch.Tensor) -> torch.Tensor:
     """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
-    else int64 as they are; the shard widens them back. Half of a sync's 8 bytes a key.
+    else int64 as they are; the shard widens them back. A sync then costs 8 bytes a key, not 12.
 
     Example:
         >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype

@@ -79,6 +79,12 @@ def test_bad_pushes_are_refused_and_change_nothing():
     assert bad.status == 1 and "NaN or inf" in bad.meta["error"]
     other_shard = Shard(ShardConfig((T,), 1, 2)).handle(Message(Op.PULL, 2, {"table": "t"}, [np.array([2])]))
     assert other_shard.status == 1 and "another shard" in other_shard.meta["error"]
+    # keys travel as int64 or int32 (a narrowed request): any other width is refused, by name
+    for keys in (np.array([1], np.int16), np.array([1.0], np.float32), np.array([[1]], np.int32)):
+        bad = shard.handle(Message(Op.PUSH, 3, {"table": "t"}, [keys, np.zeros((1, 3), np.float32), np.array([1])]))
+        assert bad.status == 1 and "keys must be a 1-D int64 or int32 array, got " + str(keys.dtype) in bad.meta["error"]
+    narrow = shard.handle(Message(Op.PULL, 4, {"table": "t"}, [np.array([19, 0], np.int32)]))
+    assert narrow.status == 0 and torch.equal(torch.from_numpy(narrow.arrays[0]), rows0[[19, 0]])
     rows1, clocks1 = client.wait(client.pull("t", torch.arange(20)))
     assert torch.equal(rows0, rows1) and torch.equal(clocks0, clocks1)
 
