@@ -2,8 +2,9 @@
 
 One step is a pull of ``batch`` rows and a push of ``batch`` gradients; the next step's pull is
 sent before this step's push is waited for, as a training loop overlaps them. The raw figure
-runs the same sizes with plain ZeroMQ in the same run: a request of the push's
-size and a reply of the pull's size to an echo process that does nothing else. Bytes count
+runs the same sizes with plain ZeroMQ in the same run: a request of the bytes a step sent
+and a reply of the bytes it received, as the PS run measured them, to an echo process that
+does nothing else. Bytes count
 every frame both ways. ``ps_fraction = bytes_per_s / zmq_bytes_per_s``.
 
 Where a step goes: ``ms_per_step``; ``client_cpu_ms_per_step``, the client process's CPU (all
@@ -92,19 +93,20 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(64)]
     fixed = _measure(TableConfig("bench", rows=rows, dim=dim, optimizer=opt), batches, rows, seconds)
-    # same sizes as a push request (int32 keys, grads, counts) and a pull reply (rows, clocks)
-    raw = raw_zmq(request_bytes=batch * (4 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8), seconds=seconds)
+    # a step's bytes each way as the PS run measured them, in one request and one reply
+    sizes = {"request_bytes": fixed.pop("sent_per_step"), "reply_bytes": fixed.pop("received_per_step")}
+    raw = raw_zmq(**sizes, seconds=seconds)
     out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
     if dynamic:
         spread = [mix(b) for b in batches]  # the same ids, as raw 64-bit keys
         d = _measure(TableConfig("bench", rows=None, dim=dim, optimizer=opt), spread, rows, seconds,
                      ids=lambda k: mix(k))
+        d.pop("sent_per_step"), d.pop("received_per_step")
         out.update({f"dynamic_{k}": v for k, v in d.items()})
         out["dynamic_fraction"] = d["rows_per_s"] / fixed["rows_per_s"]
     if curve:
-        secure = raw_zmq(request_bytes=batch * (4 + 4 * dim + 8), reply_bytes=batch * (4 * dim + 8),
-                         seconds=seconds, curve=True)
+        secure = raw_zmq(**sizes, seconds=seconds, curve=True)
         out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
         out["curve_fraction"] = secure["zmq_bytes_per_s"] / out["zmq_bytes_per_s"]
     return out
@@ -141,12 +143,13 @@ def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=l
                 steps += 1
             client.wait(pull)
             elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            moved = client.bytes["sent"] - sent0 + client.bytes["received"] - recv0
+            sent, received = client.bytes["sent"] - sent0, client.bytes["received"] - recv0
             shard = client.stats()[0]
         finally:
             client.close()
     ms = 1e3 / steps  # where a step goes: the client's CPU (all its threads), the shard's handling, the waits
-    return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": moved / elapsed,
+    return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": (sent + received) / elapsed,
+            "sent_per_step": round(sent / steps), "received_per_step": round(received / steps),
             "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
             "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
             "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}

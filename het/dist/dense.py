@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from het.config import OptimizerConfig, TableConfig
+from het.ps.protocol import narrow
 
 DENSE_TABLE = "dense"
 DENSE_ROW = 256  # floats per row of the dense table
@@ -118,18 +119,16 @@ def dense_table(numel: int, lr: float) -> TableConfig:
 
 def ps_dense_bytes(numel: int) -> int:
     """Bytes a worker's step moves in mode ps for ``numel`` dense parameters: a pull and a push
-    of the whole dense table (rows of DENSE_ROW floats, 12 bytes a row of key, as int32, and
-    count or clock). :class:`PSDense` counts them as they travel.
+    of the whole dense table, rows of DENSE_ROW floats, each with its key both ways (one byte:
+    the keys 0, 1, 2, ... travel delta-coded), its clock (int16, as it travels from the 256th
+    step on to the 32,767th: :func:`het.ps.protocol.narrow`) and its count (one byte). A model
+    for projections: :class:`PSDense` counts what travels.
 
     Example:
         >>> ps_dense_bytes(300)  # 2 rows, both ways
-        4144
+        4106
     """
-    return 2 * _one_way_bytes(math.ceil(numel / DENSE_ROW))
-
-
-def _one_way_bytes(rows: int) -> int:
-    return rows * (4 * DENSE_ROW + 12)
+    return math.ceil(numel / DENSE_ROW) * (2 * 4 * DENSE_ROW + 1 + 2 + 1 + 1)
 
 
 class PSDense:
@@ -163,8 +162,10 @@ class PSDense:
                                           zero_counts))
 
     def before_forward(self) -> None:
-        rows, _ = self._wait(self.client.pull(DENSE_TABLE, self.keys))
-        self.bytes += _one_way_bytes(self.rows)
+        handle = self.client.pull(DENSE_TABLE, self.keys)
+        rows, clocks = self._wait(handle)
+        # the keys as sent, the rows and clocks received (the clocks as narrow as they travelled)
+        self.bytes += handle.request_bytes + rows.nbytes + narrow(clocks).nbytes
         flat = rows.reshape(-1)
         offset = 0
         with torch.no_grad():
@@ -179,9 +180,10 @@ class PSDense:
         grads = self._flat([p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params])
         grads = (grads / self.world).reshape(self.rows, self.row_width)
         self.step += 1
-        self._wait(self.client.push(DENSE_TABLE, self.keys, grads, torch.ones(self.rows, dtype=torch.int64),
-                                    step=self.step))
-        self.bytes += _one_way_bytes(self.rows)
+        handle = self.client.push(DENSE_TABLE, self.keys, grads, torch.ones(self.rows, dtype=torch.int64),
+                                  step=self.step)
+        self.bytes += handle.push_bytes
+        self._wait(handle)
 
     def _wait(self, handle):
         """The handle's result; ``wait_s`` counts the time blocked on the PS, not the merging of

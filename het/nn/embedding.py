@@ -23,8 +23,7 @@ from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
-from het.ps.protocol import GRAD_BYTES, PUSH_DTYPES
-from het.ps.requests import wire_keys
+from het.ps.protocol import PUSH_DTYPES
 
 POOLING = ("sum", "mean")
 
@@ -218,7 +217,7 @@ class Embedding(nn.Module):
                                        grad_dtype=self.push_dtype, state=cache.state_request,
                                        sq=_several_steps(pushes))
         out.parts.clear()
-        self._count_push(pushes)
+        self.traffic["sparse_push"] += handle.push_bytes  # keys, gradients, counts (and squares) as sent
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
         return _Pending(name, flat, inverse, plan, handle)
 
@@ -270,9 +269,10 @@ class Embedding(nn.Module):
             rows = cache.take_idle(share)
             if len(rows):
                 out = self._outbox[name]
-                self._early.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
-                                                    sq=_several_steps(rows), grad_dtype=self.push_dtype))
-                self._count_push(rows)
+                handle = self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
+                                          sq=_several_steps(rows), grad_dtype=self.push_dtype)
+                self._early.append(handle)
+                self.traffic["sparse_push"] += handle.push_bytes
 
     def flush(self) -> None:
         """Push every pending update of every table and wait until the PS applied them."""
@@ -291,9 +291,8 @@ class Embedding(nn.Module):
             out.parts.clear()
             if len(rows):
                 handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
-                                                sq=_several_steps(rows),
-                                                grad_dtype=self.push_dtype))
-                self._count_push(rows)
+                                                sq=_several_steps(rows), grad_dtype=self.push_dtype))
+                self.traffic["sparse_push"] += handles[-1].push_bytes
         for h in handles:
             self._wait(h)
 
@@ -306,13 +305,6 @@ class Embedding(nn.Module):
             return self.client.wait(handle)
         finally:
             self.wait_s += time.perf_counter() - start - (0.0 if merged else handle.merge_s)
-
-    def _count_push(self, rows: Rows) -> None:
-        sq = _several_steps(rows)
-        key = wire_keys(rows.keys).element_size()  # 4 bytes when every key fits int32 (het.ps.requests)
-        self.traffic["sparse_push"] += ((key + 8) * len(rows)  # keys, counts
-                                        + rows.grads.numel() * GRAD_BYTES[self.push_dtype]
-                                        + (0 if sq is None else sq.numel() * 4))  # and squares, when they travel
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.

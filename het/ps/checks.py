@@ -101,6 +101,21 @@ def session(meta: dict) -> tuple[str, int] | None:
     return name, _int(meta, "seq", lo=1)
 
 
+def deltas(meta: dict) -> dict[int, int]:
+    """Which of a request's key arrays travel delta-coded, with their first keys
+    (:func:`het.ps.protocol.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
+    to its first key (each checked by :func:`het.ps.protocol.undelta_keys`).
+
+    Example:
+        >>> deltas({"deltas": {"0": 17}}), deltas({})
+        ({0: 17}, {})
+    """
+    value = meta.get("deltas", {})
+    if not isinstance(value, dict) or not all(isinstance(k, str) and k.isdigit() and len(k) <= 2 for k in value):
+        raise ValueError(f"meta['deltas'] must map array positions to first keys, got {value!r}")
+    return {int(k): v for k, v in value.items()}
+
+
 def every_field(meta: dict) -> None:
     """Check each field the meta holds, whatever the op reads: a request with a malformed field
     is refused whole.
@@ -112,7 +127,7 @@ def every_field(meta: dict) -> None:
         ValueError: meta['lazy'] must be true or false, got 1
     """
     for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path),
-                        ("state", state), ("sq", sq)):
+                        ("state", state), ("sq", sq), ("deltas", deltas)):
         if name in meta:
             parse(meta)
     if "bound" in meta:

@@ -19,7 +19,7 @@ from het.config import ShardConfig, TableConfig
 from het.ps import checks, state
 from het.ps.requests import check_clocks, check_keys, check_push, check_sq, cut, push_sync_parts, route, wire_keys
 from het.ps.auth import check_secret, curve_keys
-from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
+from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, delta_keys, encode
 from het.ps.shard import Shard
 from het.ps.replies import Handle, merge
 from het.ps.transport import LocalChannel, LocalTransport, ZmqTransport
@@ -152,7 +152,6 @@ class PSClient:
         handle = self._send(Op.SYNC, table, keys, lambda p: [wire[p], clocks[p]],
                             {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
         handle.state = state
-        handle.sync_bytes = wire.numel() * wire.element_size() + clocks.numel() * clocks.element_size()
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
@@ -170,16 +169,15 @@ class PSClient:
         push_parts = route(cfg, push_keys, self.num_shards)
         meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype),
                 **_state_meta(state), **({} if sq is None else {"sq": True})}
-        handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device,
-                        sync_bytes=sync_wire.numel() * sync_wire.element_size() + clocks.numel() * clocks.element_size(),
-                        keys=sync_keys, state=state)
+        handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device, keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
             for q, p in push_sync_parts(push_parts[shard], sync_part, self.max_keys):
                 if len(p) or len(q):
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
                     pushed = [push_wire[q], grads[q], counts[q], *([] if sq is None else [sq[q]])]
-                    self._send_part(handle, shard, meta, [*pushed, sync_wire[p_all], clocks[p_all]], p)
+                    self._send_part(handle, shard, meta, [*pushed, sync_wire[p_all], clocks[p_all]], p,
+                                    keys_at=(0, len(pushed)))
         return handle
 
     def wait(self, handle: Handle):
@@ -285,10 +283,24 @@ class PSClient:
         :data:`MAX_PARTS` requests."""
         return min(self.max_keys, max(1024, PART_BYTES // (4 * self.tables[table].dim), -(-n // MAX_PARTS)))
 
-    def _send_part(self, handle, shard, meta, tensors, positions) -> None:
+    def _send_part(self, handle, shard, meta, tensors, positions, keys_at: tuple = (0,)) -> None:
+        """One request of ``handle`` to ``shard``: ``tensors`` as arrays, the arrays of keys
+        (at ``keys_at``) delta-coded where that takes fewer bytes; their bytes are counted on
+        the handle, a push's apart from a sync's."""
         rid = next(self._ids)
         arrays = [t.detach().cpu().numpy() for t in tensors]
-        meta = dict(meta, table=handle.table, session=self._session, seq=next(self._seqs[shard]))
+        coded = {}
+        for i in keys_at:
+            delta = delta_keys(arrays[i])
+            if delta is not None:
+                arrays[i], coded[str(i)] = delta
+        meta = dict(meta, table=handle.table, session=self._session, seq=next(self._seqs[shard]),
+                    **({"deltas": coded} if coded else {}))
+        pushed = _PUSH_ARRAYS.get(handle.op, lambda m: 0)(meta)
+        handle.request_bytes += sum(a.nbytes for a in arrays)
+        handle.push_bytes += sum(a.nbytes for a in arrays[:pushed])
+        if handle.op in (Op.SYNC, Op.PUSH_SYNC):
+            handle.sync_bytes += sum(a.nbytes for a in arrays[pushed:])
         if self.reconnect_s:
             self._inflight[shard][rid] = (handle.op, meta, arrays)
         self._send_request(shard, rid, handle.op, meta, arrays)
@@ -396,6 +408,8 @@ class PSClient:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
+# how many of a request's first arrays are a push's: keys, gradients, counts (and squares)
+_PUSH_ARRAYS = {Op.PUSH: lambda meta: 3 + bool(meta.get("sq")), Op.PUSH_SYNC: lambda meta: 3 + bool(meta.get("sq"))}
 _PROBE_S = 2.0  # with reconnect_s: silence after which a shard is asked whether it restarted
 
 

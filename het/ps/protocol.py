@@ -21,13 +21,13 @@ Requests and their arrays (``n`` keys, rows of width ``D``):
 =========  ==================================================  =================================
 op         request arrays (meta)                               reply arrays (meta)
 =========  ==================================================  =================================
-PULL       keys (n,) i4|i8 (table, lazy)                       rows (n, D) f4, clocks (n,) i8
+PULL       keys (n,) i4|i8|steps (table, lazy, [deltas])       rows (n, D) f4, clocks (n,) int
                                                                [lazy: rows (k, D), built (n,) u1]
-PUSH       keys (n,), grads (n, D), counts (n,) (table, step,  -- (applied)
-           grads: "f32" | "bf16")
+PUSH       keys (n,), grads (n, D), counts (n,) int (table,    -- (applied)
+           step, grads: "f32" | "bf16")
            [sq: true: then sq (n, 1)|(n, D) f4]
-SYNC       keys (n,) i4|i8, clocks (n,) i4|i8 (table, bound,   index (m,) i4, rows (m, D), clocks (m,) i4|i8
-           lazy, [state: "row" | "full"])                      [state: then state (m, 1)|(m, D) f4]
+SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, rows (m, D), clocks (m,) int
+           bound, lazy, [state: "row" | "full"])               [state: then state (m, 1)|(m, D) f4]
                                                                [lazy: rows (k, D), ..., built (m,) u1]
 PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
 SAVE/LOAD  -- (path)                                           -- (path)
@@ -59,11 +59,16 @@ all touched.
 
 Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
 below 2^31 rows; :func:`het.ps.requests.wire_keys`); a shard takes either and widens them.
-Clocks travel as int32 while every clock of the message fits (below 2^31), else as int64
-(:func:`narrow`), and a SYNC's reply index as int32: a sync costs 8 bytes per key sent (key and
-clock; 12 with int64 keys) and 8 per row answered besides the row (index and clock). The sync
-is most of what a cached row costs on the wire. bfloat16 gradients are opt-in (``het train
---push-dtype bf16``).
+Ascending keys (a step's unique keys, which come sorted) travel as the steps between them
+instead, where that takes fewer bytes (:func:`delta_keys`): ``meta["deltas"]`` maps the
+array's position (as text) to its first key, and the array holds 0 and then each key's step
+from the one before, in u1, i2 or i4; the shard adds them up again (:func:`undelta_keys`) and
+refuses steps that do not step up. ``int`` above is any of u1, i2, i4 and i8: clocks, counts
+and a SYNC's reply index travel in the narrowest that holds every value of the array
+(:func:`narrow`), and a shard widens them back (:func:`widen`). A sync of a 10% cache's keys
+then costs about 4 bytes a key sent (a step of one or two bytes and a clock of two while the
+clocks stay below 32,768), not 8, and a pushed row 5 to 6 bytes besides its gradient (key and
+count), not 12. bfloat16 gradients are opt-in (``het train --push-dtype bf16``).
 
 Every request but INFO also names in its meta the shard's ``nonce``, the client's ``session``
 and a ``seq`` (:class:`het.ps.client.PSClient` adds them): how a shard refuses stale and
@@ -100,20 +105,85 @@ GRAD_BYTES = {"f32": 4, "bf16": 2}
 PUSH_DTYPES = tuple(GRAD_BYTES)
 
 
-def narrow(clocks):
-    """Clocks (a torch tensor or numpy array of integers >= -1) as int32 when they all fit,
-    else as int64: what a SYNC sends.
+# Integer arrays travel in the narrowest of these that holds every value (:func:`narrow`)
+_NARROW = ((0, (1 << 8) - 1, "u1"), (-(1 << 15), (1 << 15) - 1, "i2"), (-(1 << 31), _INT32_MAX, "i4"))
+
+
+def narrow(values):
+    """Integers (a torch tensor or numpy array) as the narrowest of uint8, int16 and int32 that
+    holds every one of them, else as int64: how clocks, counts and a sync reply's index
+    travel. A hot row's clock passes 32,767 only after that many updates, and a push's count
+    is the steps its gradient sums, so most of these take one or two bytes, not eight.
 
     Example:
-        >>> narrow(np.array([-1, 5])).dtype, narrow(np.array([1 << 40])).dtype
-        (dtype('int32'), dtype('int64'))
+        >>> [narrow(np.array(v)).dtype.name for v in ([0, 5], [-1, 5], [-1, 1 << 20], [1 << 40])]
+        ['uint8', 'int16', 'int32', 'int64']
     """
-    fits = len(clocks) == 0 or int(clocks.max()) <= _INT32_MAX
-    if isinstance(clocks, np.ndarray):
-        return clocks.astype(np.int32 if fits else np.int64, copy=False)
+    lo, hi = (0, 0) if len(values) == 0 else (int(values.min()), int(values.max()))
+    code = next((c for a, b, c in _NARROW if a <= lo and hi <= b), "i8")
+    if isinstance(values, np.ndarray):
+        return values.astype(_DTYPES[code], copy=False)
     import torch
 
-    return clocks.to(torch.int32 if fits else torch.int64)
+    return values.to(getattr(torch, _DTYPES[code].name))
+
+
+def widen(values: np.ndarray, what: str) -> np.ndarray:
+    """A received integer array of any :data:`WIRE_INTS` type as int64; ValueError naming
+    ``what`` for any other dtype.
+
+    Example:
+        >>> widen(np.array([3], dtype=np.uint8), "counts").dtype
+        dtype('int64')
+    """
+    if values.dtype not in WIRE_INTS:
+        raise ValueError(f"{what} must be integers ({', '.join(t.name for t in WIRE_INTS)}), got {values.dtype}")
+    return values.astype(np.int64, copy=False)
+
+
+WIRE_INTS = tuple(_DTYPES[c] for c in ("u1", "i2", "i4", "i8"))  # what integers travel as, and are widened from
+_DELTA_INTS = WIRE_INTS[:3]  # the steps between ascending keys travel in at most 4 bytes
+
+
+def delta_keys(keys: np.ndarray):
+    """Strictly ascending keys (int32 or int64, as they would travel) as the steps between
+    them, narrowed, and the first key: ``(steps (n,), first)`` with ``steps[0] = 0``, or None
+    where that would not take fewer bytes (keys out of order, fewer than two, long steps). A
+    step's unique keys come sorted, so a sync's keys mostly go as one or two bytes each.
+
+    Example:
+        >>> steps, first = delta_keys(np.array([1000, 1003, 1300], np.int32))
+        >>> steps.tolist(), steps.dtype, first
+        ([0, 3, 297], dtype('int16'), 1000)
+        >>> delta_keys(np.array([5, 3], np.int32)) is None
+        True
+    """
+    if len(keys) < 2:
+        return None
+    steps = np.diff(keys.astype(np.int64, copy=False), prepend=keys[:1])
+    if int(steps[1:].min()) < 1:
+        return None
+    steps = narrow(steps)
+    return None if steps.itemsize >= keys.itemsize else (steps, int(keys[0]))
+
+
+def undelta_keys(steps: np.ndarray, first, max_keys: int) -> np.ndarray:
+    """The int64 keys that :func:`delta_keys` sent as ``steps`` from ``first``; ValueError when
+    they are not such steps (integers of at most 4 bytes, 0 first, then each >= 1) or the
+    keys would leave int64."""
+    if steps.dtype not in _DELTA_INTS or steps.ndim != 1 or not 1 <= len(steps) <= max_keys:
+        raise ValueError(f"delta-coded keys travel as a 1-D array of 1 to {max_keys} integers of at most 4 bytes, "
+                         f"got {steps.dtype} of shape {steps.shape}")
+    if not isinstance(first, int) or isinstance(first, bool) or not -(1 << 63) <= first < (1 << 63):
+        raise ValueError(f"the first of delta-coded keys must be an int64, got {first!r}")
+    wide = steps.astype(np.int64)
+    if wide[0] != 0 or (len(wide) > 1 and int(wide[1:].min()) < 1):
+        raise ValueError("delta-coded keys must step up: 0 first, then steps of at least 1")
+    if first + int(wide.sum()) >= (1 << 63):  # at most 2^31 a step and max_keys steps: the sum fits int64
+        raise ValueError(f"delta-coded keys from {first} pass the largest int64")
+    return np.cumsum(wide, out=wide) + np.int64(first)
+
+
 MAX_ARRAYS = 16
 SIGNED = 0x01  # header flag: the last frame is the MAC
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from het.config import TableConfig
-from het.ps.protocol import Op, PSError
+from het.ps.protocol import WIRE_INTS, Op, PSError
 from het.ps.table import initial_rows
 
 
@@ -23,7 +23,9 @@ class Handle:
     parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
     result: object = None
     done: bool = False
-    sync_bytes: int = 0  # a sync's keys and clocks as sent
+    request_bytes: int = 0  # every array sent
+    sync_bytes: int = 0  # of which a sync's keys and clocks
+    push_bytes: int = 0  # of which a push's keys, gradients, counts (and squares)
     keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
@@ -59,17 +61,17 @@ def merge(handle: Handle, replies: list, table: TableConfig):
         if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
             m = replies[0][1]
             rows = _rows(handle, table, replies[0][0], m.arrays[0], m.arrays[2:])
-            return rows.to(dev), torch.from_numpy(m.arrays[1]).to(dev)
+            return rows.to(dev), _ints(m.arrays[1], "clocks").to(dev)
         rows = torch.empty(handle.n, dim)
         clocks = torch.empty(handle.n, dtype=torch.int64)
         for p, m in replies:
             rows[p.cpu()] = _rows(handle, table, p, m.arrays[0], m.arrays[2:])
-            clocks[p.cpu()] = torch.from_numpy(m.arrays[1])
+            clocks[p.cpu()] = _ints(m.arrays[1], "clocks")
         return rows.to(dev), clocks.to(dev)
     if handle.op is Op.PUSH:
         return sum(m.meta["applied"] for _, m in replies)
     # SYNC, PUSH_SYNC: map each shard's indices back to positions in the keys, key order.
-    index = [p.cpu()[torch.from_numpy(m.arrays[0]).long()] for p, m in replies]
+    index = [p.cpu()[_ints(m.arrays[0], "index")] for p, m in replies]
     width = None if handle.state is None else (1 if handle.state == "row" else dim)
     if not index:
         return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
@@ -81,7 +83,7 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
     rows = _cat([_rows(handle, table, i, m.arrays[1], m.arrays[built:]) for i, (_, m) in zip(index, replies)])
     index = _cat(index)
-    clocks = _cat([torch.from_numpy(m.arrays[2]).long() for _, m in replies])
+    clocks = _cat([_ints(m.arrays[2], "clocks") for _, m in replies])
     state = None if width is None else _cat([_state(m.arrays[3], len(m.arrays[0]), width) for _, m in replies])
     if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):  # one shard answers in key order
         order = torch.argsort(index)
@@ -94,6 +96,13 @@ def merge(handle: Handle, replies: list, table: TableConfig):
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     """``torch.cat``; one part is itself (a reply's arrays, read, never written)."""
     return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _ints(sent, what: str) -> torch.Tensor:
+    """A reply's clocks or index, sent in the narrowest integers that held them, as int64."""
+    if sent.dtype not in WIRE_INTS or sent.ndim != 1:
+        raise PSError(f"a reply's {what}: expected a 1-D integer array, got {sent.dtype} of shape {sent.shape}")
+    return torch.from_numpy(sent).long()
 
 
 def _state(sent, m: int, width: int) -> torch.Tensor:

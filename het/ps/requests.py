@@ -45,8 +45,10 @@ def check_keys(tables: dict[str, TableConfig], table: str, keys) -> torch.Tensor
 
 
 def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):
-    """A push's gradients (float32, or bfloat16 bits as int16) and counts (int64), checked
-    against ``keys`` and the table's width. Shape: keys (n,), grads (n, D), counts (n,)."""
+    """A push's gradients (float32, or bfloat16 bits as int16) and counts, checked against
+    ``keys`` and the table's width; the counts as they travel, in the narrowest integers that
+    hold them (:func:`het.ps.protocol.narrow`: one byte while a row sums under 256 steps).
+    Shape: keys (n,), grads (n, D), counts (n,)."""
     if grad_dtype not in PUSH_DTYPES:
         raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
     n, d = len(keys), table.dim
@@ -59,8 +61,8 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
     if counts.shape != (n,):
         raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
     if grad_dtype == "bf16":  # rounded to nearest even; int16 bits on the wire
-        return grads.to(torch.bfloat16).view(torch.int16), counts
-    return grads.float(), counts
+        return grads.to(torch.bfloat16).view(torch.int16), narrow(counts)
+    return grads.float(), narrow(counts)
 
 
 def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
@@ -78,7 +80,8 @@ def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
 
 
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
-    """A sync's clocks, one per key: int32 on the wire while every clock fits, else int64."""
+    """A sync's clocks, one per key, in the narrowest integers that hold them (int16 while every
+    clock is below 32,768; -1 marks a miss)."""
     clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
     if clocks.shape != keys.shape:
         raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")

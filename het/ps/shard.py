@@ -26,7 +26,7 @@ from het.ps.wal import WriteAheadLog
 from het.staleness import bound_from_wire, must_refresh
 from het.ps.auth import check_secret
 from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, decode, encode, error_reply,
-                             narrow, peek_request_id)
+                             WIRE_INTS, narrow, peek_request_id, undelta_keys, widen)
 
 SAVE_FORMAT = 1
 PREFETCH_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
@@ -197,9 +197,11 @@ class Shard:
         checks.every_field(meta)
         if op is Op.PULL:
             _expect_arrays(msg, 1)
+            a = self._keys(msg, (0,))
             return {}, self.pull(checks.table(meta), a[0], lazy=checks.lazy(meta))
         if op is Op.PUSH:
             _expect_arrays(msg, 3 + checks.sq(meta))
+            a = self._keys(msg, (0,))
             if not self._first_time(meta):  # re-sent after a restart, applied before it
                 return {"applied": len(a[0]), "again": True}, []
             return {"applied": self.push(checks.table(meta), *a[:3], step=checks.step(meta),
@@ -207,11 +209,13 @@ class Shard:
                                          sq=a[3] if checks.sq(meta) else None)}, []
         if op is Op.SYNC:
             _expect_arrays(msg, 2)
+            a = self._keys(msg, (0,))
             return {}, self.sync(checks.table(meta), *a, bound=meta.get("bound"), lazy=checks.lazy(meta),
                                  state=checks.state(meta))
         if op is Op.PUSH_SYNC:
             with_sq = checks.sq(meta)
             _expect_arrays(msg, 5 + with_sq)
+            a = self._keys(msg, (0, 3 + with_sq))
             table, lazy, step, grads = checks.table(meta), checks.lazy(meta), checks.step(meta), checks.grads_as(meta)
             bound_from_wire(meta.get("bound"))
             wanted, sync = checks.state(meta), a[3 + with_sq:]
@@ -237,6 +241,18 @@ class Shard:
             return {}, []
         raise ValueError(f"op {op.name} is not served")
 
+    def _keys(self, msg: Message, key_arrays: tuple) -> list:
+        """The request's arrays with its delta-coded key arrays decoded (int64), checked first:
+        only arrays of keys (``key_arrays``, by position) travel so."""
+        coded = checks.deltas(msg.meta)
+        if not set(coded) <= set(key_arrays):
+            raise ValueError(f"meta['deltas'] names arrays {sorted(coded)}: {msg.op.name}'s keys are arrays "
+                             f"{list(key_arrays)}")
+        arrays = list(msg.arrays)
+        for i, first in coded.items():
+            arrays[i] = undelta_keys(arrays[i], first, self.cfg.max_keys)
+        return arrays
+
     # -- the verbs --------------------------------------------------------------------------
     def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
         """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,). With ``lazy``: rows of the
@@ -244,7 +260,7 @@ class Shard:
         t, at = self._rows_of(table, keys)
         rows, sent = t.rows_to_send(at, lazy)
         self._count_rows(sent, len(at))
-        return [rows[0], t.clocks_of(at).numpy(), *rows[1:]]
+        return [rows[0], narrow(t.clocks_of(at)).numpy(), *rows[1:]]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -260,6 +276,7 @@ class Shard:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         step = checks.step({"step": step})
+        counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
         t, at = self._check_push(table, keys, grads, counts, sq)
         if len(at) == 0:
             return 0
@@ -298,7 +315,7 @@ class Shard:
         (see :meth:`TableRows.rows_to_send`)."""
         t, at = self._check_sync(table, keys, clocks, state=state)
         server = t.clocks_of(at)
-        sent = torch.from_numpy(clocks).long()
+        sent = torch.from_numpy(widen(clocks, "clocks"))
         index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
         rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy)
         self._count_rows(n_sent, len(index))
@@ -306,7 +323,7 @@ class Shard:
         if self.cfg.prefetch and isinstance(t, DynamicRows) and t.disk_dir is not None:
             self._prefetch = [*self._prefetch[-PREFETCH_SYNCS + 1:], (t, at[at[:, 1] >= 0, 1])]
         sent_state = [] if state is None else [t.local_state(at.index_select(0, index), state == "full")]
-        return [index.to(torch.int32).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *sent_state,
+        return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *sent_state,
                 *rows[1:]]
 
     def _count_rows(self, sent: int, asked: int) -> None:
@@ -436,7 +453,7 @@ class Shard:
             raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
         if sq is not None and n and not (_all_finite(sq) and sq.min() >= 0):
             raise ValueError(f"sq (sums of squared gradients) for table {table!r} must be finite and >= 0: refused")
-        if counts.dtype != np.int64 or counts.shape != (n,):
+        if counts.dtype != np.int64 or counts.shape != (n,):  # widened from the wire (push)
             raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
         if n and not _all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
@@ -454,8 +471,9 @@ class Shard:
         if state == "full" and t.cfg.optimizer.name == "rowwise_adagrad":
             raise ValueError(f"table {table!r}'s row-wise Adagrad keeps one float a row: expected state 'row', "
                              f"got {state!r}")
-        if clocks.dtype not in (np.int64, np.int32) or clocks.shape != keys.shape:
-            raise ValueError(f"clocks must be int64 or int32 of shape {keys.shape}, got {clocks.dtype} {clocks.shape}")
+        if clocks.dtype not in WIRE_INTS or clocks.shape != keys.shape:
+            raise ValueError(f"clocks must be integers ({', '.join(t.name for t in WIRE_INTS)}) of shape {keys.shape}, "
+                             f"got {clocks.dtype} {clocks.shape}")
         if len(clocks) and (clocks.min() < -1 or clocks.max() > checks.MAX_CLOCK):
             raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")

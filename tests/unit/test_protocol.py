@@ -1,9 +1,12 @@
 import numpy as np
 import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from het.config import ShardConfig, TableConfig
 from het.ps.protocol import (ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, _HEADER, decode,
-                             encode)
+                             delta_keys, encode, narrow, undelta_keys, widen)
 from het.ps.shard import Shard
 
 
@@ -56,3 +59,55 @@ def test_shard_answers_malformed_requests_with_errors_and_keeps_serving():
     good = decode(shard.handle_frames(encode(Message(Op.PULL, 4, {"table": "t"}, [np.array([9])]))))
     assert good.status == 0 and good.request_id == 4 and good.arrays[0].shape == (1, 2)
     assert shard.stats["errors"] == 4
+
+
+@pytest.mark.parametrize("values, code", [
+    ([], "uint8"), ([0, 255], "uint8"), ([256], "int16"), ([-1, 0], "int16"), ([-(1 << 15), (1 << 15) - 1], "int16"),
+    ([1 << 15], "int32"), ([-1, (1 << 31) - 1], "int32"), ([1 << 31], "int64"), ([-(1 << 31) - 1], "int64")])
+def test_integers_travel_in_the_narrowest_type_that_holds_them(values, code):
+    for array in (np.array(values, np.int64), torch.tensor(values, dtype=torch.int64)):
+        out = narrow(array)
+        assert str(out.dtype).removeprefix("torch.") == code
+        assert widen(np.asarray(out), "clocks").tolist() == list(values)  # and come back exact
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-1, 1 << 62), max_size=40))
+def test_narrow_then_widen_is_the_identity(values):
+    sent = decode(encode(Message(Op.SYNC, 1, {}, [narrow(np.array(values, np.int64))]))).arrays[0]
+    assert widen(sent, "clocks").tolist() == values and widen(sent, "clocks").dtype == np.int64
+
+
+def test_widen_refuses_what_is_not_an_integer_array_of_the_wire():
+    for bad in (np.array([1.0], np.float32), np.array([1], np.uint16)):
+        with pytest.raises(ValueError, match=f"counts must be integers \\(uint8, int16, int32, int64\\), got {bad.dtype}"):
+            widen(bad, "counts")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=2, max_size=60, unique=True), st.booleans())
+def test_ascending_keys_travel_as_narrow_steps_and_come_back_exact(keys, wide):
+    keys = np.array(sorted(keys), np.int64 if wide or max(map(abs, keys)) >= 1 << 31 else np.int32)
+    coded = delta_keys(keys)
+    if coded is None:  # only when the steps would take as many bytes as the keys
+        steps = np.diff(keys.astype(np.int64))
+        assert narrow(steps).itemsize >= keys.itemsize
+        return
+    steps, first = coded
+    assert steps.itemsize < keys.itemsize and steps[0] == 0
+    sent = decode(encode(Message(Op.SYNC, 1, {"deltas": {"0": first}}, [steps]))).arrays[0]
+    assert undelta_keys(sent, first, 1 << 18).tolist() == keys.tolist()
+
+
+def test_keys_out_of_order_are_sent_as_they_are():
+    assert delta_keys(np.array([3, 3, 9], np.int32)) is None and delta_keys(np.array([7], np.int32)) is None
+
+
+@pytest.mark.parametrize("steps, first, match", [
+    (np.array([0, 2], np.int64), 5, "at most 4 bytes"), (np.array([[0, 2]], np.int16), 5, "1-D array"),
+    (np.array([1, 2], np.int16), 5, "0 first"), (np.array([0, 0], np.int16), 5, "steps of at least 1"),
+    (np.array([0, -3], np.int16), 5, "steps of at least 1"), (np.array([0, 9], np.uint8), 1.5, "must be an int64"),
+    (np.array([0, 9], np.uint8), (1 << 63) - 3, "pass the largest int64"), (np.zeros(5, np.uint8), 0, "1 to 4")])
+def test_malformed_delta_coded_keys_are_refused_by_name(steps, first, match):
+    with pytest.raises(ValueError, match=match):
+        undelta_keys(steps, first, 4)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from het.bench import scale
-from het.dist.dense import PSDense, dense_table, ps_dense_bytes
+from het.dist.dense import DENSE_ROW, PSDense, dense_table, ps_dense_bytes
 from het.ps.client import PSClient
 from het.staleness import parse_stalenesses
 from het.train.config import TrainConfig
@@ -81,7 +81,11 @@ def test_dense_ps_bytes_match_what_mode_ps_counts():
     dense.before_forward()
     model(torch.zeros(2, 30)).sum().backward()
     dense.after_backward()
-    assert dense.counters()["dense"] == ps_dense_bytes(numel)
+    rows = -(-numel // DENSE_ROW)
+    # both ways the rows' floats and their keys (0, 1, ...: delta-coded, a byte each past the first's 0);
+    # the first step's clocks (0) and counts (1) in a byte each
+    assert rows > 1 and dense.counters()["dense"] == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 1 + 1)
+    assert ps_dense_bytes(numel) == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 2 + 1)  # clocks past 255 take two
 
 
 @pytest.mark.parametrize("text, message", [

@@ -1,4 +1,5 @@
 import math
+import re
 
 import numpy as np
 import pytest
@@ -89,6 +90,59 @@ def test_bad_pushes_are_refused_and_change_nothing():
     assert torch.equal(rows0, rows1) and torch.equal(clocks0, clocks1)
 
 
+def test_counts_and_clocks_of_any_wire_width_apply_alike_and_others_are_refused():
+    """Counts and clocks travel as narrow as they fit: a shard takes uint8 to int64 alike, and
+    refuses floats and unsigned 16-bit integers by name, changing nothing."""
+    results = []
+    for dtype in (np.uint8, np.int16, np.int32, np.int64):
+        shard = Shard(ShardConfig((T,)))
+        keys, grads = np.array([3, 7, 3]), np.ones((3, 3), np.float32)
+        pushed = shard.handle(Message(Op.PUSH, 1, {"table": "t"}, [keys, grads, np.array([2, 200, 1], dtype)]))
+        assert pushed.status == 0 and pushed.meta["applied"] == 3
+        synced = shard.handle(Message(Op.SYNC, 2, {"table": "t", "bound": 0},
+                                      [np.array([3, 7, 9]), np.array([0, 200, 0], dtype)]))
+        assert synced.status == 0
+        results.append((shard.tables["t"].clocks.tolist(), synced.arrays[0].tolist(), synced.arrays[2].tolist()))
+    assert all(r == results[0] for r in results)
+    assert results[0][1:] == ([0], [3])  # only key 3 (clock 3 > sent 0) is stale; key 7 is not, key 9 untouched
+    shard = Shard(ShardConfig((T,)))
+    for bad in (np.array([1.0], np.float32), np.array([1], np.uint16)):
+        refused = shard.handle(Message(Op.PUSH, 3, {"table": "t"}, [np.array([1]), np.zeros((1, 3), np.float32), bad]))
+        assert refused.status == 1 and f"counts must be integers (uint8, int16, int32, int64), got {bad.dtype}" \
+            in refused.meta["error"]
+        refused = shard.handle(Message(Op.SYNC, 4, {"table": "t"}, [np.array([1]), bad]))
+        assert refused.status == 1 and f"clocks must be integers (uint8, int16, int32, int64) of shape (1,), got " \
+            f"{bad.dtype}" in refused.meta["error"]
+    assert int(shard.tables["t"].clocks.sum()) == 0 and shard.stats["rows_in"] == 0
+
+
+def test_delta_coded_keys_reach_the_same_rows_as_plain_ones_and_bad_codes_change_nothing():
+    """A client sends ascending keys as the steps between them (a byte each here): the shard
+    applies and answers them as the plain keys; a code naming another array, or steps that do
+    not step up, is refused whole."""
+    plain, coded = PSClient.local([T], 1), PSClient.local([T], 1)
+    keys = torch.tensor([2, 3, 9, 17])
+    for client in (plain, coded):
+        client.wait(client.push("t", keys, torch.ones(4, 3), torch.tensor([1, 2, 1, 1])))
+    handle = coded.push_sync("t", keys, torch.ones(4, 3), torch.ones(4, dtype=torch.int64), keys,
+                             torch.tensor([-1, 0, 2, -1]), 0)
+    assert handle.push_bytes == 4 * 1 + 4 * 12 + 4 * 1 and handle.sync_bytes == 4 * 1 + 4 * 2  # keys as u1 steps
+    got = coded.wait(handle)
+    plain.wait(plain.push("t", keys, torch.ones(4, 3), torch.ones(4, dtype=torch.int64)))
+    want = plain.wait(plain.sync("t", keys, torch.tensor([-1, 0, 2, -1]), 0))
+    assert torch.equal(got.index, want.index) and torch.equal(got.rows, want.rows)
+    assert torch.equal(got.clocks, want.clocks) and got.index.tolist() == [0, 1, 3]
+    shard = coded.channels[0].shard
+    before = shard.tables["t"].clocks.clone()
+    grads, counts = np.ones((2, 3), np.float32), np.ones(2, np.uint8)
+    for deltas, steps, match in (({"1": 2}, np.array([0, 1], np.uint8), r"names arrays \[1\]: PUSH's keys are arrays \[0\]"),
+                                 ({"0": 2}, np.array([0, 0], np.uint8), "steps of at least 1"),
+                                 ({"x": 2}, np.array([0, 1], np.uint8), "must map array positions")):
+        bad = shard.handle(Message(Op.PUSH, 9, {"table": "t", "deltas": deltas}, [steps, grads, counts]))
+        assert bad.status == 1 and re.search(match, bad.meta["error"]), bad.meta
+    assert torch.equal(shard.tables["t"].clocks, before)
+
+
 def test_error_replies_raise_ps_error_naming_the_shard():
     client = PSClient.local([T], 1)
     with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD: ValueError: no saved shard"):
@@ -154,7 +208,7 @@ def test_keys_past_int32_travel_as_int64_and_either_width_reaches_the_same_rows(
     client = PSClient.local([dyn], 2)
     narrow, wide = torch.tensor([7, -3, 2**31 - 1]), torch.tensor([7, -3, 2**40])
     for keys, key_bytes in ((narrow, 4), (wide, 8)):
-        assert client.sync("ids", keys, torch.full_like(keys, -1), 0).sync_bytes == 3 * key_bytes + 3 * 4
+        assert client.sync("ids", keys, torch.full_like(keys, -1), 0).sync_bytes == 3 * key_bytes + 3 * 2  # int16 clocks
         client.wait(client.push("ids", keys, torch.ones(3, 3), torch.ones(3, dtype=torch.int64)))
     keys = torch.tensor([7, -3, 2**31 - 1, 2**40])
     rows, clocks = client.wait(client.pull("ids", keys))
@@ -162,20 +216,20 @@ def test_keys_past_int32_travel_as_int64_and_either_width_reaches_the_same_rows(
     assert torch.allclose(rows, torch.from_numpy(initial_rows(dyn, keys.numpy())) - 0.5 * clocks[:, None].float())
 
 
-def test_sync_keys_and_clocks_travel_as_int32_until_they_do_not_fit():
+def test_sync_clocks_and_indices_travel_as_narrow_as_they_fit():
     client = PSClient.local([T], 1)
     keys = torch.tensor([1, 2])
     small = client.sync("t", keys, torch.tensor([-1, 0]), 0)
-    assert small.sync_bytes == 2 * 4 + 2 * 4                     # int32 keys, int32 clocks
+    assert small.sync_bytes == 2 * 1 + 2 * 2                     # keys 1, 2 as steps 0, 1; int16 clocks (-1: a miss)
     res = client.wait(small)
     assert res.clocks.dtype == torch.int64 and res.index.dtype == torch.int64  # widened for the cache
-    assert res.sync_bytes == 1 * 4 + 1 * 4 + 1                   # one miss: int32 index and clock, built mark
+    assert res.sync_bytes == 1 + 1 + 1                           # one miss: uint8 index and clock, built mark
     assert res.row_bytes == 0                                     # untouched: built by the client
     # a clock past 2^31 (a long-lived hot row) goes as int64, both ways, and compares exactly
     big = (1 << 31) + 5
     for count in (1 << 31, 5):  # one push counts at most 2^31 updates of a key
         client.wait(client.push("t", torch.tensor([2]), torch.zeros(1, 3), torch.tensor([count])))
     wide = client.sync("t", keys, torch.tensor([-1, big - 1]), 0)
-    assert wide.sync_bytes == 2 * 4 + 2 * 8
+    assert wide.sync_bytes == 2 * 1 + 2 * 8  # keys as steps, clocks as int64
     res = client.wait(wide)
     assert res.index.tolist() == [0, 1] and res.clocks.tolist() == [0, big]
