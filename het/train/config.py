@@ -43,10 +43,34 @@ MODELS = CTR_MODELS + GRAPH_MODELS
 CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
+@dataclass(frozen=True)
+class Samples:
+    """A default in steps that spans ``samples`` samples at the job's batch: ``ceil(samples /
+    batch)`` steps, from 1 to ``most``.
+
+    Example:
+        >>> window = Samples(16_384)
+        >>> window.steps(512), window.steps(128), window.steps(100_000)
+        (32, 128, 1)
+    """
+
+    samples: int
+    most: int = 1024
+
+    def steps(self, batch: int) -> int:
+        return max(1, min(self.most, -(-self.samples // batch)))
+
+    def __str__(self) -> str:
+        return f"{self.samples:,} samples' worth of steps, {self.steps(512)} at batch 512"
+
+
 # A job's defaults by model, for the fields whose default is None.
-# lookahead 32: 12.8% fewer sparse bytes at the same samples/s on loopback (docs/RESULTS.md)
+# The lookahead window spans 16,384 samples, whatever the batch: 32 steps at batch 512 (12.8%
+# fewer sparse bytes at the same samples/s on loopback), 128 at batch 128, the same stretch of
+# the data to choose victims by (docs/RESULTS.md, "Lookahead")
 _CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
-                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536, "lookahead": 32}
+                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536,
+                 "lookahead": Samples(16_384)}
 MODEL_DEFAULTS = {
     "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
     # DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR sparse lr of
@@ -144,7 +168,7 @@ class TrainConfig:
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
     policy: str = setting("lfu", "the cache's replacement policy", choices=POLICIES)
     lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within "
-                                    "them (0: off)")
+                                    "them (0: off)")  # by default: 16,384 samples' worth (Samples)
     local_update: str = setting("row", "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
                                 "step the PS's Adagrad will take, from a float of its state a row), full (from "
                                 "its whole state); tables of other optimizers use sgd", choices=LOCAL_UPDATES)
@@ -191,9 +215,12 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
         for name, value in MODEL_DEFAULTS[self.model].items():
-            if getattr(self, name) is None:
+            if getattr(self, name) is None and not isinstance(value, Samples):
                 object.__setattr__(self, name, value)
         check_fields(self)
+        for name, value in MODEL_DEFAULTS[self.model].items():  # in samples: steps at the batch, once checked
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, value.steps(self.batch) if self.batch > 0 else 0)
         try:
             self.ps_memory_bytes
         except ValueError as e:

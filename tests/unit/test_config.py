@@ -26,6 +26,18 @@ def test_a_jobs_defaults_follow_its_model_and_flags_still_win(tmp_path):
     assert (graph.data, graph.lr, graph.optimizer) == ("cora", 0.001, "adam")
 
 
+def test_the_lookahead_window_spans_16384_samples_whatever_the_batch(tmp_path):
+    assert [TrainConfig(batch=b).lookahead for b in (512, 128, 100, 4096, 1)] == [32, 128, 164, 4, 1024]
+    assert TrainConfig(batch=128, lookahead=5).lookahead == 5 and TrainConfig(lookahead=0).lookahead == 0
+    assert TrainConfig(model="graphsage", batch=16).lookahead == 0  # GraphSAGE keeps it off
+    job = tmp_path / "job.toml"
+    job.write_text("batch = 256\n")
+    assert TrainConfig.load(str(job), {}).lookahead == 64
+    assert TrainConfig.load(str(job), {"lookahead": 8}).lookahead == 8
+    with pytest.raises(ValueError, match="steps >= 0, batch > 0 and dim > 0 expected"):
+        TrainConfig(batch=0)  # refused by the batch's own check, not by the window's arithmetic
+
+
 # -- one source of truth: every setting is a documented flag and a TOML key -----------------
 
 import ast  # noqa: E402
