@@ -22,7 +22,6 @@ import torch.distributed as dist
 from torch import nn
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps.protocol import narrow
 
 DENSE_TABLE = "dense"
 DENSE_ROW = 256  # floats per row of the dense table
@@ -120,15 +119,16 @@ def dense_table(numel: int, lr: float) -> TableConfig:
 def ps_dense_bytes(numel: int) -> int:
     """Bytes a worker's step moves in mode ps for ``numel`` dense parameters: a pull and a push
     of the whole dense table, rows of DENSE_ROW floats, each with its key both ways (one byte:
-    the keys 0, 1, 2, ... travel delta-coded), its clock (int16, as it travels from the 256th
-    step on to the 32,767th: :func:`het.ps.protocol.narrow`) and its count (one byte). A model
+    the keys 0, 1, 2, ... of a table of two rows or more travel delta-coded), its clock (int16,
+    as it travels from the 256th step on to the 32,767th: :func:`het.ps.protocol.narrow`), the
+    pull's mark of a row the client builds (one byte) and the push's count (one byte). A model
     for projections: :class:`PSDense` counts what travels.
 
     Example:
         >>> ps_dense_bytes(300)  # 2 rows, both ways
-        4106
+        4108
     """
-    return math.ceil(numel / DENSE_ROW) * (2 * 4 * DENSE_ROW + 1 + 2 + 1 + 1)
+    return math.ceil(numel / DENSE_ROW) * (2 * 4 * DENSE_ROW + 1 + 2 + 1 + 1 + 1)
 
 
 class PSDense:
@@ -163,9 +163,8 @@ class PSDense:
 
     def before_forward(self) -> None:
         handle = self.client.pull(DENSE_TABLE, self.keys)
-        rows, clocks = self._wait(handle)
-        # the keys as sent, the rows and clocks received (the clocks as narrow as they travelled)
-        self.bytes += handle.request_bytes + rows.nbytes + narrow(clocks).nbytes
+        rows, _ = self._wait(handle)
+        self.bytes += handle.request_bytes + handle.reply_bytes  # keys sent; rows, clocks, built marks back
         flat = rows.reshape(-1)
         offset = 0
         with torch.no_grad():

@@ -185,6 +185,7 @@ class PSClient:
         if handle.done:
             return handle.result
         replies = [(positions, self._reply(shard, rid)) for shard, rid, positions in handle.parts]
+        handle.reply_bytes = sum(a.nbytes for _, m in replies for a in m.arrays)
         start = time.perf_counter()
         handle.result, handle.done = merge(handle, replies, self.tables[handle.table]), True
         handle.merge_s = time.perf_counter() - start

@@ -23,8 +23,8 @@ op         request arrays (meta)                               reply arrays (met
 =========  ==================================================  =================================
 PULL       keys (n,) i4|i8|steps (table, lazy, [deltas])       rows (n, D) f4, clocks (n,) int
                                                                [lazy: rows (k, D), built (n,) u1]
-PUSH       keys (n,), grads (n, D), counts (n,) int (table,    -- (applied)
-           step, grads: "f32" | "bf16")
+PUSH       keys (n,) i4|i8|steps, grads (n, D), counts (n,)    -- (applied)
+           int (table, step, grads: "f32" | "bf16", [deltas])
            [sq: true: then sq (n, 1)|(n, D) f4]
 SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, rows (m, D), clocks (m,) int
            bound, lazy, [state: "row" | "full"])               [state: then state (m, 1)|(m, D) f4]
@@ -158,10 +158,10 @@ def delta_keys(keys: np.ndarray):
         >>> delta_keys(np.array([5, 3], np.int32)) is None
         True
     """
-    if len(keys) < 2:
+    if len(keys) < 2 or not bool((keys[1:] > keys[:-1]).all()):  # compared as they are: no difference wraps
         return None
     steps = np.diff(keys.astype(np.int64, copy=False), prepend=keys[:1])
-    if int(steps[1:].min()) < 1:
+    if int(steps[1:].min()) < 1:  # a step past 2^63 wrapped: send the keys as they are
         return None
     steps = narrow(steps)
     return None if steps.itemsize >= keys.itemsize else (steps, int(keys[0]))
@@ -171,7 +171,7 @@ def undelta_keys(steps: np.ndarray, first, max_keys: int) -> np.ndarray:
     """The int64 keys that :func:`delta_keys` sent as ``steps`` from ``first``; ValueError when
     they are not such steps (integers of at most 4 bytes, 0 first, then each >= 1) or the
     keys would leave int64."""
-    if steps.dtype not in _DELTA_INTS or steps.ndim != 1 or not 1 <= len(steps) <= max_keys:
+    if steps.dtype not in _DELTA_INTS or steps.ndim != 1 or not 1 <= len(steps) <= min(max_keys, (1 << 32) - 1):
         raise ValueError(f"delta-coded keys travel as a 1-D array of 1 to {max_keys} integers of at most 4 bytes, "
                          f"got {steps.dtype} of shape {steps.shape}")
     if not isinstance(first, int) or isinstance(first, bool) or not -(1 << 63) <= first < (1 << 63):
@@ -179,7 +179,7 @@ def undelta_keys(steps: np.ndarray, first, max_keys: int) -> np.ndarray:
     wide = steps.astype(np.int64)
     if wide[0] != 0 or (len(wide) > 1 and int(wide[1:].min()) < 1):
         raise ValueError("delta-coded keys must step up: 0 first, then steps of at least 1")
-    if first + int(wide.sum()) >= (1 << 63):  # at most 2^31 a step and max_keys steps: the sum fits int64
+    if first + int(wide.sum()) >= (1 << 63):  # under 2^31 a step and 2^32 steps: the sum fits int64
         raise ValueError(f"delta-coded keys from {first} pass the largest int64")
     return np.cumsum(wide, out=wide) + np.int64(first)
 

@@ -26,6 +26,7 @@ class Handle:
     request_bytes: int = 0  # every array sent
     sync_bytes: int = 0  # of which a sync's keys and clocks
     push_bytes: int = 0  # of which a push's keys, gradients, counts (and squares)
+    reply_bytes: int = 0  # every array received, once waited for
     keys: torch.Tensor | None = None  # the keys pulled or synced (any device): to build untouched rows
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting

@@ -80,8 +80,8 @@ def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
 
 
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
-    """A sync's clocks, one per key, in the narrowest integers that hold them (int16 while every
-    clock is below 32,768; -1 marks a miss)."""
+    """A sync's clocks, one per key, in the narrowest integers that hold them (uint8 while every
+    one is in [0, 255], int16 with a miss's -1 or below 32,768)."""
     clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
     if clocks.shape != keys.shape:
         raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
@@ -90,7 +90,8 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
 
 def wire_keys(keys: torch.Tensor) -> torch.Tensor:
     """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
-    else int64 as they are; the shard widens them back. A sync then costs 8 bytes a key, not 12.
+    else int64 as they are; the shard widens them back. Ascending keys then travel narrower
+    still where they can, as the steps between them (:func:`het.ps.protocol.delta_keys`).
 
     Example:
         >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype

@@ -84,15 +84,20 @@ def test_widen_refuses_what_is_not_an_integer_array_of_the_wire():
             widen(bad, "counts")
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.integers(-(1 << 40), 1 << 40), min_size=2, max_size=60, unique=True), st.booleans())
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(-(1 << 40), 1 << 40), st.integers(-(1 << 63), (1 << 63) - 1)),
+                min_size=2, max_size=60, unique=True), st.booleans())
 def test_ascending_keys_travel_as_narrow_steps_and_come_back_exact(keys, wide):
-    keys = np.array(sorted(keys), np.int64 if wide or max(map(abs, keys)) >= 1 << 31 else np.int32)
-    coded = delta_keys(keys)
-    if coded is None:  # only when the steps would take as many bytes as the keys
-        steps = np.diff(keys.astype(np.int64))
-        assert narrow(steps).itemsize >= keys.itemsize
+    keys = sorted(keys)
+    fits32 = -(1 << 31) <= keys[0] and keys[-1] < 1 << 31
+    array = np.array(keys, np.int32 if fits32 and not wide else np.int64)
+    coded = delta_keys(array)
+    if coded is None:  # only when the steps (as Python ints: none wraps) take as many bytes as the keys
+        longest = max(b - a for a, b in zip(keys, keys[1:]))
+        assert next(w for w, top in ((1, 255), (2, 32767), (4, 2**31 - 1), (8, 2**64)) if longest <= top) \
+            >= array.itemsize
         return
+    keys = array
     steps, first = coded
     assert steps.itemsize < keys.itemsize and steps[0] == 0
     sent = decode(encode(Message(Op.SYNC, 1, {"deltas": {"0": first}}, [steps]))).arrays[0]
@@ -101,6 +106,10 @@ def test_ascending_keys_travel_as_narrow_steps_and_come_back_exact(keys, wide):
 
 def test_keys_out_of_order_are_sent_as_they_are():
     assert delta_keys(np.array([3, 3, 9], np.int32)) is None and delta_keys(np.array([7], np.int32)) is None
+    # descending int64 keys whose difference wraps past 2^63 are out of order too, not a step of 1
+    assert delta_keys(np.array([2**63 - 1, -2**63], np.int64)) is None
+    steps, first = delta_keys(np.array([-2**63, 2**63 - 1], np.int64)) or (None, None)
+    assert steps is None  # a step of 2^64 - 1 is no narrower than the keys
 
 
 @pytest.mark.parametrize("steps, first, match", [
