@@ -137,9 +137,14 @@ class EmbeddingCache:
         self.acc = memory.zeros(n, width, device=dev)
         self.sq = memory.zeros(n, width, device=dev)  # the pending steps' squared gradients, summed
         self.lr, self.eps = opt.lr, opt.eps or 0.0
-        self.exact_local = opt.name == "sgd" and self.local_lr == opt.lr
-        # a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
-        self.clear_clock = not self.exact_local and table.rows is None and table.admit_after > 1
+        # a copy whose own updates are the server's (SGD at the table's lr; Adagrad followed
+        # from its whole state: row-wise Adagrad's float a row, or "full") counts them as seen
+        # once pushed: c_s += u (see _take). Per-coordinate Adagrad followed from a float a row
+        # ("row", the default) only approximates the server: its pushed copies are refreshed.
+        self.own_seen = ((opt.name == "sgd" and self.local_lr == opt.lr)
+                         or (self.rule == "row" and opt.name == "rowwise_adagrad") or self.rule == "full")
+        # else a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
+        self.clear_clock = not self.own_seen and table.rows is None and table.admit_after > 1
         self.counters = Counter()
         self._way = torch.arange(self.ways, device=dev)
         self.native = native.usable(self.rows)  # the C++ step (het.native) on CPU, this code elsewhere
@@ -415,7 +420,7 @@ class EmbeddingCache:
         if self.native and grads.dtype == torch.float32 and native.usable(grads, plan.slot):
             keys, g, counts, due, sq = native.ops.cache_update(
                 plan.keys, plan.slot, grads.contiguous(), self.keys, self.held, self.rows, self.pending, self.clock,
-                self.updates, self.local_lr, float(self.bound), self.exact_local, self.clear_clock, self.acc, self.sq,
+                self.updates, self.local_lr, float(self.bound), self.own_seen, self.clear_clock, self.acc, self.sq,
                 self.lr, self.eps)
             self.counters["pushed_rows"] += int(due)
             return Rows(keys, g, counts, None if self.rule == "sgd" else sq)
@@ -466,17 +471,18 @@ class EmbeddingCache:
 
     def _take(self, slots: torch.Tensor, stay: bool = False) -> Rows:
         """Rows of ``slots`` with their pending updates, which are reset. When the rows ``stay``
-        cached and their local updates were exact (SGD at the table's lr), the copies count
-        the pushed updates as seen (``c_s += u``): the server's clock will include them, and
-        the copy already does, so they do not make it stale (and if a dynamic table drops the
-        push, the copy is then ahead of the shard and refreshed: het.staleness.must_refresh)."""
+        cached and their local updates are the server's (SGD at the table's lr, or Adagrad
+        followed from its whole state), the copies count the pushed updates as seen (``c_s +=
+        u``): the server's clock will include them, and the copy already does, so they do not
+        make it stale; only other workers' updates do (and if a dynamic table drops the push,
+        the copy is then ahead of the shard and refreshed: het.staleness.must_refresh)."""
         out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
                    self.updates.index_select(0, slots), None if self.rule == "sgd" else self.sq.index_select(0, slots))
         if self.rule != "sgd":
             if stay:  # the accumulator as the server's will be once the push lands
                 self.acc.index_add_(0, slots, out.sq)
             self.sq.index_fill_(0, slots, 0)
-        if stay and self.exact_local:
+        if stay and self.own_seen:
             self.clock.index_add_(0, slots, out.counts)
         elif stay and self.clear_clock:
             # the shard may drop this push (a key not admitted yet) and leave its clock where the

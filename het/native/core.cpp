@@ -408,13 +408,14 @@ std::vector<torch::Tensor> cache_fill(torch::Tensor slot, torch::Tensor hit, tor
 // EmbeddingCache.update: apply one step's gradients to the cached rows (row -= local_lr * g, or
 // with `acc` (n, W) the change of the step the server's Adagrad will take with the pending sum),
 // accumulate them, and take the rows with more than `bound` unpushed updates (with their clocks
-// advanced by the updates when the local rule is exact, or cleared when `clear_clock`; their
+// advanced by the updates when the copy counts its own updates as seen (`own_seen`: its local
+// rule is the server's), or cleared when `clear_clock`; their
 // accumulators as the server's will be), then the gradients of keys that bypassed the cache or
 // lost their slot. Returns keys, grads, counts and the number of rows taken from the cache.
 std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, torch::Tensor grads,
                                         torch::Tensor tkeys, torch::Tensor held, torch::Tensor rows,
                                         torch::Tensor pending, torch::Tensor clock, torch::Tensor updates,
-                                        double local_lr, double bound, bool exact_local, bool clear_clock,
+                                        double local_lr, double bound, bool own_seen, bool clear_clock,
                                         torch::Tensor acc, torch::Tensor sq, double lr, double eps) {
   check(keys, torch::kInt64, "keys");
   check(slot, torch::kInt64, "slot");
@@ -520,7 +521,7 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
     }
     std::copy(p + t * D, p + (t + 1) * D, og + a * D);
     std::fill(p + t * D, p + (t + 1) * D, 0.0f);
-    if (exact_local) ck[t] += u[t];
+    if (own_seen) ck[t] += u[t];
     else if (clear_clock) ck[t] = -1;
     u[t] = 0;
     ++a;

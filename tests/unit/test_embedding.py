@@ -301,3 +301,22 @@ def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(mo
     model(torch.zeros(2, 3)).sum().backward()
     dense.after_backward()
     assert time.perf_counter() - start >= 0.4 and 0 <= dense.wait_s < 0.1
+
+
+@pytest.mark.parametrize("optimizer, local_update, refreshed", [
+    ("sgd", "row", False), ("rowwise_adagrad", "row", False), ("adagrad", "full", False), ("adagrad", "row", True)])
+def test_a_copy_that_follows_the_server_exactly_is_not_made_stale_by_its_own_pushes(optimizer, local_update, refreshed):
+    """One worker, s = 2: its hot rows are pushed every third step. Where the copy's own steps
+    are the server's (SGD, row-wise Adagrad, Adagrad followed in full), the pushed updates
+    count as seen and the copy stays; per-coordinate Adagrad followed from a float a row is
+    only close, so the copy is refreshed after each push. Either way it stays the server's row."""
+    table = TableConfig("embedding", rows=10, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.1))
+    emb = Embedding(tables=table, cache=CacheConfig(capacity=10, staleness=2, ways=10, local_update=local_update))
+    keys = torch.tensor([1, 2, 5])
+    for step in range(12):
+        (emb(keys) * torch.arange(1.0, 5.0)).sum().backward()
+    stats = emb.stats()["embedding"]
+    assert stats["pushed_rows"] >= 9 and (stats["stale_refreshes"] > 0) == refreshed, stats
+    with torch.no_grad():
+        cached = emb(keys)
+    assert torch.allclose(cached, emb.read(keys), rtol=0, atol=1e-6 if not refreshed else 1e-2)
