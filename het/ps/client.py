@@ -297,7 +297,7 @@ class PSClient:
                 arrays[i], coded[str(i)] = delta
         meta = dict(meta, table=handle.table, session=self._session, seq=next(self._seqs[shard]),
                     **({"deltas": coded} if coded else {}))
-        pushed = _PUSH_ARRAYS.get(handle.op, lambda m: 0)(meta)
+        pushed = 3 + bool(meta.get("sq")) if handle.op in (Op.PUSH, Op.PUSH_SYNC) else 0  # keys, grads, counts, [sq]
         handle.request_bytes += sum(a.nbytes for a in arrays)
         handle.push_bytes += sum(a.nbytes for a in arrays[:pushed])
         if handle.op in (Op.SYNC, Op.PUSH_SYNC):
@@ -409,8 +409,6 @@ class PSClient:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
-# how many of a request's first arrays are a push's: keys, gradients, counts (and squares)
-_PUSH_ARRAYS = {Op.PUSH: lambda meta: 3 + bool(meta.get("sq")), Op.PUSH_SYNC: lambda meta: 3 + bool(meta.get("sq"))}
 _PROBE_S = 2.0  # with reconnect_s: silence after which a shard is asked whether it restarted
 
 
