@@ -17,7 +17,8 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import checks, state
-from het.ps.requests import check_clocks, check_keys, check_push, check_sq, cut, push_sync_parts, route, wire_keys
+from het.ps.requests import (ascending, check_clocks, check_keys, check_push, check_sq, cut, push_arrays,
+                             push_sync_parts, route, wire_keys)
 from het.ps.auth import check_secret, curve_keys
 from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, delta_keys, encode
 from het.ps.shard import Shard
@@ -135,9 +136,10 @@ class PSClient:
         keys = check_keys(self.tables, table, keys)
         grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
         sq = check_sq(self.tables[table], keys, sq)
+        keys, grads, counts, sq = ascending(keys, grads, counts, sq)
         wire = wire_keys(keys)
         return self._send(Op.PUSH, table, keys,
-                          lambda p: [wire[p], grads[p], counts[p], *([] if sq is None else [sq[p]])],
+                          lambda p: push_arrays(wire, grads, counts, sq, p),
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
 
     def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float,
@@ -164,6 +166,7 @@ class PSClient:
         cfg = self.tables[table]
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, push_keys, sq)
+        push_keys, grads, counts, sq = ascending(push_keys, grads, counts, sq)
         clocks = check_clocks(sync_keys, clocks)
         push_wire, sync_wire = wire_keys(push_keys), wire_keys(sync_keys)
         push_parts = route(cfg, push_keys, self.num_shards)
@@ -175,7 +178,7 @@ class PSClient:
                 if len(p) or len(q):
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
-                    pushed = [push_wire[q], grads[q], counts[q], *([] if sq is None else [sq[q]])]
+                    pushed = push_arrays(push_wire, grads, counts, sq, q)
                     self._send_part(handle, shard, meta, [*pushed, sync_wire[p_all], clocks[p_all]], p,
                                     keys_at=(0, len(pushed)))
         return handle

@@ -22,13 +22,16 @@ Requests and their arrays (``n`` keys, rows of width ``D``):
 op         request arrays (meta)                               reply arrays (meta)
 =========  ==================================================  =================================
 PULL       keys (n,) i4|i8|steps (table, lazy, [deltas])       rows (n, D) f4, clocks (n,) int
-                                                               [lazy: rows (k, D), built (n,) u1]
+                                                               [lazy: rows (k, D), clocks (k,),
+                                                               built (ceil(n/8),) u1 bits]
 PUSH       keys (n,) i4|i8|steps, grads (n, D), counts (n,)    -- (applied)
            int (table, step, grads: "f32" | "bf16", [deltas])
-           [sq: true: then sq (n, 1)|(n, D) f4]
+           [sq: true: then sq (j, 1)|(j, D) f4, the j rows
+           of counts > 1 (or all n)]
 SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, rows (m, D), clocks (m,) int
            bound, lazy, [state: "row" | "full"])               [state: then state (m, 1)|(m, D) f4]
-                                                               [lazy: rows (k, D), ..., built (m,) u1]
+                                                               [lazy: rows, clocks, state of k rows,
+                                                               then built (ceil(m/8),) u1 bits]
 PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
 SAVE/LOAD  -- (path)                                           -- (path)
 STATS      --                                                  -- (stats)
@@ -42,15 +45,19 @@ An Adagrad table's cache follows its optimizer (``CacheConfig.local_update``): a
 ``state`` gets each row's accumulator beside it (its mean over the row, or all of it), and a
 push with ``sq`` carries each row's sum of the squared gradients of the steps it sums, from
 which Adagrad takes those steps' worth (:func:`het.ps.optim.adagrad_factor`) instead of one
-step of their sum. Both are optional: a message without them is as before.
+step of their sum. Both are optional: a message without them is as before. A push's ``sq``
+holds only its rows of several steps (``counts > 1``, in order), as the square of a row of one
+step is its gradient's, which the shard squares itself (a shard also takes one for every row).
 Gradients travel as float32, or with ``grads: "bf16"`` in the meta as bfloat16 (the upper 16 bits
 of each float32, rounded to nearest even; sent as int16 bits): half the bytes of a push, about
 three significant digits per value.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key
-(:func:`het.ps.table.initial_rows`), which the client builds itself. The reply then carries
-only the touched rows (``k`` of them, in order) and one more array, ``built``: 1 where the row
+(:func:`het.ps.table.initial_rows`), which the client builds itself, with its clock (0) and
+its optimizer state (the initial one: :func:`het.ps.table.initial_state`). The reply then
+carries the rows, clocks and state of the touched rows only (``k`` of them, in order) and one
+more array, ``built``: a bit a row (``np.packbits(..., bitorder="little")``), 1 where the row
 was left for the client to build. Untouched rows are most first uses of a key, which every
 cache and every mode must otherwise pull.
 A row is marked ``touched`` by its first push of any count (mode ps installs its dense values
@@ -59,7 +66,8 @@ all touched.
 
 Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
 below 2^31 rows; :func:`het.ps.requests.wire_keys`); a shard takes either and widens them.
-Ascending keys (a step's unique keys, which come sorted) travel as the steps between them
+Ascending keys (a step's unique keys, which come sorted, and a push's, which the client
+sorts: :func:`het.ps.requests.ascending`) travel as the steps between them
 instead, where that takes fewer bytes (:func:`delta_keys`): ``meta["deltas"]`` maps the
 array's position (as text) to its first key, and the array holds 0 and then each key's step
 from the one before, in u1, i2 or i4; the shard adds them up again (:func:`undelta_keys`) and
@@ -67,8 +75,8 @@ refuses steps that do not step up. ``int`` above is any of u1, i2, i4 and i8: cl
 and a SYNC's reply index travel in the narrowest that holds every value of the array
 (:func:`narrow`), and a shard widens them back (:func:`widen`). A sync of a 10% cache's keys
 then costs about 4 bytes a key sent (a step of one or two bytes and a clock of two while the
-clocks stay below 32,768), not 8, and a pushed row 5 to 6 bytes besides its gradient (key and
-count), not 12. bfloat16 gradients are opt-in (``het train --push-dtype bf16``).
+clocks stay below 32,768), not 8, and a pushed row about 3 bytes besides its gradient (a step
+of two, a count of one), not 12. bfloat16 gradients are opt-in (``het train --push-dtype bf16``).
 
 Every request but INFO also names in its meta the shard's ``nonce``, the client's ``session``
 and a ``seq`` (:class:`het.ps.client.PSClient` adds them): how a shard refuses stale and

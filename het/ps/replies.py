@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from het.config import TableConfig
 from het.ps.protocol import WIRE_INTS, Op, PSError
-from het.ps.table import initial_rows
+from het.ps.table import initial_rows, initial_state
 
 
 @dataclass
@@ -60,14 +61,16 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     dev = handle.device
     if handle.op is Op.PULL:
         if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
-            m = replies[0][1]
-            rows = _rows(handle, table, replies[0][0], m.arrays[0], m.arrays[2:])
-            return rows.to(dev), _ints(m.arrays[1], "clocks").to(dev)
+            p, m = replies[0]
+            built = _built(m.arrays[2:], len(p))
+            rows = _rows(handle, table, p, m.arrays[0], built)
+            return rows.to(dev), _clocks(m.arrays[1], built, len(p)).to(dev)
         rows = torch.empty(handle.n, dim)
         clocks = torch.empty(handle.n, dtype=torch.int64)
         for p, m in replies:
-            rows[p.cpu()] = _rows(handle, table, p, m.arrays[0], m.arrays[2:])
-            clocks[p.cpu()] = _ints(m.arrays[1], "clocks")
+            built = _built(m.arrays[2:], len(p))
+            rows[p.cpu()] = _rows(handle, table, p, m.arrays[0], built)
+            clocks[p.cpu()] = _clocks(m.arrays[1], built, len(p))
         return rows.to(dev), clocks.to(dev)
     if handle.op is Op.PUSH:
         return sum(m.meta["applied"] for _, m in replies)
@@ -78,14 +81,16 @@ def merge(handle: Handle, replies: list, table: TableConfig):
         return SyncResult(torch.empty(0, dtype=torch.int64, device=dev), torch.empty(0, dim, device=dev),
                           torch.empty(0, dtype=torch.int64, device=dev),
                           state=None if width is None else torch.empty(0, width, device=dev))
-    built = 3 if width is None else 4  # lazy's built marks come after the rows, clocks (and state)
-    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[built:]) for _, m in replies)
+    at = 3 if width is None else 4  # lazy's built marks come after the rows, clocks (and state)
+    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[at:]) for _, m in replies)
     # the rows that travelled, and the state beside them: what a refreshed row costs
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
-    rows = _cat([_rows(handle, table, i, m.arrays[1], m.arrays[built:]) for i, (_, m) in zip(index, replies)])
+    built = [_built(m.arrays[at:], len(i)) for i, (_, m) in zip(index, replies)]
+    rows = _cat([_rows(handle, table, i, m.arrays[1], b) for i, (_, m), b in zip(index, replies, built)])
+    clocks = _cat([_clocks(m.arrays[2], b, len(i)) for i, (_, m), b in zip(index, replies, built)])
+    state = None if width is None else _cat([_state(m.arrays[3], b, len(i), width, table)
+                                             for i, (_, m), b in zip(index, replies, built)])
     index = _cat(index)
-    clocks = _cat([_ints(m.arrays[2], "clocks") for _, m in replies])
-    state = None if width is None else _cat([_state(m.arrays[3], len(m.arrays[0]), width) for _, m in replies])
     if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):  # one shard answers in key order
         order = torch.argsort(index)
         index, rows, clocks = index.index_select(0, order), rows.index_select(0, order), clocks.index_select(0, order)
@@ -106,27 +111,61 @@ def _ints(sent, what: str) -> torch.Tensor:
     return torch.from_numpy(sent).long()
 
 
-def _state(sent, m: int, width: int) -> torch.Tensor:
-    """A reply's optimizer state for its ``m`` rows, checked. Shape: -> (m, width)."""
-    if len(sent.shape) != 2 or sent.dtype.name != "float32" or tuple(sent.shape) != (m, width):
-        raise PSError(f"a reply's optimizer state: expected float32 of shape ({m}, {width}), got "
-                      f"{sent.dtype} {tuple(sent.shape)}")
-    return torch.from_numpy(sent)
+def _built(after: list, n: int) -> torch.Tensor | None:
+    """A lazy reply's ``built`` marks for its ``n`` rows (the arrays after its rows, clocks and
+    state: none, or the marks, a bit a row), as a bool tensor; None when it built none."""
+    if not after:
+        return None
+    if len(after) != 1:
+        raise PSError(f"a reply with {len(after)} arrays after its rows and clocks: expected at most one (built)")
+    if after[0].dtype.name != "uint8" or after[0].shape != ((n + 7) // 8,):
+        raise PSError(f"a lazy reply's built marks: expected a bit for each of {n} rows, uint8 of shape "
+                      f"({(n + 7) // 8},), got {after[0].dtype} {after[0].shape}")
+    if n % 8 and int(after[0][-1]) >> (n % 8):
+        raise PSError(f"a lazy reply's built marks: bits set past its {n} rows")
+    built = torch.from_numpy(np.unpackbits(after[0], count=n, bitorder="little")).bool()
+    return built if bool(built.any()) else None
 
-def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, built) -> torch.Tensor:
+
+def _clocks(sent, built: torch.Tensor | None, n: int) -> torch.Tensor:
+    """A reply's clocks of its ``n`` rows: those sent, and 0 for each row it left to be built
+    (no push touched it). Shape: -> (n,)."""
+    sent = _ints(sent, "clocks")
+    if len(sent) != n - (0 if built is None else int(built.sum())):
+        raise PSError(f"a reply's clocks: expected one for each of the {n} rows sent, got {len(sent)}")
+    if built is None:
+        return sent
+    clocks = torch.zeros(n, dtype=torch.int64)
+    clocks[~built] = sent
+    return clocks
+
+
+def _state(sent, built: torch.Tensor | None, m: int, width: int, table: TableConfig) -> torch.Tensor:
+    """A reply's optimizer state for its ``m`` rows: that of the rows sent, checked, and the
+    initial state for each row it left to be built. Shape: -> (m, width)."""
+    k = m - (0 if built is None else int(built.sum()))
+    if len(sent.shape) != 2 or sent.dtype.name != "float32" or tuple(sent.shape) != (k, width):
+        raise PSError(f"a reply's optimizer state: expected float32 of shape ({k}, {width}), got "
+                      f"{sent.dtype} {tuple(sent.shape)}")
+    sent = torch.from_numpy(sent)
+    if built is None:
+        return sent
+    state = torch.empty(m, width)
+    state[~built] = sent
+    state[built] = initial_state(table, int(built.sum()), full=width > 1)
+    return state
+
+
+def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, built: torch.Tensor | None) -> torch.Tensor:
     """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a
     lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
     Shape: positions (n,), sent (k, D) -> (n, D)."""
     sent = torch.from_numpy(sent)
-    if not built:
-        return sent
-    if len(built) != 1:
-        raise PSError(f"a reply with {len(built)} arrays after its rows and clocks: expected at most one (built)")
-    built = torch.from_numpy(built[0]).bool()
-    if len(built) != len(positions) or len(sent) != len(built) - int(built.sum()):
-        raise PSError(f"a lazy reply marks {int(built.sum())} of {len(built)} rows built and sends "
-                      f"{len(sent)}: expected {len(positions)} marks and the rest sent")
-    if not bool(built.any()):
+    if len(sent) != len(positions) - (0 if built is None else int(built.sum())):
+        marked = 0 if built is None else int(built.sum())
+        raise PSError(f"a reply marks {marked} of {len(positions)} rows built and sends {len(sent)}: expected "
+                      f"{len(positions) - marked} sent")
+    if built is None:
         return sent
     keys = handle.cpu_keys()[positions.cpu()[built]]
     rows = torch.empty(len(built), table.dim)

@@ -260,7 +260,7 @@ class Shard:
         t, at = self._rows_of(table, keys)
         rows, sent = t.rows_to_send(at, lazy)
         self._count_rows(sent, len(at))
-        return [rows[0], narrow(t.clocks_of(at)).numpy(), *rows[1:]]
+        return [rows[0], narrow(t.clocks_of(_sent(at, rows, sent))).numpy(), *_packed(rows[1:])]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -269,14 +269,16 @@ class Shard:
         write-ahead log the push is logged (as applied, in float32) unless ``logged`` is False
         (a replay). ``session``: the request's (session, seq), remembered so that the push is
         not applied again when re-sent. ``sq``: the sums of the squared gradients of the steps
-        each row's gradient sums (Adagrad tables follow them: :class:`het.ps.optim.Pushed`).
-        Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
+        each row's gradient sums (Adagrad tables follow them: :class:`het.ps.optim.Pushed`),
+        for every row, or as they travel for the rows of several steps only (``counts > 1``).
+        Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D), or (k, 1) or (k, D)."""
         if grads_as == "bf16":
             if grads.dtype != np.int16:
                 raise ValueError(f"bf16 grads travel as int16 bits, got {grads.dtype}")
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         step = checks.step({"step": step})
         counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
+        sq = _every_row_sq(sq, grads, counts)
         t, at = self._check_push(table, keys, grads, counts, sq)
         if len(at) == 0:
             return 0
@@ -322,9 +324,10 @@ class Shard:
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         if self.cfg.prefetch and isinstance(t, DynamicRows) and t.disk_dir is not None:
             self._prefetch = [*self._prefetch[-PREFETCH_SYNCS + 1:], (t, at[at[:, 1] >= 0, 1])]
-        sent_state = [] if state is None else [t.local_state(at.index_select(0, index), state == "full")]
-        return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index)).numpy(), *sent_state,
-                *rows[1:]]
+        index_sent = _sent(index, rows, n_sent)
+        sent_state = [] if state is None else [t.local_state(at.index_select(0, index_sent), state == "full")]
+        return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index_sent)).numpy(), *sent_state,
+                *_packed(rows[1:])]
 
     def _count_rows(self, sent: int, asked: int) -> None:
         self.stats["rows_out"] += sent
@@ -478,6 +481,40 @@ class Shard:
             raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
+
+
+def _sent(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:
+    """Of the rows ``asked``, those whose values a reply carries (:meth:`TableRows.rows_to_send`
+    gave ``rows``, ``n_sent`` of them): all, or in a lazy reply the touched ones. A row left for
+    the client to build has clock 0 and its initial optimizer state, which stay behind too."""
+    if n_sent == len(asked):
+        return asked
+    return asked[torch.from_numpy(rows[-1]) == 0]
+
+
+def _packed(built: list) -> list:
+    """A lazy reply's ``built`` marks (uint8, one a row) as they travel: a bit a row, the first
+    row's in the lowest bit of the first byte (``np.packbits(..., bitorder="little")``)."""
+    return [np.packbits(b, bitorder="little") for b in built]
+
+
+def _every_row_sq(sq: np.ndarray | None, grads: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
+    """A push's squares for every row, from those it carried: all of them (n rows), or only
+    the rows of several steps (``counts > 1``, k rows, as a client sends them:
+    :func:`het.ps.requests.several_steps`), the others' being their gradients' squares (their
+    mean over the row for a width of 1). ``k == n`` reads the same either way. Shape: sq
+    (n, w) or (k, w), grads (n, D), counts (n,) -> (n, w)."""
+    if sq is None or len(sq) == len(grads):
+        return sq
+    several = counts > 1
+    k = int(several.sum())
+    if sq.ndim != 2 or len(sq) != k or sq.dtype != np.float32 or sq.shape[1] not in (1, grads.shape[1]):
+        raise ValueError(f"sq must be float32 of shape ({len(grads)}, 1|{grads.shape[1]}), or of ({k}, 1|"
+                         f"{grads.shape[1]}) for the {k} rows of several steps, got {sq.dtype} {sq.shape}")
+    g = torch.from_numpy(grads)
+    full = g * g if sq.shape[1] > 1 else (g * g).mean(1, keepdim=True)
+    full[torch.from_numpy(several)] = torch.from_numpy(sq)
+    return full.numpy()
 
 
 def _all_finite(a: np.ndarray) -> bool:

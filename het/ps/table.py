@@ -64,6 +64,23 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     return unit.astype(np.float32)
 
 
+def initial_state(table: TableConfig, n: int, full: bool) -> torch.Tensor:
+    """What a worker's cache follows ``n`` rows no push touched yet with: the optimizer state
+    they start from, as :meth:`TableRows.local_state` gives it (the accumulator, its mean over a
+    row when not ``full``). A lazy sync leaves it out for the rows it leaves out.
+    Shape: -> (n, 1) or (n, D).
+
+    Example:
+        >>> cfg = TableConfig.from_dict({"name": "t", "rows": 4, "dim": 3,
+        ...                              "optimizer": {"name": "adagrad", "initial_accumulator": 0.5}})
+        >>> initial_state(cfg, 2, full=False).tolist(), tuple(initial_state(cfg, 2, full=True).shape)
+        ([[0.5], [0.5]], (2, 3))
+    """
+    opt = optim.make(table.optimizer, 1, table.dim)
+    one = opt.local_state(opt.state, full)
+    return one.expand(n, one.shape[1]).contiguous()
+
+
 def _busy() -> bool:  # the mark of a buffer taken and not lent yet
     return True
 

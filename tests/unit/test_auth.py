@@ -156,7 +156,7 @@ def test_client_refuses_a_reply_with_a_bad_mac():
     def tampering_send(frames):
         send(frames)
         reply = channel.replies.pop()
-        reply[2][0] ^= 0x01  # a bit of the first clock (an untouched row is not sent)
+        reply[3][0] ^= 0x01  # a bit of the first built mark (an untouched row: no row or clock is sent)
         channel.replies.append(reply)
 
     channel.send = tampering_send

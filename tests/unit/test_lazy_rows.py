@@ -15,21 +15,26 @@ from het.ps.table import initial_rows
 from conftest import LocalCluster
 
 T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)
+# a table of any int64 id, its accumulators starting above 0: an untouched row's state is not zeros
+ANY_ID = TableConfig("t", rows=None, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1, initial_accumulator=0.3),
+                     seed=3)
 
 
-def _clients(num_shards):
-    cluster = LocalCluster([T], num_shards)
+def _clients(num_shards, table=T):
+    cluster = LocalCluster([table], num_shards)
     return cluster, cluster.client(lazy_init=True), cluster.client(lazy_init=False)
 
 
 @settings(max_examples=40, deadline=None)
-@given(num_shards=st.integers(1, 3),
+@given(num_shards=st.integers(1, 3), table=st.sampled_from([T, ANY_ID]), state=st.sampled_from([None, "row", "full"]),
        pushes=st.lists(st.tuples(st.lists(st.integers(0, 49), min_size=1, max_size=8), st.integers(0, 2)),
                        max_size=6),
        asked=st.lists(st.integers(0, 49), min_size=1, max_size=20),
        clocks=st.lists(st.integers(-1, 3), min_size=20, max_size=20), bound=st.integers(0, 2))
-def test_a_lazy_client_gets_exactly_what_an_eager_one_gets(num_shards, pushes, asked, clocks, bound):
-    cluster, lazy, eager = _clients(num_shards)
+def test_a_lazy_client_gets_exactly_what_an_eager_one_gets(num_shards, table, state, pushes, asked, clocks, bound):
+    """Rows, clocks and (asked for) optimizer state: a lazy reply leaves all three out for an
+    untouched row, and the client makes them (its initial row, clock 0, initial state)."""
+    cluster, lazy, eager = _clients(num_shards, table)
     for keys, count in pushes:  # zero counts too: a row changed without a clock tick (ps mode's dense table)
         keys = torch.tensor(keys)
         eager.wait(eager.push("t", keys, torch.randn(len(keys), 4), torch.full((len(keys),), count)))
@@ -37,12 +42,15 @@ def test_a_lazy_client_gets_exactly_what_an_eager_one_gets(num_shards, pushes, a
     (rows_l, clocks_l), (rows_e, clocks_e) = (c.wait(c.pull("t", keys)) for c in (lazy, eager))
     assert torch.equal(rows_l, rows_e) and torch.equal(clocks_l, clocks_e)
     sent = torch.tensor(clocks[:len(keys)])
-    a, b = (c.wait(c.sync("t", keys, sent, bound)) for c in (lazy, eager))
+    a, b = (c.wait(c.sync("t", keys, sent, bound, state=state)) for c in (lazy, eager))
     assert torch.equal(a.index, b.index) and torch.equal(a.rows, b.rows) and torch.equal(a.clocks, b.clocks)
-    assert a.row_bytes <= b.row_bytes
+    assert (a.state is None and b.state is None) if state is None else torch.equal(a.state, b.state)
+    assert a.row_bytes <= b.row_bytes and a.sync_bytes <= b.sync_bytes + num_shards * ((len(a.index) + 7) // 8)  # built bits
     touched = set().union(*(set(k) for k, _ in pushes)) if pushes else set()
     asked_rows = [int(keys[i]) for i in b.index]
-    assert a.row_bytes == sum(k in touched for k in asked_rows) * 4 * 4  # only touched rows travelled
+    width = {None: 0, "row": 1, "full": 4}[state]
+    # only touched rows travelled, with their state
+    assert a.row_bytes == sum(k in touched for k in asked_rows) * 4 * (4 + width)
     cluster.close()
 
 

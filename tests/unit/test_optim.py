@@ -113,6 +113,43 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(2, 1))) == 2  # still serving
 
 
+@pytest.mark.parametrize("name,width", [("adagrad", 1), ("adagrad", 4), ("rowwise_adagrad", 1)])
+def test_squares_travel_only_for_rows_of_several_steps_and_land_as_if_all_had(name, width):
+    """A push's rows of one step carry no square (their gradient's is theirs): the shard ends
+    with the rows and state it would have from every row's square, bit for bit, duplicate keys
+    (whose steps add up) included; the bytes saved are the left-out squares'."""
+    cfg = TableConfig("t", rows=12, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
+    client, reference, plain = PSClient.local([cfg], 2), PSClient.local([cfg], 2), PSClient.local([cfg], 2)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(6):
+        keys = torch.randint(0, 12, (9,), generator=gen)
+        grads, counts = torch.randn(9, 4, generator=gen), torch.randint(1, 4, (9,), generator=gen)
+        own = grads * grads if width > 1 else (grads * grads).mean(1, keepdim=True)
+        sq = torch.where(counts[:, None] > 1, torch.rand(9, width, generator=gen) + own, own)
+        handle = client.push("t", keys, grads, counts, sq=sq)
+        assert handle.push_bytes - plain.push("t", keys, grads, counts).push_bytes == 4 * width * int((counts > 1).sum())
+        client.wait(handle)
+        for shard in reference.channels:  # every row's square, straight to the shard
+            held = torch.nonzero(keys % 2 == int(shard.address[-1])).flatten()
+            shard.shard.push("t", keys[held].numpy(), grads[held].numpy(), counts[held].numpy(), sq=sq[held].numpy())
+    for a, b in zip(client.channels, reference.channels):
+        rows_a, rows_b = a.shard.tables["t"], b.shard.tables["t"]
+        assert torch.equal(rows_a.weight, rows_b.weight) and torch.equal(rows_a.clocks, rows_b.clocks)
+        assert torch.equal(rows_a.optimizer.state["sum"], rows_b.optimizer.state["sum"])
+
+
+def test_a_shard_refuses_squares_for_neither_every_row_nor_the_rows_of_several_steps():
+    cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1))
+    client = PSClient.local([cfg], 1)
+    keys, grads, counts = torch.tensor([1, 2, 3]), torch.ones(3, 4), torch.tensor([1, 3, 1])
+    with pytest.raises(PSError, match=r"or of \(1, 1\|4\) for the 1 rows of several steps, got float32 \(2, 1\)"):
+        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+                             [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 1), np.float32)])
+        client._reply(0, 99)
+    assert client.wait(client.pull("t", keys))[1].tolist() == [0, 0, 0]  # nothing applied
+    assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(3, 1))) == 3  # still serving
+
+
 def test_a_sync_asking_for_state_a_table_cannot_give_is_refused_by_name(cluster_factory):
     """SGD keeps no state; row-wise Adagrad keeps one float a row, not one a coordinate. The
     shard refuses, names what it expected, and the push sent with the sync is not applied."""
@@ -127,8 +164,8 @@ def test_a_sync_asking_for_state_a_table_cannot_give_is_refused_by_name(cluster_
                                      state="full"))
     assert client.wait(client.pull("r", keys))[1].tolist() == [0, 0]  # the push was not applied
     reply = client.wait(client.sync("r", keys, clocks, 0, state="row"))
-    # untouched rows are built by the client (lazy rows): what travelled is the state, and it is counted
-    assert reply.state.shape == (2, 1) and reply.state.tolist() == [[0.0], [0.0]] and reply.row_bytes == 2 * 4
+    # untouched rows are built by the client (lazy rows), their initial state too: nothing travelled
+    assert reply.state.shape == (2, 1) and reply.state.tolist() == [[0.0], [0.0]] and reply.row_bytes == 0
     with pytest.raises(ValueError, match=r"meta\['state'\] must be one of"):
         client.sync("r", keys, clocks, 0, state="half")
 

@@ -83,9 +83,10 @@ def test_dense_ps_bytes_match_what_mode_ps_counts():
     dense.after_backward()
     rows = -(-numel // DENSE_ROW)
     # both ways the rows' floats and their keys (0, 1, ...: delta-coded, a byte each past the first's 0);
-    # the first step's clocks (0), built marks and counts (1) in a byte each
-    assert rows > 1 and dense.counters()["dense"] == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 1 + 1 + 1)
-    assert ps_dense_bytes(numel) == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 2 + 1 + 1)  # clocks past 255 take two
+    # the first step's clocks (0) and counts (1) in a byte each, the built marks a bit each
+    built_bits = -(-rows // 8)
+    assert rows > 1 and dense.counters()["dense"] == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 1 + 1) + built_bits
+    assert ps_dense_bytes(numel) == rows * (2 * 4 * DENSE_ROW + 2 * 1 + 2 + 1) + built_bits  # clocks past 255 take two
 
 
 @pytest.mark.parametrize("text, message", [

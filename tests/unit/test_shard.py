@@ -143,6 +143,28 @@ def test_delta_coded_keys_reach_the_same_rows_as_plain_ones_and_bad_codes_change
     assert torch.equal(shard.tables["t"].clocks, before)
 
 
+def test_a_push_in_any_order_travels_in_key_order_and_lands_as_sent():
+    """A push's keys are sorted before they leave, their gradients and counts with them, so
+    they travel as steps (a byte each here, not four); the rows and clocks the shard ends with
+    are those of the same push in key order, duplicates included."""
+    keys = torch.tensor([17, 2, 9, 3, 9])
+    grads, counts = torch.arange(15.0).reshape(5, 3), torch.tensor([1, 2, 1, 3, 1])
+    shuffled, ordered = PSClient.local([T], 1), PSClient.local([T], 1)
+    handle = shuffled.push("t", keys, grads, counts)
+    assert handle.push_bytes == 5 * 4 + 5 * 12 + 5 * 1  # a duplicate key: steps would not step up
+    shuffled.wait(handle)
+    unique = shuffled.push("t", keys[:4], grads[:4], counts[:4])
+    assert unique.push_bytes == 4 * 1 + 4 * 12 + 4 * 1  # the keys as u1 steps
+    shuffled.wait(unique)
+    order = torch.sort(keys, stable=True).indices
+    ordered.wait(ordered.push("t", keys[order], grads[order], counts[order]))
+    ordered.wait(ordered.push("t", keys[:4], grads[:4], counts[:4]))
+    everything = torch.arange(T.rows)
+    (rows_a, clocks_a), (rows_b, clocks_b) = (c.wait(c.pull("t", everything)) for c in (shuffled, ordered))
+    assert torch.equal(rows_a, rows_b) and torch.equal(clocks_a, clocks_b)
+    assert clocks_a[[2, 3, 9, 17]].tolist() == [4, 6, 3, 2]
+
+
 def test_error_replies_raise_ps_error_naming_the_shard():
     client = PSClient.local([T], 1)
     with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD: ValueError: no saved shard"):
@@ -223,7 +245,8 @@ def test_sync_clocks_and_indices_travel_as_narrow_as_they_fit():
     assert small.sync_bytes == 2 * 1 + 2 * 2                     # keys 1, 2 as steps 0, 1; int16 clocks (-1: a miss)
     res = client.wait(small)
     assert res.clocks.dtype == torch.int64 and res.index.dtype == torch.int64  # widened for the cache
-    assert res.sync_bytes == 1 + 1 + 1                           # one miss: uint8 index and clock, built mark
+    assert res.sync_bytes == 1 + 1                               # one miss: uint8 index, built mark (no clock:
+    assert res.clocks.tolist() == [0]                             # an untouched row's is 0)
     assert res.row_bytes == 0                                     # untouched: built by the client
     # a clock past 2^31 (a long-lived hot row) goes as int64, both ways, and compares exactly
     big = (1 << 31) + 5
