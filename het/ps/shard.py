@@ -278,7 +278,7 @@ class Shard:
             grads = torch.from_numpy(grads).view(torch.bfloat16).float().numpy()
         step = checks.step({"step": step})
         counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
-        sq = _every_row_sq(sq, grads, counts)
+        sq = _every_row_sq(sq, keys, grads, counts)
         t, at = self._check_push(table, keys, grads, counts, sq)
         if len(at) == 0:
             return 0
@@ -452,12 +452,12 @@ class Shard:
         n, d = len(keys), t.cfg.dim
         if grads.dtype != np.float32 or grads.shape != (n, d):
             raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
+        if counts.dtype != np.int64 or counts.shape != (n,):  # widened from the wire (push)
+            raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
         if sq is not None and (sq.dtype != np.float32 or sq.shape not in ((n, 1), (n, d))):
             raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
         if sq is not None and n and not (_all_finite(sq) and sq.min() >= 0):
             raise ValueError(f"sq (sums of squared gradients) for table {table!r} must be finite and >= 0: refused")
-        if counts.dtype != np.int64 or counts.shape != (n,):  # widened from the wire (push)
-            raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
         if n and not _all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
         if n and (counts.min() < 0 or counts.max() > checks.MAX_COUNT):
@@ -498,23 +498,28 @@ def _packed(built: list) -> list:
     return [np.packbits(b, bitorder="little") for b in built]
 
 
-def _every_row_sq(sq: np.ndarray | None, grads: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
+def _every_row_sq(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
     """A push's squares for every row, from those it carried: all of them (n rows), or only
     the rows of several steps (``counts > 1``, k rows, as a client sends them:
-    :func:`het.ps.requests.several_steps`), the others' being their gradients' squares (their
-    mean over the row for a width of 1). ``k == n`` reads the same either way. Shape: sq
-    (n, w) or (k, w), grads (n, D), counts (n,) -> (n, w)."""
-    if sq is None or len(sq) == len(grads):
-        return sq
+    :func:`het.ps.requests.several_steps`; ``k == n`` reads the same either way). Adagrad
+    takes a row of one step by its gradient's square and ignores its ``sq``, unless a
+    duplicate key sums the row's steps: ascending keys have none, and their rows of one step
+    get 0; else they get their gradients' squares (the mean over the row for a width of 1).
+    Shape: sq (n, w) or (k, w), keys (n,), grads (n, D), counts (n,) -> (n, w)."""
+    n = len(grads)
+    if sq is None or len(sq) == n or grads.ndim != 2 or counts.shape != (n,) or keys.shape != (n,):
+        return sq  # as it came: the push's checks name what is wrong
     several = counts > 1
     k = int(several.sum())
     if sq.ndim != 2 or len(sq) != k or sq.dtype != np.float32 or sq.shape[1] not in (1, grads.shape[1]):
         raise ValueError(f"sq must be float32 of shape ({len(grads)}, 1|{grads.shape[1]}), or of ({k}, 1|"
                          f"{grads.shape[1]}) for the {k} rows of several steps, got {sq.dtype} {sq.shape}")
-    g = torch.from_numpy(grads)
-    full = g * g if sq.shape[1] > 1 else (g * g).mean(1, keepdim=True)
-    full[torch.from_numpy(several)] = torch.from_numpy(sq)
-    return full.numpy()
+    full = np.zeros((len(grads), sq.shape[1]), np.float32)
+    full[several] = sq
+    if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):  # a key may repeat: its steps add up
+        one = torch.from_numpy(grads[~several])
+        full[~several] = (one * one if sq.shape[1] > 1 else (one * one).mean(1, keepdim=True)).numpy()
+    return full
 
 
 def _all_finite(a: np.ndarray) -> bool:

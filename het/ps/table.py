@@ -3,6 +3,7 @@ initial value of any row (a pure function of the table's seed and the key)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import weakref
 import zlib
@@ -76,9 +77,15 @@ def initial_state(table: TableConfig, n: int, full: bool) -> torch.Tensor:
         >>> initial_state(cfg, 2, full=False).tolist(), tuple(initial_state(cfg, 2, full=True).shape)
         ([[0.5], [0.5]], (2, 3))
     """
-    opt = optim.make(table.optimizer, 1, table.dim)
-    one = opt.local_state(opt.state, full)
+    one = _initial_state_row(table, full)
     return one.expand(n, one.shape[1]).contiguous()
+
+
+@functools.lru_cache(maxsize=64)
+def _initial_state_row(table: TableConfig, full: bool) -> torch.Tensor:
+    """:func:`initial_state` of one row, made once a table (read only: expanded and copied)."""
+    opt = optim.make(table.optimizer, 1, table.dim)
+    return opt.local_state(opt.state, full)
 
 
 def _busy() -> bool:  # the mark of a buffer taken and not lent yet

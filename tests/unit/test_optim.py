@@ -116,13 +116,13 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
 @pytest.mark.parametrize("name,width", [("adagrad", 1), ("adagrad", 4), ("rowwise_adagrad", 1)])
 def test_squares_travel_only_for_rows_of_several_steps_and_land_as_if_all_had(name, width):
     """A push's rows of one step carry no square (their gradient's is theirs): the shard ends
-    with the rows and state it would have from every row's square, bit for bit, duplicate keys
-    (whose steps add up) included; the bytes saved are the left-out squares'."""
+    with the rows and state it would have from every row's square, bit for bit, with duplicate
+    keys (whose steps add up) and without; the bytes saved are the left-out squares'."""
     cfg = TableConfig("t", rows=12, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
     client, reference, plain = PSClient.local([cfg], 2), PSClient.local([cfg], 2), PSClient.local([cfg], 2)
     gen = torch.Generator().manual_seed(5)
-    for _ in range(6):
-        keys = torch.randint(0, 12, (9,), generator=gen)
+    for i in range(6):  # keys with duplicates, and without (their rows of one step then take no square)
+        keys = torch.randint(0, 12, (9,), generator=gen) if i % 2 else torch.randperm(12, generator=gen)[:9]
         grads, counts = torch.randn(9, 4, generator=gen), torch.randint(1, 4, (9,), generator=gen)
         own = grads * grads if width > 1 else (grads * grads).mean(1, keepdim=True)
         sq = torch.where(counts[:, None] > 1, torch.rand(9, width, generator=gen) + own, own)
