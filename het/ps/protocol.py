@@ -46,8 +46,8 @@ An Adagrad table's cache follows its optimizer (``CacheConfig.local_update``): a
 push with ``sq`` carries each row's sum of the squared gradients of the steps it sums, from
 which Adagrad takes those steps' worth (:func:`het.ps.optim.adagrad_factor`) instead of one
 step of their sum. Both are optional: a message without them is as before. A push's ``sq``
-holds only its rows of several steps (``counts > 1``, in order), as the square of a row of one
-step is its gradient's, which the shard squares itself (a shard also takes one for every row).
+holds only its rows of several steps (``counts > 1``, in order): Adagrad takes a row of one
+step by its gradient's square, which the shard has (a shard also takes ``sq`` for every row).
 Gradients travel as float32, or with ``grads: "bf16"`` in the meta as bfloat16 (the upper 16 bits
 of each float32, rounded to nearest even; sent as int16 bits): half the bytes of a push, about
 three significant digits per value.

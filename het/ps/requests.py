@@ -99,7 +99,7 @@ def ascending(keys: torch.Tensor, *values):
 
 def several_steps(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor | None:
     """A push's squares as they travel: the rows of several steps only (``counts > 1``), in
-    order. A row of one step has its square in its gradient, which the shard squares itself
+    order. Adagrad takes a row of one step by its gradient's square, which the shard has
     (``het.ps.shard._every_row_sq``). Shape: sq (n, w), counts (n,) -> (k, w).
 
     Example:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.protocol import Message, Op, PSError
+from het.ps.protocol import Message, Op, PSError, decode, encode
 from het.ps.table import initial_rows
 from conftest import LocalCluster
 
@@ -115,6 +115,26 @@ def test_a_client_refuses_a_lazy_reply_that_does_not_add_up():
     lazy.wait(lazy.push("t", torch.tensor([0, 1]), torch.ones(2, 4), torch.tensor([1, 1])))
     channel.send = lying_send
     with pytest.raises(PSError, match="marks 1 of 2 rows built and sends 2"):
+        lazy.wait(lazy.pull("t", torch.tensor([0, 1])))
+
+
+@pytest.mark.parametrize("arrays, match", [
+    (lambda rows, clocks, built: [rows, clocks, built | 0x80], "bits set past its 2 rows"),  # a mark for no row
+    (lambda rows, clocks, built: [rows, clocks[:0], built], "expected one for each of the 2 rows sent, got 0"),
+])
+def test_a_client_refuses_marks_or_clocks_that_do_not_match_the_rows(arrays, match):
+    cluster, lazy, _ = _clients(1)
+    channel = lazy.channels[0]
+    lazy.wait(lazy.push("t", torch.tensor([0, 1]), torch.ones(2, 4), torch.tensor([1, 1])))
+    send = channel.send
+
+    def lying_send(frames):  # a well-formed reply whose arrays do not add up
+        send(frames)
+        reply = decode(channel.replies.pop(), what="reply")
+        channel.replies.append(encode(Message(reply.op, reply.request_id, {}, arrays(*reply.arrays))))
+
+    channel.send = lying_send
+    with pytest.raises(PSError, match=match):
         lazy.wait(lazy.pull("t", torch.tensor([0, 1])))
 
 
