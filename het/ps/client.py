@@ -17,7 +17,7 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps import checks, state
-from het.ps.requests import (ascending, check_clocks, check_keys, check_push, check_sq, cut, push_arrays,
+from het.ps.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays,
                              push_sync_parts, route, wire_keys)
 from het.ps.auth import check_secret, curve_keys
 from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, delta_keys, encode
@@ -136,7 +136,6 @@ class PSClient:
         keys = check_keys(self.tables, table, keys)
         grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
         sq = check_sq(self.tables[table], keys, sq)
-        keys, grads, counts, sq = ascending(keys, grads, counts, sq)
         wire = wire_keys(keys)
         return self._send(Op.PUSH, table, keys,
                           lambda p: push_arrays(wire, grads, counts, sq, p),
@@ -166,7 +165,6 @@ class PSClient:
         cfg = self.tables[table]
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, push_keys, sq)
-        push_keys, grads, counts, sq = ascending(push_keys, grads, counts, sq)
         clocks = check_clocks(sync_keys, clocks)
         push_wire, sync_wire = wire_keys(push_keys), wire_keys(sync_keys)
         push_parts = route(cfg, push_keys, self.num_shards)

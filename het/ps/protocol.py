@@ -66,8 +66,7 @@ all touched.
 
 Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
 below 2^31 rows; :func:`het.ps.requests.wire_keys`); a shard takes either and widens them.
-Ascending keys (a step's unique keys, which come sorted, and a push's, which the client
-sorts: :func:`het.ps.requests.ascending`) travel as the steps between them
+Ascending keys (a step's unique keys, which come sorted) travel as the steps between them
 instead, where that takes fewer bytes (:func:`delta_keys`): ``meta["deltas"]`` maps the
 array's position (as text) to its first key, and the array holds 0 and then each key's step
 from the one before, in u1, i2 or i4; the shard adds them up again (:func:`undelta_keys`) and
@@ -75,8 +74,9 @@ refuses steps that do not step up. ``int`` above is any of u1, i2, i4 and i8: cl
 and a SYNC's reply index travel in the narrowest that holds every value of the array
 (:func:`narrow`), and a shard widens them back (:func:`widen`). A sync of a 10% cache's keys
 then costs about 4 bytes a key sent (a step of one or two bytes and a clock of two while the
-clocks stay below 32,768), not 8, and a pushed row about 3 bytes besides its gradient (a step
-of two, a count of one), not 12. bfloat16 gradients are opt-in (``het train --push-dtype bf16``).
+clocks stay below 32,768), not 8, and a pushed row 5 bytes besides its gradient (an int32
+key, a count of one; a cache's pushes come in slot order, and sorting them would copy every
+gradient to save 2 of a row's 517 bytes), not 12. bfloat16 gradients are opt-in (``het train --push-dtype bf16``).
 
 Every request but INFO also names in its meta the shard's ``nonce``, the client's ``session``
 and a ``seq`` (:class:`het.ps.client.PSClient` adds them): how a shard refuses stale and

@@ -79,24 +79,6 @@ def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
     return sq
 
 
-def ascending(keys: torch.Tensor, *values):
-    """A push's ``keys`` in ascending order with the ``values`` of each key (tensors indexed by
-    key, or None) in the same order, equal keys as they came: ascending keys travel as the steps
-    between them (:func:`het.ps.protocol.delta_keys`), one or two bytes each instead of four or
-    eight, and the shard applies a push's rows whatever their order. Keys already ascending
-    come back as they are, without a copy.
-
-    Example:
-        >>> keys, grads, sq = ascending(torch.tensor([7, 2, 7, 5]), torch.tensor([[1.], [2.], [3.], [4.]]), None)
-        >>> keys.tolist(), grads.flatten().tolist(), sq
-        ([2, 5, 7, 7], [2.0, 4.0, 1.0, 3.0], None)
-    """
-    if len(keys) < 2 or bool((keys[1:] >= keys[:-1]).all()):
-        return (keys, *values)
-    order = torch.sort(keys, stable=True).indices
-    return (keys.index_select(0, order), *(None if v is None else v.index_select(0, order) for v in values))
-
-
 def several_steps(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor | None:
     """A push's squares as they travel: the rows of several steps only (``counts > 1``), in
     order. Adagrad takes a row of one step by its gradient's square, which the shard has
