@@ -502,9 +502,9 @@ def _every_row_sq(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, co
     """A push's squares for every row, from those it carried: all of them (n rows), or only
     the rows of several steps (``counts > 1``, k rows, as a client sends them:
     :func:`het.ps.requests.several_steps`; ``k == n`` reads the same either way). Adagrad
-    takes a row of one step by its gradient's square and ignores its ``sq``, unless a
-    duplicate key sums the row's steps: ascending keys have none, and their rows of one step
-    get 0; else they get their gradients' squares (the mean over the row for a width of 1).
+    takes a row of one step by its gradient's square and ignores its ``sq``, unless its key
+    repeats in the push (the steps of a repeated key add up): those rows get their gradients'
+    squares (the mean over the row for a width of 1), the others 0.
     Shape: sq (n, w) or (k, w), keys (n,), grads (n, D), counts (n,) -> (n, w)."""
     n = len(grads)
     if sq is None or len(sq) == n or grads.ndim != 2 or counts.shape != (n,) or keys.shape != (n,):
@@ -512,13 +512,16 @@ def _every_row_sq(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, co
     several = counts > 1
     k = int(several.sum())
     if sq.ndim != 2 or len(sq) != k or sq.dtype != np.float32 or sq.shape[1] not in (1, grads.shape[1]):
-        raise ValueError(f"sq must be float32 of shape ({len(grads)}, 1|{grads.shape[1]}), or of ({k}, 1|"
+        raise ValueError(f"sq must be float32 of shape ({n}, 1|{grads.shape[1]}), or of ({k}, 1|"
                          f"{grads.shape[1]}) for the {k} rows of several steps, got {sq.dtype} {sq.shape}")
-    full = np.zeros((len(grads), sq.shape[1]), np.float32)
+    full = np.zeros((n, sq.shape[1]), np.float32)
     full[several] = sq
-    if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):  # a key may repeat: its steps add up
-        one = torch.from_numpy(grads[~several])
-        full[~several] = (one * one if sq.shape[1] > 1 else (one * one).mean(1, keepdim=True)).numpy()
+    if n > 1 and not bool((keys[1:] > keys[:-1]).all()):  # not ascending: a key may repeat
+        _, inverse, times = np.unique(keys, return_inverse=True, return_counts=True)
+        one = ~several & (times[inverse] > 1)
+        if one.any():
+            g = torch.from_numpy(grads[one])
+            full[one] = (g * g if sq.shape[1] > 1 else (g * g).mean(1, keepdim=True)).numpy()
     return full
 
 
