@@ -91,10 +91,11 @@ def several_steps(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor
     return None if sq is None else sq[counts > 1]
 
 
-def push_arrays(wire_keys, grads, counts, sq, at) -> list:
-    """The arrays of a push's rows ``at`` (positions or a slice): keys as they travel, gradients,
-    counts and, with ``sq``, the squares of the rows of several steps among them."""
-    return [wire_keys[at], grads[at], counts[at], *([] if sq is None else [several_steps(sq[at], counts[at])])]
+def push_arrays(wire, grads, counts, sq, at) -> list:
+    """The arrays of a push's rows ``at`` (positions or a slice): keys as they travel (``wire``,
+    :func:`wire_keys`), gradients, counts and, with ``sq``, the squares of the rows of several
+    steps among them."""
+    return [wire[at], grads[at], counts[at], *([] if sq is None else [several_steps(sq[at], counts[at])])]
 
 
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
