@@ -139,6 +139,12 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor nxt, t
   });
   int64_t hits = 0;
   for (int64_t i = 0; i < n; ++i) {  // touch the hits: uses + 1, last use now
+    if (i + kAhead < n && slot[i + kAhead] >= 0) {  // the slot columns: random, past L2
+      const int64_t ta = slot[i + kAhead];
+      __builtin_prefetch(c.last_use + ta, 1, 3);
+      __builtin_prefetch(c.uses + ta, 1, 3);
+      __builtin_prefetch(c.score + ta, 1, 3);
+    }
     const int64_t t = slot[i];
     if (t < 0) continue;
     ++hits;
@@ -172,6 +178,12 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor nxt, t
   std::vector<Victim> victims;
   int64_t placed = 0;
   for (int64_t j = 0; j < int64_t(misses.size()); ++j) {
+    if (j + kAhead < int64_t(misses.size())) {  // the set a later miss weighs
+      const int64_t ahead = sets[misses[j + kAhead]];
+      prefetch(c.score + ahead, ways * 8, false);
+      prefetch(c.last_use + ahead, ways * 8, false);
+      if (window) prefetch(sn + ahead, ways * 8, false);
+    }
     const int64_t i = misses[j], base = sets[i];
     const int64_t round = rank_in_set[base / ways]++;
     if (round >= ways) continue;  // the reference runs `ways` rounds: later misses bypass
@@ -230,9 +242,15 @@ std::vector<torch::Tensor> cache_lookup(torch::Tensor keys, torch::Tensor nxt, t
   }
   auto clocks_t = torch::empty({n}, keys.options());
   int64_t* clocks = clocks_t.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) clocks[i] = hit[i] ? c.clock[slot[i]] : -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && hit[i + kAhead]) __builtin_prefetch(c.clock + slot[i + kAhead], 0, 3);
+    clocks[i] = hit[i] ? c.clock[slot[i]] : -1;
+  }
   if (marks) {
-    for (int64_t i = 0; i < n; ++i) if (slot[i] >= 0) sn[slot[i]] = nx[i];
+    for (int64_t i = 0; i < n; ++i) {
+      if (i + kAhead < n && slot[i + kAhead] >= 0) __builtin_prefetch(sn + slot[i + kAhead], 1, 3);
+      if (slot[i] >= 0) sn[slot[i]] = nx[i];
+    }
   }
   auto counts = torch::tensor({hits, placed, evictions}, keys.options());
   return {slot_t, hit_t, clocks_t, wb_keys, wb_grads, wb_counts, counts, wb_sq};
@@ -452,8 +470,16 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
     std::vector<float> before(W ? D : 0), after(W ? D : 0);
     for (int64_t i = b; i < e; ++i) {
       if (i + kAhead < e && sl[i + kAhead] >= 0) {
-        prefetch(r + sl[i + kAhead] * D, D * 4, true);
-        prefetch(p + sl[i + kAhead] * D, D * 4, true);
+        const int64_t ta = sl[i + kAhead];
+        prefetch(r + ta * D, D * 4, true);
+        prefetch(p + ta * D, D * 4, true);
+        __builtin_prefetch(tk + ta, 0, 3);  // the slot's columns: random reads past L2 as well
+        __builtin_prefetch(hd + ta, 0, 3);
+        __builtin_prefetch(u + ta, 1, 3);
+        if (W == 1) {
+          __builtin_prefetch(ac + ta, 0, 3);
+          __builtin_prefetch(q + ta, 1, 3);
+        }
       }
       const int64_t t = sl[i];
       live[i] = t >= 0 && hd[t] && tk[t] == k[i];
