@@ -48,7 +48,14 @@ def shard_of(keys: torch.Tensor, num_shards: int, hashed: bool = False) -> torch
 
 
 def local_rows(keys: torch.Tensor, num_shards: int) -> torch.Tensor:
-    """The row index of each key inside its shard."""
+    """The row index of each key inside its shard: on one shard, ``keys`` itself (not a copy).
+
+    Example:
+        >>> local_rows(torch.tensor([0, 5, 6]), 3).tolist(), local_rows(torch.tensor([4]), 1).tolist()
+        ([0, 1, 2], [4])
+    """
+    if num_shards == 1:
+        return keys
     return torch.div(keys, num_shards, rounding_mode="floor")
 
 
