@@ -9,6 +9,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
@@ -915,29 +916,57 @@ std::vector<torch::Tensor> unique_inverse(torch::Tensor keys) {
 // het.ps.table.initial_rows after its counters: row i, column c is splitmix64 of
 // (counters[i] * dim + c) ^ salt, its top 24 bits scaled to [-scale, scale), in float64 as numpy
 // computes it, then rounded to float32.
+inline void initial_row(uint64_t counter, int64_t dim, uint64_t salt, double scale, float* o) {
+  const uint64_t first = counter * uint64_t(dim);
+  for (int64_t c = 0; c < dim; ++c) {
+    uint64_t x = ((first + uint64_t(c)) ^ salt) + 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    double unit = double(x >> 40);
+    unit *= 2.0 / double(1 << 24);
+    unit -= 1;
+    unit *= scale;
+    o[c] = float(unit);
+  }
+}
+
 torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, double scale) {
   check(counters, torch::kInt64, "counters");
   const int64_t n = counters.numel();
   auto out = torch::empty({n, dim}, counters.options().dtype(torch::kFloat32));
   const uint64_t* ctr = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
   float* o = out.data_ptr<float>();
-  const uint64_t s = uint64_t(salt), d = uint64_t(dim);
   at::parallel_for(0, n, std::max<int64_t>(1, kGrain / std::max<int64_t>(dim, 1)), [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      const uint64_t first = ctr[i] * d;
-      for (int64_t c = 0; c < dim; ++c) {
-        uint64_t x = ((first + uint64_t(c)) ^ s) + 0x9E3779B97F4A7C15ull;
-        x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-        x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-        x ^= x >> 31;
-        double unit = double(x >> 40);
-        unit *= 2.0 / double(1 << 24);
-        unit -= 1;
-        unit *= scale;
-        o[i * dim + c] = float(unit);
-      }
-    }
+    for (int64_t i = b; i < e; ++i) initial_row(ctr[i], dim, uint64_t(salt), scale, o + i * dim);
   });
+  return out;
+}
+
+// het.ps.replies: a lazy reply's rows, in one pass: row i is the next row `sent` where
+// built[i] is false, and the initial row of the next of `counters` (initial_rows's) where it is
+// true. Shape: sent (k, D), built (n,), counters (n - k,) -> (n, D).
+torch::Tensor with_built(torch::Tensor sent, torch::Tensor built, torch::Tensor counters, int64_t salt,
+                         double scale) {
+  check(sent, torch::kFloat32, "sent rows");
+  check(built, torch::kBool, "built");
+  check(counters, torch::kInt64, "counters");
+  TORCH_CHECK(sent.dim() == 2, "sent rows: expected (k, D), got ", sent.sizes());
+  const int64_t n = built.numel(), k = sent.size(0), D = sent.size(1);
+  TORCH_CHECK(counters.numel() == n - k, "counters: expected one for each of the ", n - k,
+              " rows built, got ", counters.numel());
+  const bool* bt = built.data_ptr<bool>();
+  TORCH_CHECK(std::count(bt, bt + n, true) == n - k, "built: expected ", n - k, " rows marked, got ",
+              std::count(bt, bt + n, true));
+  auto out = torch::empty({n, D}, sent.options());
+  const uint64_t* ctr = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
+  const float* src = sent.data_ptr<float>();
+  float* o = out.data_ptr<float>();
+  int64_t a = 0, b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (bt[i]) initial_row(ctr[b++], D, uint64_t(salt), scale, o + i * D);
+    else std::memcpy(o + i * D, src + (a++) * D, D * sizeof(float));
+  }
   return out;
 }
 
@@ -1113,6 +1142,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_fill", &cache_fill);
   m.def("cache_update", &cache_update);
   m.def("initial_rows", &initial_rows);
+  m.def("with_built", &with_built);
   m.def("unique_inverse", &unique_inverse);
   m.def("table_push", &table_push);
   m.def("gather_rows", &gather_rows);

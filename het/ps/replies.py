@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from het import native
 from het.config import TableConfig
 from het.ps.protocol import WIRE_INTS, Op, PSError
-from het.ps.table import initial_rows, initial_state
+from het.ps.table import initial_counters, initial_rows, initial_state
 
 
 @dataclass
@@ -168,6 +169,10 @@ def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, bui
     if built is None:
         return sent
     keys = handle.cpu_keys()[positions.cpu()[built]]
+    if native.ops is not None and sent.dtype == torch.float32 and sent.is_contiguous():  # in one pass
+        counters, salt = initial_counters(table, keys.numpy())
+        return native.ops.with_built(sent, built, torch.from_numpy(counters.view(np.int64)),
+                                     int(salt.view(np.int64)), float(table.init_scale))
     rows = torch.empty(len(built), table.dim)
     rows[~built] = sent
     rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))

@@ -16,6 +16,18 @@ from het.config import TableConfig
 from het.ps import checks, optim, partition
 
 
+def initial_counters(table: TableConfig, keys: np.ndarray) -> tuple[np.ndarray, np.uint64]:
+    """:func:`initial_rows`'s counters of ``keys`` (each key, or for a key whose ``key * dim``
+    wraps, its mix) and the table's salt. Shape: keys (n,) -> (n,) uint64."""
+    salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
+    keys = np.asarray(keys, dtype=np.int64)
+    wide = (keys < 0) | (keys >= (1 << 64) // table.dim) if table.dim > 1 else keys < 0  # key * dim wraps
+    counters = keys.astype(np.uint64)
+    if wide.any():
+        counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
+    return counters, salt
+
+
 def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     """Initial rows for ``keys``: uniform in ``[-init_scale, init_scale]``, a pure function
     of ``(table.seed, table.name, key, column)`` (counter-based, splitmix64), so a row's start
@@ -37,16 +49,11 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
         >>> bool((initial_rows(t, np.array([0])) != initial_rows(t, np.array([-2**63]))).all())
         True
     """
-    salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
-    cols = np.arange(table.dim, dtype=np.uint64)
-    keys = np.asarray(keys, dtype=np.int64)
-    wide = (keys < 0) | (keys >= (1 << 64) // table.dim) if table.dim > 1 else keys < 0  # key * dim wraps
-    counters = keys.astype(np.uint64)
-    if wide.any():
-        counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
+    counters, salt = initial_counters(table, keys)
     if native.ops is not None:  # the same hash in one pass (het.native)
         return native.ops.initial_rows(torch.from_numpy(counters.view(np.int64)), table.dim,
                                        int(salt.view(np.int64)), float(table.init_scale)).numpy()
+    cols = np.arange(table.dim, dtype=np.uint64)
     x = counters[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
     shifted = np.empty_like(x)
     with np.errstate(over="ignore"):

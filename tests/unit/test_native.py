@@ -251,6 +251,40 @@ def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, s
 
 
 @needs_build
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dim=st.integers(1, 40), seed=st.integers(0, 2**32 - 1),
+       marks=st.lists(st.booleans(), max_size=60), keys=st.data())
+def test_native_lazy_reply_rows_equal_the_references(monkeypatch, dim, seed, marks, keys):
+    """A lazy reply's rows, the sent ones and those built here (any keys: negative and huge
+    ones take the mixed counter), natively in one pass as the reference puts them together."""
+    from het.ps.replies import Handle, _rows
+    from het.ps.protocol import Op
+
+    table = TableConfig("t", rows=None, dim=dim, seed=seed, init_scale=0.3)
+    n = len(marks)
+    ids = keys.draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n, unique=True))
+    handle = Handle(Op.SYNC, "t", n, torch.device("cpu"), keys=torch.tensor(ids, dtype=torch.int64))
+    built = torch.tensor(marks, dtype=torch.bool)
+    sent = np.random.default_rng(seed).standard_normal((n - int(built.sum()), dim)).astype(np.float32)
+    positions = torch.arange(n)
+    fast = _rows(handle, table, positions, sent, built if n else None)
+    with monkeypatch.context() as m:
+        m.setattr(native, "ops", None)
+        ref = _rows(handle, table, positions, sent, built if n else None)
+    assert fast.dtype == ref.dtype == torch.float32 and fast.shape == ref.shape == (n, dim)
+    assert torch.equal(fast.view(torch.int32), ref.view(torch.int32))
+
+
+@needs_build
+def test_native_lazy_reply_rows_refuse_marks_that_do_not_match():
+    sent, counters = torch.zeros(2, 3), torch.zeros(1, dtype=torch.int64)
+    with pytest.raises(RuntimeError, match="counters: expected one for each of the 2 rows built, got 1"):
+        native.ops.with_built(sent, torch.tensor([True, True, False, False]), counters, 0, 1.0)
+    with pytest.raises(RuntimeError, match="built: expected 1 rows marked, got 2"):
+        native.ops.with_built(sent, torch.tensor([True, True, False]), counters, 0, 1.0)
+
+
+@needs_build
 @settings(max_examples=60, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([0, 1, 2, 255, 256, 3000]),
        span=st.sampled_from([1, 7, 300, 1 << 24, 1 << 40, None]), extremes=st.booleans())
