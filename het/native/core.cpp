@@ -984,7 +984,12 @@ void cache_soon(torch::Tensor keys, torch::Tensor tkeys, torch::Tensor held, tor
   const bool* hd = held.data_ptr<bool>();
   int64_t* sn = soon.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(tk + set_of(k[i + kAhead], num_sets) * ways, ways * 8, false);
+    if (i + kAhead < n) {  // the set a later key searches, and its marks: random, past L2
+      const int64_t ahead = set_of(k[i + kAhead], num_sets) * ways;
+      prefetch(tk + ahead, ways * 8, false);
+      prefetch(hd + ahead, ways, false);
+      prefetch(sn + ahead, ways * 8, true);
+    }
     const int64_t base = set_of(k[i], num_sets) * ways;
     for (int64_t w = 0; w < ways; ++w) {
       if (hd[base + w] && tk[base + w] == k[i]) {
