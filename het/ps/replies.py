@@ -162,6 +162,9 @@ def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, bui
     lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
     Shape: positions (n,), sent (k, D) -> (n, D)."""
     sent = torch.from_numpy(sent)
+    if sent.dim() != 2 or sent.shape[1] != table.dim:
+        raise PSError(f"a reply's rows: expected (k, {table.dim}) for table {table.name!r}, got shape "
+                      f"{tuple(sent.shape)}")
     if len(sent) != len(positions) - (0 if built is None else int(built.sum())):
         marked = 0 if built is None else int(built.sum())
         raise PSError(f"a reply marks {marked} of {len(positions)} rows built and sends {len(sent)}: expected "

@@ -121,6 +121,7 @@ def test_a_client_refuses_a_lazy_reply_that_does_not_add_up():
 @pytest.mark.parametrize("arrays, match", [
     (lambda rows, clocks, built: [rows, clocks, built | 0x80], "bits set past its 2 rows"),  # a mark for no row
     (lambda rows, clocks, built: [rows, clocks[:0], built], "expected one for each of the 2 rows sent, got 0"),
+    (lambda rows, clocks, built: [rows[:, :3].copy(), clocks, built], r"rows: expected \(k, 4\) for table 't', got shape \(2, 3\)"),
 ])
 def test_a_client_refuses_marks_or_clocks_that_do_not_match_the_rows(arrays, match):
     cluster, lazy, _ = _clients(1)
