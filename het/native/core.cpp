@@ -956,8 +956,8 @@ torch::Tensor with_built(torch::Tensor sent, torch::Tensor built, torch::Tensor 
   TORCH_CHECK(counters.numel() == n - k, "counters: expected one for each of the ", n - k,
               " rows built, got ", counters.numel());
   const bool* bt = built.data_ptr<bool>();
-  TORCH_CHECK(std::count(bt, bt + n, true) == n - k, "built: expected ", n - k, " rows marked, got ",
-              std::count(bt, bt + n, true));
+  const int64_t marked = std::count(bt, bt + n, true);
+  TORCH_CHECK(marked == n - k, "built: expected ", n - k, " rows marked, got ", marked);
   auto out = torch::empty({n, D}, sent.options());
   const uint64_t* ctr = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
   const float* src = sent.data_ptr<float>();
