@@ -90,6 +90,7 @@ An error reply has ``status = 1`` and ``meta = {"error": message, "kind": except
 from __future__ import annotations
 
 import enum
+import functools
 import hmac
 import json
 import math
@@ -127,13 +128,28 @@ def narrow(values):
         >>> [narrow(np.array(v)).dtype.name for v in ([0, 5], [-1, 5], [-1, 1 << 20], [1 << 40])]
         ['uint8', 'int16', 'int32', 'int64']
     """
-    lo, hi = (0, 0) if len(values) == 0 else (int(values.min()), int(values.max()))
-    code = next((c for a, b, c in _NARROW if a <= lo and hi <= b), "i8")
     if isinstance(values, np.ndarray):
-        return values.astype(_DTYPES[code], copy=False)
+        lo, hi = (0, 0) if len(values) == 0 else (int(values.min()), int(values.max()))
+        return values.astype(_DTYPES[_narrowest(lo, hi)], copy=False)
+    lo, hi = (0, 0) if len(values) == 0 else map(int, values.aminmax())  # one pass, where numpy takes two
+    return values.to(_torch_ints()[_narrowest(lo, hi)])
+
+
+def _narrowest(lo: int, hi: int) -> str:
+    """The code of the narrowest wire integer that holds ``lo .. hi``."""
+    for a, b, code in _NARROW:
+        if a <= lo and hi <= b:
+            return code
+    return "i8"
+
+
+@functools.cache
+def _torch_ints() -> dict:
+    """The wire integers' codes -> torch dtypes (torch imported on first use: the protocol
+    itself needs only numpy). A dict lookup: numpy's ``dtype.name`` costs microseconds a call."""
     import torch
 
-    return values.to(getattr(torch, _DTYPES[code].name))
+    return {"u1": torch.uint8, "i2": torch.int16, "i4": torch.int32, "i8": torch.int64}
 
 
 def widen(values: np.ndarray, what: str) -> np.ndarray:
