@@ -1,11 +1,14 @@
 """`het bench profile`: where one worker's step spends its time, under cProfile.
 
 One rank of a training job (any `het train` flags' job: model, data, mode, cache, lookahead)
-runs in this process against in-process shards (no sockets, no AllReduce), first
-``--warmup`` steps unprofiled, then ``--steps`` under cProfile. The result: seconds per step
-and the functions with the most time of their own (``tottime``) and in total (``cumtime``),
-per step. The shard's work is in the profile too (an in-process shard answers inside the
-client's send), under ``het/ps/shard.py`` and ``het/ps/optim.py``.
+runs in this process against in-process shards (no sockets, no AllReduce): ``--warmup`` steps
+unprofiled, then ``--steps`` under cProfile, then the job's tail unprofiled. The tail is the last
+``lookahead`` steps, whose idle pushes spread the final flush over them, and the flush itself;
+each is timed apart (``tail_s_per_step``, ``flush_s``), as they are the end of training, not its
+steady state. The result: seconds per step and the functions with the most time of their own
+(``tottime``) and in total (``cumtime``), per step. The shard's work is in the profile too (an
+in-process shard answers inside the client's send), under ``het/ps/shard.py`` and
+``het/ps/optim.py``.
 
 Compare configurations in one run of this command on the same machine, not across runs:
 timings here are noisy.
@@ -29,38 +32,47 @@ from het.train.tasks import job_tables
 
 
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
-    """Profile ``steps`` steps of one rank of ``cfg`` after ``warmup`` unprofiled ones.
+    """Profile ``steps`` steps of one rank of ``cfg`` after ``warmup`` unprofiled ones, in one
+    run that goes on past them through the job's tail (the last ``lookahead`` steps and the
+    final flush), unprofiled and timed apart.
 
-    Returns ``{"s_per_step", "flush_s", "steps", "het_ms_per_step", "het_fraction",
-    "shard_ms_per_step", "worker_het_fraction", "by_tottime": [...], "by_cumtime": [...]}``
-    (``het_fraction``: of a step, the share in het's machinery, :func:`het_seconds`, the
-    in-process shard's answers included; ``worker_het_fraction``: the same without the shard's
-    answers, as a worker whose shards run elsewhere spends it),
-    each row ``{"function", "calls_per_step", "tottime_ms_per_step", "cumtime_ms_per_step"}``.
-    The caches' flush at the end (every dirty cached row pushed) is left out of ``s_per_step``
-    and given as ``flush_s``; the rankings include it.
+    Returns ``{"s_per_step", "tail_steps", "tail_s_per_step", "flush_s", "steps",
+    "het_ms_per_step", "het_fraction", "shard_ms_per_step", "worker_het_fraction",
+    "by_tottime": [...], "by_cumtime": [...]}`` (``het_fraction``: of a step, the share in
+    het's machinery, :func:`het_seconds`, the in-process shard's answers included;
+    ``worker_het_fraction``: the same without the shard's answers, as a worker whose shards run
+    elsewhere spends it), each row ``{"function", "calls_per_step", "tottime_ms_per_step",
+    "cumtime_ms_per_step"}``.
     """
     if steps < 1 or warmup < 0 or top < 1:
         raise ValueError(f"steps >= 1, warmup >= 0 and top >= 1 expected, got {steps}, {warmup}, {top}")
     client = PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
-    worker.train(warmup, 0, progress=False)
+    tail = worker.lookahead if worker.lookahead and not worker.bsp else 0
     profiler = cProfile.Profile()
-    start = time.perf_counter()
-    profiler.enable()
-    worker.train(warmup + steps, warmup, progress=False)  # ends with a flush of the caches
-    profiler.disable()
-    wall = time.perf_counter() - start
+    marks: dict = {}
+
+    def window(done: int) -> None:  # after each step: the profiled steps are warmup + 1 .. warmup + steps
+        if done == warmup + steps:
+            profiler.disable()
+            marks["end"] = time.perf_counter()
+        if done == warmup:
+            marks["start"] = time.perf_counter()
+            profiler.enable()
+
+    window(0)
+    worker.train(warmup + steps + tail, 0, progress=False, on_step=window)  # the tail and flush unprofiled
+    ended = time.perf_counter()
+    wall = marks["end"] - marks["start"]
     stats = pstats.Stats(profiler)
-    flush = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
-                if name == "flush" and path.endswith(os.path.join("het", "nn", "embedding.py")))
     het = het_seconds(stats)
     shard = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
                 if name == "handle_frames" and path.endswith(os.path.join("het", "ps", "shard.py")))
-    step = wall - flush
-    return {"s_per_step": step / steps, "flush_s": flush, "steps": steps, "warmup": warmup,
-            "het_ms_per_step": 1e3 * het / steps, "het_fraction": het / step,
-            "shard_ms_per_step": 1e3 * shard / steps, "worker_het_fraction": (het - shard) / (step - shard),
+    return {"s_per_step": wall / steps, "steps": steps, "warmup": warmup, "tail_steps": tail,
+            "tail_s_per_step": (ended - marks["end"] - worker.flush_s) / tail if tail else 0.0,
+            "flush_s": worker.flush_s,
+            "het_ms_per_step": 1e3 * het / steps, "het_fraction": het / wall,
+            "shard_ms_per_step": 1e3 * shard / steps, "worker_het_fraction": (het - shard) / (wall - shard),
             "by_tottime": _rows(stats, "tottime", steps, top), "by_cumtime": _rows(stats, "cumtime", steps, top),
             "hit_rate": worker.embedding.stats()["embedding"].get("hit_rate", 0.0)}
 
@@ -151,8 +163,10 @@ def _main(args) -> None:
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
         return
-    print(f"{1e3 * result['s_per_step']:.1f} ms per step over {args.steps} steps, then {result['flush_s']:.2f} s "
-          f"of flush (hit rate {result['hit_rate']:.3f}); het's machinery {result['het_ms_per_step']:.1f} ms of "
+    print(f"{1e3 * result['s_per_step']:.1f} ms per step over {args.steps} steps (hit rate "
+          f"{result['hit_rate']:.3f}), then {result['tail_steps']} steps of the tail at "
+          f"{1e3 * result['tail_s_per_step']:.1f} ms and {result['flush_s']:.2f} s of flush; het's machinery "
+          f"{result['het_ms_per_step']:.1f} ms of "
           f"it ({result['het_fraction']:.0%}; {result['worker_het_fraction']:.0%} of a step without the in-process "
           f"shard's {result['shard_ms_per_step']:.1f} ms)")
     for key in ("tottime", "cumtime"):
