@@ -7,15 +7,20 @@ and a reply of the bytes it received, as the PS run measured them, to an echo pr
 does nothing else. Bytes count
 every frame both ways. ``ps_fraction = bytes_per_s / zmq_bytes_per_s``.
 
-Where a step goes: ``ms_per_step``; ``client_cpu_ms_per_step``, the client process's CPU (all
-its threads, ZeroMQ's I/O thread included); ``shard_busy_ms_per_step``, the shard's handling of
-requests (its ``busy_s``); ``wait_pull_ms_per_step`` and ``wait_push_ms_per_step``, the client
-blocked on each.
+Where a step goes: ``ms_per_step``; ``client_cpu_ms_per_step`` and ``shard_cpu_ms_per_step``,
+each process's CPU (all its threads, ZeroMQ's I/O threads included); ``shard_busy_ms_per_step``,
+the shard's handling of requests (its ``busy_s``, wall time); ``wait_pull_ms_per_step`` and
+``wait_push_ms_per_step``, the client blocked on each. The raw run's the same:
+``zmq_ms_per_round_trip``, ``zmq_client_cpu_ms_per_round_trip``,
+``zmq_echo_cpu_ms_per_round_trip``. ``cpu_bound_ps_fraction``: the most ``ps_fraction`` that
+``cores`` allow, given the CPU the two processes spent a step (``cpu_ms_per_step``): a step
+cannot take less than that CPU shared out over the cores.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import time
 
 import numpy as np
@@ -38,10 +43,15 @@ def _echo(address_queue, reply_bytes: int, server_secret: bytes | None = None) -
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     address_queue.put(f"tcp://127.0.0.1:{port}")
     payload = np.zeros(reply_bytes, dtype=np.uint8)
+    cpu0 = time.process_time()
     while True:
         peer, *frames = sock.recv_multipart(copy=False)
-        if bytes(frames[0]) == b"stop":
-            sock.send_multipart([peer, b"bye"])
+        if bytes(frames[0]) == b"start":  # the clock starts: CPU seconds from here on
+            cpu0 = time.process_time()
+            sock.send_multipart([peer, b"go"])
+            continue
+        if bytes(frames[0]) == b"stop":  # the echo's CPU seconds since "start", every thread's
+            sock.send_multipart([peer, str(time.process_time() - cpu0).encode()])
             break
         sock.send_multipart([peer, payload], copy=False)
     sock.close(linger=1000)
@@ -62,7 +72,9 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = 
     try:
         sock.connect(q.get(timeout=60))
         payload = np.ones(request_bytes, dtype=np.uint8)
-        moved, rounds, t0 = 0, 0, time.perf_counter()
+        sock.send(b"start")
+        sock.recv()
+        moved, rounds, t0, cpu0 = 0, 0, time.perf_counter(), time.process_time()
         sock.send_multipart([b"x", payload], copy=False)
         while time.perf_counter() - t0 < seconds or rounds < 3:
             sock.send_multipart([b"x", payload], copy=False)  # two in flight, as the PS loop keeps
@@ -70,15 +82,17 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = 
             moved += 1 + request_bytes + len(frames[0].buffer)
             rounds += 1
         sock.recv_multipart(copy=False)
-        elapsed = time.perf_counter() - t0
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
         sock.send(b"stop")
-        sock.recv()
+        echo_cpu = float(sock.recv())
     finally:
         sock.close(linger=0)
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    return {"zmq_bytes_per_s": moved / elapsed, "zmq_round_trips": rounds}
+    ms = 1e3 / rounds
+    return {"zmq_bytes_per_s": moved / elapsed, "zmq_round_trips": rounds, "zmq_ms_per_round_trip": elapsed * ms,
+            "zmq_client_cpu_ms_per_round_trip": cpu * ms, "zmq_echo_cpu_ms_per_round_trip": echo_cpu * ms}
 
 
 def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
@@ -98,6 +112,13 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     raw = raw_zmq(**sizes, seconds=seconds)
     out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
+    # A step and a round trip move the same bytes, so ps_fraction is the round trip's time over
+    # the step's. A step takes at least the CPU both processes spent on it shared out over the
+    # cores this process may use: that bounds ps_fraction here, whatever overlaps.
+    out["cores"] = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    out["cpu_ms_per_step"] = out["client_cpu_ms_per_step"] + out["shard_cpu_ms_per_step"]
+    out["zmq_cpu_ms_per_round_trip"] = out["zmq_client_cpu_ms_per_round_trip"] + out["zmq_echo_cpu_ms_per_round_trip"]
+    out["cpu_bound_ps_fraction"] = out["zmq_ms_per_round_trip"] * out["cores"] / out["cpu_ms_per_step"]
     if dynamic:
         spread = [mix(b) for b in batches]  # the same ids, as raw 64-bit keys
         d = _measure(TableConfig("bench", rows=None, dim=dim, optimizer=opt), spread, rows, seconds,
@@ -124,7 +145,8 @@ def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=l
             for lo in range(0, rows, batch):  # every row stored before the clock starts
                 keys = ids(torch.arange(lo, min(rows, lo + batch)))
                 client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
-            busy0 = client.stats()[0].get("busy_s", 0.0)
+            before = client.stats()[0]
+            busy0, shard_cpu0 = before.get("busy_s", 0.0), before["process_cpu_s"]
             steps, waited_pull, waited_push = 0, 0.0, 0.0
             t0, cpu0 = time.perf_counter(), time.process_time()
             sent0, recv0 = client.bytes["sent"], client.bytes["received"]
@@ -152,6 +174,7 @@ def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=l
             "sent_per_step": round(sent / steps), "received_per_step": round(received / steps),
             "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
             "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
+            "shard_cpu_ms_per_step": (shard["process_cpu_s"] - shard_cpu0) * ms,
             "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}
 
 

@@ -424,9 +424,12 @@ class Shard:
 
     def stats_dict(self) -> dict:
         """Counters, and per table its stored rows and bytes (``tables``); the process's
-        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``); its torch threads (``threads``)."""
+        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``), its CPU seconds
+        so far, every thread's (ZeroMQ's I/O thread too: ``process_cpu_s``); its torch threads
+        (``threads``). The process is the one serving the shard: ``het serve``'s, or the caller's
+        for a shard in a thread or in process."""
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
-                    uptime_s=time.time() - self.started, index=self.cfg.index,
+                    uptime_s=time.time() - self.started, index=self.cfg.index, process_cpu_s=time.process_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
                     rss_bytes=rss_bytes(),
                     peak_rss_bytes=peak_rss_bytes())

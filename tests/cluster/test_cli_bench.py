@@ -86,7 +86,13 @@ def test_bench_ps_reports_both_bandwidths():
     # where a step goes: the shard's handling and the client's waits are parts of the step
     assert 0 < result["shard_busy_ms_per_step"] < result["ms_per_step"]
     assert 0 < result["wait_pull_ms_per_step"] + result["wait_push_ms_per_step"] < result["ms_per_step"]
-    assert result["client_cpu_ms_per_step"] > 0
+    assert result["client_cpu_ms_per_step"] > 0 and result["shard_cpu_ms_per_step"] > 0
+    # the CPU bound: the round trip's time over the step's least time on these cores
+    assert result["cpu_ms_per_step"] == result["client_cpu_ms_per_step"] + result["shard_cpu_ms_per_step"]
+    assert result["cpu_bound_ps_fraction"] == pytest.approx(
+        result["zmq_ms_per_round_trip"] * result["cores"] / result["cpu_ms_per_step"])
+    assert result["zmq_client_cpu_ms_per_round_trip"] > 0 and result["zmq_echo_cpu_ms_per_round_trip"] > 0
+    assert result["zmq_ms_per_round_trip"] * result["zmq_round_trips"] >= 1e3 * 0.3  # it ran --seconds at least
 
 
 def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():
