@@ -10,35 +10,74 @@ py-spy samples its stacks from outside. The second reads py-spy's raw stacks. A 
 training loop counts as het's when its stack holds a frame of het's machinery (het.cache,
 het.native, het.nn, het.ps, het.staleness) and as the shard's when it holds
 ``Shard.handle_frames``. The caches' flush at the end is left out. Prints one JSON object.
+
+Where a worker's het samples stand (the shard's answers left out), by their innermost frame:
+``worker_native_fraction``, on a line of het that calls the native core or the batch's row
+gather (``index_select``); the rest, ``worker_glue_fraction``, is het's Python and the small
+torch and numpy calls it makes. ``leaves``: the most sampled innermost frames, with their share
+of a worker's step.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import json
+import linecache
 import time
 
 HET = ("/het/cache/", "/het/native/", "/het/nn/", "/het/ps/", "/het/staleness.py")
 
 
-def share(path: str) -> dict:
-    loop = het = shard = 0
+# het lines that run the native core (the lookahead's Window too), or gather the batch's rows
+NATIVE_LINE = ("native.", "_window.", "index_select(")
+
+
+def share(path: str, top: int = 12) -> dict:
+    loop = het = shard = native = 0
+    leaves: collections.Counter = collections.Counter()
     with open(path) as f:
         for line in f:
             stack, _, count = line.rstrip().rpartition(" ")
-            frames = stack.split(";")
+            frames, count = stack.split(";"), int(count)
             if not any(fr.startswith("Worker.train (") for fr in frames):
                 continue
             if any(fr.startswith("Embedding.flush (") for fr in frames):
                 continue
-            loop += int(count)
+            loop += count
             if any(h in fr for fr in frames for h in HET):
-                het += int(count)
-                shard += int(count) * any(fr.startswith("Shard.handle_frames (") for fr in frames)
+                het += count
+                if any(fr.startswith("Shard.handle_frames (") for fr in frames):
+                    shard += count
+                    continue
+                leaves[frames[-1]] += count
+                native += count * _runs_native(frames[-1])
     if not loop:
         raise SystemExit(f"{path}: no samples of Worker.train (recorded with --full-filenames?)")
+    worker = loop - shard
     return {"samples": loop, "het_fraction": het / loop, "shard_fraction": shard / loop,
-            "worker_het_fraction": (het - shard) / (loop - shard)}
+            "worker_het_fraction": (het - shard) / worker, "worker_native_fraction": native / worker,
+            "worker_glue_fraction": (het - shard - native) / worker,
+            "leaves": [{"frame": fr, "fraction": n / worker, "native": _runs_native(fr)}
+                       for fr, n in leaves.most_common(top)]}
+
+
+@functools.cache
+def _runs_native(frame: str) -> bool:
+    """Whether py-spy's frame ``"name (path:line)"`` stands on a line of het's that calls the
+    native core (or is in het.native) or gathers the batch's rows."""
+    where = frame[frame.rfind("(") + 1:-1]
+    path, _, line = where.rpartition(":")
+    if not any(h in path for h in HET) or not line.isdigit():
+        return False
+    if "/het/native/" in path:
+        return True
+    try:
+        text = linecache.getline(path, int(line))
+    except OSError:
+        return False
+    return any(n in text for n in NATIVE_LINE)
 
 
 def run(steps: int) -> dict:
