@@ -97,7 +97,8 @@ def het_seconds(stats: pstats.Stats) -> float:
     Each call into het from outside it counts with all it calls. A call into het from a
     function that het itself called (autograd's ``apply`` running het's forward) is inside a
     call already counted: gprof's rule weights each outside caller by the share of its own time
-    that het did not call, so nothing counts twice."""
+    that het did not call, so nothing counts twice. A call whose caller the profile does not
+    know (its frame began before the profiler was enabled) is from outside het."""
     entries = stats.stats
     under: dict = {}
 
@@ -114,12 +115,15 @@ def het_seconds(stats: pstats.Stats) -> float:
         return under[func]
 
     total = 0.0
-    for func, (_, _, _, _, callers) in entries.items():
+    for func, (_, _, _, func_ct, callers) in entries.items():
         if not is_het(func) or func[2] == "flush":
             continue
         for caller, (_, _, _, ct) in callers.items():
             if not is_het(caller):
                 total += ct * (1.0 - share_under_het(caller))
+        # calls with no caller on record come from a frame entered before the profiler started
+        # (the training loop, for a window in the middle of a run): from outside het, whole
+        total += max(0.0, func_ct - sum(c[3] for c in callers.values()))
     return total
 
 

@@ -62,3 +62,24 @@ def test_a_call_into_het_counts_once_with_all_it_calls(tmp_path, monkeypatch):
     entry_time = stats.stats[entry][3]
     assert 0 < entry_time < stats.stats[step][3]
     assert abs(het_seconds(stats) - entry_time) <= 1e-9 * max(1.0, entry_time)
+
+
+def test_a_call_into_het_from_a_frame_older_than_the_profiler_counts_whole(tmp_path, monkeypatch):
+    """A profiler enabled in the middle of a run (``het bench profile``'s window) knows no
+    caller for calls made from frames already running: they are calls into het from outside it."""
+    (tmp_path / "job.py").write_text(JOB)
+    (tmp_path / "het" / "cache").mkdir(parents=True)
+    (tmp_path / "het" / "cache" / "fake.py").write_text(HET)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "job", raising=False)
+    load("job", tmp_path / "job.py")
+    fake = load("fake_het_module", tmp_path / "het" / "cache" / "fake.py")
+    profiler = cProfile.Profile()
+    profiler.enable()  # this frame is older than the profiler: entry's calls have no caller on record
+    for _ in range(5):
+        fake.entry()
+    profiler.disable()
+    stats = pstats.Stats(profiler)
+    entry = next(f for f in stats.stats if f[2] == "entry")
+    assert stats.stats[entry][4] == {} and stats.stats[entry][3] > 0
+    assert abs(het_seconds(stats) - stats.stats[entry][3]) <= 1e-9 * max(1.0, stats.stats[entry][3])
