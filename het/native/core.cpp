@@ -943,31 +943,72 @@ torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, do
   return out;
 }
 
-// het.ps.replies: a lazy reply's rows, in one pass: row i is the next row `sent` where
-// built[i] is false, and the initial row of the next of `counters` (initial_rows's) where it is
-// true. Shape: sent (k, D), built (n,), counters (n - k,) -> (n, D).
-torch::Tensor with_built(torch::Tensor sent, torch::Tensor built, torch::Tensor counters, int64_t salt,
-                         double scale) {
-  check(sent, torch::kFloat32, "sent rows");
-  check(built, torch::kBool, "built");
-  check(counters, torch::kInt64, "counters");
-  TORCH_CHECK(sent.dim() == 2, "sent rows: expected (k, D), got ", sent.sizes());
-  const int64_t n = built.numel(), k = sent.size(0), D = sent.size(1);
-  TORCH_CHECK(counters.numel() == n - k, "counters: expected one for each of the ", n - k,
-              " rows built, got ", counters.numel());
-  const bool* bt = built.data_ptr<bool>();
-  const int64_t marked = std::count(bt, bt + n, true);
-  TORCH_CHECK(marked == n - k, "built: expected ", n - k, " rows marked, got ", marked);
-  auto out = torch::empty({n, D}, sent.options());
-  const uint64_t* ctr = reinterpret_cast<const uint64_t*>(counters.data_ptr<int64_t>());
-  const float* src = sent.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  int64_t a = 0, b = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (bt[i]) initial_row(ctr[b++], D, uint64_t(salt), scale, o + i * D);
-    else std::memcpy(o + i * D, src + (a++) * D, D * sizeof(float));
+// het.ps.table.initial_counters of one key: the key itself, or where key * dim wraps (a negative
+// key, or one at or past 2^64 / dim), splitmix64's finaliser of it (het.ps.partition.mix).
+inline uint64_t initial_counter(int64_t key, int64_t dim) {
+  const uint64_t k = uint64_t(key);
+  bool wide = key < 0;
+  if (dim > 1) {
+    const uint64_t top = ~uint64_t(0), d = uint64_t(dim);
+    wide = wide || k >= top / d + (top % d == d - 1);  // floor(2^64 / dim), as 2^64 = top + 1
   }
-  return out;
+  if (!wide) return k;
+  uint64_t x = k;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// het.ps.replies: one shard's lazy reply, its rows, clocks and optimizer state put together in one
+// pass. Row i of the n it answers is built here where bit i of `bits` is set (little bit order,
+// np.packbits's): the initial row of its key (initial_rows of initial_counters), clock 0 and the
+// initial state `init` (W floats, none when W = 0); else it is the next of the k rows, clocks and
+// states sent. Shape: sent (k, D), bits (ceil(n / 8),), keys (n,), clocks (k,), state (k, W),
+// init (W,) -> (n, D), (n,), (n, W).
+std::vector<torch::Tensor> lazy_reply(torch::Tensor sent, torch::Tensor bits, torch::Tensor keys,
+                                      torch::Tensor clocks, torch::Tensor state, torch::Tensor init, int64_t salt,
+                                      double scale) {
+  check(sent, torch::kFloat32, "sent rows");
+  check(bits, torch::kUInt8, "built bits");
+  check(keys, torch::kInt64, "keys");
+  check(clocks, torch::kInt64, "clocks");
+  check(state, torch::kFloat32, "state");
+  check(init, torch::kFloat32, "initial state");
+  TORCH_CHECK(sent.dim() == 2, "sent rows: expected (k, D), got ", sent.sizes());
+  const int64_t n = keys.numel(), k = sent.size(0), D = sent.size(1), W = init.numel();
+  TORCH_CHECK(bits.numel() == (n + 7) / 8, "built bits: expected ", (n + 7) / 8, " bytes for ", n, " rows, got ",
+              bits.numel());
+  TORCH_CHECK(clocks.numel() == k, "clocks: expected one for each of the ", k, " rows sent, got ", clocks.numel());
+  TORCH_CHECK(W == 0 || (state.dim() == 2 && state.size(0) == k && state.size(1) == W), "state: expected (", k,
+              ", ", W, "), got ", state.sizes());
+  const uint8_t* bt = bits.data_ptr<uint8_t>();
+  int64_t marked = 0;
+  for (int64_t i = 0; i < n; ++i) marked += (bt[i >> 3] >> (i & 7)) & 1;
+  TORCH_CHECK(marked == n - k, "built bits: expected ", n - k, " rows marked, got ", marked);
+  auto rows_t = torch::empty({n, D}, sent.options());
+  auto clocks_t = torch::empty({n}, clocks.options());
+  auto state_t = torch::empty({n, W}, sent.options());
+  const int64_t* ky = keys.data_ptr<int64_t>();
+  const int64_t* ck = clocks.data_ptr<int64_t>();
+  const float* src = sent.data_ptr<float>();
+  const float* st = W ? state.data_ptr<float>() : nullptr;
+  const float* in = W ? init.data_ptr<float>() : nullptr;
+  float* o = rows_t.data_ptr<float>();
+  int64_t* oc = clocks_t.data_ptr<int64_t>();
+  float* os = state_t.data_ptr<float>();
+  for (int64_t i = 0, a = 0; i < n; ++i) {
+    if ((bt[i >> 3] >> (i & 7)) & 1) {
+      initial_row(initial_counter(ky[i], D), D, uint64_t(salt), scale, o + i * D);
+      oc[i] = 0;
+      if (W) std::copy(in, in + W, os + i * W);
+    } else {
+      std::memcpy(o + i * D, src + a * D, D * sizeof(float));
+      oc[i] = ck[a];
+      if (W) std::copy(st + a * W, st + (a + 1) * W, os + i * W);
+      ++a;
+    }
+  }
+  return {rows_t, clocks_t, state_t};
 }
 
 // EmbeddingCache.announce: the slots holding `keys` (a step announced as number `number`) will
@@ -1147,7 +1188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_fill", &cache_fill);
   m.def("cache_update", &cache_update);
   m.def("initial_rows", &initial_rows);
-  m.def("with_built", &with_built);
+  m.def("lazy_reply", &lazy_reply);
   m.def("unique_inverse", &unique_inverse);
   m.def("table_push", &table_push);
   m.def("gather_rows", &gather_rows);

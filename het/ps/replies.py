@@ -11,7 +11,7 @@ import torch
 from het import native
 from het.config import TableConfig
 from het.ps.protocol import WIRE_INTS, Op, PSError
-from het.ps.table import initial_counters, initial_rows, initial_state
+from het.ps.table import initial_rows, initial_salt, initial_state
 
 
 @dataclass
@@ -63,15 +63,13 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     if handle.op is Op.PULL:
         if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
             p, m = replies[0]
-            built = _built(m.arrays[2:], len(p))
-            rows = _rows(handle, table, p, m.arrays[0], built)
-            return rows.to(dev), _clocks(m.arrays[1], built, len(p)).to(dev)
+            rows, clocks, _ = _part(handle, table, p, m.arrays[0], m.arrays[1], None, m.arrays[2:], None)
+            return rows.to(dev), clocks.to(dev)
         rows = torch.empty(handle.n, dim)
         clocks = torch.empty(handle.n, dtype=torch.int64)
         for p, m in replies:
-            built = _built(m.arrays[2:], len(p))
-            rows[p.cpu()] = _rows(handle, table, p, m.arrays[0], built)
-            clocks[p.cpu()] = _clocks(m.arrays[1], built, len(p))
+            rows[p.cpu()], clocks[p.cpu()], _ = _part(handle, table, p, m.arrays[0], m.arrays[1], None,
+                                                      m.arrays[2:], None)
         return rows.to(dev), clocks.to(dev)
     if handle.op is Op.PUSH:
         return sum(m.meta["applied"] for _, m in replies)
@@ -86,11 +84,10 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[at:]) for _, m in replies)
     # the rows that travelled, and the state beside them: what a refreshed row costs
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
-    built = [_built(m.arrays[at:], len(i)) for i, (_, m) in zip(index, replies)]
-    rows = _cat([_rows(handle, table, i, m.arrays[1], b) for i, (_, m), b in zip(index, replies, built)])
-    clocks = _cat([_clocks(m.arrays[2], b, len(i)) for i, (_, m), b in zip(index, replies, built)])
-    state = None if width is None else _cat([_state(m.arrays[3], b, len(i), width, table)
-                                             for i, (_, m), b in zip(index, replies, built)])
+    parts = [_part(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
+                   width) for i, (_, m) in zip(index, replies)]
+    rows, clocks = _cat([r for r, _, _ in parts]), _cat([c for _, c, _ in parts])
+    state = None if width is None else _cat([s for _, _, s in parts])
     index = _cat(index)
     if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):  # one shard answers in key order
         order = torch.argsort(index)
@@ -112,9 +109,34 @@ def _ints(sent, what: str) -> torch.Tensor:
     return torch.from_numpy(sent).long()
 
 
-def _built(after: list, n: int) -> torch.Tensor | None:
+def _part(handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state, after: list,
+          width: int | None):
+    """One shard's reply to ``handle``, for the keys at ``positions``: their rows, clocks and
+    (``width`` floats a row, when the request asked for it) optimizer state, each checked, and
+    where a lazy reply marks a row built (``after``: its marks), that row's initial values made
+    here. Natively in one pass on the CPU; else by :func:`_rows`, :func:`_clocks` and
+    :func:`_state`, the reference. Shape: positions (n,) -> (n, D), (n,), (n, width) or None."""
+    n = len(positions)
+    marks = _marks(after, n)
+    built_n = 0 if marks is None else _count_bits(marks)
+    if built_n and native.ops is not None and rows.dtype == np.float32:
+        sent_rows = _check_rows(table, rows, n, built_n).contiguous()
+        sent_clocks = _check_clocks(clocks, n - built_n)
+        sent_state = torch.empty(0) if width is None else torch.from_numpy(_check_state(state, n - built_n, width))
+        init = torch.empty(0) if width is None else initial_state(table, 1, width > 1)[0]
+        keys = handle.cpu_keys()[positions.cpu()]
+        rows, clocks, state = native.ops.lazy_reply(sent_rows, torch.from_numpy(marks), keys, sent_clocks,
+                                                    sent_state.contiguous(), init,
+                                                    int(initial_salt(table).view(np.int64)), float(table.init_scale))
+        return rows, clocks, None if width is None else state
+    built = None if not built_n else torch.from_numpy(np.unpackbits(marks, count=n, bitorder="little")).bool()
+    return (_rows(handle, table, positions, rows, built), _clocks(clocks, built, n),
+            None if width is None else _state(state, built, n, width, table))
+
+
+def _marks(after: list, n: int) -> np.ndarray | None:
     """A lazy reply's ``built`` marks for its ``n`` rows (the arrays after its rows, clocks and
-    state: none, or the marks, a bit a row), as a bool tensor; None when it built none."""
+    state: none, or the marks, a bit a row, little bit order), checked; None when there are none."""
     if not after:
         return None
     if len(after) != 1:
@@ -124,16 +146,47 @@ def _built(after: list, n: int) -> torch.Tensor | None:
                       f"({(n + 7) // 8},), got {after[0].dtype} {after[0].shape}")
     if n % 8 and int(after[0][-1]) >> (n % 8):
         raise PSError(f"a lazy reply's built marks: bits set past its {n} rows")
-    built = torch.from_numpy(np.unpackbits(after[0], count=n, bitorder="little")).bool()
-    return built if bool(built.any()) else None
+    return after[0]
+
+
+def _count_bits(marks: np.ndarray) -> int:
+    """The bits set in packed marks."""
+    if hasattr(np, "bitwise_count"):  # numpy >= 2.0
+        return int(np.bitwise_count(marks).sum())
+    return int(np.unpackbits(marks).sum())
+
+
+def _check_rows(table: TableConfig, sent, n: int, built_n: int) -> torch.Tensor:
+    """A reply's rows sent, for its ``n`` rows of which it marks ``built_n`` built."""
+    sent = torch.from_numpy(sent)
+    if sent.dim() != 2 or sent.shape[1] != table.dim:
+        raise PSError(f"a reply's rows: expected (k, {table.dim}) for table {table.name!r}, got shape "
+                      f"{tuple(sent.shape)}")
+    if len(sent) != n - built_n:
+        raise PSError(f"a reply marks {built_n} of {n} rows built and sends {len(sent)}: expected {n - built_n} sent")
+    return sent
+
+
+def _check_clocks(sent, k: int) -> torch.Tensor:
+    """A reply's clocks of the ``k`` rows it sent, as int64."""
+    sent = _ints(sent, "clocks")
+    if len(sent) != k:
+        raise PSError(f"a reply's clocks: expected one for each of the {k} rows sent, got {len(sent)}")
+    return sent
+
+
+def _check_state(sent, k: int, width: int) -> np.ndarray:
+    """A reply's optimizer state of the ``k`` rows it sent."""
+    if len(sent.shape) != 2 or sent.dtype.name != "float32" or tuple(sent.shape) != (k, width):
+        raise PSError(f"a reply's optimizer state: expected float32 of shape ({k}, {width}), got "
+                      f"{sent.dtype} {tuple(sent.shape)}")
+    return sent
 
 
 def _clocks(sent, built: torch.Tensor | None, n: int) -> torch.Tensor:
     """A reply's clocks of its ``n`` rows: those sent, and 0 for each row it left to be built
     (no push touched it). Shape: -> (n,)."""
-    sent = _ints(sent, "clocks")
-    if len(sent) != n - (0 if built is None else int(built.sum())):
-        raise PSError(f"a reply's clocks: expected one for each of the {n} rows sent, got {len(sent)}")
+    sent = _check_clocks(sent, n - (0 if built is None else int(built.sum())))
     if built is None:
         return sent
     clocks = torch.zeros(n, dtype=torch.int64)
@@ -144,16 +197,13 @@ def _clocks(sent, built: torch.Tensor | None, n: int) -> torch.Tensor:
 def _state(sent, built: torch.Tensor | None, m: int, width: int, table: TableConfig) -> torch.Tensor:
     """A reply's optimizer state for its ``m`` rows: that of the rows sent, checked, and the
     initial state for each row it left to be built. Shape: -> (m, width)."""
-    k = m - (0 if built is None else int(built.sum()))
-    if len(sent.shape) != 2 or sent.dtype.name != "float32" or tuple(sent.shape) != (k, width):
-        raise PSError(f"a reply's optimizer state: expected float32 of shape ({k}, {width}), got "
-                      f"{sent.dtype} {tuple(sent.shape)}")
-    sent = torch.from_numpy(sent)
+    built_n = 0 if built is None else int(built.sum())
+    sent = torch.from_numpy(_check_state(sent, m - built_n, width))
     if built is None:
         return sent
     state = torch.empty(m, width)
     state[~built] = sent
-    state[built] = initial_state(table, int(built.sum()), full=width > 1)
+    state[built] = initial_state(table, built_n, full=width > 1)
     return state
 
 
@@ -161,21 +211,10 @@ def _rows(handle: Handle, table: TableConfig, positions: torch.Tensor, sent, bui
     """The rows of ``handle.keys[positions]`` from a reply: the rows ``sent``, and where a
     lazy reply marks one ``built`` (untouched on the shard), its initial value, made here.
     Shape: positions (n,), sent (k, D) -> (n, D)."""
-    sent = torch.from_numpy(sent)
-    if sent.dim() != 2 or sent.shape[1] != table.dim:
-        raise PSError(f"a reply's rows: expected (k, {table.dim}) for table {table.name!r}, got shape "
-                      f"{tuple(sent.shape)}")
-    if len(sent) != len(positions) - (0 if built is None else int(built.sum())):
-        marked = 0 if built is None else int(built.sum())
-        raise PSError(f"a reply marks {marked} of {len(positions)} rows built and sends {len(sent)}: expected "
-                      f"{len(positions) - marked} sent")
+    sent = _check_rows(table, sent, len(positions), 0 if built is None else int(built.sum()))
     if built is None:
         return sent
     keys = handle.cpu_keys()[positions.cpu()[built]]
-    if native.ops is not None and sent.dtype == torch.float32 and sent.is_contiguous():  # in one pass
-        counters, salt = initial_counters(table, keys.numpy())
-        return native.ops.with_built(sent, built, torch.from_numpy(counters.view(np.int64)),
-                                     int(salt.view(np.int64)), float(table.init_scale))
     rows = torch.empty(len(built), table.dim)
     rows[~built] = sent
     rows[built] = torch.from_numpy(initial_rows(table, keys.numpy()))

@@ -19,13 +19,18 @@ from het.ps import checks, optim, partition
 def initial_counters(table: TableConfig, keys: np.ndarray) -> tuple[np.ndarray, np.uint64]:
     """:func:`initial_rows`'s counters of ``keys`` (each key, or for a key whose ``key * dim``
     wraps, its mix) and the table's salt. Shape: keys (n,) -> (n,) uint64."""
-    salt = np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
+    salt = initial_salt(table)
     keys = np.asarray(keys, dtype=np.int64)
     wide = (keys < 0) | (keys >= (1 << 64) // table.dim) if table.dim > 1 else keys < 0  # key * dim wraps
     counters = keys.astype(np.uint64)
     if wide.any():
         counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
     return counters, salt
+
+
+def initial_salt(table: TableConfig) -> np.uint64:
+    """:func:`initial_rows`'s salt of ``table``: its name's CRC-32 and its seed."""
+    return np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
 
 
 def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:

@@ -251,37 +251,54 @@ def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, s
 
 
 @needs_build
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(dim=st.integers(1, 40), seed=st.integers(0, 2**32 - 1),
-       marks=st.lists(st.booleans(), max_size=60), keys=st.data())
-def test_native_lazy_reply_rows_equal_the_references(monkeypatch, dim, seed, marks, keys):
-    """A lazy reply's rows, the sent ones and those built here (any keys: negative and huge
-    ones take the mixed counter), natively in one pass as the reference puts them together."""
-    from het.ps.replies import Handle, _rows
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(dim=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), marks=st.lists(st.booleans(), max_size=60),
+       width=st.sampled_from([None, 1, "full"]), accumulator=st.sampled_from([0.0, 0.3]), keys=st.data())
+def test_native_lazy_reply_equals_the_reference(monkeypatch, dim, seed, marks, width, accumulator, keys):
+    """One shard's lazy reply: the rows, clocks and optimizer state sent, and those of the rows
+    built here (any keys: negative and huge ones take the mixed counter; an initial state that is
+    not zeros), natively in one pass as the reference puts them together, bit for bit."""
+    from het.ps.replies import Handle, _part
     from het.ps.protocol import Op
 
-    table = TableConfig("t", rows=None, dim=dim, seed=seed, init_scale=0.3)
+    table = TableConfig("t", rows=None, dim=dim, seed=seed, init_scale=0.3,
+                        optimizer=OptimizerConfig("adagrad", lr=0.1, initial_accumulator=accumulator))
+    width = dim if width == "full" else width
     n = len(marks)
     ids = keys.draw(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=n, max_size=n, unique=True))
     handle = Handle(Op.SYNC, "t", n, torch.device("cpu"), keys=torch.tensor(ids, dtype=torch.int64))
-    built = torch.tensor(marks, dtype=torch.bool)
-    sent = np.random.default_rng(seed).standard_normal((n - int(built.sum()), dim)).astype(np.float32)
+    k = n - sum(marks)
+    rng = np.random.default_rng(seed)
+    sent = rng.standard_normal((k, dim)).astype(np.float32)
+    clocks = rng.integers(0, 1 << 40, k).astype(np.int64)
+    state = None if width is None else rng.random((k, width)).astype(np.float32)
+    bits = [np.packbits(np.array(marks, dtype=bool), bitorder="little")] if n else []
     positions = torch.arange(n)
-    fast = _rows(handle, table, positions, sent, built if n else None)
+    fast = _part(handle, table, positions, sent, clocks, state, bits, width)
     with monkeypatch.context() as m:
         m.setattr(native, "ops", None)
-        ref = _rows(handle, table, positions, sent, built if n else None)
-    assert fast.dtype == ref.dtype == torch.float32 and fast.shape == ref.shape == (n, dim)
-    assert torch.equal(fast.view(torch.int32), ref.view(torch.int32))
+        ref = _part(handle, table, positions, sent, clocks, state, bits, width)
+    assert fast[0].dtype == ref[0].dtype == torch.float32 and fast[0].shape == ref[0].shape == (n, dim)
+    assert torch.equal(fast[0].view(torch.int32), ref[0].view(torch.int32))
+    assert torch.equal(fast[1], ref[1]) and fast[1].dtype == torch.int64
+    assert (fast[2] is None and ref[2] is None) if width is None else torch.equal(fast[2], ref[2])
 
 
 @needs_build
-def test_native_lazy_reply_rows_refuse_marks_that_do_not_match():
-    sent, counters = torch.zeros(2, 3), torch.zeros(1, dtype=torch.int64)
-    with pytest.raises(RuntimeError, match="counters: expected one for each of the 2 rows built, got 1"):
-        native.ops.with_built(sent, torch.tensor([True, True, False, False]), counters, 0, 1.0)
-    with pytest.raises(RuntimeError, match="built: expected 1 rows marked, got 2"):
-        native.ops.with_built(sent, torch.tensor([True, True, False]), counters, 0, 1.0)
+def test_native_lazy_reply_refuses_marks_that_do_not_match():
+    sent, keys, clocks = torch.zeros(2, 3), torch.arange(4), torch.zeros(2, dtype=torch.int64)
+    none = torch.empty(0)
+    bits = torch.tensor([0b0011], dtype=torch.uint8)  # rows 0 and 1 built
+    with pytest.raises(RuntimeError, match="built bits: expected 2 bytes for 9 rows, got 1"):
+        native.ops.lazy_reply(sent, bits, torch.arange(9), clocks, none, none, 0, 1.0)
+    with pytest.raises(RuntimeError, match="built bits: expected 2 rows marked, got 1"):
+        native.ops.lazy_reply(sent, torch.tensor([0b0100], dtype=torch.uint8), keys, clocks, none, none, 0, 1.0)
+    with pytest.raises(RuntimeError, match="clocks: expected one for each of the 2 rows sent, got 1"):
+        native.ops.lazy_reply(sent, bits, keys, clocks[:1], none, none, 0, 1.0)
+    with pytest.raises(RuntimeError, match=r"state: expected \(2, 1\)"):
+        native.ops.lazy_reply(sent, bits, keys, clocks, torch.zeros(3, 1), torch.zeros(1), 0, 1.0)
+    rows, got_clocks, state = native.ops.lazy_reply(sent + 1, bits, keys, clocks + 7, none, none, 0, 1.0)
+    assert torch.equal(rows[2:], torch.ones(2, 3)) and got_clocks.tolist() == [0, 0, 7, 7] and state.shape == (4, 0)
 
 
 @needs_build
