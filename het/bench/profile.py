@@ -63,6 +63,10 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
     window(0)
     worker.train(warmup + steps + tail, 0, progress=False, on_step=window)  # the tail and flush unprofiled
     ended = time.perf_counter()
+    if "end" not in marks:  # a time limit (or a signal) ended the job inside the window
+        profiler.disable()
+        raise ValueError(f"the job stopped after {worker.step_count} steps, before the {warmup + steps} the "
+                         f"profile needs (warm-up {warmup}, then {steps}): a time limit too short? Nothing measured")
     wall = marks["end"] - marks["start"]
     stats = pstats.Stats(profiler)
     het = het_seconds(stats)

@@ -129,6 +129,14 @@ def test_bench_profile_ranks_a_workers_functions_per_step():
     assert 0 < result["worker_het_fraction"] < result["het_fraction"] < 1
 
 
+def test_bench_profile_says_so_when_the_job_stops_before_its_window_ends():
+    out = subprocess.run([sys.executable, "-m", "het", "bench", "profile", "--steps", "50", "--warmup", "2",
+                          "--time-limit-s", "0.01", "--dim", "8", "--batch", "64", "--synthetic-cap", "2000"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "Traceback" not in out.stderr
+    assert "before the 52 the profile needs (warm-up 2, then 50)" in out.stderr
+
+
 def test_bench_profile_refuses_zero_steps():
     out = subprocess.run([sys.executable, "-m", "het", "bench", "profile", "--steps", "0"], capture_output=True,
                          text=True, timeout=120)
