@@ -3,7 +3,8 @@
 One rank of a training job (any `het train` flags' job: model, data, mode, cache, lookahead)
 runs in this process against in-process shards (no sockets, no AllReduce): ``--warmup`` steps
 unprofiled, then ``--steps`` under cProfile, then the job's tail unprofiled. The tail is the last
-``lookahead`` steps, whose idle pushes spread the final flush over them, and the flush itself;
+``lookahead + 1`` steps (all but the last push idle rows, spreading the final flush over them),
+then the flush itself;
 each is timed apart (``tail_s_per_step``, ``flush_s``), as they are the end of training, not its
 steady state. The result: seconds per step and the functions with the most time of their own
 (``tottime``) and in total (``cumtime``), per step. The shard's work is in the profile too (an
@@ -33,7 +34,7 @@ from het.train.tasks import job_tables
 
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
     """Profile ``steps`` steps of one rank of ``cfg`` after ``warmup`` unprofiled ones, in one
-    run that goes on past them through the job's tail (the last ``lookahead`` steps and the
+    run that goes on past them through the job's tail (the last ``lookahead + 1`` steps and the
     final flush), unprofiled and timed apart.
 
     Returns ``{"s_per_step", "tail_steps", "tail_s_per_step", "flush_s", "steps",
@@ -48,7 +49,8 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
         raise ValueError(f"steps >= 1, warmup >= 0 and top >= 1 expected, got {steps}, {warmup}, {top}")
     client = PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
-    tail = worker.lookahead if worker.lookahead and not worker.bsp else 0
+    # the tail: the steps that push idle rows (lookahead of them) and the last, after the window
+    tail = worker.lookahead + 1 if worker.lookahead and not worker.bsp else 0
     profiler = cProfile.Profile()
     marks: dict = {}
 
@@ -67,13 +69,13 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
         profiler.disable()
         raise ValueError(f"the job stopped after {worker.step_count} steps, before the {warmup + steps} the "
                          f"profile needs (warm-up {warmup}, then {steps}): a time limit too short? Nothing measured")
-    wall = marks["end"] - marks["start"]
+    wall, tail_ran = marks["end"] - marks["start"], worker.step_count - warmup - steps
     stats = pstats.Stats(profiler)
     het = het_seconds(stats)
     shard = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
                 if name == "handle_frames" and path.endswith(os.path.join("het", "ps", "shard.py")))
-    return {"s_per_step": wall / steps, "steps": steps, "warmup": warmup, "tail_steps": tail,
-            "tail_s_per_step": (ended - marks["end"] - worker.flush_s) / tail if tail else 0.0,
+    return {"s_per_step": wall / steps, "steps": steps, "warmup": warmup, "tail_steps": tail_ran,
+            "tail_s_per_step": (ended - marks["end"] - worker.flush_s) / tail_ran if tail_ran else 0.0,
             "flush_s": worker.flush_s,
             "het_ms_per_step": 1e3 * het / steps, "het_fraction": het / wall,
             "shard_ms_per_step": 1e3 * shard / steps, "worker_het_fraction": (het - shard) / (wall - shard),

@@ -117,6 +117,8 @@ def test_bench_profile_ranks_a_workers_functions_per_step():
                            "--batch", "64", "--synthetic-cap", "2000", "--lookahead", "3", "--json"))
     assert result["bench"] == "profile" and result["steps"] == 6 and result["config"]["lookahead"] == 3
     assert result["s_per_step"] > 0 and result["flush_s"] > 0 and 0 < result["hit_rate"] < 1
+    # after the window: the 3 steps that push idle rows and the last one, timed apart
+    assert result["tail_steps"] == 4 and result["tail_s_per_step"] > 0
     for key in ("tottime", "cumtime"):
         rows = result[f"by_{key}"]
         assert len(rows) == 4

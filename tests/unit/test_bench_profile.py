@@ -83,3 +83,17 @@ def test_a_call_into_het_from_a_frame_older_than_the_profiler_counts_whole(tmp_p
     entry = next(f for f in stats.stats if f[2] == "entry")
     assert stats.stats[entry][4] == {} and stats.stats[entry][3] > 0
     assert abs(het_seconds(stats) - stats.stats[entry][3]) <= 1e-9 * max(1.0, stats.stats[entry][3])
+
+
+def test_the_profiled_window_holds_no_step_of_the_tail():
+    """The profiled steps are the job's steady state: the tail's idle pushes (the last
+    ``lookahead`` steps but one) and the final flush run after the window, timed apart."""
+    from het.bench.profile import run
+    from het.train.config import SyntheticConfig, TrainConfig
+
+    cfg = TrainConfig(dim=8, batch=64, synthetic=SyntheticConfig(cap=2000), lookahead=3, eval_samples=0, workers=1)
+    result = run(cfg, steps=5, warmup=2, top=10_000)
+    profiled = {r["function"] for r in result["by_cumtime"]}
+    assert any(f.endswith("(push_sync)") for f in profiled)  # the steps' syncs are in it
+    assert not any(f.endswith(("(push_idle)", "(flush)")) for f in profiled)
+    assert result["tail_steps"] == 4 and result["tail_s_per_step"] > 0 and result["flush_s"] > 0
