@@ -119,8 +119,10 @@ def _part(handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clo
     n = len(positions)
     marks = _marks(after, n)
     built_n = 0 if marks is None else _count_bits(marks)
-    init = torch.empty(0) if width is None else initial_state(table, 1, width > 1)[0]
-    if built_n and native.ops is not None and rows.dtype == np.float32 and init.numel() == (width or 0):
+    init = None
+    if built_n and native.ops is not None and rows.dtype == np.float32:
+        init = torch.empty(0) if width is None else initial_state(table, 1, width > 1)[0]
+    if init is not None and init.numel() == (width or 0):  # a row-wise table's state asked in full: the reference
         sent_rows = _check_rows(table, rows, n, built_n).contiguous()
         sent_clocks = _check_clocks(clocks, n - built_n)
         sent_state = torch.empty(0) if width is None else torch.from_numpy(_check_state(state, n - built_n, width))
