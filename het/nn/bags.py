@@ -1,4 +1,6 @@
-"""FieldBags: multi-hot fields pooled into one row per field, for the CTR models."""
+"""Bags of keys pooled into rows: the rules every embedding of het shares (:func:`flatten_bags`,
+:func:`pool`), and :class:`FieldBags`, multi-hot fields pooled into one row per field for the
+CTR models."""
 
 from __future__ import annotations
 
@@ -6,6 +8,64 @@ from collections.abc import Sequence
 
 import torch
 from torch import nn
+
+POOLING = ("sum", "mean")
+
+
+def flatten_bags(keys: torch.Tensor, offsets: torch.Tensor | None, mode: str | None,
+                 padding_idx: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
+    """Keys as ``nn.Embedding`` (``mode`` None) or ``nn.EmbeddingBag`` takes them -> (flat keys
+    (N,), the bag of each key (N,) or None, the number of bags). Pooled: keys (B, L), one bag a
+    row, or 1-D keys with ``offsets`` (B,); keys equal to ``padding_idx`` leave their bag.
+
+    Example:
+        >>> flat, bag, bags = flatten_bags(torch.tensor([4, 5, 6]), torch.tensor([0, 2]), "sum")
+        >>> flat.tolist(), bag.tolist(), bags
+        ([4, 5, 6], [0, 0, 1], 2)
+    """
+    if mode is None:
+        if offsets is not None:
+            raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
+        return keys.reshape(-1), None, 0
+    if offsets is None:
+        if keys.dim() != 2:
+            raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "
+                             f"got shape {tuple(keys.shape)}")
+        bags, length = keys.shape
+        bag = torch.arange(bags, device=keys.device).repeat_interleave(length)
+        flat = keys.reshape(-1)
+    else:
+        if keys.dim() != 1 or offsets.dim() != 1:
+            raise ValueError(f"with offsets, keys and offsets must be 1-D; got {tuple(keys.shape)} "
+                             f"and {tuple(offsets.shape)}")
+        offsets = offsets.to(keys.device, torch.int64)
+        bags = offsets.numel()
+        if bags and (int(offsets[0]) != 0 or bool((offsets[1:] < offsets[:-1]).any())
+                     or int(offsets[-1]) > keys.numel()):
+            raise ValueError(f"offsets must start at 0, not decrease and stay <= {keys.numel()}, "
+                             f"got {offsets.tolist()[:8]}")
+        flat = keys
+        bag = torch.searchsorted(offsets, torch.arange(keys.numel(), device=keys.device), right=True) - 1
+    if padding_idx is not None:
+        keep = flat != padding_idx
+        flat, bag = flat[keep], bag[keep]
+    return flat, bag, bags
+
+
+def pool(per_key: torch.Tensor, bag: torch.Tensor, bags: int, mode: str) -> torch.Tensor:
+    """Each bag's rows summed (``"sum"``) or averaged (``"mean"``; an empty bag is zeros), in the
+    order of the keys. Shape: (N, D), (N,) -> (bags, D).
+
+    Example:
+        >>> pool(torch.tensor([[1.], [2.], [4.]]), torch.tensor([0, 0, 1]), 3, "mean").tolist()
+        [[1.5], [4.0], [0.0]]
+    """
+    pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
+    pooled = pooled.index_add(0, bag, per_key)
+    if mode == "mean":
+        count = torch.bincount(bag, minlength=bags).clamp(min=1).to(pooled.dtype)
+        pooled = pooled / count[:, None]
+    return pooled
 
 
 class FieldBags(nn.Module):

@@ -20,12 +20,11 @@ from torch import nn
 
 from het import native
 from het.cache.cache import EmbeddingCache, Plan, Rows
+from het.nn.bags import POOLING, flatten_bags, pool
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
 from het.ps.protocol import PUSH_DTYPES
-
-POOLING = ("sum", "mean")
 
 
 @dataclass
@@ -146,12 +145,7 @@ class Embedding(nn.Module):
         per_key = self._finish(pending).index_select(0, pending.inverse)          # (N, D)
         if self.mode is None:
             return per_key.reshape(*keys.shape, self.tables[name].dim)
-        pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
-        pooled = pooled.index_add(0, bag, per_key)
-        if self.mode == "mean":
-            count = torch.bincount(bag, minlength=bags).clamp(min=1).to(pooled.dtype)
-            pooled = pooled / count[:, None]
-        return pooled
+        return pool(per_key, bag, bags, self.mode)
 
     def prefetch(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
         """Look up the keys of a coming ``forward`` now and send their sync, so the PS answers
@@ -391,33 +385,7 @@ class Embedding(nn.Module):
 
     def _flatten(self, keys, offsets):
         """Input -> (flat keys (N,), bag of each key (N,) or None, number of bags)."""
-        if self.mode is None:
-            if offsets is not None:
-                raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
-            return keys.reshape(-1), None, 0
-        if offsets is None:
-            if keys.dim() != 2:
-                raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "
-                                 f"got shape {tuple(keys.shape)}")
-            bags, length = keys.shape
-            bag = torch.arange(bags, device=keys.device).repeat_interleave(length)
-            flat = keys.reshape(-1)
-        else:
-            if keys.dim() != 1 or offsets.dim() != 1:
-                raise ValueError(f"with offsets, keys and offsets must be 1-D; got {tuple(keys.shape)} "
-                                 f"and {tuple(offsets.shape)}")
-            offsets = offsets.to(keys.device, torch.int64)
-            bags = offsets.numel()
-            if bags and (int(offsets[0]) != 0 or bool((offsets[1:] < offsets[:-1]).any())
-                         or int(offsets[-1]) > keys.numel()):
-                raise ValueError(f"offsets must start at 0, not decrease and stay <= {keys.numel()}, "
-                                 f"got {offsets.tolist()[:8]}")
-            flat = keys
-            bag = torch.searchsorted(offsets, torch.arange(keys.numel(), device=keys.device), right=True) - 1
-        if self.padding_idx is not None:
-            keep = flat != self.padding_idx
-            flat, bag = flat[keep], bag[keep]
-        return flat, bag, bags
+        return flatten_bags(keys, offsets, self.mode, self.padding_idx)
 
 
 class _HandGradsToCache(torch.autograd.Function):
