@@ -45,10 +45,11 @@ from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, MAX_REPORTED, SPLI
                                begin, print_skipped_and_written, remove_partial, split_is_test, write_meta)
 from het.data.synthetic import NUM_DENSE
 
-__all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FIELDS", "VERSION",
+__all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FIELDS", "VERSION", "VOCABULARY", "Vocabulary",
            "CriteoDataset", "add_prepare_parser", "cmd_prepare_criteo", "prepare"]
 
 FORMAT, VERSION = "het-criteo", 1
+VOCABULARY = "vocab.npy"  # the kept ids, (field << 32) | id ascending: what turns raw values into keys again
 ARRAYS = {"dense": (np.float32, (NUM_DENSE,)), "sparse": (np.int64, (NUM_FIELDS,)),  # per split
           "labels": (np.float32, ())}
 
@@ -83,8 +84,16 @@ class _IdCounter:
 
 
 @dataclass(frozen=True)
-class _Vocabulary:
-    """The kept keys, sorted, and each field's layout. Shapes: keys (V,), the rest (26,)."""
+class Vocabulary:
+    """The kept ids of every field, sorted, and each field's layout: what label-encodes raw ids
+    into global keys. Shapes: keys (V,) ``(field << 32) | id``, the rest (26,).
+
+    Example:
+        >>> v = Vocabulary.from_keys(np.array([7, (2 << 32) | 1]))
+        >>> raw = np.full((1, 26), -1); raw[0, 0] = 7; raw[0, 1] = (1 << 32) | 9
+        >>> v.encode(raw)[0, :3].tolist()  # field 0's id 7; field 1's unseen 9 (its rare id); field 2 missing
+        [0, 3, 7]
+    """
 
     keys: np.ndarray
     first: np.ndarray  # index in ``keys`` of each field's first kept key
@@ -92,8 +101,13 @@ class _Vocabulary:
     offsets: np.ndarray
 
     @classmethod
-    def build(cls, counter: _IdCounter, min_freq: int) -> _Vocabulary:
-        keys = counter.keys[counter.counts >= min_freq]
+    def build(cls, counter: _IdCounter, min_freq: int) -> Vocabulary:
+        return cls.from_keys(counter.keys[counter.counts >= min_freq])
+
+    @classmethod
+    def from_keys(cls, keys: np.ndarray) -> Vocabulary:
+        """The vocabulary of the kept ids ``keys`` (ascending): what :data:`VOCABULARY` holds."""
+        keys = np.asarray(keys, dtype=np.int64)
         kept = np.bincount(keys >> 32, minlength=NUM_FIELDS).astype(np.int64)
         first = np.concatenate([[0], np.cumsum(kept)[:-1]])
         cards = kept + 2  # + the rare id and the missing id
@@ -185,9 +199,10 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
         if stats["rows"] == 0:
             raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
                              f"the first: {stats['first_skipped'][:3]}")
-        vocab = _Vocabulary.build(counter, min_freq)
+        vocab = Vocabulary.build(counter, min_freq)
         del counter
         _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
+        np.save(os.path.join(out_dir, VOCABULARY), vocab.keys)
     except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
         remove_partial(out_dir, made)
         raise
@@ -197,7 +212,7 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
     return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
 
 
-def _meta(raw_paths, vocab: _Vocabulary, stats: dict, min_freq, max_rows, test_fraction, seed) -> dict:
+def _meta(raw_paths, vocab: Vocabulary, stats: dict, min_freq, max_rows, test_fraction, seed) -> dict:
     """The content of ``meta.json``."""
     cards = vocab.kept + 2
     return {"format": FORMAT, "version": VERSION, "rows": stats["rows"],
@@ -209,6 +224,7 @@ def _meta(raw_paths, vocab: _Vocabulary, stats: dict, min_freq, max_rows, test_f
             "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
             "dense_transform": "log(max(x, 0) + 1), missing -> 0",
             "id_layout": "per field: kept ids 0..k-1 by hex value, k = rarer than min_freq, k+1 = missing",
+            "vocabulary": VOCABULARY,
             "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
 
 

@@ -38,7 +38,8 @@ from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, S
 from het.data.sketch import DistinctSketch
 from het.data.table_reader import batches
 
-__all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "prepare_table"]
+__all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "parse_numbers",
+           "prepare_table"]
 
 _NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _OK = -1
@@ -76,7 +77,7 @@ class TableSpec:
 
 # ---- one batch -> arrays ------------------------------------------------------------------------
 
-def _numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def parse_numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(values float64, missing, bad) of a column of numbers or of their text. Shape: (n,) x3."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.dictionary_decode()
@@ -135,11 +136,11 @@ def _convert(batch: pa.RecordBatch, spec: TableSpec):
     """(labels (n,) float32, dense (n, D) float32, sparse (n, F) int64, bad column (n,) int:
     -1 for a valid row, else the index in ``spec.columns`` of its first bad column)."""
     n = batch.num_rows
-    label, missing, bad = _numbers(batch.column(spec.label))
+    label, missing, bad = parse_numbers(batch.column(spec.label))
     bads = [bad | missing | ((label != 0) & (label != 1))]
     dense = np.zeros((n, len(spec.dense)), np.float32)
     for j, name in enumerate(spec.dense):
-        x, _, bad = _numbers(batch.column(name))
+        x, _, bad = parse_numbers(batch.column(name))
         bads.append(bad)
         dense[:, j] = np.log1p(np.where(x > 0, x, 0.0)) if spec.log_dense else x  # -0.0 -> 0, as Criteo
     sparse = np.empty((n, len(spec.sparse)), np.int64)
