@@ -259,7 +259,7 @@ def test_a_failure_while_writing_removes_the_arrays_begun(tmp_path, monkeypatch)
     def broken(self, keys):
         raise RuntimeError("encoding broke")
 
-    monkeypatch.setattr(criteo._Vocabulary, "encode", broken)
+    monkeypatch.setattr(criteo.Vocabulary, "encode", broken)
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "notes.txt").write_text("not prepare's")
     with pytest.raises(RuntimeError, match="encoding broke"):
