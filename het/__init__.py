@@ -23,6 +23,14 @@ from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
 from het.nn import Embedding
 from het.ps import PSClient, PSError, ServerProcess, ServerThread, Shard
 
+
+def load_model(path: str, verify: bool | None = None):
+    """The trained model of an export (``het export CKPT OUT``): see :func:`het.export.load_model`."""
+    from het.export import load_model as load
+
+    return load(path, verify=verify)
+
+
 __all__ = ["CacheConfig", "Embedding", "EmbeddingCache", "OptimizerConfig", "PSClient", "PSError",
-           "ServerProcess", "ServerThread", "Shard", "ShardConfig", "TableConfig"]
+           "ServerProcess", "ServerThread", "Shard", "ShardConfig", "TableConfig", "load_model"]
 __version__ = "0.1.0"

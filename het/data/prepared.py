@@ -249,6 +249,17 @@ class PreparedDataset:
         return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
 
 
+    def rows_between(self, split: str, lo: int, hi: int) -> Batch:
+        """Samples ``lo .. hi - 1`` of ``split``, in order (no wrapping). Shape: as :meth:`batch`.
+
+        Example (the directory of the class's example): ``data.rows_between("train", 1, 3)``."""
+        if split not in SPLITS:
+            raise ValueError(f"split must be one of {SPLITS}, got {split!r}")
+        if not 0 <= lo <= hi <= self.rows[split]:
+            raise ValueError(f"rows {lo}..{hi} out of split {split!r}'s {self.rows[split]}")
+        return Batch(*(torch.from_numpy(np.array(self._arrays[split, name][lo:hi])) for name in ARRAYS))
+
+
 def print_summary(command: str, s: dict, out_dir: str, data: str) -> None:
     """The human summary of a one-pass preparation (``s``: its returned summary); ``data`` is
     what ``het train --data`` takes to train on it."""

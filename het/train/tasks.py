@@ -86,7 +86,7 @@ class CTRTask:
         if hasattr(self.data, "rows"):
             samples = min(samples, self.data.rows["test"])
         for i in range(rank, math.ceil(samples / batch_size), world):
-            b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
+            b = self._test_batch(i, batch_size, min(batch_size, samples - i * batch_size))
             preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
             labels.append(b.labels.numpy())
             if has_planted:
@@ -99,6 +99,17 @@ class CTRTask:
         if has_planted:
             out["planted_auc"] = _auc(y, q)
         return out
+
+
+    def _test_batch(self, index: int, batch_size: int, size: int) -> Batch:
+        """Held-out batch ``index`` of ``batch_size`` samples, its first ``size`` kept. A prepared
+        directory's batch ``i`` of ``n`` samples starts at sample ``i * n``, so the last, shorter
+        batch is read at full size and cut; the generator's streams are cut by ``(index, size)``
+        as they were made."""
+        if not hasattr(self.data, "rows"):
+            return self.data.batch("test", index, size)
+        b = self.data.batch("test", index, batch_size)
+        return Batch(b.dense[:size], b.sparse[:size], b.labels[:size])
 
 
 @dataclass

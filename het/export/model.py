@@ -1,0 +1,135 @@
+"""A trained model loaded from an export: :func:`load_model` -> :class:`ExportedModel`.
+
+The tables stay on disk, memory-mapped: an export of any size opens at once and pages in the
+rows it reads. The dense model is the export's ``torch.export`` program where there is one
+(it needs none of het's model code), else the model's class with the exported parameters.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import nn
+
+from het.data.batch import Batch
+from het.export import dense as dense_model
+from het.export import layout
+from het.export.spec import Inputs, to_arrow
+from het.export.tables import ExportedTable
+from het.nn.bags import flatten_bags, pool
+
+VERIFY_BYTES = 1 << 30  # verify="auto": every file's checksum when the export is at most this big
+
+
+class ExportedEmbedding(nn.Module):
+    """An export's table as the CTR models call their embedding: ``(keys, offsets)`` as
+    ``nn.Embedding`` / ``nn.EmbeddingBag`` (and ``het.Embedding``) take them, pooled by the same
+    rules (:func:`het.nn.bags.pool`) so the rows match training's bit for bit."""
+
+    def __init__(self, table: ExportedTable, mode: str | None = None):
+        super().__init__()
+        self.table, self.mode = table, mode
+
+    def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
+        flat, bag, bags = flatten_bags(keys.cpu(), None if offsets is None else offsets.cpu(), self.mode)
+        per_key = self.table.rows(flat)                                   # (N, D)
+        if self.mode is None:
+            return per_key.reshape(*keys.shape, self.table.dim)
+        return pool(per_key, bag, bags, self.mode)
+
+
+class ExportedModel(nn.Module):
+    """A CTR model from an export: ``model(batch)`` or ``model(dense, keys)`` -> probabilities,
+    ``model.predict(columns)`` from raw values.
+
+    Attributes:
+        manifest: the export's manifest (model, tables, input spec, training's evaluation).
+        inputs: the input spec at work (:class:`het.export.spec.Inputs`).
+        uses_program: whether the dense part runs the ``torch.export`` program.
+    """
+
+    def __init__(self, root: str, manifest: dict, use_program: bool = True):
+        super().__init__()
+        from het.nn.bags import FieldBags
+
+        self.root, self.manifest = root, manifest
+        info = manifest["model"]
+        (name, entry), = manifest["tables"].items()
+        self.table = ExportedTable(os.path.join(root, "tables", name), entry)
+        bags = info["bag_sizes"]
+        if max(bags) > 1:  # multi-hot fields: each field's bag pooled, as training pooled them
+            self.lookup = FieldBags(ExportedEmbedding(self.table, "sum"), bags)
+        else:
+            self.lookup = ExportedEmbedding(self.table)
+        self.uses_program = use_program and manifest["dense"].get("program") is not None
+        if self.uses_program:
+            self.dense = torch.export.load(os.path.join(root, dense_model.PROGRAM)).module()
+        else:
+            state = torch.load(os.path.join(root, dense_model.PARAMS), weights_only=True, map_location="cpu")
+            self.dense = dense_model.load_params(dense_model.build(info), state)
+        self.inputs = Inputs(manifest["input"], root)
+
+    @property
+    def device(self) -> torch.device:
+        return next((b.device for b in self.dense.buffers()), None) or next(self.dense.parameters()).device
+
+    @torch.no_grad()
+    def forward(self, dense, keys: torch.Tensor | None = None) -> torch.Tensor:
+        """Click probabilities. Shape: a Batch, or dense (B, num_dense) float32 and keys (B, L)
+        int64 (the table's keys, as a prepared directory holds them after the input spec's
+        hashing) -> (B,)."""
+        if isinstance(dense, Batch):
+            dense, keys = dense.dense, dense.sparse
+        device = self.device
+        rows = self.lookup(keys.to("cpu", torch.int64)).to(device)     # (B, F, D)
+        return torch.sigmoid(self.dense(dense.to(device, torch.float32), rows))
+
+    def logits(self, dense: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            rows = self.lookup(keys.to("cpu", torch.int64)).to(self.device)
+            return self.dense(dense.to(self.device, torch.float32), rows)
+
+    def predict(self, columns, errors: str = "raise") -> np.ndarray:
+        """Probabilities of raw rows: a dict of columns, a pandas DataFrame or a pyarrow Table,
+        read through the export's input spec. ``errors="raise"``: a row that cannot be read is a
+        ValueError naming it, its column and what was expected; ``"skip"``: its probability is
+        NaN. Shape: n rows -> (n,) float32.
+
+        Example (an export at ``out``): ``model.predict({"user": ["u1"], "price": [2.5]})``.
+        """
+        if errors not in ("raise", "skip"):
+            raise ValueError(f"errors must be 'raise' or 'skip', got {errors!r}")
+        parsed = self.inputs.parse(to_arrow(columns))
+        if errors == "raise" and not parsed.ok.all():
+            i = int(np.flatnonzero(~parsed.ok)[0])
+            raise ValueError(f"row {i}: {parsed.reasons.get(i, 'cannot be read')}")
+        out = np.full(len(parsed.bad), np.nan, np.float32)
+        ok = np.flatnonzero(parsed.ok)
+        if len(ok):
+            dense, keys = torch.from_numpy(parsed.dense[ok]), torch.from_numpy(parsed.keys[ok])
+            out[ok] = self(dense, keys).cpu().numpy()
+        return out
+
+
+def load_model(path: str, verify: bool | None = None, use_program: bool = True) -> ExportedModel:
+    """The model of the export in ``path`` (``het export CKPT OUT`` writes one).
+
+    Args:
+        path: the export directory.
+        verify: check every file's checksums first (True), none but the manifest's (False), or
+            every file when the export is at most 1 GiB and the small files otherwise (None).
+        use_program: run the dense model's ``torch.export`` program where the export has one.
+
+    Raises:
+        het.export.layout.ExportError (a ValueError): not an export, another format version,
+            or a damaged file (named, with its offset).
+    """
+    manifest = layout.read_manifest(path)
+    files = manifest["files"]
+    total = sum(e["bytes"] for e in files.values())
+    for rel, entry in sorted(files.items()):
+        if verify or (verify is None and (total <= VERIFY_BYTES or entry["bytes"] <= VERIFY_BYTES // 64)):
+            layout.verify(path, rel, entry)
+    return ExportedModel(path, manifest, use_program)

@@ -1,0 +1,128 @@
+"""``het export``: a training checkpoint -> a self-contained export directory
+(:mod:`het.export.layout`), streamed a piece of a table at a time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import time
+
+import numpy as np
+import torch
+
+from het.export import dense as dense_model
+from het.export import layout, tables
+from het.export.rows import DTYPES, row_bytes
+from het.export.source import Checkpoint
+from het.export.spec import build_spec
+
+DENSE_TABLE = "dense"  # het.dist.dense: mode ps keeps the dense parameters in this PS table
+GRAPH_MODELS = ("graphsage",)
+
+
+def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = False) -> dict:
+    """Export the checkpoint at ``checkpoint`` into the directory ``out`` (replaced whole if it
+    holds an export; nothing is left there if this fails); a summary of what was written.
+
+    Args:
+        checkpoint: a directory ``het train --checkpoint`` wrote.
+        out: the export's directory.
+        dtype: the tables' rows: ``"fp32"``, ``"fp16"`` or ``"int8"`` (:mod:`het.export.rows`).
+        progress: a progress bar of the rows written, on stderr.
+    """
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    start = time.perf_counter()
+    ckpt = Checkpoint(checkpoint)
+    try:
+        config = ckpt.config
+        if config.get("model") in GRAPH_MODELS:
+            raise ValueError(f"a {config['model']} checkpoint is not exported: scoring a node needs its sampled "
+                             f"neighbourhood and features from the training graph, which an export does not hold; "
+                             f"het export takes CTR models (wdl, deepfm, dcn, dlrm)")
+        spec, files = build_spec(config)
+        stage = layout.Staging(out)
+        try:
+            manifest = _write(ckpt, config, spec, files, stage.path, dtype, progress)
+            stage.commit()
+        except BaseException:
+            stage.abort()
+            raise
+    finally:
+        ckpt.close()
+    total = sum(e["bytes"] for e in manifest["files"].values())
+    return {"out": os.path.abspath(out), "dtype": dtype, "model": manifest["model"]["name"],
+            "step": manifest["step"], "tables": {n: {k: t[k] for k in ("rows", "dynamic", "bytes")}
+                                                  for n, t in manifest["tables"].items()},
+            "bytes": total, "seconds": time.perf_counter() - start, "dense_program": manifest["dense"]["program"],
+            "dense_program_error": manifest["dense"].get("program_error")}
+
+
+def _write(ckpt: Checkpoint, config: dict, spec: dict, files: dict, root: str, dtype: str, progress: bool) -> dict:
+    names = [n for n in ckpt.tables if n != DENSE_TABLE]
+    if len(names) != 1:
+        raise ValueError(f"a CTR checkpoint holds one embedding table, this one holds {names}")
+    (name,) = names
+    cfg = ckpt.tables[name]
+    model = {"name": config["model"], "num_fields": len(spec["sparse"]), "dim": cfg.dim,
+             "num_dense": len(spec["dense"]), "bag_sizes": spec["bag_sizes"]}
+    dense_info = _write_dense(ckpt, config, model, root)
+    bar = _bar(ckpt.stored_rows(name), progress)
+    try:
+        entry = tables.write(ckpt, name, os.path.join(root, "tables", name), dtype,
+                             progress=bar.update if bar else None)
+    finally:
+        if bar:
+            bar.close()
+    for rel, src in files.items():
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        shutil.copyfile(src, os.path.join(root, rel))
+    manifest = {"format": layout.FORMAT, "version": layout.VERSION,
+                "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "checkpoint": os.path.abspath(ckpt.path), "step": ckpt.step, "model": model, "dense": dense_info,
+                "tables": {name: entry}, "dtype": dtype, "row_bytes": row_bytes(cfg.dim, dtype), "input": spec,
+                "evaluation": ckpt.evaluation, "train": {k: config.get(k) for k in
+                                                         ("mode", "staleness", "optimizer", "lr", "batch", "workers",
+                                                          "servers", "seed", "eval_samples")}}
+    manifest["files"] = {rel: layout.file_entry(os.path.join(root, rel)) for rel in _files(root)}
+    layout.write_manifest(root, manifest)
+    return manifest
+
+
+def _write_dense(ckpt: Checkpoint, config: dict, model: dict, root: str) -> dict:
+    """``dense.pt`` and, where torch.export captures the model, ``dense.pt2``."""
+    module = dense_model.build(model)
+    flat = None
+    if config.get("mode") == "ps":  # the dense parameters lived on the PS, not in worker.pt
+        flat = _dense_values(ckpt)
+    dense_model.load_params(module, ckpt.model_state, flat)
+    torch.save(module.state_dict(), os.path.join(root, dense_model.PARAMS))
+    program, why = dense_model.capture(module, model["num_dense"], model["num_fields"], model["dim"])
+    if program is not None:
+        torch.export.save(program, os.path.join(root, dense_model.PROGRAM))
+    return {"params": dense_model.PARAMS, "program": dense_model.PROGRAM if program is not None else None,
+            "program_error": why, "parameters": sum(p.numel() for p in module.parameters())}
+
+
+def _dense_values(ckpt: Checkpoint) -> torch.Tensor:
+    """The PS's dense table (mode ps) as one flat vector, in key order."""
+    keys, rows = zip(*ckpt.table_pieces(DENSE_TABLE))
+    keys, rows = np.concatenate(keys), np.concatenate(rows)
+    return torch.from_numpy(rows[np.argsort(keys)]).reshape(-1)
+
+
+def _files(root: str) -> list[str]:
+    out = []
+    for dirpath, _, names in os.walk(root):
+        out += [os.path.relpath(os.path.join(dirpath, n), root) for n in names]
+    return sorted(out)
+
+
+def _bar(total: int, progress: bool):
+    if not progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=" rows", desc="het export", mininterval=0.5)
