@@ -111,15 +111,11 @@ class ExportedTable:
                     raise ValueError(f"key {bad} out of range for table {self.cfg.name!r} with {self.cfg.rows} rows")
             return self._gather(keys)
         at = torch.from_numpy(self.index.lookup(keys.numpy()))
-        stored = at >= 0
-        if bool(stored.all()):
+        fresh = (at < 0).nonzero().flatten()  # keys never stored: their initial rows, made here
+        if not len(fresh):
             return self._gather(at)
-        out = torch.empty(len(keys), self.dim)
-        where = stored.nonzero().flatten()
-        out[where] = self._gather(at.index_select(0, where))
-        fresh = (~stored).nonzero().flatten()
-        out[fresh] = torch.from_numpy(initial_rows(self.cfg, keys.index_select(0, fresh).numpy()))
-        return out
+        out = self._gather(at.index_fill_(0, fresh, 0))
+        return out.index_copy_(0, fresh, torch.from_numpy(initial_rows(self.cfg, keys.index_select(0, fresh).numpy())))
 
     def _gather(self, at: torch.Tensor) -> torch.Tensor:
         q = self.qparams.index_select(0, at) if self.qparams is not None else None

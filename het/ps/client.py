@@ -108,10 +108,12 @@ class PSClient:
         return cls([transport.connect(a) for a in addresses], timeout_s, secret, lazy_init, reconnect_s)
 
     @classmethod
-    def local(cls, tables: list[TableConfig], num_shards: int = 1, lazy_init: bool = True) -> "PSClient":
-        """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
+    def local(cls, tables: list[TableConfig], num_shards: int = 1, lazy_init: bool = True,
+              **options) -> "PSClient":
+        """Start ``num_shards`` in-process shards holding ``tables`` and connect to them;
+        ``options``: more :class:`het.config.ShardConfig` fields (``memory``...)."""
         transport = LocalTransport()
-        names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards),
+        names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards, **options),
                                                    state_dir=state.local(i)))
                  for i in range(num_shards)]
         return cls([transport.connect(n) for n in names], lazy_init=lazy_init)

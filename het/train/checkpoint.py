@@ -12,6 +12,7 @@ Every rank's batches are a function of the step, so the step is the data positio
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ from het.dist.collectives import barrier
 from het.train.config import TrainConfig
 
 FORMAT = 1
+EVALUATION = "evaluation.json"  # the held-out metrics of the model saved, when it was evaluated
 
 
 def save(worker, directory: str, step: int) -> None:
@@ -45,6 +47,21 @@ def save(worker, directory: str, step: int) -> None:
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     barrier(worker.world)
+
+
+def record_evaluation(directory: str, step: int, metrics: dict) -> None:
+    """Write the held-out metrics of the model saved in ``directory`` at ``step`` beside it
+    (``evaluation.json``: what ``het export`` carries into its manifest); nothing when there are
+    none, or when the checkpoint there is of another step."""
+    if not metrics or saved_step(directory) != step:
+        return
+    path = os.path.join(directory, EVALUATION)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump({"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def remove_stale(directory: str) -> list[str]:

@@ -286,6 +286,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         summary = None
         if rank == 0:
+            if cfg.checkpoint:  # a checkpoint of the last step holds the model just evaluated
+                checkpoint.record_evaluation(cfg.checkpoint, start + steps, metrics)
             metrics = selector.pick(metrics, start + steps)
             summary = summarise(cfg, world, client.num_shards, steps, run["wall_s"], per_rank, metrics,
                                 worker.task.num_ids)
