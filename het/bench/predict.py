@@ -33,9 +33,11 @@ from het.train.flags import add_config_flags, config_from_args
 
 
 def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "fp32", servers: int | None = None,
-                   shard_options: dict | None = None) -> tuple[str, str, dict]:
+                   shard_options: dict | None = None, scores: bool = False) -> tuple:
     """Train ``cfg`` for ``steps`` steps in this process (in-process shards, one rank), write a
-    checkpoint at the end and export it; ``(checkpoint, export, held-out metrics at the end)``."""
+    checkpoint at the end and export it; ``(checkpoint, export, held-out metrics at the end)``,
+    and with ``scores`` the training model's own ``(labels, probabilities)`` of those held-out
+    samples (:meth:`het.train.tasks.CTRTask.test_scores`)."""
     from het.export.writer import export
     from het.ps.client import PSClient
     from het.train import checkpoint
@@ -50,10 +52,14 @@ def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "f
         checkpoint.save(worker, ckpt, steps)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}
         checkpoint.record_evaluation(ckpt, steps, metrics)
+        if scores:
+            worker.model.eval()
+            with worker.embedding.fresh():
+                labels, probs, _ = worker.task.test_scores(worker.model, cfg.eval_samples, worker.device)
     finally:
         client.close()
     export(ckpt, out, dtype)
-    return ckpt, out, metrics
+    return (ckpt, out, metrics, (labels, probs)) if scores else (ckpt, out, metrics)
 
 
 def run(export_dir: str, batch: int = 4096, seconds: float = 3.0, rounds: int = 3, threads: int = 1) -> dict:

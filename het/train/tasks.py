@@ -81,6 +81,21 @@ class CTRTask:
         ``gather`` (an all-gather of Python objects: every rank's object, in rank order) brings
         the scores together, so every rank returns the same metrics.
         """
+        parts = (gather or _alone)(self.test_scores(model, samples, device, rank, world, batch_size))
+        y, p, q = (_cat([part[k] for part in parts]) for k in range(3))
+        from sklearn.metrics import log_loss  # here: sklearn costs 1.5 s of every het command's start
+
+        out = {"auc": _auc(y, p), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))}
+        if q.size:
+            out["planted_auc"] = _auc(y, q)
+        return out
+
+    @torch.no_grad()
+    def test_scores(self, model, samples: int, device, rank: int = 0, world: int = 1,
+                    batch_size: int = 8192) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(labels, probabilities, planted logits)`` of rank ``rank``'s share of the first
+        ``samples`` held-out samples (batches ``rank, rank + world, ...`` of ``batch_size``), in
+        order; the planted logits are empty for data without a planted model."""
         labels, preds, planted = [], [], []
         has_planted = hasattr(self.data, "planted_logits")
         if hasattr(self.data, "rows"):
@@ -91,15 +106,7 @@ class CTRTask:
             labels.append(b.labels.numpy())
             if has_planted:
                 planted.append(self.data.planted_logits(b.sparse, b.dense))
-        parts = (gather or _alone)(tuple(_cat(x) for x in (labels, preds, planted)))
-        y, p, q = (_cat([part[k] for part in parts]) for k in range(3))
-        from sklearn.metrics import log_loss  # here: sklearn costs 1.5 s of every het command's start
-
-        out = {"auc": _auc(y, p), "logloss": float(log_loss(y, np.clip(p, 1e-7, 1 - 1e-7), labels=[0, 1]))}
-        if has_planted:
-            out["planted_auc"] = _auc(y, q)
-        return out
-
+        return tuple(_cat(x) for x in (labels, preds, planted))
 
     def _test_batch(self, index: int, batch_size: int, size: int) -> Batch:
         """Held-out batch ``index`` of ``batch_size`` samples, its first ``size`` kept. A prepared
