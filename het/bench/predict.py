@@ -159,7 +159,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="per round and side")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    add_config_flags(p, exclude=("steps", "checkpoint", "checkpoint_every", "resume", "workers"),
+    add_config_flags(p, exclude=("steps", "checkpoint", "checkpoint_every", "resume", "workers", "export", "export_every",
+                                 "export_dtype"),
                      fixed={"workers": 1})
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_main)

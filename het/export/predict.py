@@ -49,10 +49,11 @@ def predict(export_dir: str, data: str, split: str | None = None, out: str | Non
     skipped = Skipped()
     chunks, total, split = open_source(data, model.inputs, model.manifest, split, samples, batch, skipped)
     metrics, writer = _Metrics(), _Writer(out) if out else None
-    start, rows = time.perf_counter(), 0
-    bar = _bar(total, progress)
+    start, rows, bar = time.perf_counter(), 0, None
     try:
         for c in chunks:
+            if bar is None and progress:  # once the source has given rows: a refusal comes without a bar
+                bar = _bar(total)
             scores = model(torch.from_numpy(c.dense), torch.from_numpy(c.keys)).numpy()
             metrics.add(c.labels, scores)
             if writer is not None:
@@ -181,9 +182,7 @@ class _Writer:
                 os.remove(self.tmp)
 
 
-def _bar(total, progress: bool):
-    if not progress:
-        return None
+def _bar(total):
     from tqdm import tqdm
 
     return tqdm(total=total, unit=" rows", desc="het predict", mininterval=0.5)

@@ -51,8 +51,8 @@ class _Columns:
     def check(self, names: list[str], path: str) -> None:
         missing = [c for c in self.inputs.columns[1:] if c not in names]
         if missing:
-            raise ValueError(f"{path}: column(s) {missing} not found; the model reads {self.inputs.columns[1:]} "
-                             f"and the file has {names}")
+            raise ValueError(f"{path}: column(s) {_few(missing)} not found; the model reads "
+                             f"{_few(self.inputs.columns[1:])} and the file has {_few(names)}")
         self.columns = [c for c in self.inputs.columns if c in names]
 
 
@@ -105,3 +105,10 @@ def _is_criteo_tsv(path: str) -> bool:
     with opener(path, "rb") as f:
         first = f.readline(1 << 16).rstrip(b"\r\n").split(b"\t")
     return len(first) == 40 and first[0] in (b"0", b"1")
+
+
+def _few(names: list[str], shown: int = 6) -> str:
+    """A list of names for a message: the first few, and how many in all."""
+    if len(names) <= shown:
+        return str(names)
+    return f"{names[:shown]}... ({len(names)} in all)"

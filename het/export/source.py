@@ -25,7 +25,7 @@ from het.ps.tiers import read_saved
 
 WORKER_FORMAT = 1  # het.train.checkpoint.FORMAT
 SAVE_FORMAT = 1  # het.ps.shard.SAVE_FORMAT
-PIECE_BYTES = 64 << 20  # rows read at once from a save
+PIECE_BYTES = 32 << 20  # rows read at once from a save
 _SHARD = re.compile(r"shard-(\d+)\.pt")
 
 

@@ -160,7 +160,10 @@ class Inputs:
         names = table.schema.names
         missing = [c for c in self.columns[1:] + ([self.label] if need_label else []) if c not in names]
         if missing:
-            raise ValueError(f"missing column(s) {missing}: this model reads {self.columns[1:]}"
+            shown = missing if len(missing) <= 6 else f"{missing[:6]}... ({len(missing)} in all)"
+            reads = f"{self.dense[:3] + self.sparse[:3]}... ({len(self.columns) - 1} columns)" \
+                if len(self.columns) > 7 else str(self.columns[1:])
+            raise ValueError(f"missing column(s) {shown}: this model reads {reads}"
                              f"{' and the label ' + repr(self.label) if need_label else ''}")
         n = table.num_rows
         bads, reasons = [], {}

@@ -181,6 +181,12 @@ class TrainConfig:
     checkpoint: str | None = setting(None, "checkpoint directory")
     checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
     resume: str | None = setting(None, "a checkpoint directory to resume from")
+    export: str | None = setting(None, "CTR models: an export of the model (as het export writes) kept in this "
+                                 "directory, rewritten every export_every steps and at the end, in the background")
+    export_every: int = setting(0, "steps between exports (needs export); training pauses only for the flush and "
+                                "the shards' save, as for a checkpoint")
+    export_dtype: str = setting("fp32", "the exports' rows: fp32, fp16 or int8 (row-wise scale and bias)",
+                                choices=("fp32", "fp16", "int8"))
     ps_wal: bool = setting(False, "local cluster: the shards log every push before acknowledging it "
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
@@ -245,6 +251,9 @@ class TrainConfig:
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
+            (self.export_every >= 0, f"export_every must be >= 0, got {self.export_every}"),
+            (not self.export_every or self.export, "export_every needs an export directory (export)"),
+            (not (self.export and self.is_graph), f"export applies to CTR models; {self.model} is not exported"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
             (not (self.is_graph and self.ids == "hashed"), f"ids 'hashed' applies to CTR data; {self.model} "
              f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
