@@ -18,13 +18,12 @@ import torch
 from torch import nn
 
 from het.cache.cache import EmbeddingCache, Plan, Rows
+from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
+from het.nn.bags import bag_keys, pool
+from het.nn.upcoming import Upcoming
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
-from het.nn.upcoming import Upcoming
-from het.ps.protocol import PUSH_DTYPES
-
-POOLING = ("sum", "mean")
 
 
 @dataclass
@@ -92,12 +91,9 @@ class Embedding(nn.Module):
                  device: torch.device | str | None = None, grad_scale: float = 1.0,
                  push_dtype: str = "f32"):
         super().__init__()
-        if push_dtype not in PUSH_DTYPES:
-            raise ValueError(f"push_dtype must be one of {PUSH_DTYPES}, got {push_dtype!r}")
-        self.push_dtype = push_dtype
+        self.push_dtype = PushDtype.parse(push_dtype, "push_dtype")
         tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
-        if mode not in (None, *POOLING):
-            raise ValueError(f"mode must be None, 'sum' or 'mean', got {mode!r}")
+        mode = None if mode is None else Pooling.parse(mode, "mode (or None)")
         self.client = client if client is not None else PSClient.local(tables, num_shards)
         for t in tables:
             served = self.client.tables.get(t.name)
@@ -143,12 +139,7 @@ class Embedding(nn.Module):
         per_key = self._finish(pending).index_select(0, pending.inverse)          # (N, D)
         if self.mode is None:
             return per_key.reshape(*keys.shape, self.tables[name].dim)
-        pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
-        pooled = pooled.index_add(0, bag, per_key)
-        if self.mode == "mean":
-            count = torch.bincount(bag, minlength=bags).clamp(min=1).to(pooled.dtype)
-            pooled = pooled / count[:, None]
-        return pooled
+        return pool(per_key, bag, bags, self.mode)                                # (B, D)
 
     def prefetch(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
         """Look up the keys of a coming ``forward`` now and send their sync, so the PS answers
@@ -361,29 +352,7 @@ class Embedding(nn.Module):
             if offsets is not None:
                 raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
             return keys.reshape(-1), None, 0
-        if offsets is None:
-            if keys.dim() != 2:
-                raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "
-                                 f"got shape {tuple(keys.shape)}")
-            bags, length = keys.shape
-            bag = torch.arange(bags, device=keys.device).repeat_interleave(length)
-            flat = keys.reshape(-1)
-        else:
-            if keys.dim() != 1 or offsets.dim() != 1:
-                raise ValueError(f"with offsets, keys and offsets must be 1-D; got {tuple(keys.shape)} "
-                                 f"and {tuple(offsets.shape)}")
-            offsets = offsets.to(keys.device, torch.int64)
-            bags = offsets.numel()
-            if bags and (int(offsets[0]) != 0 or bool((offsets[1:] < offsets[:-1]).any())
-                         or int(offsets[-1]) > keys.numel()):
-                raise ValueError(f"offsets must start at 0, not decrease and stay <= {keys.numel()}, "
-                                 f"got {offsets.tolist()[:8]}")
-            flat = keys
-            bag = torch.searchsorted(offsets, torch.arange(keys.numel(), device=keys.device), right=True) - 1
-        if self.padding_idx is not None:
-            keep = flat != self.padding_idx
-            flat, bag = flat[keep], bag[keep]
-        return flat, bag, bags
+        return bag_keys(keys, offsets, self.padding_idx)
 
 
 class _HandGradsToCache(torch.autograd.Function):

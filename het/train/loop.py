@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from het.choices import Mode, Optimizer
 from het.config import CacheConfig
 from het.dist.collectives import barrier, gather
 from het.dist.dense import AllReduceDense, DenseSync, PSDense
@@ -30,7 +31,7 @@ from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
 STOP_GRACE_S = 1.0
-DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+TORCH_OPTIMIZERS = {Optimizer.SGD: torch.optim.SGD, Optimizer.ADAGRAD: torch.optim.Adagrad, Optimizer.ADAM: torch.optim.Adam}
 
 
 class Worker:
@@ -67,12 +68,12 @@ class Worker:
         self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
 
     def _dense_sync(self) -> DenseSync:
-        if self.cfg.mode == "ps":
+        if self.cfg.mode == Mode.PS:
             dense = PSDense(self.model, self.client, self.world, self.rank)
             barrier(self.world)  # rank 0 has written the initial dense values
             return dense
         # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum)
-        optimizer = DENSE_OPTIMIZERS[self.cfg.dense_optimizer or self.cfg.optimizer.removeprefix("rowwise_")]
+        optimizer = TORCH_OPTIMIZERS[self.cfg.dense_optimizer or Optimizer(self.cfg.optimizer.removeprefix("rowwise_"))]
         return AllReduceDense(self.model, self.world, self.device, optimizer, lr=self.cfg.dense_lr,
                               weight_decay=self.cfg.weight_decay)
 

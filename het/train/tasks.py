@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from het.choices import Ids, Mode, Model, Pooling
 from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
 from het.data.hashed import HashedIds
@@ -24,7 +25,7 @@ from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.nn.bags import FieldBags
 from het.train.config import TrainConfig
 
-CTR_MODELS = {"wdl": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+CTR_MODELS = {Model.WDL: WideDeep, Model.DEEPFM: DeepFM, Model.DCN: DCN, Model.DLRM: DLRM}
 EMBEDDING_TABLE = "embedding"
 
 
@@ -45,11 +46,11 @@ class CTRTask:
             s = cfg.synthetic
             preset = criteo_1tb if cfg.data == "synthetic-criteo-1tb" else SyntheticCriteoConfig
             self.data = SyntheticCriteo(preset(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
-        hashed = cfg.ids == "hashed" or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
+        hashed = cfg.ids == Ids.HASHED or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
         if hashed and self.data.num_rows is not None:  # (prepared hashed data is hashed already)
             self.data = HashedIds(self.data)
         # Multi-hot fields: the embedding pools each field's bag ("sum"), the model sees one row a field.
-        self.pooling = "sum" if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
+        self.pooling = Pooling.SUM if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
         self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
         self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -208,7 +209,7 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
                             optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
                             admit_counters=cfg.admit_counters, **dynamic)
     tables = [table]
-    if cfg.mode == "ps":
+    if cfg.mode == Mode.PS:
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
     return tables
 

@@ -51,14 +51,14 @@ import het  # noqa: E402
 from het import cli  # noqa: E402
 from het.train import local  # noqa: E402
 from het.train.config import MODELS  # noqa: E402
-from het.train.flags import config_fields, config_from_args, flag_name  # noqa: E402
+from het.train.flags import choices_of, config_fields, config_from_args, flag_name  # noqa: E402
 
 EXTRA = {"checkpoint_every": {"checkpoint": "ck"}}  # settings that need another to be valid
 
 
 def a_value(key, f, hint):
     """A value of the setting other than its default, and how a flag spells it."""
-    choices = f.metadata.get("choices")
+    choices = choices_of(hint, f)
     default = TrainConfig().__getattribute__(key) if "." not in key else None
     if key == "data":
         return "criteo:some-dir", "criteo:some-dir"
