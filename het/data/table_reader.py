@@ -80,7 +80,13 @@ def _open(path: str):
 def _parquet_batches(path: str, spec):
     """As :func:`_csv_batches` for a Parquet file: rows numbered from 1, none rejected."""
     f = pq.ParquetFile(path)
-    spec.check(f.schema_arrow.names, path)
+    schema = f.schema_arrow
+    spec.check(schema.names, path)
+    for name in spec.columns:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind):
+            raise ValueError(f"{path}: column {name!r} holds {kind}, expected numbers or text (one value a row, "
+                             f"not lists, structs or maps)")
     row = 0
     for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=spec.columns):
         yield batch, row + 1 + np.arange(batch.num_rows), []

@@ -26,7 +26,8 @@ import sys
 import typing
 from dataclasses import dataclass
 
-from het.choices import DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Ids, LocalUpdate, Mode, Model, Optimizer, Policy, PushDtype
+from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Ids, LocalUpdate, Mode, Model, Optimizer, Policy,
+                         PushDtype)
 from het.config import parse_bytes, plain, setting
 from het.staleness import check_staleness, format_staleness
 

@@ -31,7 +31,8 @@ from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
 STOP_GRACE_S = 1.0
-TORCH_OPTIMIZERS = {Optimizer.SGD: torch.optim.SGD, Optimizer.ADAGRAD: torch.optim.Adagrad, Optimizer.ADAM: torch.optim.Adam}
+TORCH_OPTIMIZERS = {Optimizer.SGD: torch.optim.SGD, Optimizer.ADAGRAD: torch.optim.Adagrad,
+                    Optimizer.ADAM: torch.optim.Adam}  # the dense layers' (DENSE_OPTIMIZERS)
 
 
 class Worker:
