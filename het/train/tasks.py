@@ -84,10 +84,13 @@ class CTRTask:
         """
         labels, preds, planted = [], [], []
         has_planted = hasattr(self.data, "planted_logits")
-        if hasattr(self.data, "rows"):
+        stored = hasattr(self.data, "rows")  # a prepared split: batch i of k samples holds samples i*k ..
+        if stored:
             samples = min(samples, self.data.rows["test"])
         for i in range(rank, math.ceil(samples / batch_size), world):
-            b = self.data.batch("test", i, min(batch_size, samples - i * batch_size))
+            size = min(batch_size, samples - i * batch_size)
+            b = self.data.batch("test", i, batch_size if stored else size)
+            b = Batch(b.dense[:size], b.sparse[:size], b.labels[:size])  # the last stored batch: its head
             preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
             labels.append(b.labels.numpy())
             if has_planted:
