@@ -96,6 +96,7 @@ class OptimizerConfig:
             # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8 (row-wise Adagrad as Adagrad).
             object.__setattr__(self, "eps", 1e-10 if "adagrad" in self.name else 1e-8)
         _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
+        _require(len(self.betas) == 2, f"betas must be two numbers (Adam's two decay rates), got {self.betas}")
         b1, b2 = self.betas
         _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
         object.__setattr__(self, "betas", (float(b1), float(b2)))

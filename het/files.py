@@ -143,7 +143,7 @@ def _replace(tmp: str, final: str) -> None:
 def _update(tmp: str, final: str, marker: str) -> None:
     """``tmp``'s entries (``tmp`` inside ``final``) moved into ``final``, the marker removed
     first and moved last; ``tmp`` goes."""
-    entries = sorted(os.listdir(tmp), key=lambda e: e == marker)
+    entries = sorted(os.listdir(tmp), key=lambda e: (e == marker, e))  # the marker last
     in_final = [os.path.join(final, e) for e in entries]
     taken = [p for p in in_final if os.path.isdir(p) and not os.path.islink(p)]
     if taken:

@@ -36,7 +36,7 @@ from het.data.hashing import hash_strings
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_summary, split_is_test, summary, writing)
 from het.data.sketch import DistinctSketch
-from het.data.table_reader import batches
+from het.data.table_reader import batches, check_columns
 
 __all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "prepare_table"]
 
@@ -196,6 +196,7 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     """
     paths = [paths] if isinstance(paths, str) else list(paths)
     check_inputs(paths, "table file", max_rows, test_fraction, seed)
+    check_columns(paths, spec, sep, names)
     started = time.perf_counter()
     with writing(out_dir, len(spec.dense), len(spec.sparse)) as writer:
         stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
