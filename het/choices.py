@@ -120,4 +120,11 @@ class Pooling(Choice):
     MEAN = "mean"
 
 
-POLICIES, PUSH_DTYPES = Policy.values(), PushDtype.values()  # as plain strings, for the wire's checks
+class Split(Choice):
+    """A data set's parts: the stream a job trains on and the held-out samples it is scored on."""
+
+    TRAIN = "train"
+    TEST = "test"
+
+
+POLICIES, PUSH_DTYPES, SPLITS = Policy.values(), PushDtype.values(), Split.values()  # as plain strings

@@ -24,13 +24,13 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from het.choices import SPLITS
 from het.data.batch import Batch
 from het.files import atomic_directory, create
 
 __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
            "SkipReport", "SplitWriter", "check_inputs", "print_summary", "split_is_test", "summary", "writing"]
 
-SPLITS = ("train", "test")
 ARRAYS = {"dense": np.float32, "sparse": np.int64, "labels": np.float32}  # per split
 HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
 MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
