@@ -3,7 +3,8 @@ the tables a training job's TOML needs.
 
 The shard's and the tables' flags are generated from :class:`~het.config.ShardConfig`,
 :class:`~het.config.TableConfig` and :class:`~het.config.OptimizerConfig` (their help and
-defaults are the fields'); a flag not given leaves the config's default.
+defaults are the fields'); a flag not given leaves the config's default. A field renamed keeps
+its old flag working through its metadata's ``aliases`` (:func:`het.config.setting`).
 """
 
 from __future__ import annotations
