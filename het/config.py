@@ -1,7 +1,10 @@
-"""Configs: frozen dataclasses, one per component, checked when built.
+"""Configs: frozen dataclasses, one per component, checked when built; their closed choices
+are enums (:mod:`het.choices`).
 
 Configs are data. Runtime handles (sockets, processes, tensors) never go in them, so a
-config can be printed, compared, written to a checkpoint and sent to another process.
+config can be printed, compared, written to a checkpoint and sent to another process. Each
+field's help text is in its metadata (:func:`setting`): the command-line flags are generated
+from the fields (:mod:`het.train.flags`).
 """
 
 from __future__ import annotations
@@ -10,16 +13,44 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
+from het.choices import Choice, LocalUpdate, Optimizer, Policy
 from het.staleness import check_staleness
 
-OPTIMIZERS = ("sgd", "adagrad", "rowwise_adagrad", "adam")
-DENSE_OPTIMIZERS = ("sgd", "adagrad", "adam")  # row-wise Adagrad is for embedding rows
-POLICIES = ("lru", "lfu")
-LOCAL_UPDATES = ("sgd", "row", "full")  # CacheConfig.local_update
+
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
+def setting(default=None, help: str = "", *, choices: tuple = (), factory=None, aliases: tuple = (),
+            kind: str | None = None):
+    """A config field with its help text (and closed choices narrower than its type's, other
+    flag names, a ``kind`` of parsing: ``"staleness"``, ``"size"``) in its metadata."""
+    meta = {"help": help, "choices": tuple(choices), "aliases": tuple(aliases), "kind": kind}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def plain(d):
+    """``d`` with every :class:`Choice` as its string, in nested dicts, lists and tuples too:
+    what a config's ``to_dict`` gives (pickled in saves and checkpoints, read back anywhere).
+
+    Example:
+        >>> plain({"policy": Policy.LFU, "tables": [{"name": Optimizer.SGD}]})
+        {'policy': 'lfu', 'tables': [{'name': 'sgd'}]}
+        >>> type(plain(Policy.LFU))
+        <class 'str'>
+    """
+    if isinstance(d, Choice):
+        return d.value
+    if isinstance(d, dict):
+        return {k: plain(v) for k, v in d.items()}
+    if isinstance(d, (list, tuple)):
+        return type(d)(plain(v) for v in d)
+    return d
+
+
 MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.admission)
+DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableConfig's, for rows=None
 
 
 def _is_int(x) -> bool:
@@ -52,20 +83,20 @@ class OptimizerConfig:
         ValueError: optimizer must be one of ('sgd', 'adagrad', 'rowwise_adagrad', 'adam'), got 'rmsprop'
     """
 
-    name: str = "sgd"
-    lr: float = 0.01
-    eps: float | None = None
-    betas: tuple[float, float] = (0.9, 0.999)
-    initial_accumulator: float = 0.0
+    name: Optimizer = setting(Optimizer.SGD, "the tables' optimizer")
+    lr: float = setting(0.01, "the tables' learning rate")
+    eps: float | None = setting(None, "added to the optimizer's denominator (Adagrad, Adam; default: torch's)")
+    betas: tuple[float, float] = setting((0.9, 0.999), "Adam's moment decay rates, e.g. 0.9,0.999")
+    initial_accumulator: float = setting(0.0, "Adagrad's starting sum of squares")
 
     def __post_init__(self) -> None:
-        _require(self.name in OPTIMIZERS,
-                 f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+        object.__setattr__(self, "name", Optimizer.parse(self.name, "optimizer"))
         _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
         if self.eps is None:
             # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8 (row-wise Adagrad as Adagrad).
             object.__setattr__(self, "eps", 1e-10 if "adagrad" in self.name else 1e-8)
         _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
+        _require(len(self.betas) == 2, f"betas must be two numbers (Adam's two decay rates), got {self.betas}")
         b1, b2 = self.betas
         _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
@@ -114,12 +145,13 @@ class TableConfig:
     rows: int | None
     dim: int
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    init_scale: float = 0.01
-    seed: int = 0
-    admit_after: int = 1
-    admit_counters: int = 1 << 22
-    expire_after: int | None = None
-    max_rows: int | None = None
+    init_scale: float = setting(0.01, "rows start uniform in [-init_scale, init_scale]")
+    seed: int = setting(0, "initial rows are a function of (seed, table, key)")
+    admit_after: int = setting(1, "dynamic tables: store a key once pushes touched it in N worker-steps")
+    admit_counters: int = setting(1 << 22, "dynamic tables: bytes of each table's sketch of sightings")
+    expire_after: int | None = setting(None, "dynamic tables: remove rows not updated for N steps (default: never)")
+    max_rows: int | None = setting(None, "dynamic tables: rows this shard stores at most; the least recently "
+                                   "updated go first (default: no budget)")
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
@@ -140,8 +172,7 @@ class TableConfig:
             _require(value is None or (_is_int(value) and value >= 1),
                      f"table {self.name!r}: {name} must be None or an int >= 1, got {value!r}")
         if not self.dynamic:
-            used = [n for n in ("admit_after", "admit_counters", "expire_after", "max_rows")
-                    if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
+            used = [n for n in DYNAMIC_ONLY if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
             _require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
                                f"this one has {self.rows} rows")
 
@@ -161,7 +192,8 @@ class TableConfig:
         return f"{'dynamic' if self.dynamic else self.rows} x {self.dim}"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain data: the optimizer as a dict, choices as strings."""
+        return plain(asdict(self))
 
     @classmethod
     def from_dict(cls, d: dict) -> "TableConfig":
@@ -206,24 +238,23 @@ class CacheConfig:
     """
 
     capacity: int = 0
-    policy: str = "lfu"
+    policy: Policy = Policy.LFU
     staleness: float = 0
     ways: int = 32
     local_lr: float | None = None
     lookahead: int = 0
-    local_update: str = "row"
+    local_update: LocalUpdate = LocalUpdate.ROW
 
     def __post_init__(self) -> None:
         _require(isinstance(self.capacity, int) and self.capacity >= 0,
                  f"cache capacity must be an int >= 0, got {self.capacity!r}")
-        _require(self.policy in POLICIES, f"policy must be one of {POLICIES}, got {self.policy!r}")
+        object.__setattr__(self, "policy", Policy.parse(self.policy, "policy"))
         object.__setattr__(self, "staleness", check_staleness(self.staleness))
         _require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
                  f"ways must be an int in [1, 256], got {self.ways!r}")
         _require(isinstance(self.lookahead, int) and self.lookahead >= 0,
                  f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}")
-        _require(self.local_update in LOCAL_UPDATES,
-                 f"local_update must be one of {LOCAL_UPDATES}, got {self.local_update!r}")
+        object.__setattr__(self, "local_update", LocalUpdate.parse(self.local_update, "local_update"))
 
 
 @dataclass(frozen=True)
@@ -243,12 +274,15 @@ class ShardConfig:
     """
 
     tables: tuple[TableConfig, ...]
-    index: int = 0
-    num_shards: int = 1
-    max_keys: int = 1 << 18
-    memory: int | None = None  # bytes of rows, state and index kept in DRAM; the rest on disk (dynamic tables)
-    memory_policy: str = "lru"  # which rows leave DRAM first: "lru" or "lfu"
-    prefetch: bool = True  # with a memory budget: a sync's rows on disk come in after its reply
+    index: int = setting(0, "which shard of num_shards this one is")
+    num_shards: int = setting(1, "how many shards hold the tables together")
+    max_keys: int = setting(1 << 18, "keys in one request at most; a larger frame than such a request needs "
+                            "drops its sender")
+    memory: int | None = setting(None, "dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); "
+                                 "the rest of the rows live in a disk tier in the state directory (default: all "
+                                 "in memory)", kind="size")
+    memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
+    prefetch: bool = setting(True, "with a memory budget: a sync's rows on disk come into DRAM after its reply")
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
@@ -267,7 +301,14 @@ class ShardConfig:
                      f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
             _require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
                      "a fixed table is all in memory")
-        _require(self.memory_policy in ("lru", "lfu"), f"memory_policy must be 'lru' or 'lfu', got {self.memory_policy!r}")
+        object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ShardConfig":
+        """The config of a plain dict (JSON's): its fields, the tables as :meth:`TableConfig.to_dict`
+        gives them."""
+        d = dict(d)
+        return cls(tuple(TableConfig.from_dict(t) for t in d.pop("tables")), **d)
 
     @property
     def max_frame_bytes(self) -> int:

@@ -1,12 +1,30 @@
 """``het serve``: one PS shard in the foreground, holding tables named on the command line or
-the tables a training job's TOML needs."""
+the tables a training job's TOML needs.
+
+The shard's and the tables' flags are generated from :class:`~het.config.ShardConfig`,
+:class:`~het.config.TableConfig` and :class:`~het.config.OptimizerConfig` (their help and
+defaults are the fields'); a flag not given leaves the config's default. A field renamed keeps
+its old flag working through its metadata's ``aliases`` (:func:`het.config.setting`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import json
+import typing
 
-from het.config import OPTIMIZERS, OptimizerConfig, ShardConfig, TableConfig, parse_bytes
+from het.config import DYNAMIC_ONLY, OptimizerConfig, ShardConfig, TableConfig
+from het.ps.server import run_foreground
+from het.train.flags import add_flag, default_help, flag_name
+
+# The flags generated from each config: (config, its fields left out, flags named otherwise than --FIELD)
+GENERATED = {
+    "shard": (ShardConfig, ("tables",), {"index": "--shard-index"}),
+    "table": (TableConfig, ("name", "rows", "dim", "optimizer"), {}),
+    "optimizer": (OptimizerConfig, (), {"name": "--optimizer"}),
+}
 
 
 def add_parser(sub) -> None:
@@ -19,19 +37,8 @@ def add_parser(sub) -> None:
     s.add_argument("--table", action="append", type=_table, default=[], metavar="NAME:ROWS:DIM",
                    help="a table to hold (repeat for several); ROWS 'dynamic': any int64 key, only the rows "
                    "pushes changed are stored")
-    s.add_argument("--admit-after", type=int, default=1, help="dynamic tables: store a key once pushes touched it "
-                   "in N worker-steps (default 1)")
-    s.add_argument("--admit-counters", type=int, default=1 << 22, help="dynamic tables: bytes of each table's "
-                   "sketch of sightings (default %(default)s)")
-    s.add_argument("--expire-after", type=int, default=None, help="dynamic tables: remove rows not updated for "
-                   "N steps (default: never)")
-    s.add_argument("--max-rows", type=int, default=None, help="dynamic tables: rows this shard stores at most; "
-                   "the least recently updated go first (default: no budget)")
-    s.add_argument("--optimizer", default="sgd", choices=OPTIMIZERS, help="the tables' optimizer (default sgd)")
-    s.add_argument("--lr", type=float, default=0.01, help="the tables' learning rate (default 0.01)")
-    s.add_argument("--seed", type=int, default=0, help="initial rows are a function of (seed, table, key)")
-    s.add_argument("--shard-index", type=int, default=0, help="which shard of --num-shards this one is")
-    s.add_argument("--num-shards", type=int, default=1, help="how many shards hold the tables together")
+    s.add_argument("--config", help="a training job's TOML: hold the tables that job needs, with its shard "
+                   "settings (ps_memory...; the flags given win)")
     s.add_argument("--state-dir", metavar="DIR", help="where SAVE and LOAD requests may read and write "
                    "(relative names only; created if missing); without it the shard saves and loads nothing")
     s.add_argument("--encrypt", action="store_true", help="every frame under ZeroMQ's CURVE encryption, keyed "
@@ -39,29 +46,51 @@ def add_parser(sub) -> None:
     s.add_argument("--wal", action="store_true", help="log every push in the state directory before it is "
                    "acknowledged; started again on the same directory, the shard recovers its last save and "
                    "the pushes after it (kill -9 loses nothing acknowledged)")
-    s.add_argument("--wal-fsync-s", type=float, default=0.05, help="force the log to disk at most this often "
+    fsync_s = inspect.signature(run_foreground).parameters["fsync_s"].default
+    s.add_argument("--wal-fsync-s", type=float, default=fsync_s, help="force the log to disk at most this often "
                    "(seconds; a machine crash can lose that much; default %(default)s)")
-    s.add_argument("--max-keys", type=int, default=1 << 18, help="keys in one request at most; a larger "
-                   "frame than such a request needs drops its sender (default %(default)s)")
-    s.add_argument("--config", help="a training job's TOML: hold the tables that job needs")
-    s.add_argument("--memory", type=size, default=None, metavar="SIZE",
-                   help="dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); the "
-                        "rest of the rows live in a disk tier under --state-dir (default: all in memory)")
-    s.add_argument("--memory-policy", default="lru", choices=("lru", "lfu"),
-                   help="with --memory: which rows leave DRAM first (default lru)")
-    s.add_argument("--no-prefetch", action="store_true",
-                   help="with --memory: do not bring a sync's rows on disk into DRAM after replying")
     s.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
                         "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
                         "I/O threads need)")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
+    groups = {"shard": s.add_argument_group("the shard"),
+              "table": s.add_argument_group("every --table (the dynamic ones' settings apply to dynamic tables)")}
+    groups["optimizer"] = groups["table"]
+    for prefix, (cls, left_out, names) in GENERATED.items():
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.name not in left_out:
+                add_flag(groups[prefix], names.get(f.name, flag_name(f.name)), f"{prefix}.{f.name}", f,
+                         hints[f.name], default_help(f), none_ok=f.default is None)
     s.set_defaults(func=cmd_serve)
 
 
-def size(text: str) -> int:
-    """``--memory``'s type (argparse names it in an error: "invalid size value")."""
-    return parse_bytes(text)
+def given(args: argparse.Namespace, prefix: str) -> dict:
+    """The generated flags of one config that were given: ``{field: value}``."""
+    return {k.partition(".")[2]: v for k, v in vars(args).items() if k.startswith(prefix + ".")}
+
+
+def shard_config(args: argparse.Namespace) -> ShardConfig:
+    """The shard the flags ask for: ``--shard-config``'s JSON (a launcher's), a job's tables
+    and shard settings (``--config``), or the ``--table`` flags; the flags given win."""
+    if args.shard_config:
+        return ShardConfig.from_dict(json.loads(args.shard_config))
+    if args.config:
+        from het.train.config import TrainConfig
+        from het.train.local import shard_options
+        from het.train.tasks import job_tables
+
+        job = TrainConfig.load(args.config)
+        return ShardConfig(tuple(job_tables(job)), **{**shard_options(job), **given(args, "shard")})
+    if not args.table:
+        raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
+    opt = OptimizerConfig(**given(args, "optimizer"))
+    settings = given(args, "table")
+    fixed = {k: v for k, v in settings.items() if k not in DYNAMIC_ONLY}
+    tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, **(settings if r is None else fixed))
+                   for n, r, d in args.table)
+    return ShardConfig(tables, **given(args, "shard"))
 
 
 def cmd_serve(args) -> None:
@@ -70,36 +99,12 @@ def cmd_serve(args) -> None:
     import torch
 
     from het.ps.auth import load_secret
-    from het.ps.server import run_foreground
 
     threads = args.threads if args.threads is not None else int(os.environ.get("OMP_NUM_THREADS") or 1)
     if threads < 1:
         raise ValueError(f"--threads must be >= 1, got {threads}")
     torch.set_num_threads(threads)
-
-    if args.shard_config:
-        d = json.loads(args.shard_config)
-        cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"],
-                          d.get("max_keys", ShardConfig.max_keys), d.get("memory"), d.get("memory_policy", "lru"),
-                          d.get("prefetch", True))
-    elif args.config:
-        from het.train.config import TrainConfig
-        from het.train.tasks import job_tables
-
-        job = TrainConfig.load(args.config)
-        memory = args.memory if args.memory is not None else job.ps_memory_bytes  # the flag wins
-        cfg = ShardConfig(tuple(job_tables(job)), args.shard_index, args.num_shards, args.max_keys, memory,
-                          args.memory_policy, not args.no_prefetch)
-    else:
-        if not args.table:
-            raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
-        opt = OptimizerConfig(args.optimizer, lr=args.lr)
-        dynamic = {"admit_after": args.admit_after, "admit_counters": args.admit_counters,
-                   "expire_after": args.expire_after, "max_rows": args.max_rows}
-        tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed, **(dynamic if r is None else {}))
-                       for n, r, d in args.table)
-        cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys, args.memory,
-                          args.memory_policy, not args.no_prefetch)
+    cfg = shard_config(args)
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,

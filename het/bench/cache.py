@@ -155,7 +155,7 @@ def run(trace: np.ndarray | list, batch: int, capacity: int, policy: str, dim: i
 
 def add_parser(bsub) -> None:
     """Register ``het bench cache`` on the subparsers of ``het bench``."""
-    from het.config import POLICIES
+    from het.choices import POLICIES
     from het.staleness import staleness_flag
 
     c = bsub.add_parser("cache", help="cache miss rate and unique keys/s on a trace or a Zipf stream")

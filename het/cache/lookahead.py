@@ -39,7 +39,7 @@ class Lookahead:
 
     Args:
         depth: how many steps ahead the data loader announces (the trainer's setting); the
-            queue holds at most ``4 * depth`` steps, dropping the oldest beyond that.
+            queue holds at most :attr:`most_queued` steps, dropping the oldest beyond that.
         native: keep the index with het.native's ``Window`` (CPU keys); else the reference.
 
     Example:
@@ -80,10 +80,16 @@ class Lookahead:
         self.queue.append((self.announced, step))
         if self._window is not None:
             self._window.announce(step.cpu(), self.announced)
-        while len(self.queue) > 4 * self.depth:  # announcements nobody looks up: keep the newest
+        while len(self.queue) > self.most_queued:  # announcements nobody looks up: keep the newest
             self._leave()
         self._index = None
         return self.announced
+
+    @property
+    def most_queued(self) -> int:
+        """Announced steps kept at most, ``4 * depth``: an announcement that the lookups went
+        past (they came in another order, or some were never made) leaves beyond it."""
+        return 4 * self.depth
 
     def _leave(self) -> int:
         """The oldest queued step leaves the window; its number."""

@@ -38,20 +38,17 @@ import time
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.format import open_memmap
 
-from het.data.criteo_tsv import _OK, COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows, check_args
-from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, MAX_REPORTED, SPLITS, PreparedDataset, add_common_flags,
-                               begin, print_skipped_and_written, remove_partial, split_is_test, write_meta)
+from het.data.criteo_tsv import COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows, skipped_lines
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
+                               check_inputs, print_skipped_and_written, split_is_test, summary, writing)
 from het.data.synthetic import NUM_DENSE
 
-__all__ = ["ARRAYS", "COLUMNS", "FORMAT", "MAX_REPORTED", "NUM_COLUMNS", "NUM_FIELDS", "VERSION", "VOCABULARY", "Vocabulary",
-           "CriteoDataset", "add_prepare_parser", "cmd_prepare_criteo", "prepare"]
+__all__ = ["COLUMNS", "FORMAT", "NUM_COLUMNS", "NUM_FIELDS", "VERSION", "VOCABULARY", "CriteoDataset", "Vocabulary",
+           "add_prepare_parser", "cmd_prepare_criteo", "prepare"]
 
 FORMAT, VERSION = "het-criteo", 1
 VOCABULARY = "vocab.npy"  # the kept ids, (field << 32) | id ascending: what turns raw values into keys again
-ARRAYS = {"dense": (np.float32, (NUM_DENSE,)), "sparse": (np.int64, (NUM_FIELDS,)),  # per split
-          "labels": (np.float32, ())}
 
 
 # ---- the two passes -------------------------------------------------------------------------
@@ -123,46 +120,32 @@ class Vocabulary:
 
 def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[_IdCounter, dict]:
     """Pass 1: id counts, rows per split, positives, skipped lines."""
-    counter, stats = _IdCounter(), {"rows": 0, "test_rows": 0, "positives": 0, "lines": 0,
-                                    "skipped": 0, "first_skipped": []}
+    counter, report = _IdCounter(), SkipReport()
+    stats = {"rows": 0, "test_rows": 0, "positives": 0, "lines": 0}
     for src, line_no, block in _rows(paths, max_rows, "criteo pass 1/2: count ids", progress):
         n = len(block.labels)
         counter.add(block.keys)
         stats["test_rows"] += int(split_is_test(stats["rows"] + np.arange(n), seed, test_fraction).sum())
         stats["positives"] += int(block.labels.sum())
-        for i in np.flatnonzero(block.bad_col != _OK):
-            if len(stats["first_skipped"]) == MAX_REPORTED:
-                break
-            stats["first_skipped"].append({"line": stats["lines"] + int(i) + 1, "source": paths[src],
-                                           "source_line": line_no + int(i), "reason": block.reason(i)})
-        stats["skipped"] += len(block.bad_col) - n
+        report.add(*skipped_lines(block, paths[src], line_no, stats["lines"], 0 if report.full else 10))
         stats["rows"] += n
         stats["lines"] += len(block.bad_col)
     counter.merge()
-    return counter, stats
+    return counter, {**stats, "skipped": report.skipped, "first_skipped": report.first}
 
 
-def _write(paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress) -> None:
-    """Pass 2: encode every valid row and write it into its split's preallocated arrays."""
-    sizes = {"train": stats["rows"] - stats["test_rows"], "test": stats["test_rows"]}
-    arrays = {(split, name): open_memmap(os.path.join(out_dir, f"{split}_{name}.npy"), mode="w+",
-                                         dtype=dtype, shape=(sizes[split], *shape))
-              for split in SPLITS for name, (dtype, shape) in ARRAYS.items()}
-    filled, rows = dict.fromkeys(SPLITS, 0), 0
+def _write(paths, writer, vocab, stats, max_rows, seed, test_fraction, progress) -> None:
+    """Pass 2: encode every valid row and append it to its split."""
+    rows = 0
     for _, _, block in _rows(paths, max_rows, "criteo pass 2/2: encode", progress):
         n = len(block.labels)
         is_test = split_is_test(rows + np.arange(n), seed, test_fraction)
-        values = {"dense": block.dense, "sparse": vocab.encode(block.keys), "labels": block.labels}
-        for split, mask in (("train", ~is_test), ("test", is_test)):
-            k = int(mask.sum())
-            for name, value in values.items():
-                arrays[split, name][filled[split]:filled[split] + k] = value[mask]
-            filled[split] += k
+        writer.add(block.dense, vocab.encode(block.keys), block.labels, is_test)
         rows += n
-    if filled != sizes:
-        raise RuntimeError(f"pass 2 read {filled} rows, pass 1 counted {sizes}: did the input change?")
-    for array in arrays.values():
-        array.flush()
+    counted = {"train": stats["rows"] - stats["test_rows"], "test": stats["test_rows"]}
+    read = writer.close()
+    if read != counted:
+        raise RuntimeError(f"pass 2 read {read} rows, pass 1 counted {counted}: did the input change?")
 
 
 def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_rows: int | None = None,
@@ -171,7 +154,7 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
 
     Args:
         raw_paths: raw files (plain or gzip), read in order as one input.
-        out_dir: created if needed; its ``meta.json`` is removed first and written last.
+        out_dir: created if needed; written whole or not at all (:func:`het.data.prepared.writing`).
         min_freq: ids seen fewer times in their field share the field's rare id.
         max_rows: stop after this many valid rows (None: read everything).
         test_fraction: expected fraction of the rows that go to the test split, in [0, 1).
@@ -191,25 +174,22 @@ def prepare(raw_paths: list[str] | str, out_dir: str, min_freq: int = 1, max_row
         (1, 1, 'expected 40 tab-separated columns, got 2', [3, 3])
     """
     raw_paths = [raw_paths] if isinstance(raw_paths, str) else list(raw_paths)
-    check_args(raw_paths, min_freq, max_rows, test_fraction, seed)
-    made = begin(out_dir)
-    t0 = time.perf_counter()
-    try:
-        counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
-        if stats["rows"] == 0:
-            raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
-                             f"the first: {stats['first_skipped'][:3]}")
-        vocab = Vocabulary.build(counter, min_freq)
-        del counter
-        _write(raw_paths, out_dir, vocab, stats, max_rows, seed, test_fraction, progress)
-        np.save(os.path.join(out_dir, VOCABULARY), vocab.keys)
-    except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
-        remove_partial(out_dir, made)
-        raise
-    meta = _meta(raw_paths, vocab, stats, min_freq, max_rows, test_fraction, seed)
-    write_meta(out_dir, meta)
-    seconds = time.perf_counter() - t0
-    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+    check_inputs(raw_paths, "raw Criteo file", max_rows, test_fraction, seed)
+    if not isinstance(min_freq, (int, np.integer)) or isinstance(min_freq, bool) or min_freq < 1:
+        raise ValueError(f"min_freq must be an int >= 1, got {min_freq!r}")
+    started = time.perf_counter()
+    counter, stats = _count(raw_paths, max_rows, seed, test_fraction, progress)
+    if stats["rows"] == 0:
+        raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
+                         f"the first: {stats['first_skipped'][:3]}")
+    vocab = Vocabulary.build(counter, min_freq)
+    del counter
+    with writing(out_dir, NUM_DENSE, NUM_FIELDS) as writer:
+        _write(raw_paths, writer, vocab, stats, max_rows, seed, test_fraction, progress)
+        np.save(os.path.join(writer.out_dir, VOCABULARY), vocab.keys)
+        meta = _meta(raw_paths, vocab, stats, min_freq, max_rows, test_fraction, seed)
+        writer.write_meta(meta)
+    return summary(meta, started)
 
 
 def _meta(raw_paths, vocab: Vocabulary, stats: dict, min_freq, max_rows, test_fraction, seed) -> dict:
@@ -259,12 +239,11 @@ class CriteoDataset(PreparedDataset):
     """
 
     kind = "Criteo"
+    formats = ((FORMAT, VERSION), (HASHED_FORMAT, HASHED_VERSION))
+    command = "het data prepare criteo RAW... {out}"
 
     def __init__(self, out_dir: str):
-        if not os.path.isfile(os.path.join(out_dir, "meta.json")):
-            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
-                             f"`het data prepare criteo RAW... {out_dir}`")
-        super().__init__(out_dir, formats=((FORMAT, VERSION), (HASHED_FORMAT, HASHED_VERSION)))
+        super().__init__(out_dir)
         hashed = self.meta["format"] == HASHED_FORMAT
         self.cardinalities = None if hashed else tuple(self.meta["cardinalities"])
         self.offsets = None if hashed else np.array(self.meta["offsets"], dtype=np.int64)

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from het.data.criteo_tsv import _OK, COLUMNS, NUM_FIELDS, _rows, check_args
+from het.data.criteo_tsv import COLUMNS, NUM_FIELDS, _rows, skipped_lines
 from het.data.hashing import hash_ids, string_ids
-from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, SkipReport, SplitWriter, begin, remove_partial,
-                               print_summary, split_is_test, write_meta)
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, SkipReport, check_inputs, print_summary, split_is_test,
+                               summary, writing)
 from het.data.sketch import DistinctSketch
 from het.data.synthetic import NUM_DENSE
 
@@ -63,7 +63,7 @@ def prepare_hashed(raw_paths: list[str] | str, out_dir: str, max_rows: int | Non
 
     Args:
         raw_paths: raw files (plain or gzip), read in order as one input.
-        out_dir: created if needed; its ``meta.json`` is removed first and written last.
+        out_dir: created if needed; written whole or not at all (:func:`het.data.prepared.writing`).
         max_rows, test_fraction, seed, progress: as in :func:`het.data.criteo.prepare`.
 
     Returns:
@@ -79,47 +79,35 @@ def prepare_hashed(raw_paths: list[str] | str, out_dir: str, max_rows: int | Non
         (1, 1, None, 26)
     """
     raw_paths = [raw_paths] if isinstance(raw_paths, str) else list(raw_paths)
-    check_args(raw_paths, 1, max_rows, test_fraction, seed)
-    made = begin(out_dir)
-    t0 = time.perf_counter()
-    try:
-        stats = _write(raw_paths, out_dir, max_rows, seed, test_fraction, progress)
+    check_inputs(raw_paths, "raw Criteo file", max_rows, test_fraction, seed)
+    started = time.perf_counter()
+    with writing(out_dir, NUM_DENSE, NUM_FIELDS) as writer:
+        stats = _write(raw_paths, writer, max_rows, seed, test_fraction, progress)
         if stats["rows"] == 0:
             raise ValueError(f"no valid Criteo rows in {raw_paths}: {stats['skipped']} lines skipped, "
                              f"the first: {stats['first_skipped'][:3]}")
-    except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
-        remove_partial(out_dir, made)
-        raise
-    meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "criteo", **stats,
-            "positive_rate": stats["positives"] / stats["rows"], "num_fields": NUM_FIELDS,
-            "num_dense": NUM_DENSE, "num_rows": None, "label": COLUMNS[0], "dense": list(COLUMNS[1:1 + NUM_DENSE]),
-            "sparse": list(SPARSE_COLUMNS), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
-            "dense_transform": "log(max(x, 0) + 1), missing -> 0",
-            "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
-            "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
-    write_meta(out_dir, meta)
-    seconds = time.perf_counter() - t0
-    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+        meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "criteo", **stats,
+                "positive_rate": stats["positives"] / stats["rows"], "num_fields": NUM_FIELDS,
+                "num_dense": NUM_DENSE, "num_rows": None, "label": COLUMNS[0], "dense": list(COLUMNS[1:1 + NUM_DENSE]),
+                "sparse": list(SPARSE_COLUMNS), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
+                "dense_transform": "log(max(x, 0) + 1), missing -> 0",
+                "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
+                "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in raw_paths]}
+        writer.write_meta(meta)
+    return summary(meta, started)
 
 
-def _write(paths, out_dir, max_rows, seed, test_fraction, progress) -> dict:
+def _write(paths, writer, max_rows, seed, test_fraction, progress) -> dict:
     """The one pass: hash, split and write every valid row; count the distinct keys."""
-    writer, sketch, report = SplitWriter(out_dir, NUM_DENSE, NUM_FIELDS), DistinctSketch(), SkipReport()
+    sketch, report = DistinctSketch(), SkipReport()
     rows = positives = lines = 0
-    try:
-        for src, line_no, block in _rows(paths, max_rows, "criteo --hash", progress):
-            n = len(block.labels)
-            keys = criteo_keys(block.keys)
-            writer.add(block.dense, keys, block.labels, split_is_test(rows + np.arange(n), seed, test_fraction))
-            sketch.add(keys)
-            bad = np.flatnonzero(block.bad_col != _OK)
-            report.add(len(bad), [] if report.full else [
-                {"line": lines + int(i) + 1, "source": paths[src], "source_line": line_no + int(i),
-                 "reason": block.reason(i)} for i in bad[:10]])
-            rows, positives, lines = rows + n, positives + int(block.labels.sum()), lines + len(block.bad_col)
-    except BaseException:
-        writer.abort()
-        raise
+    for src, line_no, block in _rows(paths, max_rows, "criteo --hash", progress):
+        n = len(block.labels)
+        keys = criteo_keys(block.keys)
+        writer.add(block.dense, keys, block.labels, split_is_test(rows + np.arange(n), seed, test_fraction))
+        sketch.add(keys)
+        report.add(*skipped_lines(block, paths[src], line_no, lines, 0 if report.full else 10))
+        rows, positives, lines = rows + n, positives + int(block.labels.sum()), lines + len(block.bad_col)
     sizes = writer.close()
     return {"rows": rows, "train_rows": sizes["train"], "test_rows": sizes["test"], "positives": positives,
             "lines": lines, "skipped": report.skipped, "first_skipped": report.first,

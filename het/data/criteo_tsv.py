@@ -206,20 +206,9 @@ def _rows(paths: list[str], max_rows: int | None, desc: str, progress: bool
             yield src, line_no, block
 
 
-def check_args(raw_paths, min_freq, max_rows, test_fraction, seed) -> None:
-    """Refuse the arguments of a Criteo prepare (label-encoding or hashed) that cannot work."""
-    def is_int(x):
-        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
-    if not raw_paths:
-        raise ValueError("expected at least one raw Criteo file, got none")
-    for path in raw_paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"raw Criteo file {path!r} does not exist")
-    if not is_int(min_freq) or min_freq < 1:
-        raise ValueError(f"min_freq must be an int >= 1, got {min_freq!r}")
-    if max_rows is not None and (not is_int(max_rows) or max_rows < 1):
-        raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
-    if not is_int(seed) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+def skipped_lines(block: _Block, path: str, line_no: int, before: int, most: int = 10) -> tuple[int, list[dict]]:
+    """A block's skipped lines: how many, and the first ``most`` described (``line``: over the
+    whole input, ``before`` lines read earlier; ``source_line``: in ``path``)."""
+    bad = np.flatnonzero(block.bad_col != _OK)
+    return len(bad), [{"line": before + int(i) + 1, "source": path, "source_line": line_no + int(i),
+                       "reason": block.reason(i)} for i in bad[:most]]

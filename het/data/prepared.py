@@ -1,5 +1,5 @@
-"""het's prepared format, shared by every ``het data prepare``: the arrays, their split, and
-the directory's life (built under ``meta.json``'s absence, undone whole on failure).
+"""het's prepared format, shared by every ``het data prepare``: the one writer of a prepared
+directory (:func:`writing`) and its one reader (:class:`PreparedDataset`).
 
 A prepared directory holds ``{split}_dense.npy`` float32 ``(n, D)``, ``{split}_sparse.npy`` int64
 ``(n, F)`` and ``{split}_labels.npy`` float32 ``(n,)`` for ``split`` in ``train``, ``test``, and
@@ -7,6 +7,10 @@ A prepared directory holds ``{split}_dense.npy`` float32 ``(n, D)``, ``{split}_s
 is the size of the embedding table the keys index, or None when the keys are hashed 64-bit
 ids (format ``het-hashed``: the job makes a dynamic table); ``num_ids`` estimates the distinct
 keys the data holds (what sizes a worker's cache).
+
+A preparation writes into a temporary directory and puts it in place only once complete
+(:func:`het.files.atomic_directory`): a failure, a Ctrl-C or a refused input leaves the output
+directory as it was, a previous preparation in it included.
 """
 
 from __future__ import annotations
@@ -14,17 +18,19 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
+import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
 
+from het.choices import SPLITS
 from het.data.batch import Batch
+from het.files import atomic_directory, create
 
 __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
-           "SkipReport", "SplitWriter", "begin", "first_missing", "print_summary", "remove_partial", "split_is_test", "write_meta"]
+           "SkipReport", "SplitWriter", "check_inputs", "print_summary", "split_is_test", "summary", "writing"]
 
-SPLITS = ("train", "test")
 ARRAYS = {"dense": np.float32, "sparse": np.int64, "labels": np.float32}  # per split
 HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
 MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
@@ -51,7 +57,7 @@ class _GrowingNpy:
 
     def __init__(self, path: str, dtype, row_shape: tuple):
         self.path, self.dtype, self.row_shape, self.rows = path, np.dtype(dtype), row_shape, 0
-        self.file = open(path, "wb")
+        self.file = create(path)
         self.file.write(self._header(0))
 
     def _header(self, rows: int) -> bytes:
@@ -66,16 +72,19 @@ class _GrowingNpy:
         self.rows += len(rows)
 
     def close(self) -> None:
+        if self.file.closed:
+            return
         self.file.seek(0)
         self.file.write(self._header(self.rows))
         self.file.close()
 
 
 class SplitWriter:
-    """The six arrays of a prepared directory, appended to block by block in one pass.
+    """The six arrays of a prepared directory, appended to block by block in one pass, and
+    its ``meta.json``.
 
     Args:
-        out_dir: an existing directory.
+        out_dir: an existing directory, without the arrays' names.
         num_dense, num_fields: the width of the dense and sparse arrays.
 
     Example:
@@ -90,12 +99,17 @@ class SplitWriter:
     """
 
     def __init__(self, out_dir: str, num_dense: int, num_fields: int):
+        self.out_dir = out_dir
         shapes = {"dense": (num_dense,), "sparse": (num_fields,), "labels": ()}
         self.arrays = {}
-        for split in SPLITS:
-            for name, dtype in ARRAYS.items():
-                path = os.path.join(out_dir, f"{split}_{name}.npy")
-                self.arrays[split, name] = _GrowingNpy(path, dtype, shapes[name])
+        try:
+            for split in SPLITS:
+                for name, dtype in ARRAYS.items():
+                    path = os.path.join(out_dir, f"{split}_{name}.npy")
+                    self.arrays[split, name] = _GrowingNpy(path, dtype, shapes[name])
+        except BaseException:
+            self.abort()
+            raise
 
     def add(self, dense: np.ndarray, sparse: np.ndarray, labels: np.ndarray, is_test: np.ndarray) -> None:
         """Append a block of rows to their splits. Shape: (n, D), (n, F), (n,), (n,) bool."""
@@ -110,8 +124,14 @@ class SplitWriter:
         return {split: self.arrays[split, "labels"].rows for split in SPLITS}
 
     def abort(self) -> None:
+        """Close the files, finished or not (their directory is about to go)."""
         for array in self.arrays.values():
             array.file.close()
+
+    def write_meta(self, meta: dict) -> None:
+        """Write ``meta.json``, last: the directory is usable from this moment on."""
+        with create(os.path.join(self.out_dir, "meta.json")) as f:
+            f.write(json.dumps(meta, indent=1).encode())
 
 
 class SkipReport:
@@ -130,42 +150,59 @@ class SkipReport:
         return len(self.first) >= MAX_REPORTED
 
 
-def write_meta(out_dir: str, meta: dict) -> None:
-    """Write ``meta.json`` atomically: the directory is usable from this moment on."""
-    path = os.path.join(out_dir, "meta.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(meta, f, indent=1)
-    os.replace(path + ".tmp", path)
+@contextlib.contextmanager
+def writing(out_dir: str, num_dense: int, num_fields: int) -> Iterator[SplitWriter]:
+    """The one way a prepared directory is written: yields a :class:`SplitWriter` on a temporary
+    directory; the rows are added, the writer closed, ``meta.json`` written; when the ``with``
+    block ends without an error the directory takes ``out_dir``'s place (made if missing; in an
+    existing one, its arrays and ``meta.json`` are replaced, ``meta.json`` last, a user's other
+    files kept). On an error ``out_dir`` is left as it was.
+
+    Example:
+        >>> import tempfile
+        >>> out = os.path.join(tempfile.mkdtemp(), "out")
+        >>> with writing(out, num_dense=1, num_fields=1) as w:
+        ...     w.add(np.ones((2, 1)), np.ones((2, 1)), np.ones(2), np.zeros(2, bool))
+        ...     w.write_meta({"rows": sum(w.close().values())})
+        >>> with writing(out, num_dense=1, num_fields=1) as w:
+        ...     raise ValueError("column 'prise' not found")
+        Traceback (most recent call last):
+        ...
+        ValueError: column 'prise' not found
+        >>> json.load(open(os.path.join(out, "meta.json")))  # the first preparation, intact
+        {'rows': 2}
+    """
+    with atomic_directory(out_dir, marker="meta.json") as tmp:
+        writer = SplitWriter(tmp, num_dense, num_fields)
+        try:
+            yield writer
+        finally:
+            writer.abort()
 
 
-def first_missing(path: str) -> str | None:
-    """The outermost directory that ``os.makedirs(path)`` would create (None: ``path`` exists)."""
-    path, missing = os.path.abspath(path), None
-    while not os.path.exists(path):
-        path, missing = os.path.dirname(path), path
-    return missing
+def summary(meta: dict, started: float) -> dict:
+    """A preparation's returned summary: ``meta.json``'s content, ``seconds`` since ``started``
+    (``time.perf_counter()``) and ``rows_per_second``."""
+    seconds = time.perf_counter() - started
+    return {**meta, "seconds": seconds, "rows_per_second": meta["rows"] / max(seconds, 1e-9)}
 
 
-def remove_partial(out_dir: str, made: str | None) -> None:
-    """Undo a failed preparation: the directories it made go whole; in a directory that was
-    there before, only the arrays it writes (a user's other files stay)."""
-    if made is not None:
-        shutil.rmtree(made, ignore_errors=True)
-        return
-    for split in SPLITS:
-        for name in ARRAYS:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(out_dir, f"{split}_{name}.npy"))
-
-
-def begin(out_dir: str) -> str | None:
-    """Make ``out_dir`` and remove its ``meta.json`` (never old metadata beside half-rewritten
-    arrays); returns what :func:`remove_partial` needs to undo it."""
-    made = first_missing(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    with contextlib.suppress(FileNotFoundError):
-        os.remove(os.path.join(out_dir, "meta.json"))
-    return made
+def check_inputs(paths: list[str], kind: str, max_rows, test_fraction, seed) -> None:
+    """Refuse the arguments every preparation takes that cannot work; ``kind`` names the files
+    in errors (``"raw Criteo file"``)."""
+    def is_int(x):
+        return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+    if not paths:
+        raise ValueError(f"expected at least one {kind}, got none")
+    for path in paths:
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{kind} {path!r} does not exist")
+    if max_rows is not None and (not is_int(max_rows) or max_rows < 1):
+        raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
+    if not 0.0 <= test_fraction < 1.0:
+        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
+    if not is_int(seed) or seed < 0:
+        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
 
 
 # ---- reading ----------------------------------------------------------------------------------
@@ -176,8 +213,8 @@ class PreparedDataset:
     dense and sparse columns.
 
     Args:
-        out_dir: a directory written by ``het data prepare``.
-        formats: the ``(format, version)`` pairs accepted (default: hashed ids).
+        out_dir: a directory written by ``het data prepare`` (:func:`writing`), of one of the
+            class's ``formats``: ``(format, version)`` pairs (here: hashed ids).
 
     Attributes:
         num_rows: the size of the embedding table, or None for hashed ids (a dynamic table).
@@ -191,9 +228,9 @@ class PreparedDataset:
         >>> d = tempfile.mkdtemp()
         >>> w = SplitWriter(d, num_dense=1, num_fields=2)
         >>> w.add(np.ones((3, 1)), np.arange(6).reshape(3, 2), np.ones(3), np.zeros(3, bool))
-        >>> write_meta(d, {"format": HASHED_FORMAT, "version": HASHED_VERSION, "num_rows": None,
-        ...                "num_ids": 6, "num_dense": 1, "num_fields": 2, **dict(zip(("train_rows",
-        ...                "test_rows"), w.close().values()))})
+        >>> w.write_meta({"format": HASHED_FORMAT, "version": HASHED_VERSION, "num_rows": None,
+        ...               "num_ids": 6, "num_dense": 1, "num_fields": 2, **dict(zip(("train_rows",
+        ...               "test_rows"), w.close().values()))})
         >>> data = PreparedDataset(d)
         >>> data.num_rows, data.num_ids, data.batch("train", 1, 2).sparse.tolist()
         (None, 6, [[4, 5], [0, 1]])
@@ -201,16 +238,20 @@ class PreparedDataset:
 
     has_planted = False
     kind = "prepared"  # how errors name the directory
+    formats = ((HASHED_FORMAT, HASHED_VERSION),)
+    command = "het data prepare"  # how errors say to prepare one ({out}: the directory)
 
-    def __init__(self, out_dir: str, formats=((HASHED_FORMAT, HASHED_VERSION),)):
+    def __init__(self, out_dir: str):
         meta_path = os.path.join(out_dir, "meta.json")
         if not os.path.isfile(meta_path):
-            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with `het data prepare`")
+            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
+                             f"`{self.command.format(out=out_dir)}`")
         with open(meta_path) as f:
             meta = json.load(f)
-        if (meta.get("format"), meta.get("version")) not in formats:
+        if (meta.get("format"), meta.get("version")) not in self.formats:
             raise ValueError(f"{meta_path} is format {meta.get('format')!r} version {meta.get('version')!r}, "
-                             f"expected {' or '.join(f'{f!r} version {v}' for f, v in formats)}: prepare it again")
+                             f"expected {' or '.join(f'{f!r} version {v}' for f, v in self.formats)}: "
+                             f"prepare it again")
         self.meta = meta
         self.num_rows = None if meta["num_rows"] is None else int(meta["num_rows"])
         self.num_ids = int(meta.get("num_ids", self.num_rows))

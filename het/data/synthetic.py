@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from het.choices import SPLITS
 from het.data.batch import Batch
 
 CRITEO_CARDINALITIES = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
@@ -39,7 +40,6 @@ MLPERF_CARDINALITIES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 
                         108, 36)
 MLPERF_BAG_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 NUM_DENSE = 13
-SPLITS = ("train", "test")
 # Seeds of the generator's streams: (seed, stream, ...). Train and test are disjoint streams.
 _TRAIN, _TEST, _CALIBRATION, _PARAMS = 0, 1, 2, 3
 _CALIBRATION_SAMPLES = 8192

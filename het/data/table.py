@@ -33,10 +33,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from het.data.hashing import hash_strings
-from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, SplitWriter,
-                               add_common_flags, begin, print_summary, remove_partial, split_is_test, write_meta)
+from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
+                               check_inputs, print_summary, split_is_test, summary, writing)
 from het.data.sketch import DistinctSketch
-from het.data.table_reader import batches
+from het.data.table_reader import batches, check_columns
 
 __all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "parse_numbers",
            "prepare_table"]
@@ -68,11 +68,16 @@ class TableSpec:
         return [self.label, *self.dense, *self.sparse]
 
     def check(self, names: list[str], path: str) -> None:
-        """Refuse a file that lacks a column, naming each missing one and the ones it has."""
+        """Refuse a file that lacks a column, naming each missing one and the ones it has, or
+        whose columns read here are not named once each (which one is meant is ambiguous)."""
         for kind, cols in (("label", [self.label]), ("dense", self.dense), ("sparse", self.sparse)):
             missing = [c for c in cols if c not in names]
             if missing:
                 raise ValueError(f"{path}: {kind} column(s) {missing} not found; its columns are {names}")
+        for c in self.columns:
+            if names.count(c) > 1:
+                raise ValueError(f"{path}: column {c!r} appears {names.count(c)} times among its columns, "
+                                 f"expected once (which one is meant?): rename the others")
 
 
 # ---- one batch -> arrays ------------------------------------------------------------------------
@@ -169,7 +174,7 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     Args:
         paths: the files, read in order as one input; Parquet is told by its magic bytes, gzip
             too; the separator by ``sep``, else ``.tsv`` (``.tsv.gz``) means tab, other names comma.
-        out_dir: created if needed; its ``meta.json`` is removed first and written last.
+        out_dir: created if needed; written whole or not at all (:func:`het.data.prepared.writing`).
         spec: the label, dense and sparse columns.
         names: the column names of CSV/TSV files without a header line (None: the first line).
         max_rows, test_fraction, seed, progress: as in :func:`het.data.criteo.prepare`.
@@ -191,55 +196,47 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         (None, 2, [[2.5], [0.0]])
     """
     paths = [paths] if isinstance(paths, str) else list(paths)
-    _check_args(paths, max_rows, test_fraction, seed)
-    made = begin(out_dir)
-    t0 = time.perf_counter()
-    try:
-        stats = _write(paths, out_dir, spec, sep, names, max_rows, seed, test_fraction, progress)
+    check_inputs(paths, "table file", max_rows, test_fraction, seed)
+    check_columns(paths, spec, sep, names)
+    started = time.perf_counter()
+    with writing(out_dir, len(spec.dense), len(spec.sparse)) as writer:
+        stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
         if stats["rows"] == 0:
             raise ValueError(f"no valid rows in {paths}: {stats['skipped']} lines skipped, "
                              f"the first: {stats['first_skipped'][:3]}")
-    except BaseException:  # Ctrl-C too: arrays without their meta.json are of no use to anyone
-        remove_partial(out_dir, made)
-        raise
-    meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "table", **stats,
-            "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(spec.sparse),
-            "num_dense": len(spec.dense), "num_rows": None, "label": spec.label, "dense": list(spec.dense),
-            "sparse": list(spec.sparse), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
-            "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else "x, missing -> 0",
-            "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
-            "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
-    write_meta(out_dir, meta)
-    seconds = time.perf_counter() - t0
-    return {**meta, "seconds": seconds, "rows_per_second": stats["rows"] / max(seconds, 1e-9)}
+        meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "table", **stats,
+                "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(spec.sparse),
+                "num_dense": len(spec.dense), "num_rows": None, "label": spec.label, "dense": list(spec.dense),
+                "sparse": list(spec.sparse), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
+                "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else "x, missing -> 0",
+                "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
+                "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
+        writer.write_meta(meta)
+    return summary(meta, started)
 
 
-def _write(paths, out_dir, spec, sep, names, max_rows, seed, test_fraction, progress) -> dict:
+def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress) -> dict:
     """The one pass: convert, split and write every valid row; count the distinct keys."""
     from tqdm import tqdm
 
-    writer, sketch, report = SplitWriter(out_dir, len(spec.dense), len(spec.sparse)), DistinctSketch(), SkipReport()
+    sketch, report = DistinctSketch(), SkipReport()
     rows = positives = 0
-    try:
-        with tqdm(unit=" rows", desc="table", disable=not progress) as bar:
-            for src, before, batch, lines, rejected in batches(paths, spec, sep, names):
-                arrays = (*_convert(batch, spec), lines)  # labels, dense, sparse, bad column, lines
-                if max_rows is not None:
-                    batch, arrays, rejected = _head(batch, arrays, rejected, max_rows - rows)
-                labels, dense, sparse, bad_col, lines = arrays
-                ok = bad_col == _OK
-                n = int(ok.sum())
-                writer.add(dense[ok], sparse[ok], labels[ok], split_is_test(rows + np.arange(n), seed, test_fraction))
-                sketch.add(sparse[ok])
-                report.add(len(rejected) + len(bad_col) - n,
-                           [] if report.full else _entries(paths[src], before, batch, spec, lines, bad_col, rejected))
-                rows, positives = rows + n, positives + int(labels[ok].sum())
-                bar.update(n)
-                if max_rows is not None and rows >= max_rows:
-                    break
-    except BaseException:
-        writer.abort()
-        raise
+    with tqdm(unit=" rows", desc="table", disable=not progress) as bar:
+        for src, before, batch, lines, rejected in batches(paths, spec, sep, names):
+            arrays = (*_convert(batch, spec), lines)  # labels, dense, sparse, bad column, lines
+            if max_rows is not None:
+                batch, arrays, rejected = _head(batch, arrays, rejected, max_rows - rows)
+            labels, dense, sparse, bad_col, lines = arrays
+            ok = bad_col == _OK
+            n = int(ok.sum())
+            writer.add(dense[ok], sparse[ok], labels[ok], split_is_test(rows + np.arange(n), seed, test_fraction))
+            sketch.add(sparse[ok])
+            report.add(len(rejected) + len(bad_col) - n,
+                       [] if report.full else _entries(paths[src], before, batch, spec, lines, bad_col, rejected))
+            rows, positives = rows + n, positives + int(labels[ok].sum())
+            bar.update(n)
+            if max_rows is not None and rows >= max_rows:
+                break
     sizes = writer.close()
     return {"rows": rows, "train_rows": sizes["train"], "test_rows": sizes["test"], "positives": positives,
             "skipped": report.skipped, "first_skipped": report.first, "num_ids": sketch.estimate(),
@@ -264,30 +261,11 @@ def _entries(path, before, batch, spec, lines, bad_col, rejected) -> list[dict]:
             for line, reason in sorted(out)[:10]]
 
 
-def _check_args(paths, max_rows, test_fraction, seed) -> None:
-    if not paths:
-        raise ValueError("expected at least one table file, got none")
-    for path in paths:
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"table file {path!r} does not exist")
-    if max_rows is not None and (not isinstance(max_rows, int) or max_rows < 1):
-        raise ValueError(f"max_rows must be None or an int >= 1, got {max_rows!r}")
-    if not 0.0 <= test_fraction < 1.0:
-        raise ValueError(f"test_fraction must lie in [0, 1), got {test_fraction!r}")
-    if not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be an int >= 0, got {seed!r}")
-
-
 class TableDataset(PreparedDataset):
     """Batches of a directory written by :func:`prepare_table` (see :class:`PreparedDataset`)."""
 
     kind = "table"
-
-    def __init__(self, out_dir: str):
-        if not os.path.isfile(os.path.join(out_dir, "meta.json")):
-            raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
-                             f"`het data prepare table FILE... {out_dir} --label COL --sparse COLS`")
-        super().__init__(out_dir)
+    command = "het data prepare table FILE... {out} --label COL --sparse COLS"
 
 
 # ---- `het data prepare table` -------------------------------------------------------------------

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-__all__ = ["batches"]
+__all__ = ["batches", "check_columns"]
 
 _BLOCK_BYTES = 8 << 20
 _PARQUET_ROWS = 1 << 16
@@ -44,8 +44,7 @@ class _LineNumbers:
 
 def _csv_batches(path: str, spec, sep: str | None, names: list[str] | None):
     """(batch, the rows' lines, rejected lines as (line, reason)) per block of a CSV/TSV file."""
-    if sep is None:
-        sep = "\t" if path.removesuffix(".gz").endswith(".tsv") else ","
+    sep = _separator(sep, path)
     rejected: list[tuple[int, str]] = []
 
     def on_invalid(row):
@@ -53,13 +52,10 @@ def _csv_batches(path: str, spec, sep: str | None, names: list[str] | None):
                                      f"got {row.actual_columns}"))
         return "skip"
 
-    read = pcsv.ReadOptions(use_threads=False, block_size=_BLOCK_BYTES, column_names=names)
-    parse = pcsv.ParseOptions(delimiter=sep, invalid_row_handler=on_invalid, ignore_empty_lines=False)
+    read, parse = _csv_options(sep, names, on_invalid)
     convert = pcsv.ConvertOptions(column_types={c: pa.string() for c in spec.columns}, strings_can_be_null=False,
                                   quoted_strings_can_be_null=False)
-    with _open(path) as peek:
-        header = pcsv.open_csv(peek, read_options=read, parse_options=parse).schema.names
-    spec.check(header, path)
+    spec.check(_csv_header(path, read, parse), path)
     rejected.clear()
     convert.include_columns = spec.columns
     lines = _LineNumbers(1 if names else 2)
@@ -68,6 +64,23 @@ def _csv_batches(path: str, spec, sep: str | None, names: list[str] | None):
             lines.rejected += [line for line, _ in rejected]
             yield batch, lines.next(batch.num_rows), rejected[:]
             rejected.clear()
+
+
+def _separator(sep: str | None, path: str) -> str:
+    """``sep``, or by the name: tab for ``.tsv`` (``.tsv.gz``), else comma."""
+    return sep if sep is not None else "\t" if path.removesuffix(".gz").endswith(".tsv") else ","
+
+
+def _csv_options(sep: str, names: list[str] | None, on_invalid=None):
+    """Arrow's read and parse options of a CSV/TSV file."""
+    read = pcsv.ReadOptions(use_threads=False, block_size=_BLOCK_BYTES, column_names=names)
+    parse = pcsv.ParseOptions(delimiter=sep, invalid_row_handler=on_invalid, ignore_empty_lines=False)
+    return read, parse
+
+
+def _csv_header(path: str, read, parse) -> list[str]:
+    with _open(path) as peek:
+        return pcsv.open_csv(peek, read_options=read, parse_options=parse).schema.names
 
 
 def _open(path: str):
@@ -80,16 +93,40 @@ def _open(path: str):
 def _parquet_batches(path: str, spec):
     """As :func:`_csv_batches` for a Parquet file: rows numbered from 1, none rejected."""
     f = pq.ParquetFile(path)
-    spec.check(f.schema_arrow.names, path)
+    _check_parquet(f.schema_arrow, spec, path)
     row = 0
     for batch in f.iter_batches(batch_size=_PARQUET_ROWS, columns=spec.columns):
         yield batch, row + 1 + np.arange(batch.num_rows), []
         row += batch.num_rows
 
 
+def _check_parquet(schema: pa.Schema, spec, path: str) -> None:
+    spec.check(schema.names, path)
+    for name in spec.columns:
+        kind = schema.field(name).type
+        if pa.types.is_nested(kind):
+            raise ValueError(f"{path}: column {name!r} holds {kind}, expected numbers or text (one value a row, "
+                             f"not lists, structs or maps)")
+
+
 def _is_parquet(path: str) -> bool:
     with open(path, "rb") as f:
         return f.read(4) == b"PAR1"
+
+
+def check_columns(paths, spec, sep, names) -> None:
+    """Refuse, before any row is read, a file that lacks a column ``spec`` names, names one
+    twice, or holds one that is nested (Parquet lists, structs, maps): a ValueError naming the
+    file and the column."""
+    for path in paths:
+        try:
+            if _is_parquet(path):
+                _check_parquet(pq.read_schema(path), spec, path)
+            else:
+                read, parse = _csv_options(_separator(sep, path), names, lambda row: "skip")
+                spec.check(_csv_header(path, read, parse), path)
+        except (pa.ArrowException, EOFError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 

@@ -95,14 +95,14 @@ def _synthetic(data, inputs: Inputs, manifest, split, samples, chunk):
 
 
 def _prepared(kind: str, directory: str, inputs: Inputs, split: str, samples, chunk):
-    from het.data.prepared import PreparedDataset
+    from het.data.criteo import CriteoDataset
+    from het.data.table import TableDataset
 
     spec = inputs.spec
     expected = {"table": ("table", "criteo-hashed"), "criteo": ("criteo", "criteo-hashed")}[kind]
     if spec["source"] not in expected:
         raise ValueError(f"--data {kind}:{directory}: this export was trained on {_trained_on(spec)}")
-    formats = (("het-criteo", 1), ("het-hashed", 1))
-    data = PreparedDataset(directory, formats=formats)
+    data = (CriteoDataset if kind == "criteo" else TableDataset)(directory)
     _check_prepared(data.meta, spec, directory)
     if split not in (*SPLITS, "all"):
         raise ValueError(f"--split must be test, train or all, got {split!r}")

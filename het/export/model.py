@@ -18,7 +18,7 @@ from het.export import dense as dense_model
 from het.export import layout
 from het.export.spec import Inputs, to_arrow
 from het.export.tables import ExportedTable
-from het.nn.bags import flatten_bags, pool
+from het.nn.bags import bag_keys, pool
 
 VERIFY_BYTES = 1 << 30  # verify="auto": every file's checksum when the export is at most this big
 
@@ -33,11 +33,11 @@ class ExportedEmbedding(nn.Module):
         self.table, self.mode = table, mode
 
     def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
-        flat, bag, bags = flatten_bags(keys.cpu(), None if offsets is None else offsets.cpu(), self.mode)
-        per_key = self.table.rows(flat)                                   # (N, D)
+        keys = keys.cpu()
         if self.mode is None:
-            return per_key.reshape(*keys.shape, self.table.dim)
-        return pool(per_key, bag, bags, self.mode)
+            return self.table.rows(keys.reshape(-1)).reshape(*keys.shape, self.table.dim)
+        flat, bag, bags = bag_keys(keys, None if offsets is None else offsets.cpu())
+        return pool(self.table.rows(flat), bag, bags, self.mode)             # (B, D)
 
 
 class ExportedModel(nn.Module):

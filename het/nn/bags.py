@@ -1,6 +1,6 @@
-"""Bags of keys pooled into rows: the rules every embedding of het shares (:func:`flatten_bags`,
-:func:`pool`), and :class:`FieldBags`, multi-hot fields pooled into one row per field for the
-CTR models."""
+"""Bags of keys pooled into one row each: :func:`bag_keys` and :func:`pool` (het.Embedding's
+``mode``, as ``nn.EmbeddingBag``'s), and FieldBags, multi-hot fields pooled into one row per
+field for the CTR models."""
 
 from __future__ import annotations
 
@@ -9,24 +9,22 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-POOLING = ("sum", "mean")
+from het.choices import Pooling
 
 
-def flatten_bags(keys: torch.Tensor, offsets: torch.Tensor | None, mode: str | None,
-                 padding_idx: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None, int]:
-    """Keys as ``nn.Embedding`` (``mode`` None) or ``nn.EmbeddingBag`` takes them -> (flat keys
-    (N,), the bag of each key (N,) or None, the number of bags). Pooled: keys (B, L), one bag a
-    row, or 1-D keys with ``offsets`` (B,); keys equal to ``padding_idx`` leave their bag.
+def bag_keys(keys: torch.Tensor, offsets: torch.Tensor | None, padding_idx: int | None = None):
+    """The keys of bags, flat, with each key's bag: bags given as rows of ``keys`` ``(B, L)``,
+    or as ``offsets`` ``(B,)`` into 1-D ``keys`` (``nn.EmbeddingBag``'s form); keys equal to
+    ``padding_idx`` are left out.
+
+    Shape:
+        -> flat keys ``(N,)``, the bag of each ``(N,)``, the number of bags ``B``.
 
     Example:
-        >>> flat, bag, bags = flatten_bags(torch.tensor([4, 5, 6]), torch.tensor([0, 2]), "sum")
+        >>> flat, bag, bags = bag_keys(torch.tensor([4, 5, 0, 6]), torch.tensor([0, 2]), padding_idx=0)
         >>> flat.tolist(), bag.tolist(), bags
         ([4, 5, 6], [0, 0, 1], 2)
     """
-    if mode is None:
-        if offsets is not None:
-            raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
-        return keys.reshape(-1), None, 0
     if offsets is None:
         if keys.dim() != 2:
             raise ValueError(f"pooled lookups take keys of shape (B, L), or 1-D keys with offsets; "
@@ -52,17 +50,10 @@ def flatten_bags(keys: torch.Tensor, offsets: torch.Tensor | None, mode: str | N
     return flat, bag, bags
 
 
-def pool(per_key: torch.Tensor, bag: torch.Tensor, bags: int, mode: str) -> torch.Tensor:
-    """Each bag's rows summed (``"sum"``) or averaged (``"mean"``; an empty bag is zeros), in the
-    order of the keys. Shape: (N, D), (N,) -> (bags, D).
-
-    Example:
-        >>> pool(torch.tensor([[1.], [2.], [4.]]), torch.tensor([0, 0, 1]), 3, "mean").tolist()
-        [[1.5], [4.0], [0.0]]
-    """
-    pooled = torch.zeros(bags, per_key.shape[1], device=per_key.device, dtype=per_key.dtype)
-    pooled = pooled.index_add(0, bag, per_key)
-    if mode == "mean":
+def pool(rows: torch.Tensor, bag: torch.Tensor, bags: int, mode: Pooling) -> torch.Tensor:
+    """Each bag's rows summed, or averaged (an empty bag: zeros). Shape: (N, D), (N,) -> (B, D)."""
+    pooled = torch.zeros(bags, rows.shape[1], device=rows.device, dtype=rows.dtype).index_add(0, bag, rows)
+    if mode == Pooling.MEAN:
         count = torch.bincount(bag, minlength=bags).clamp(min=1).to(pooled.dtype)
         pooled = pooled / count[:, None]
     return pooled

@@ -9,7 +9,6 @@ optimizer: give the dense layers' parameters to yours as usual.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import time
 from collections import Counter
@@ -18,13 +17,13 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from het import native
 from het.cache.cache import EmbeddingCache, Plan, Rows
-from het.nn.bags import POOLING, flatten_bags, pool
+from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
+from het.nn.bags import bag_keys, pool
+from het.nn.upcoming import Upcoming
 from het.ps.checks import all_finite
 from het.ps.client import PSClient
-from het.ps.protocol import PUSH_DTYPES
 
 
 @dataclass
@@ -92,12 +91,9 @@ class Embedding(nn.Module):
                  device: torch.device | str | None = None, grad_scale: float = 1.0,
                  push_dtype: str = "f32"):
         super().__init__()
-        if push_dtype not in PUSH_DTYPES:
-            raise ValueError(f"push_dtype must be one of {PUSH_DTYPES}, got {push_dtype!r}")
-        self.push_dtype = push_dtype
+        self.push_dtype = PushDtype.parse(push_dtype, "push_dtype")
         tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
-        if mode not in (None, *POOLING):
-            raise ValueError(f"mode must be None, 'sum' or 'mean', got {mode!r}")
+        mode = None if mode is None else Pooling.parse(mode, "mode (or None)")
         self.client = client if client is not None else PSClient.local(tables, num_shards)
         for t in tables:
             served = self.client.tables.get(t.name)
@@ -115,10 +111,8 @@ class Embedding(nn.Module):
         self.caches = {n: EmbeddingCache(t, caches.get(n, CacheConfig()), self.device)
                        for n, t in self.tables.items()}
         self._outbox = {n: _Outbox() for n in self.tables}
-        self._prefetch = {n: collections.deque() for n in self.tables}
+        self.upcoming = Upcoming(self)  # coming steps' announced keys and early syncs
         self._early: list = []  # push_idle's pushes in flight, waited for by the next flush
-        # announced batches' (keys, unique keys, inverse), oldest first: their lookups reuse them
-        self._announced = {n: collections.deque() for n in self.tables}
         self.grad_scale = grad_scale
         self.traffic = Counter()  # payload bytes: sparse_pull, sparse_push, sync
         self.wait_s = 0.0         # time blocked on the PS
@@ -139,13 +133,13 @@ class Embedding(nn.Module):
                 table: str | None = None) -> torch.Tensor:
         name = self._table_name(table)
         flat, bag, bags = self._flatten(self._check_keys(keys, name), offsets)
-        pending = self._prefetched(name, flat) or self._start(name, flat)
+        pending = self.upcoming.take(name, flat) or self._start(name, flat)
         # index_select, not [inverse]: the same rows, and its backward an index_add (not
         # index_put's accumulate): 1.5-1.7x faster both ways at 13,312 x 128 (docs/scripts/native_ops.py)
         per_key = self._finish(pending).index_select(0, pending.inverse)          # (N, D)
         if self.mode is None:
             return per_key.reshape(*keys.shape, self.tables[name].dim)
-        return pool(per_key, bag, bags, self.mode)
+        return pool(per_key, bag, bags, self.mode)                                # (B, D)
 
     def prefetch(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
         """Look up the keys of a coming ``forward`` now and send their sync, so the PS answers
@@ -156,8 +150,7 @@ class Embedding(nn.Module):
         """
         name = self._table_name(table)
         flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
-        self.caches[name].protect = 2  # the prefetched step's slots and the current step's
-        self._prefetch[name].append(self._start(name, flat))
+        self.upcoming.send(name, flat)
 
     def announce(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
         """Tell the cache the keys of a coming ``forward``, in the order the forwards will come,
@@ -166,42 +159,16 @@ class Embedding(nn.Module):
         when the forwards differ, it costs hits, never correctness."""
         name = self._table_name(table)
         flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
-        cache = self.caches[name]
-        if cache.window is None:
-            return
-        unique, inverse = _unique(cache, flat)
-        cache.announce(unique, unique_sorted=True)
-        known = self._announced[name]
-        known.append((flat.clone(), unique, inverse))  # a copy: the caller may reuse its tensor
-        while len(known) > 4 * cache.window.depth:  # announcements never looked up
-            known.popleft()
+        self.upcoming.announce(name, flat)
 
     def prefetching(self) -> bool:
         """Whether a prefetched lookup is waiting for its ``forward``."""
-        return any(self._prefetch.values())
-
-    def _prefetched(self, name: str, flat: torch.Tensor):
-        queue = self._prefetch[name]
-        while queue:
-            pending = queue.popleft()
-            if torch.equal(pending.flat, flat):
-                return pending
-            self._finish(pending)  # not the keys prefetched: complete it so no reply is left behind
-        return None
-
-    def _unique(self, name: str, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``torch.unique(flat, return_inverse=True)``, taken from the announcement when these are
-        the keys announced next (the same keys: the same result)."""
-        known = self._announced[name]
-        if known and known[0][0].shape == flat.shape and torch.equal(known[0][0], flat):
-            _, unique, inverse = known.popleft()
-            return unique, inverse
-        return _unique(self.caches[name], flat)
+        return self.upcoming.in_flight()
 
     def _start(self, name: str, flat: torch.Tensor) -> "_Pending":
         """Look the unique keys up and send their sync, with this table's due pushes."""
         cache, out = self.caches[name], self._outbox[name]
-        unique, inverse = self._unique(name, flat)
+        unique, inverse = self.upcoming.unique(name, flat)
         plan = cache.lookup(unique)
         if len(plan.writeback):
             out.parts.append(plan.writeback)  # kept until sent: an error below loses no update
@@ -270,11 +237,7 @@ class Embedding(nn.Module):
 
     def flush(self) -> None:
         """Push every pending update of every table and wait until the PS applied them."""
-        for pending in [p for queue in self._prefetch.values() for p in queue]:
-            with torch.no_grad():
-                self._finish(pending)  # replies of prefetches nobody used
-        for queue in self._prefetch.values():
-            queue.clear()
+        self.upcoming.complete()  # replies of prefetches nobody used
         self._push({name: Rows.cat([*self._outbox[name].parts, cache.flush()])
                     for name, cache in self.caches.items()})
 
@@ -385,7 +348,11 @@ class Embedding(nn.Module):
 
     def _flatten(self, keys, offsets):
         """Input -> (flat keys (N,), bag of each key (N,) or None, number of bags)."""
-        return flatten_bags(keys, offsets, self.mode, self.padding_idx)
+        if self.mode is None:
+            if offsets is not None:
+                raise ValueError("offsets are for pooled lookups: build the module with mode='sum' or 'mean'")
+            return keys.reshape(-1), None, 0
+        return bag_keys(keys, offsets, self.padding_idx)
 
 
 class _HandGradsToCache(torch.autograd.Function):
@@ -410,11 +377,3 @@ def _several_steps(rows: Rows) -> torch.Tensor | None:
     if rows.sq is None or not bool((rows.counts > 1).any()):
         return None
     return rows.sq
-
-
-def _unique(cache: EmbeddingCache, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.unique(flat, return_inverse=True)``, by the native core where the cache runs it:
-    a radix sort (the default job's 13,312 keys a step: 0.73 -> 0.17 ms, docs/scripts/native_ops.py)."""
-    if cache.native and flat.dtype == torch.int64:
-        return native.unique_inverse(flat)
-    return torch.unique(flat, return_inverse=True)

@@ -99,6 +99,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from het.choices import PUSH_DTYPES
 from het.ps import auth
 
 MAGIC = b"HETP"
@@ -111,7 +112,6 @@ _INT32_MAX = (1 << 31) - 1
 # How pushed gradients travel, and their bytes per value: "f32", or "bf16" (the upper 16 bits
 # of each float32, rounded to nearest even; int16 on the wire). The one list of push dtypes.
 GRAD_BYTES = {"f32": 4, "bf16": 2}
-PUSH_DTYPES = tuple(GRAD_BYTES)
 
 
 # Integer arrays travel in the narrowest of these that holds every value (:func:`narrow`)

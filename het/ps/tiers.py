@@ -28,6 +28,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from het.choices import POLICIES
 from het.ps.chunks import Chunks
 from het.ps.disk import SEGMENT_BYTES, Segments
 
@@ -35,7 +36,6 @@ POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on 
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
-POLICIES = ("lru", "lfu")
 
 
 class MemoryRows:

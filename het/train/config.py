@@ -24,10 +24,11 @@ import dataclasses
 import math
 import sys
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from het.config import DENSE_OPTIMIZERS, LOCAL_UPDATES, OPTIMIZERS, POLICIES, parse_bytes
-from het.ps.protocol import PUSH_DTYPES
+from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Ids, LocalUpdate, Mode, Model, Optimizer, Policy,
+                         PushDtype)
+from het.config import parse_bytes, plain, setting
 from het.staleness import check_staleness, format_staleness
 
 if sys.version_info >= (3, 11):
@@ -35,11 +36,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-MODES = ("het", "hybrid", "ps")
-IDS = ("encoded", "hashed")
-CTR_MODELS = ("wdl", "deepfm", "dcn", "dlrm")
-GRAPH_MODELS = ("graphsage",)
-MODELS = CTR_MODELS + GRAPH_MODELS
+MODES, MODELS = Mode.values(), Model.values()
 CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
@@ -82,15 +79,6 @@ MODEL_DEFAULTS = {
     "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
                   "lr": 0.001, "dense_lr": 0.01, "eval_samples": 1, "lookahead": 0},
 }
-
-
-def setting(default=None, help: str = "", *, choices: tuple = (), factory=None, aliases: tuple = (),
-            kind: str | None = None):
-    """A config field with its help text (and closed choices, old flag names) in its metadata."""
-    meta = {"help": help, "choices": tuple(choices), "aliases": tuple(aliases), "kind": kind}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -147,10 +135,10 @@ class TrainConfig:
         (0, 200)
     """
 
-    model: str = setting("wdl", "the model: CTR models take Criteo-like data, graphsage a graph", choices=MODELS)
+    model: Model = setting(Model.WDL, "the model: CTR models take Criteo-like data, graphsage a graph")
     data: str | None = setting(None, f"the data: {', '.join(CTR_DATA)} (CTR); {', '.join(GRAPH_DATA)} (graphsage)")
-    mode: str = setting("het", "het: PS + worker caches; hybrid: PS, no cache; ps: the dense layers on the "
-                        "PS too (TF-PS)", choices=MODES)
+    mode: Mode = setting(Mode.HET, "het: PS + worker caches; hybrid: PS, no cache; ps: the dense layers on the "
+                         "PS too (TF-PS)")
     staleness: float | None = setting(None, "the bound s: an integer (0: BSP) or inf", kind="staleness")
     steps: int | None = setting(None, "training steps")
     time_limit_s: float | None = setting(None, "stop at the first step boundary after N seconds of training, "
@@ -158,20 +146,20 @@ class TrainConfig:
                                          aliases=("--time-limit",))
     batch: int | None = setting(None, "samples per worker per step")
     dim: int | None = setting(None, "embedding width")
-    optimizer: str | None = setting(None, "the sparse optimizer, applied by the PS", choices=OPTIMIZERS)
+    optimizer: Optimizer | None = setting(None, "the sparse optimizer, applied by the PS")
     lr: float | None = setting(None, "the sparse learning rate")
-    dense_optimizer: str | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
+    dense_optimizer: Optimizer | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
                                           "Adagrad under row-wise Adagrad)", choices=DENSE_OPTIMIZERS)
     dense_lr: float | None = setting(None, "the dense learning rate")
     weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
-    policy: str = setting("lfu", "the cache's replacement policy", choices=POLICIES)
+    policy: Policy = setting(Policy.LFU, "the cache's replacement policy")
     lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within "
                                     "them (0: off)")  # by default: 16,384 samples' worth (Samples)
-    local_update: str = setting("row", "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
+    local_update: LocalUpdate = setting(LocalUpdate.ROW, "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
                                 "step the PS's Adagrad will take, from a float of its state a row), full (from "
-                                "its whole state); tables of other optimizers use sgd", choices=LOCAL_UPDATES)
+                                "its whole state); tables of other optimizers use sgd")
     workers: int = setting(2, "local cluster: worker processes")
     servers: int = setting(1, "local cluster: PS shard processes")
     eval_samples: int | None = setting(None, "held-out samples evaluated at the end (0: no evaluation)")
@@ -197,9 +185,9 @@ class TrainConfig:
                                 "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
     lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
-    ids: str = setting("encoded", "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
+    ids: Ids = setting(Ids.ENCODED, "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
                        "an int64 key, one dynamic table that stores only the rows training touched "
-                       "(synthetic-criteo-1tb: always hashed)", choices=IDS)
+                       "(synthetic-criteo-1tb: always hashed)")
     admit_after: int = setting(1, "hashed ids: a key gets a stored row once pushes touched it in N worker-steps "
                                "(before: reads give its initial row, its gradients are dropped)")
     admit_counters: int = setting(1 << 22, "hashed ids: bytes of each shard's sketch of sightings (admission); "
@@ -210,16 +198,17 @@ class TrainConfig:
     ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
                                     "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
                                     "makes the table dynamic (none: all in memory)", kind="size")
-    ps_memory_policy: str = setting("lru", "with ps_memory: which rows leave DRAM first", choices=("lru", "lfu"))
+    ps_memory_policy: Policy = setting(Policy.LRU, "with ps_memory: which rows leave DRAM first")
     ps_prefetch: bool = setting(True, "with ps_memory: a shard brings the rows on disk that a prefetched sync "
                                 "names into DRAM after replying, before the step that needs them")
-    push_dtype: str = setting("f32", "how pushed gradients travel: bf16 takes half the bytes (rounded)",
-                              choices=PUSH_DTYPES)
+    push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
+                                    "(rounded)")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
 
     def __post_init__(self) -> None:
         _require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
+        object.__setattr__(self, "model", Model(self.model))
         for name, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, name) is None and not isinstance(value, Samples):
                 object.__setattr__(self, name, value)
@@ -255,7 +244,7 @@ class TrainConfig:
             (not self.export_every or self.export, "export_every needs an export directory (export)"),
             (not (self.export and self.is_graph), f"export applies to CTR models; {self.model} is not exported"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
-            (not (self.is_graph and self.ids == "hashed"), f"ids 'hashed' applies to CTR data; {self.model} "
+            (not (self.is_graph and self.ids == Ids.HASHED), f"ids 'hashed' applies to CTR data; {self.model} "
              f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
             (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
@@ -283,7 +272,7 @@ class TrainConfig:
 
     @property
     def cached(self) -> bool:
-        return self.mode == "het"
+        return self.mode == Mode.HET
 
     def cache_rows_for(self, table_rows: int) -> int:
         """Rows of the worker cache for ``table_rows`` ids (the rows of a fixed table, the ids in
@@ -296,7 +285,7 @@ class TrainConfig:
 
     def to_dict(self) -> dict:
         """Plain data (JSON and TOML alike): nested configs as dicts, s = inf as ``"inf"``."""
-        d = dataclasses.asdict(self)
+        d = plain(dataclasses.asdict(self))
         d["staleness"] = format_staleness(self.staleness)
         d["graph"]["fanouts"] = list(self.graph.fanouts)
         return d
@@ -361,6 +350,12 @@ def _check_type(hint, value, key: str):
             return _build(hint, value, key + ".")
         raise ValueError(f"{key}: expected a table of {sorted(f.name for f in dataclasses.fields(hint))}, "
                          f"got {value!r} ({type(value).__name__})")
+    if isinstance(hint, type) and issubclass(hint, Choice):
+        if isinstance(value, str) and value in hint.values():
+            return hint(value)
+        if isinstance(value, str):
+            raise ValueError(f"{key}: expected one of {hint.values()}, got {value!r}")
+        raise ValueError(f"{key}: expected a string, got {value!r} ({type(value).__name__})")
     if typing.get_origin(hint) is tuple:
         if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             return tuple(value)

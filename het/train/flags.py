@@ -1,10 +1,13 @@
-"""``het train``'s flags, generated from :class:`~het.train.config.TrainConfig`'s fields.
+"""Command-line flags generated from config dataclasses: ``het train``'s from
+:class:`~het.train.config.TrainConfig`, ``het serve``'s from :class:`~het.config.ShardConfig`,
+:class:`~het.config.TableConfig` and :class:`~het.config.OptimizerConfig` (:mod:`het.serve`).
 
 A field ``cache_frac`` is ``--cache-frac``; a field of a nested table, ``synthetic.cap``, is
 ``--synthetic-cap`` (TOML: ``[synthetic] cap``); a bool ``prefetch`` is ``--prefetch`` /
 ``--no-prefetch``. Every flag's help is its field's, with the default (per model where it
-differs) and the choices of a closed setting. Only the flags given override the TOML file:
-one override path for ``het train`` and every benchmark that runs a job.
+differs) and the choices of a closed setting (an enum of :mod:`het.choices`). Only the flags
+given override the TOML file: one override path for ``het train`` and every benchmark that
+runs a job.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ import argparse
 import dataclasses
 import typing
 
+from het.choices import Choice
+from het.config import parse_bytes
 from het.staleness import parse_staleness
 from het.train.config import MODEL_DEFAULTS, TrainConfig
 
@@ -52,16 +57,44 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
     for key, f, hint in config_fields():
         if key not in keys:
             continue
-        names = (flag_name(key), *f.metadata.get("aliases", ()))
         help = _help(key, f) if key not in defaults else f"{f.metadata.get('help', '')} (default: {defaults[key]})"
-        kwargs = {"dest": key, "default": argparse.SUPPRESS, "help": help}
-        if hint is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs["type"] = _parser(hint, f)
-            choices = f.metadata.get("choices")
-            kwargs["metavar"] = "{" + ",".join(choices) + "}" if choices else key.rpartition(".")[2].upper()
-        group.add_argument(*names, **kwargs)
+        add_flag(group, flag_name(key), key, f, hint, help, none_ok=_accepts_none(hint, f))
+
+
+def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str, none_ok: bool = False) -> None:
+    """Add the flag ``name`` (and the field's ``aliases``) of setting ``f``, whose type is
+    ``hint``, to ``parser``; its value goes to ``dest`` when given, nowhere otherwise (so a
+    flag not given leaves the config's own default). ``none_ok``: ``none`` is a value."""
+    names = (name, *(a for a in f.metadata.get("aliases", ()) if a != name))
+    kwargs = {"dest": dest, "default": argparse.SUPPRESS, "help": help}
+    if hint is bool:
+        kwargs["action"] = argparse.BooleanOptionalAction
+    else:
+        kwargs["type"] = _parser(hint, f, none_ok)
+        choices = choices_of(hint, f)
+        plain = "SIZE" if f.metadata.get("kind") == "size" else dest.rpartition(".")[2].upper()
+        kwargs["metavar"] = "{" + ",".join(choices) + "}" if choices else plain
+    parser.add_argument(*names, **kwargs)
+
+
+def choices_of(hint, f: dataclasses.Field) -> tuple[str, ...]:
+    """The values a setting may take, when it is a closed choice: the field's own narrower
+    ``choices``, else its enum's; ``()`` for an open one."""
+    if f.metadata.get("choices"):
+        return tuple(str(c) for c in f.metadata["choices"])
+    inner = _inner(hint)
+    return inner.values() if isinstance(inner, type) and issubclass(inner, Choice) else ()
+
+
+def default_help(f: dataclasses.Field) -> str:
+    """A field's help with its default, when it has one (tuples as a flag spells them)."""
+    text = f.metadata.get("help", "")
+    default = f.default if f.default is not dataclasses.MISSING else None
+    if default is None:
+        return text
+    if isinstance(default, tuple):
+        default = ",".join(map(str, default))
+    return f"{text} (default: {default})"
 
 
 def overrides(args: argparse.Namespace) -> dict:
@@ -84,37 +117,39 @@ def _help(key: str, f) -> str:
         base = MODEL_DEFAULTS["wdl"][key]
         others = "; ".join(f"{m} {d[key]}" for m, d in MODEL_DEFAULTS.items() if d[key] != base)
         return f"{text} (default: {base}{'; ' + others if others else ''})"
-    default = f.default if f.default is not dataclasses.MISSING else None
-    if key == "dense_optimizer" or default is None:
-        return text
-    if isinstance(default, tuple):
-        default = ",".join(map(str, default))
-    return f"{text} (default: {default})"
+    return text if key == "dense_optimizer" else default_help(f)
 
 
-def _parser(hint, f):
+def _inner(hint):
+    """``X`` of ``X | None``; the hint itself otherwise."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if args and typing.get_origin(hint) is not tuple else hint
+
+
+def _parser(hint, f, none_ok: bool):
     """The argparse ``type`` of a setting: text -> the field's type; errors name what came."""
-    if f.metadata.get("kind") == "staleness":
+    kind, inner, choices = f.metadata.get("kind"), _inner(hint), choices_of(hint, f)
+    if kind == "staleness":
         convert = parse_staleness
+    elif kind == "size" and inner is int:  # bytes; a str setting keeps the text, checked by its config
+        convert = parse_bytes
     elif typing.get_origin(hint) is tuple:
-        def convert(text):
-            return tuple(int(x) for x in text.split(","))
-    else:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        inner = args[0] if args else hint
-        optional = _accepts_none(hint, f)
+        item = typing.get_args(hint)[0]
 
         def convert(text):
-            if optional and inner is not str and text.lower() == "none":
-                return None
-            return inner(text)
+            return tuple(item(x) for x in text.split(","))
+    elif choices:
+        convert = str
+    else:
+        convert = inner
 
     def parse(text: str):
+        if none_ok and inner is not str and text.lower() == "none":
+            return None
         try:
             value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {_expected(hint, f)}, got {text!r}") from None
-        choices = f.metadata.get("choices")
+            raise argparse.ArgumentTypeError(f"expected {_expected(hint, f, none_ok)}, got {text!r}") from None
         if choices and value not in choices:
             raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {text!r}")
         return value
@@ -128,11 +163,12 @@ def _accepts_none(hint, f) -> bool:
     return type(None) in typing.get_args(hint) and f.name not in MODEL_DEFAULTS["wdl"]
 
 
-def _expected(hint, f) -> str:
+def _expected(hint, f, none_ok: bool) -> str:
     if f.metadata.get("kind") == "staleness":
         return "an integer >= 0 or 'inf'"
+    if f.metadata.get("kind") == "size" and _inner(hint) is int:
+        return "a size such as 2GiB, 256MiB or 4096 (bytes)" + (" or none" if none_ok else "")
     if typing.get_origin(hint) is tuple:
-        return "comma-separated integers, e.g. 10,5"
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    inner = args[0] if args else hint
-    return {int: "an integer", float: "a number"}.get(inner, "a value") + (" or none" if _accepts_none(hint, f) else "")
+        item = typing.get_args(hint)[0]
+        return f"comma-separated {'integers, e.g. 10,5' if item is int else 'numbers, e.g. 0.9,0.999'}"
+    return {int: "an integer", float: "a number"}.get(_inner(hint), "a value") + (" or none" if none_ok else "")

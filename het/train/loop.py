@@ -4,7 +4,6 @@ cluster launcher (het.dist.launch) alike: rank and world size come from the envi
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import gc
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from het.choices import Mode, Optimizer
 from het.config import CacheConfig
 from het.dist.collectives import barrier, gather
 from het.dist.dense import AllReduceDense, DenseSync, PSDense
@@ -32,7 +32,8 @@ from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
 STOP_GRACE_S = 1.0
-DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
+TORCH_OPTIMIZERS = {Optimizer.SGD: torch.optim.SGD, Optimizer.ADAGRAD: torch.optim.Adagrad,
+                    Optimizer.ADAM: torch.optim.Adam}  # the dense layers' (DENSE_OPTIMIZERS)
 
 
 class Worker:
@@ -59,43 +60,29 @@ class Worker:
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
         self.lookahead = cache.lookahead
-        self._ahead: collections.deque = collections.deque()  # batches made early: (step, batch)
-        self._end = math.inf  # the step train() stops before
+        # the coming steps: made and announced `lookahead` steps early, synced one step early
+        self.upcoming = self.embedding.upcoming
+        self.upcoming.follow(lambda step: self.task.batch(step, rank, world, self.device), self.task.keys,
+                             ahead=self.lookahead, early=self.prefetch)
         self.step_count = 0
         self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
         self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
 
     def _dense_sync(self) -> DenseSync:
-        if self.cfg.mode == "ps":
+        if self.cfg.mode == Mode.PS:
             dense = PSDense(self.model, self.client, self.world, self.rank)
             barrier(self.world)  # rank 0 has written the initial dense values
             return dense
         # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum)
-        optimizer = DENSE_OPTIMIZERS[self.cfg.dense_optimizer or self.cfg.optimizer.removeprefix("rowwise_")]
+        optimizer = TORCH_OPTIMIZERS[self.cfg.dense_optimizer or Optimizer(self.cfg.optimizer.removeprefix("rowwise_"))]
         return AllReduceDense(self.model, self.world, self.device, optimizer, lr=self.cfg.dense_lr,
                               weight_decay=self.cfg.weight_decay)
-
-    def batch(self, step: int):
-        """The batch of ``step``. With a lookahead window the batches are made ``lookahead``
-        steps early and their keys announced to the cache (steps are asked for in order)."""
-        if not self.lookahead:
-            return self.task.batch(step, self.rank, self.world, self.device)
-        while self._ahead and self._ahead[0][0] < step:
-            self._ahead.popleft()
-        if not self._ahead or self._ahead[0][0] != step:  # a new start (first step, a resume)
-            self._ahead.clear()
-        made = self._ahead[-1][0] + 1 if self._ahead else step
-        for s in range(made, min(step + self.lookahead, self._end - 1) + 1):  # none past the last step
-            batch = self.task.batch(s, self.rank, self.world, self.device)
-            self.embedding.announce(self.task.keys(batch))
-            self._ahead.append((s, batch))
-        return self._ahead[0][1]
 
     def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""
         self.dense.before_forward()                               # mode ps: pull the dense parameters
-        self._prefetch(batch, next_batch)                         # syncs fly while this step computes
+        self.upcoming.send_early(batch, next_batch)               # syncs fly while this step computes
         loss = self.task.loss(self.dense.forward_module, batch)   # rows: cache, or the prefetched sync
         self.dense.zero_grad()
         loss.backward()                                           # rows' gradients -> cache; dense AllReduce
@@ -106,17 +93,6 @@ class Worker:
         self.step_count += 1
         return float(loss.detach())
 
-    def _prefetch(self, batch, next_batch) -> None:
-        """Send this step's sync, unless it is in flight already (the previous step sent it,
-        and no checkpoint or evaluation in between used it up), and the next step's, so the
-        PS answers while this step computes. The next step's carries this step's pushes."""
-        if not self.prefetch:
-            return
-        if not self.embedding.prefetching():
-            self.embedding.prefetch(self.task.keys(batch))
-        if next_batch is not None:
-            self.embedding.prefetch(self.task.keys(next_batch))
-
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
         bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
@@ -124,11 +100,10 @@ class Worker:
         timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
                             self.cfg.batch * self.world, start)
         start_time = time.perf_counter()
-        self._end = steps
-        batch = self.batch(start) if start < steps else None
+        batch = self.upcoming.batch(start, end=steps) if start < steps else None
         loss = math.nan
         for step in range(start, steps):
-            next_batch = self.batch(step + 1) if step + 1 < steps else None
+            next_batch = self.upcoming.batch(step + 1, end=steps) if step + 1 < steps else None
             loss = self.step(batch, next_batch)
             batch = next_batch
             left = steps - step - 1

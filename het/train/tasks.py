@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from het.choices import Ids, Mode, Model, Pooling
 from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
 from het.data.hashed import HashedIds
@@ -24,7 +25,7 @@ from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.nn.bags import FieldBags
 from het.train.config import TrainConfig
 
-CTR_MODELS = {"wdl": WideDeep, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+CTR_MODELS = {Model.WDL: WideDeep, Model.DEEPFM: DeepFM, Model.DCN: DCN, Model.DLRM: DLRM}
 EMBEDDING_TABLE = "embedding"
 
 
@@ -45,11 +46,11 @@ class CTRTask:
             s = cfg.synthetic
             preset = criteo_1tb if cfg.data == "synthetic-criteo-1tb" else SyntheticCriteoConfig
             self.data = SyntheticCriteo(preset(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
-        hashed = cfg.ids == "hashed" or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
+        hashed = cfg.ids == Ids.HASHED or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
         if hashed and self.data.num_rows is not None:  # (prepared hashed data is hashed already)
             self.data = HashedIds(self.data)
         # Multi-hot fields: the embedding pools each field's bag ("sum"), the model sees one row a field.
-        self.pooling = "sum" if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
+        self.pooling = Pooling.SUM if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
         self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
         self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -98,25 +99,18 @@ class CTRTask:
         order; the planted logits are empty for data without a planted model."""
         labels, preds, planted = [], [], []
         has_planted = hasattr(self.data, "planted_logits")
-        if hasattr(self.data, "rows"):
+        stored = hasattr(self.data, "rows")  # a prepared split: batch i of k samples holds samples i*k ..
+        if stored:
             samples = min(samples, self.data.rows["test"])
         for i in range(rank, math.ceil(samples / batch_size), world):
-            b = self._test_batch(i, batch_size, min(batch_size, samples - i * batch_size))
+            size = min(batch_size, samples - i * batch_size)
+            b = self.data.batch("test", i, batch_size if stored else size)
+            b = Batch(b.dense[:size], b.sparse[:size], b.labels[:size])  # the last stored batch: its head
             preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
             labels.append(b.labels.numpy())
             if has_planted:
                 planted.append(self.data.planted_logits(b.sparse, b.dense))
         return tuple(_cat(x) for x in (labels, preds, planted))
-
-    def _test_batch(self, index: int, batch_size: int, size: int) -> Batch:
-        """Held-out batch ``index`` of ``batch_size`` samples, its first ``size`` kept. A prepared
-        directory's batch ``i`` of ``n`` samples starts at sample ``i * n``, so the last, shorter
-        batch is read at full size and cut; the generator's streams are cut by ``(index, size)``
-        as they were made."""
-        if not hasattr(self.data, "rows"):
-            return self.data.batch("test", index, size)
-        b = self.data.batch("test", index, batch_size)
-        return Batch(b.dense[:size], b.sparse[:size], b.labels[:size])
 
 
 @dataclass
@@ -226,7 +220,7 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
                             optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
                             admit_counters=cfg.admit_counters, **dynamic)
     tables = [table]
-    if cfg.mode == "ps":
+    if cfg.mode == Mode.PS:
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
     return tables
 

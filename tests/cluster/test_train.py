@@ -37,7 +37,7 @@ def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
     assert not any(alive(pid) for pid in json.load(open(tmp_path / "pids.json")).values())
 
 
-@pytest.mark.slow  # the cut is also checked in-process by tests/unit/test_default_job.py
+@pytest.mark.slow  # the cut is also checked in-process by tests/unit/test_loop.py
 def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
     common = ["--steps", "150", "--json", "--quiet", "--dim", "32", "--synthetic-cap", "20000"]
     het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
@@ -49,7 +49,7 @@ def test_the_cache_cuts_sparse_traffic_against_hybrid(tmp_path):
 @pytest.mark.slow
 def test_the_acceptance_job_cuts_sparse_bytes_by_80_percent_against_hybrid(tmp_path):
     """Issue 3's must-show, as a user runs it: the default data and model, 300 steps. Its fast
-    version, in `make test`: tests/unit/test_default_job.py."""
+    version, in `make test`: tests/unit/test_loop.py."""
     common = ["--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet"]
     het_run = het("train", *common, "--mode", "het", "--staleness", "100", "--log-dir", str(tmp_path / "a"))
     hybrid = het("train", *common, "--mode", "hybrid", "--log-dir", str(tmp_path / "b"))
@@ -311,7 +311,7 @@ def _free_port() -> int:
 @pytest.mark.slow
 def test_the_default_job_at_300_steps(tmp_path):
     """The issue's acceptance command, as a user runs it (dim 128, the full default size). Its
-    fast version, in `make test`: tests/unit/test_default_job.py."""
+    fast version, in `make test`: tests/unit/test_loop.py."""
     start = time.monotonic()
     s = het("train", "--model", "wdl", "--data", "synthetic-criteo", "--steps", "300", "--json", "--quiet",
             "--log-dir", str(tmp_path))

@@ -41,7 +41,12 @@ def test_a_dynamic_table_at_staleness_zero_matches_torch_embedding(cluster_facto
     assert len(set(ids.tolist())) == rows
     gap = train_side_by_side(emb, rows, optimizer, lr, ids=ids)
     assert gap <= 1e-5
-    assert cluster.client().stats()[0]["tables"]["embedding"]["rows"] > 0
+    g, touched = torch.Generator().manual_seed(1), set()  # train_side_by_side's draws, again
+    for _ in range(50):
+        touched |= set(torch.randint(0, rows, (16, 3), generator=g).flatten().tolist())
+        torch.randn(16, 3, 8, generator=g)
+    stored = sum(s["tables"]["embedding"]["rows"] for s in cluster.client().stats())
+    assert stored == len(touched)  # a row for each key pushed, none for the others
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])

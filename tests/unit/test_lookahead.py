@@ -139,7 +139,7 @@ def test_the_worker_announces_the_batches_it_trains_on():
         cfg = TrainConfig(steps=6, batch=32, dim=4, lookahead=lookahead, eval_samples=0,
                           synthetic={"cap": 1000})
         worker = Worker(cfg, PSClient.local(job_tables(cfg), 1))
-        made = [worker.batch(s).sparse for s in range(6)]
+        made = [worker.upcoming.batch(s).sparse for s in range(6)]
         return made, worker.embedding.caches["embedding"].window
 
     plain, no_window = batches(0)

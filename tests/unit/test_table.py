@@ -1,10 +1,13 @@
-"""`het data prepare table` (users' CSV, TSV, Parquet) and `het data prepare criteo --hash`:
-one pass, hashed keys, the same arrays from the same rows whatever the file format."""
+"""`het data prepare table` (het.data.table: users' CSV, TSV, Parquet) and `het data prepare
+criteo --hash`: one pass, hashed keys, the same arrays from the same rows whatever the file
+format; users' files that cannot be read refused in one line, a previous output kept."""
 
 import argparse
 import gzip
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pyarrow as pa
@@ -188,3 +191,50 @@ def test_a_training_job_takes_table_and_hashed_criteo_directories(hashed, tmp_pa
         b = task.batch(0, 0, 1, "cpu")
         assert b.sparse.shape == (8, fields) and b.dense.shape == (8, dense)
     assert TableDataset(str(tmp_path / "out")).num_ids == 8  # 5 + 3 distinct values: exact below k
+
+
+# ---- users' files refused in one line, the previous output kept --------------------------------------
+
+def test_a_rerun_with_a_misspelt_column_leaves_the_previous_output_intact(tmp_path):
+    (tmp_path / "t.csv").write_text("y,price,city\n1,2.5,Paris\n0,1,Oslo\n")
+    out = tmp_path / "out"
+    base = ["table", str(tmp_path / "t.csv"), str(out), "--label", "y", "--sparse", "city", "--quiet"]
+    run_cli(base + ["--dense", "price"])
+    (out / "notes.txt").write_text("the user's")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match=r"dense column\(s\) \['prise'\] not found"):
+        run_cli(base + ["--dense", "prise"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert TableDataset(str(out)).rows == {"train": 2, "test": 0}
+
+
+def het_prepare(*argv) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "het", "data", "prepare", *argv], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_duplicate_column_names_are_refused_in_one_line(tmp_path):
+    (tmp_path / "t.csv").write_text("y,city,city\n1,Paris,Rome\n")
+    pq.write_table(pa.Table.from_arrays([pa.array([1, 0]), pa.array(["a", "b"]), pa.array(["c", "d"])],
+                                        names=["y", "city", "city"]), tmp_path / "t.parquet")
+    for name in ("t.csv", "t.parquet"):
+        with pytest.raises(SystemExit) as e:
+            run_cli(["table", str(tmp_path / name), str(tmp_path / "out"), "--label", "y", "--sparse", "city"])
+        assert str(e.value) == (f"het data prepare table: {tmp_path / name}: column 'city' appears 2 times among "
+                                f"its columns, expected once (which one is meant?): rename the others")
+    (tmp_path / "free.csv").write_text("y,c,x,x\n1,a,2,3\n0,b,4,5\n")  # a repeated column not read is no matter
+    run_cli(["table", str(tmp_path / "free.csv"), str(tmp_path / "out"), "--label", "y", "--sparse", "c", "--quiet"])
+    ran = het_prepare("table", str(tmp_path / "t.csv"), str(tmp_path / "o2"), "--label", "y", "--sparse", "city")
+    assert ran.returncode == 1 and len(ran.stderr.strip().splitlines()) == 1 and "Traceback" not in ran.stderr
+
+
+@pytest.mark.parametrize("column, kind", [([[1, 2], [3]], "list<element: int64>"),
+                                          ([{"a": 1}, {"a": 2}], "struct<a: int64>")])
+def test_a_nested_parquet_column_is_refused_in_one_line(tmp_path, column, kind):
+    pq.write_table(pa.table({"y": [1, 0], "c": column, "x": ["u", "v"]}), tmp_path / "t.parquet")
+    ran = het_prepare("table", str(tmp_path / "t.parquet"), str(tmp_path / "out"), "--label", "y", "--sparse", "c")
+    assert ran.returncode == 1 and "Traceback" not in ran.stderr
+    assert ran.stderr.strip() == (f"het data prepare table: {tmp_path / 't.parquet'}: column 'c' holds {kind}, "
+                                  f"expected numbers or text (one value a row, not lists, structs or maps)")
+    assert not (tmp_path / "out").exists()
+    run_cli(["table", str(tmp_path / "t.parquet"), str(tmp_path / "out"), "--label", "y", "--sparse", "x", "--quiet"])

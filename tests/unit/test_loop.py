@@ -1,5 +1,6 @@
-"""The default job, short and in process: the fast versions of the slow acceptance tests in
-tests/cluster/test_train.py (its AUC, and het's cut of sparse bytes against mode hybrid).
+"""The training loop (het.train.loop) on the default job, short and in process: the fast
+versions of the slow acceptance tests in tests/cluster/test_train.py (its AUC, and het's cut of
+sparse bytes against mode hybrid), and the summary's figures.
 
 One worker trains against in-process shards (as `het bench profile` does): the default job
 (Wide&Deep, synthetic Criteo, Adagrad, a 10% LFU cache at s = 100, lazy rows) for the

@@ -1,12 +1,8 @@
-"""Raw 64-bit ids (issue 12): hashed keys of any CTR data set, and MLPerf's multi-hot shape of
-the synthetic data (``--data synthetic-criteo-1tb``) pooled through the embedding's bag mode."""
+"""Bags of keys pooled into one row (het.nn.bags): bag_keys and pool as nn.EmbeddingBag's, and
+MLPerf's multi-hot shape of the synthetic data (``--data synthetic-criteo-1tb``) pooled through
+FieldBags and het.Embedding's bag mode."""
 
-import argparse
-import hashlib
 import math
-import os
-import time
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -14,24 +10,15 @@ import torch
 from torch import nn
 
 from het.config import CacheConfig, TableConfig
-from het.data.hashed import HashedIds
-from het.data.hashing import hash_ids
-from het.data.synthetic import MLPERF_BAG_SIZES, MLPERF_CARDINALITIES, SyntheticCriteo, SyntheticCriteoConfig, criteo_1tb
+from het.data.synthetic import MLPERF_BAG_SIZES, MLPERF_CARDINALITIES, SyntheticCriteo, criteo_1tb
 from het.nn import Embedding, FieldBags
+from het.nn.bags import bag_keys, pool
 from het.ps.client import PSClient
 from het.train import loop
 from het.train.config import TrainConfig
-from het.train.flags import add_config_flags, config_from_args
 from het.train.tasks import CTR_MODELS, CTRTask
 
 ONE_TB = "synthetic-criteo-1tb"
-
-
-def digest(batch) -> str:
-    h = hashlib.sha256()
-    for t in (batch.dense, batch.sparse, batch.labels):
-        h.update(t.numpy().tobytes())
-    return h.hexdigest()[:16]
 
 
 @pytest.fixture(scope="module")
@@ -39,74 +26,21 @@ def one_tb():
     return CTRTask(TrainConfig(data=ONE_TB, model="dlrm", batch=64, dim=8))
 
 
-# ---- --ids hashed ---------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_bag_keys_and_pool_are_an_embedding_bag(mode):
+    """Rows of keys, offsets (with an empty bag) and a padding key: what nn.EmbeddingBag gives."""
+    g = torch.Generator().manual_seed(0)
+    bag = nn.EmbeddingBag(20, 3, mode=mode, padding_idx=0)
+    keys, offsets = torch.randint(0, 20, (11,), generator=g), torch.tensor([0, 4, 4, 9])
+    flat, which, bags = bag_keys(keys, offsets, padding_idx=0)
+    assert torch.equal(flat, keys[keys != 0]) and bags == 4
+    assert torch.allclose(pool(bag.weight[flat], which, bags, mode), bag(keys, offsets), atol=1e-6)
+    rows = keys[:10].reshape(5, 2)
+    flat, which, bags = bag_keys(rows, None)
+    assert torch.equal(which, torch.arange(5).repeat_interleave(2)) and bags == 5
+    with pytest.raises(ValueError, match=r"offsets must start at 0, not decrease and stay <= 11, got \[0, 5, 3\]"):
+        bag_keys(keys, torch.tensor([0, 5, 3]))
 
-def test_the_default_jobs_batches_are_those_of_before_hashing_and_bags():
-    # Computed on main at ebf95f7, before this change: batches (step, rank) of 2 workers, then test batch 0.
-    task = CTRTask(TrainConfig())
-    got = [digest(task.batch(s, r, 2, "cpu")) for s in range(2) for r in range(2)]
-    assert got == ["daa0d862f81e975c", "ae0f76f7edaf25fb", "9799bd46c9be1e27", "d4aeef512ebd19eb"]
-    assert digest(task.data.batch("test", 0, 100)) == "6eda7a19ea1b3345"
-    assert (task.num_rows, task.num_ids, task.pooling) == (840_543, 840_543, None)
-
-
-def test_hashed_keys_span_int64_and_are_the_field_local_ids_hashes():
-    plain = SyntheticCriteo(SyntheticCriteoConfig(cap=None))
-    data = HashedIds(plain)
-    raw, keys = plain.batch("train", 0, 4096).sparse.numpy(), data.batch("train", 0, 4096).sparse.numpy()
-    assert keys.dtype == np.int64 and keys.shape == raw.shape
-    assert keys.min() < -2 ** 62 and keys.max() > 2 ** 62  # both halves of the int64 range
-    assert np.array_equal(keys, data.batch("train", 0, 4096).sparse.numpy())  # deterministic
-    for f in (0, 2, 25):  # the field-local id, salted by the field: not the global key
-        assert np.array_equal(keys[:, f], hash_ids(f, raw[:, f] - plain.offsets[f]))
-    assert np.array_equal(data.unhash(keys), raw)
-    test = data.batch("test", 1, 512)
-    assert np.array_equal(data.planted_logits(test.sparse, test.dense),
-                          plain.planted_logits(plain.batch("test", 1, 512).sparse, test.dense))
-
-
-def test_ids_hashed_and_cap_none_flags_give_a_dynamic_table_sized_by_the_ids():
-    parser = argparse.ArgumentParser()
-    add_config_flags(parser)
-    cfg = config_from_args(parser.parse_args(["--ids", "hashed", "--synthetic-cap", "none"]))
-    assert cfg.synthetic.cap is None and cfg.ids == "hashed"
-    task = CTRTask(cfg)
-    assert task.num_rows is None and task.num_ids == 33_762_577
-    assert cfg.cache_rows_for(task.num_ids) == 3_376_257
-    b = task.batch(0, 0, 2, "cpu")
-    assert b.sparse.shape == (512, 26) and task.pooling is None
-
-
-def test_full_cardinality_data_allocates_nothing_per_id():
-    tracemalloc.start()
-    try:
-        start = time.perf_counter()
-        for cfg in (SyntheticCriteoConfig(cap=None), criteo_1tb(cap=None)):
-            HashedIds(SyntheticCriteo(cfg)).batch("train", 0, 512)
-        seconds = time.perf_counter() - start
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    # One int64 per id would be 1.6 GB; the 1tb calibration's 8192 x 214 keys take ~14 MB an array.
-    assert peak < 256 * 2 ** 20
-    assert seconds < 10
-
-
-def test_hashed_prepared_criteo_reads_back_its_keys(tmp_path):
-    from het.data.criteo import CriteoDataset, prepare
-
-    head = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data", "criteo_kaggle_head1000.tsv")
-    if not os.path.exists(head):
-        pytest.skip(f"{head} is not here")
-    prepare([head], str(tmp_path), test_fraction=0.1, progress=False)
-    task = CTRTask(TrainConfig(data=f"criteo:{tmp_path}", ids="hashed"))
-    plain = CriteoDataset(str(tmp_path))
-    assert task.num_rows is None and task.num_ids == plain.num_rows and task.data.rows == plain.rows
-    keys = task.data.batch("train", 0, 64).sparse.numpy()
-    assert np.array_equal(task.data.unhash(keys), plain.batch("train", 0, 64).sparse.numpy())
-
-
-# ---- synthetic-criteo-1tb -------------------------------------------------------------------
 
 def test_the_1tb_preset_has_mlperfs_tables_and_bags(one_tb):
     assert one_tb.num_rows is None and one_tb.pooling == "sum"
@@ -162,8 +96,10 @@ def test_a_worker_trains_1tb_bags_through_het_embeddings_sum_mode(monkeypatch):
     worker = loop.Worker(cfg, client)
     assert worker.embedding.mode == "sum" and worker.prefetch and worker.lookahead == 2
     run = worker.train(4, progress=False)
-    assert math.isfinite(run["loss"]) and worker.embedding.stats()["embedding"]["lookups"] > 0
-    assert 0 <= worker.evaluate(256)["auc"] <= 1
+    unique = sum(torch.unique(make_task(cfg).batch(s, 0, 1, "cpu").sparse).numel() for s in range(4))
+    assert math.isfinite(run["loss"]) and worker.embedding.stats()["embedding"]["lookups"] == unique  # each step once
+    metrics = worker.evaluate(256)
+    assert set(metrics) == {"auc", "logloss"} and all(math.isfinite(v) for v in metrics.values())  # no planted model
 
 
 def test_het_embedding_pools_1tb_bags_as_an_embedding_bag(one_tb):

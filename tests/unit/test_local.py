@@ -1,5 +1,6 @@
-"""`het train` checks the job before it starts any process (issue 11): what a worker would find
-wrong only after every shard and worker started is one line and exit code 2 at once."""
+"""`het train` checks the job before it starts any process (het.train.local.check_job): what a
+worker would find wrong only after every shard and worker started is one line and exit code 2
+at once."""
 
 import pytest
 import torch

@@ -1,0 +1,80 @@
+"""Closed choices (het.choices): each an enum defined once; configs take the strings users write
+and write the same strings back (JSON, TOML, saves and checkpoints); every table keyed by a
+choice covers it exactly."""
+
+import json
+
+import pytest
+import torch
+
+from het import choices
+from het.choices import DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Model, Optimizer, Policy, PushDtype
+from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.train.config import TrainConfig
+
+ENUMS = [c for c in vars(choices).values() if isinstance(c, type) and issubclass(c, Choice) and c is not Choice]
+
+
+def only_plain(value) -> bool:
+    """Whether ``value`` holds strings only as plain ``str`` (no enum member), however nested."""
+    if isinstance(value, dict):
+        return all(only_plain(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return all(only_plain(v) for v in value)
+    return not isinstance(value, Choice)
+
+
+@pytest.mark.parametrize("enum", ENUMS, ids=lambda e: e.__name__)
+def test_a_member_is_its_string_wherever_a_string_goes(enum):
+    for member in enum:
+        assert member == member.value and {member.value: 1}[member] == 1
+        assert (str(member), f"{member}", repr(member)) == (member.value, member.value, repr(member.value))
+        assert json.dumps([member]) == json.dumps([member.value]) and enum(member.value) is member
+
+
+def test_configs_take_strings_and_hold_members():
+    cfg = TrainConfig(mode="ps", policy="lru", optimizer="rowwise_adagrad", push_dtype="bf16", ids="hashed")
+    assert cfg.policy is Policy.LRU and cfg.optimizer is Optimizer.ROWWISE_ADAGRAD and cfg.push_dtype is PushDtype.BF16
+    assert CacheConfig(policy="lru", local_update="full").local_update == "full"
+    assert ShardConfig((TableConfig("t", 4, 2),), memory_policy="lfu").memory_policy is Policy.LFU
+    with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'lfu'\), got 'LRU'"):
+        CacheConfig(policy="LRU")
+
+
+def test_to_dict_writes_the_same_plain_strings(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('mode = "hybrid"\npolicy = "lru"\noptimizer = "adam"\npush_dtype = "bf16"\n')
+    cfg = TrainConfig.load(str(job))
+    d = cfg.to_dict()
+    assert only_plain(d) and (d["mode"], d["policy"], d["optimizer"], d["push_dtype"]) == ("hybrid", "lru", "adam",
+                                                                                          "bf16")
+    assert type(d["mode"]) is str and TrainConfig.from_dict(json.loads(json.dumps(d))) == cfg
+    table = TableConfig("t", rows=None, dim=4, optimizer=OptimizerConfig("adagrad"))
+    assert only_plain(table.to_dict()) and type(table.to_dict()["optimizer"]["name"]) is str
+
+
+def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path):
+    """The shards' saves are read with ``torch.load(weights_only=True)``: an enum member there
+    would be refused; a checkpoint's config is plain data too."""
+    table = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adagrad", lr=0.1))
+    client = PSClient.local([table])
+    [path] = client.save(str(tmp_path / "ps"))
+    saved = torch.load(path, weights_only=True)
+    assert only_plain(saved) and client.load(str(tmp_path / "ps"))
+    torch.save({"config": TrainConfig(policy="lru").to_dict()}, tmp_path / "worker.pt")
+    assert torch.load(tmp_path / "worker.pt", weights_only=True)["config"]["policy"] == "lru"
+
+
+def test_every_table_keyed_by_a_choice_covers_it_exactly():
+    from het.cache.policy import POLICIES
+    from het.ps.protocol import GRAD_BYTES
+    from het.train.loop import TORCH_OPTIMIZERS
+    from het.train.tasks import CTR_MODELS
+
+    assert set(POLICIES) == set(Policy) and set(GRAD_BYTES) == set(PushDtype)
+    assert set(TORCH_OPTIMIZERS) == set(DENSE_OPTIMIZERS)
+    assert set(CTR_MODELS) | set(GRAPH_MODELS) == set(Model) and not set(CTR_MODELS) & set(GRAPH_MODELS)
+    for name in Optimizer:
+        OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.optim.make
+        PSClient.local([TableConfig("t", rows=2, dim=2, optimizer=OptimizerConfig(name))])

@@ -1,0 +1,50 @@
+"""The ``het`` command (het.cli): each subcommand's module registers its flags and entry point;
+bad input is one line and exit code 2."""
+
+import argparse
+import importlib
+
+import pytest
+
+from het import cli
+
+COMMANDS = {"train": "het.train.cli", "serve": "het.serve", "reshard": "het.ps.reshard", "data": "het.data.prepare",
+            "bench": "het.bench", "demo": "het.demo"}
+
+
+def out_of(argv, capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_every_command_in_order_with_its_help(capsys):
+    text = out_of(["--help"], capsys)
+    assert text.startswith("usage: het [-h] {train,serve,reshard,data,bench,demo} ...\n")
+    words = " ".join(text.split())
+    for command, line in (("train", "train a model: a local cluster by default"), ("serve", "run one PS shard in "
+                          "the foreground"), ("data", "prepare data sets"), ("bench", "benchmarks; each prints one "
+                          "JSON object with --json")):
+        assert f"{command} {line}" in words, command
+
+
+def test_each_module_registers_its_command():
+    assert cli.COMMANDS == tuple(COMMANDS.values())  # the order `het --help` lists them in
+    for command, module in COMMANDS.items():
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(module).add_parser(sub)
+        assert list(sub.choices) == [command], module
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_each_command_prints_its_own_usage(command, capsys):
+    assert out_of([command, "--help"], capsys).startswith(f"usage: het {command} ")
+
+
+def test_bad_input_is_one_line_and_exit_code_2(tmp_path, capsys):
+    (tmp_path / "job.toml").write_text("workers = 0\n")
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--config", str(tmp_path / "job.toml"), "--quiet"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("het train: error: ") and len(err.strip().splitlines()) == 1, err

@@ -1,0 +1,109 @@
+"""``het train``'s flags (het.train.flags): one per setting of TrainConfig, each with its help,
+its default and the choices of a closed setting; the flags given override the TOML file."""
+
+import typing
+
+import pytest
+
+from het import cli
+from het.choices import Model
+from het.train import local
+from het.train.config import TrainConfig
+from het.train.flags import choices_of, config_fields, config_from_args, flag_name
+
+EXTRA = {"checkpoint_every": {"checkpoint": "ck"}}  # settings that need another to be valid
+
+
+def a_value(key, f, hint):
+    """A value of the setting other than its default, and how a flag spells it."""
+    choices = choices_of(hint, f)
+    default = TrainConfig().__getattribute__(key) if "." not in key else None
+    if key == "data":
+        return "criteo:some-dir", "criteo:some-dir"
+    if choices:
+        value = next(c for c in choices if c != default)
+        return value, value
+    if f.metadata.get("kind") == "staleness":
+        return 7, "7"
+    if f.metadata.get("kind") == "size":
+        return "3MiB", "3MiB"
+    inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    kind = tuple if typing.get_origin(hint) is tuple else inner[0]
+    if kind is tuple:
+        return (3, 2), "3,2"
+    if kind is bool:
+        return not f.default, None
+    if kind is int:
+        return 7, "7"
+    if kind is float:
+        return 0.25, "0.25"
+    return "some-text", "some-text"
+
+
+def test_every_setting_has_help_and_is_a_flag_and_a_toml_key(tmp_path):
+    keys = list(config_fields())
+    assert len(keys) > 25
+    for key, f, hint in keys:
+        assert len(f.metadata.get("help", "")) > 10, f"{key} has no help text"
+        value, text = a_value(key, f, hint)
+        extra = EXTRA.get(key, {})
+        if text is None:  # a bool: --x / --no-x
+            argv = ["train", flag_name(key) if value else "--no-" + flag_name(key)[2:]]
+        else:
+            argv = ["train", flag_name(key), text]
+        for k, v in extra.items():
+            argv += [flag_name(k), v]
+        by_flag = config_from_args(cli.parser().parse_args(argv))
+        head, _, leaf = key.rpartition(".")
+        toml = tmp_path / "job.toml"
+        lines = [f"{k} = {_toml(v)}" for k, v in extra.items()]
+        lines += [f"[{head}]\n{leaf} = {_toml(value)}"] if head else [f"{key} = {_toml(value)}"]
+        toml.write_text("\n".join(lines) + "\n")
+        by_toml = TrainConfig.load(str(toml))
+        for cfg in (by_flag, by_toml):
+            got = getattr(getattr(cfg, head) if head else cfg, leaf)
+            assert got == value, f"{key}: expected {value!r}, got {got!r}"
+
+
+def _toml(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, tuple):
+        return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, str):
+        return f'"{value}"'
+    return str(value)
+
+
+@pytest.mark.parametrize("model", Model.values())
+def test_a_model_gives_the_same_job_whichever_way_it_is_built(model, monkeypatch, capsys):
+    """``TrainConfig(model=M)`` is the job ``het train --model M`` runs (its launcher is
+    replaced here, to catch the config it is handed)."""
+    ran = []
+    monkeypatch.setattr(local, "run_local", lambda cfg, *a, **k: ran.append(cfg) or {})
+    cli.main(["train", "--model", model, "--quiet", "--json"])
+    assert ran == [TrainConfig(model=model)] == [TrainConfig.load(None, {"model": model})]
+
+
+def train_help(capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", "--help"])
+    assert e.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_help_lists_the_choices_of_every_closed_setting(capsys):
+    text = " ".join(train_help(capsys).split())  # argparse wraps lines: compare words
+    for flag, choices in (("--model", "{wdl,deepfm,dcn,dlrm,graphsage}"), ("--mode", "{het,hybrid,ps}"),
+                          ("--policy", "{lru,lfu}"), ("--push-dtype", "{f32,bf16}"),
+                          ("--dense-optimizer", "{sgd,adagrad,adam}"), ("--ids", "{encoded,hashed}"),
+                          ("--optimizer", "{sgd,adagrad,rowwise_adagrad,adam}")):
+        assert f"{flag} {choices}" in text, flag
+
+
+def test_help_gives_each_settings_help_and_default(capsys):
+    text = "".join(train_help(capsys).split())  # argparse wraps lines, at hyphens too: compare the rest
+    for key, f, _ in config_fields():
+        assert "".join(f.metadata["help"].split()) in text, key
+    assert "".join("the cache's replacement policy (default: lfu)".split()) in text
+    assert "".join("the sparse learning rate (default: 0.05; deepfm 0.01; graphsage 0.001)".split()) in text

@@ -1,0 +1,93 @@
+"""``het serve``'s flags (het.serve): generated from ShardConfig, TableConfig and
+OptimizerConfig, so the shard a command line asks for is the configs' with the flags given."""
+
+import argparse
+import dataclasses
+import json
+
+import pytest
+
+from het import cli
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.serve import shard_config
+from het.train.config import TrainConfig
+from het.train.tasks import job_tables
+
+# Every flag README and the tests use, with a value: each must keep working.
+FLAGS = [["--bind", "127.0.0.1:0"], ["--secret-file", "s"], ["--table", "t:8:2"], ["--admit-after", "2"],
+         ["--admit-counters", "64"], ["--expire-after", "5"], ["--max-rows", "9"], ["--optimizer", "adagrad"],
+         ["--lr", "0.1"], ["--seed", "3"], ["--shard-index", "1"], ["--num-shards", "2"], ["--state-dir", "d"],
+         ["--encrypt"], ["--wal"], ["--wal-fsync-s", "0.5"], ["--max-keys", "1024"], ["--config", "job.toml"],
+         ["--memory", "2GiB"], ["--memory-policy", "lfu"], ["--no-prefetch"], ["--threads", "2"],
+         ["--shard-config", "{}"]]
+
+
+def parse(*argv) -> argparse.Namespace:
+    return cli.parser().parse_args(["serve", *argv])
+
+
+@pytest.mark.parametrize("flag", FLAGS, ids=lambda f: f[0])
+def test_every_flag_of_before_still_parses(flag):
+    args = parse(*flag)
+    assert args.func.__name__ == "cmd_serve"
+
+
+def test_no_flag_gives_the_configs_defaults():
+    cfg = shard_config(parse("--table", "user:100:8", "--table", "ids:dynamic:4"))
+    fixed, dynamic = cfg.tables
+    assert cfg == ShardConfig((TableConfig("user", 100, 8), TableConfig("ids", None, 4)))
+    assert (fixed.optimizer, dynamic.admit_counters) == (OptimizerConfig(), TableConfig("t", None, 1).admit_counters)
+
+
+def test_the_flags_given_set_the_fields_they_name():
+    cfg = shard_config(parse("--table", "user:100:8", "--table", "ids:dynamic:4", "--optimizer", "adam",
+                             "--lr", "0.1", "--betas", "0.8,0.9", "--seed", "3", "--admit-after", "2",
+                             "--expire-after", "5", "--shard-index", "1", "--num-shards", "2", "--max-keys", "1024",
+                             "--memory", "2GiB", "--memory-policy", "lfu", "--no-prefetch"))
+    opt = OptimizerConfig("adam", lr=0.1, betas=(0.8, 0.9))
+    assert cfg == ShardConfig((TableConfig("user", 100, 8, optimizer=opt, seed=3),  # dynamic settings: dynamic only
+                               TableConfig("ids", None, 4, optimizer=opt, seed=3, admit_after=2, expire_after=5)),
+                              index=1, num_shards=2, max_keys=1024, memory=2 << 30, memory_policy="lfu",
+                              prefetch=False)
+
+
+def test_a_jobs_toml_gives_its_tables_and_shard_settings_and_the_flags_win(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text('ps_memory = "64MiB"\nps_memory_policy = "lfu"\nsteps = 1\n')
+    cfg = shard_config(parse("--config", str(job), "--shard-index", "1", "--num-shards", "2"))
+    assert cfg.tables == tuple(job_tables(TrainConfig.load(str(job))))
+    assert (cfg.index, cfg.num_shards, cfg.memory, cfg.memory_policy) == (1, 2, 64 << 20, "lfu")
+    assert shard_config(parse("--config", str(job), "--memory-policy", "lru")).memory_policy == "lru"
+
+
+def test_a_launchers_json_is_the_shard_config_it_was_made_from():
+    cfg = ShardConfig((TableConfig("t", None, 4, optimizer=OptimizerConfig("adagrad")),), index=1, num_shards=3,
+                      memory=1 << 20, memory_policy="lfu", prefetch=False)
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    d["tables"] = [t.to_dict() for t in cfg.tables]
+    assert shard_config(parse("--shard-config", json.dumps(d))) == cfg
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--memory-policy", "mru"], "argument --memory-policy: expected one of lru, lfu, got 'mru'"),
+    (["--optimizer", "rmsprop"], "argument --optimizer: expected one of sgd, adagrad, rowwise_adagrad, adam, got "
+                                 "'rmsprop'"),
+    (["--memory", "lots"], "argument --memory: expected a size such as 2GiB, 256MiB or 4096 (bytes) or none, got "
+                           "'lots'"),
+])
+def test_a_bad_value_is_named_with_what_was_expected(argv, message, capsys):
+    with pytest.raises(ValueError, match=r"betas must be two numbers \(Adam's two decay rates\), got \(0.9,\)"):
+        shard_config(parse("--table", "t:8:2", "--betas", "0.9"))  # parsed, then refused by the config
+    with pytest.raises(SystemExit):
+        parse("--table", "t:8:2", *argv)
+    assert message in capsys.readouterr().err
+
+
+def test_help_shows_each_generated_flags_default(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["serve", "--help"])
+    text = "".join(capsys.readouterr().out.split())
+    for expected in ("--max-keysMAX_KEYS", "(default:262144)", "--admit-countersADMIT_COUNTERS", "(default:4194304)",
+                     "--memorySIZE", "--memory-policy{lru,lfu}", "--prefetch,--no-prefetch",
+                     "--optimizer{sgd,adagrad,rowwise_adagrad,adam}", "thetables'learningrate(default:0.01)"):
+        assert expected in text, expected
