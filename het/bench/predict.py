@@ -65,7 +65,8 @@ def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "f
 def run(export_dir: str, batch: int = 4096, seconds: float = 3.0, rounds: int = 3, threads: int = 1) -> dict:
     """Samples/s of the export and of its plain twin on the same batches, in turn."""
     from het.export import load_model
-    from het.export.batches import open_source, Skipped
+    from het.export.batches import open_source
+    from het.export.chunk import Skipped
 
     torch.set_num_threads(threads)
     model = load_model(export_dir)

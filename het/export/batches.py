@@ -13,42 +13,16 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from het.data.prepared import SPLITS, split_is_test
+from het.export.chunk import Chunk, Skipped
 from het.export.spec import Inputs
 
 SYNTHETIC = ("synthetic-criteo", "synthetic-criteo-1tb")
 EVAL_BATCH = 8192  # het.train.tasks.CTRTask.evaluate's batches: synthetic data's test stream is cut so
 RAW_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq", ".gz")
-
-
-@dataclass
-class Chunk:
-    """Rows to score. Shapes: dense (n, D) float32, keys (n, L) int64 (the table's), labels (n,)
-    float32 or None, rows (n,) int64 (position in the input: 0-based, of the rows read), lines
-    (n,) int64 or None (line in the raw input, as ``het data prepare`` numbers them)."""
-
-    dense: np.ndarray
-    keys: np.ndarray
-    labels: np.ndarray | None
-    rows: np.ndarray
-    lines: np.ndarray | None = None
-
-
-@dataclass
-class Skipped:
-    """Rows of raw input not read: all counted, the first :data:`FIRST` with their line and why."""
-
-    FIRST = 10
-    count: int = 0
-    first: list = field(default_factory=list)
-
-    def add(self, count: int, entries: list[dict]) -> None:
-        self.count += count
-        self.first = (self.first + entries)[:self.FIRST]
 
 
 def open_source(data: str, inputs: Inputs, manifest: dict, split: str | None, samples: int | None,

@@ -14,7 +14,8 @@ import time
 import numpy as np
 import torch
 
-from het.export.batches import Chunk, Skipped, open_source
+from het.export.batches import open_source
+from het.export.chunk import Chunk, Skipped
 from het.export.model import ExportedModel, load_model
 
 EXACT_ROWS = 20_000_000

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from het.export.batches import Chunk, Skipped
+from het.export.chunk import Chunk, Skipped
 from het.export.spec import Inputs
 
 

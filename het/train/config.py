@@ -169,12 +169,9 @@ class TrainConfig:
     checkpoint: str | None = setting(None, "checkpoint directory")
     checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
     resume: str | None = setting(None, "a checkpoint directory to resume from")
-    export: str | None = setting(None, "CTR models: an export of the model (as het export writes) kept in this "
-                                 "directory, rewritten every export_every steps and at the end, in the background")
-    export_every: int = setting(0, "steps between exports (needs export); training pauses only for the flush and "
-                                "the shards' save, as for a checkpoint")
-    export_dtype: str = setting("fp32", "the exports' rows: fp32, fp16 or int8 (row-wise scale and bias)",
-                                choices=("fp32", "fp16", "int8"))
+    export: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory")
+    export_every: int = setting(0, "steps between exports, and the last step (needs export); written in the background")
+    export_dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
     ps_wal: bool = setting(False, "local cluster: the shards log every push before acknowledging it "
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
