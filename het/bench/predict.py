@@ -119,8 +119,7 @@ def _plain_twin(model, batches):
 
     table = model.table
     rows = table._gather(torch.arange(table.values.shape[0])) if table.values.shape[0] else torch.zeros(0, table.dim)
-    state = torch.load(os.path.join(model.root, dense_model.PARAMS), weights_only=True)
-    dense = dense_model.load_params(dense_model.build(model.manifest["model"]), state)
+    dense = dense_model.load(model.root, model.manifest["model"])
     out = []
     if table.dynamic:
         extra = []

@@ -10,6 +10,7 @@ says why (``dense.program_error``).
 
 from __future__ import annotations
 
+import os
 import warnings
 
 import torch
@@ -51,6 +52,12 @@ def load_params(module: nn.Module, state: dict, flat: torch.Tensor | None = None
         raise ValueError(f"the checkpoint's dense model does not fit {type(module).__name__}: missing {missing}, "
                          f"unexpected {unexpected}")
     return module
+
+
+def load(root: str, model: dict) -> nn.Module:
+    """The dense model of the export in ``root`` as its class, with the exported parameters."""
+    state = torch.load(os.path.join(root, PARAMS), weights_only=True, map_location="cpu")
+    return load_params(build(model), state)
 
 
 def capture(module: nn.Module, num_dense: int, num_fields: int, dim: int):

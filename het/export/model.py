@@ -50,26 +50,39 @@ class ExportedModel(nn.Module):
         uses_program: whether the dense part runs the ``torch.export`` program.
     """
 
-    def __init__(self, root: str, manifest: dict, use_program: bool = True):
+    def __init__(self, root: str, manifest: dict, table, dense: nn.Module, uses_program: bool = False):
         super().__init__()
         from het.nn.bags import FieldBags
 
-        self.root, self.manifest = root, manifest
-        info = manifest["model"]
-        (name, entry), = manifest["tables"].items()
-        self.table = ExportedTable(os.path.join(root, "tables", name), entry)
-        bags = info["bag_sizes"]
+        self.root, self.manifest, self.table, self.dense = root, manifest, table, dense
+        self.uses_program = uses_program
+        bags = manifest["model"]["bag_sizes"]
         if max(bags) > 1:  # multi-hot fields: each field's bag pooled, as training pooled them
-            self.lookup = FieldBags(ExportedEmbedding(self.table, "sum"), bags)
+            self.lookup = FieldBags(ExportedEmbedding(table, "sum"), bags)
         else:
-            self.lookup = ExportedEmbedding(self.table)
-        self.uses_program = use_program and manifest["dense"].get("program") is not None
-        if self.uses_program:
-            self.dense = torch.export.load(os.path.join(root, dense_model.PROGRAM)).module()
-        else:
-            state = torch.load(os.path.join(root, dense_model.PARAMS), weights_only=True, map_location="cpu")
-            self.dense = dense_model.load_params(dense_model.build(info), state)
+            self.lookup = ExportedEmbedding(table)
         self.inputs = Inputs(manifest["input"], root)
+
+    @classmethod
+    def open(cls, root: str, manifest: dict, use_program: bool = True) -> ExportedModel:
+        """The model of the export in ``root`` (its manifest read and checked)."""
+        (name, entry), = manifest["tables"].items()
+        table = ExportedTable(os.path.join(root, "tables", name), entry)
+        if use_program and manifest["dense"].get("program") is not None:
+            dense = torch.export.load(os.path.join(root, dense_model.PROGRAM)).module()
+            return cls(root, manifest, table, dense, uses_program=True)
+        return cls(root, manifest, table, dense_model.load(root, manifest["model"]))
+
+    def variant(self, table=None, dense_state: dict | None = None) -> ExportedModel:
+        """This model with another table (one with rows of later versions over it) and other
+        dense parameters (the model's class, loaded with them)."""
+        dense = self.dense
+        uses_program = self.uses_program
+        if dense_state is not None:
+            dense = dense_model.load_params(dense_model.build(self.manifest["model"]), dense_state)
+            uses_program = False
+        return ExportedModel(self.root, self.manifest, table if table is not None else self.table, dense,
+                             uses_program)
 
     @property
     def device(self) -> torch.device:
@@ -132,4 +145,4 @@ def load_model(path: str, verify: bool | None = None, use_program: bool = True) 
     for rel, entry in sorted(files.items()):
         if verify or (verify is None and (total <= VERIFY_BYTES or entry["bytes"] <= VERIFY_BYTES // 64)):
             layout.verify(path, rel, entry)
-    return ExportedModel(path, manifest, use_program)
+    return ExportedModel.open(path, manifest, use_program)

@@ -1,0 +1,2 @@
+"""Serving an export online (``het serve-model``): an HTTP API on FastAPI, micro-batched,
+observable in Prometheus' format, and kept fresh from a running training job's publications."""
