@@ -19,7 +19,7 @@ LOCAL_UPDATES = ("sgd", "row", "full")  # CacheConfig.local_update
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
-MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.admission)
+MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.store.admission)
 
 
 def _is_int(x) -> bool:
@@ -79,7 +79,7 @@ class TableConfig:
         name: the table's name; letters, digits, ``_ . -``.
         rows: number of rows (keys are ``0 .. rows - 1``); ``None`` makes the table *dynamic*:
             it takes any int64 key (raw or hashed ids, no vocabulary), and a shard stores only
-            the rows that pushes have changed (:mod:`het.ps.dynamic`).
+            the rows that pushes have changed (:mod:`het.ps.store.dynamic`).
         dim: width of a row.
         optimizer: the sparse optimizer the shards apply to this table.
         init_scale: rows start uniform in ``[-init_scale, init_scale]``.
@@ -89,7 +89,7 @@ class TableConfig:
             many worker-steps; before that its reads give the initial row and its gradients are
             dropped (and counted). 1 admits every key on its first push.
         admit_counters: dynamic tables with ``admit_after > 1``: the bytes of each shard's
-            count-min sketch of sightings (one byte a counter, :mod:`het.ps.admission`). With
+            count-min sketch of sightings (one byte a counter, :mod:`het.ps.store.admission`). With
             ``m`` keys not yet admitted, a key is admitted early with probability near
             ``(1 - exp(-4 m / admit_counters)) ** 4``.
         expire_after: dynamic tables: a row not updated for this many steps is removed (it

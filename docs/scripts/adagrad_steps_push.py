@@ -15,7 +15,7 @@ import time
 import torch
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps.table import TableRows
+from het.ps.store.fixed import TableRows
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ import torch
 
 from het import native
 from het.config import OptimizerConfig, TableConfig
-from het.ps.table import TableRows, initial_rows
+from het.ps.store.fixed import TableRows
+from het.ps.initial import initial_rows
 
 
 def time_initial_rows(use_native: bool, keys: np.ndarray, table: TableConfig) -> float:

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import optim
+from het.ps.store import optim
 from het.ps.client import PSClient
 from het.ps.server import ServerProcess
-from het.ps.table import TableRows
+from het.ps.store.fixed import TableRows
 
 
 def distinct_keys(n: int, seed: int = 0) -> np.ndarray:

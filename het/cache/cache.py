@@ -29,7 +29,7 @@ from het import memory, native
 from het.cache.lookahead import NEVER, Lookahead
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.config import CacheConfig, TableConfig
-from het.ps.optim import adagrad_factor
+from het.adagrad import adagrad_factor
 from het.staleness import must_push
 
 _HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
@@ -40,7 +40,7 @@ _SOON = (1 << 62) + NEVER  # a row needed in the lookahead window scores _SOON -
 @dataclass
 class Rows:
     """Rows bound for the PS: keys, summed gradients and update counts, and under a local rule
-    that follows Adagrad the sums of the steps' squared gradients (het.ps.optim.Pushed).
+    that follows Adagrad the sums of the steps' squared gradients (het.ps.store.optim.Pushed).
     Shape: keys (n,), grads (n, D), counts (n,), sq (n, 1) or (n, D)."""
 
     keys: torch.Tensor
@@ -346,7 +346,7 @@ class EmbeddingCache:
                      counts: torch.Tensor) -> torch.Tensor:
         """What the table's Adagrad will move rows by when it applies a push of ``pending``, the
         sum of ``counts`` steps whose squared gradients sum to ``sq``, from ``acc``, its
-        accumulator before (het.ps.optim.adagrad_factor; per row: (k, 1), per coordinate:
+        accumulator before (het.adagrad.adagrad_factor; per row: (k, 1), per coordinate:
         (k, D)). Shape: -> (k, D)."""
         return pending * adagrad_factor(acc, sq, counts[:, None], self.eps) * self.lr
 

@@ -21,9 +21,9 @@ from torch import nn
 from het import native
 from het.cache.cache import EmbeddingCache, Plan, Rows
 from het.config import CacheConfig, OptimizerConfig, TableConfig
-from het.ps.checks import all_finite
+from het.ps.limits import all_finite
 from het.ps.client import PSClient
-from het.ps.protocol import PUSH_DTYPES
+from het.ps.wire.protocol import PUSH_DTYPES
 
 POOLING = ("sum", "mean")
 

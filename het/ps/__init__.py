@@ -1,8 +1,8 @@
 """The parameter server: protocol, shards, transports, client, partitioning, optimizers."""
 
 from het.ps.client import PSClient
-from het.ps.replies import Handle, SyncResult
-from het.ps.protocol import AuthError, PSError, ProtocolError, VersionError
+from het.ps.wire.replies import Handle, SyncResult
+from het.ps.wire.protocol import AuthError, PSError, ProtocolError, VersionError
 from het.ps.server import ServerProcess, ServerThread
 from het.ps.shard import Shard
 

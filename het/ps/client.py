@@ -1,7 +1,7 @@
 """The PS client, ps-lite style: ``pull`` / ``push`` / ``sync`` return handles, ``wait`` blocks.
 
 Keys are split by shard (``key % S``, or ``mix(key) % S`` for a dynamic table: see
-:mod:`het.ps.requests`); one request goes to every shard that holds some of them, all are in flight at once, and ``wait`` merges the replies back
+:mod:`het.ps.wire.requests`); one request goes to every shard that holds some of them, all are in flight at once, and ``wait`` merges the replies back
 into the order of the keys given. Keys and rows may live on any device: they travel as CPU
 arrays and come back on the device they were sent from.
 """
@@ -16,14 +16,15 @@ import time
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps import checks, state
-from het.ps.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays,
-                             push_sync_parts, route, wire_keys)
-from het.ps.auth import check_secret, curve_keys
-from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, delta_keys, encode
+from het.ps.wire import checks
+from het.ps.store import saves
+from het.ps.wire.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays, push_sync_parts,
+                                  route, wire_keys)
+from het.ps.wire.auth import check_secret, curve_keys
+from het.ps.wire.protocol import ERROR, AuthError, Message, Op, PSError, decode, delta_keys, encode
 from het.ps.shard import Shard
-from het.ps.replies import Handle, merge
-from het.ps.transport import LocalChannel, LocalTransport, ZmqTransport
+from het.ps.wire.replies import Handle, merge
+from het.ps.wire.transport import LocalChannel, LocalTransport, ZmqTransport
 from het.staleness import bound_to_wire
 
 # A wait polls its shard in slices this long, so that a stop request (PSClient.stop_waiting, made
@@ -51,12 +52,12 @@ class PSClient:
     """A connection to every shard of a PS.
 
     Args:
-        channels: one channel per shard, in shard order (see :mod:`het.ps.transport`).
+        channels: one channel per shard, in shard order (see :mod:`het.ps.wire.transport`).
         timeout_s: how long ``wait`` waits for a shard before raising TimeoutError.
         secret: the shards' shared secret (bytes): every request is signed with it, and a reply
             not signed with it raises AuthError.
         lazy_init: ask the shards to leave out rows no push has touched yet and build them
-            here from the table's seed (:func:`het.ps.table.initial_rows`): the same values,
+            here from the table's seed (:func:`het.ps.initial.initial_rows`): the same values,
             without their bytes on the wire.
 
     Example:
@@ -97,10 +98,10 @@ class PSClient:
                 secret: bytes | None = None, latency_ms: float | None = None,
                 lazy_init: bool = True, reconnect_s: float = 0.0, encrypt: bool = False) -> "PSClient":
         """Connect over ZeroMQ to the shards at ``addresses`` (``host:port``, in shard order);
-        give their shared ``secret`` if they hold one (see :func:`het.ps.auth.load_secret`).
+        give their shared ``secret`` if they hold one (see :func:`het.ps.wire.auth.load_secret`).
         ``encrypt``: every frame under ZeroMQ's CURVE (shards started with it, same secret).
         ``latency_ms``: an emulated one-way delay each way (None: ``HET_PS_LATENCY_MS`` or 0;
-        see :class:`het.ps.transport.DelayedChannel`); ignored when ``transport`` is given."""
+        see :class:`het.ps.wire.transport.DelayedChannel`); ignored when ``transport`` is given."""
         if encrypt and secret is None:
             raise ValueError("encryption needs the shards' shared secret: the CURVE keys derive from it")
         keys = curve_keys(secret) if encrypt else None
@@ -112,7 +113,7 @@ class PSClient:
         """Start ``num_shards`` in-process shards holding ``tables`` and connect to them."""
         transport = LocalTransport()
         names = [transport.bind(f"local-{i}", Shard(ShardConfig(tuple(tables), i, num_shards),
-                                                   state_dir=state.local(i)))
+                                                   state_dir=saves.local(i)))
                  for i in range(num_shards)]
         return cls([transport.connect(n) for n in names], lazy_init=lazy_init)
 
@@ -132,7 +133,7 @@ class PSClient:
         """Send gradients and update counts; ``wait`` gives the number of rows applied.
         ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest).
         ``sq``: the sums of the squared gradients of the steps each row's gradient sums, (n, 1)
-        or (n, D), which an Adagrad table follows (:class:`het.ps.optim.Pushed`)."""
+        or (n, D), which an Adagrad table follows (:class:`het.ps.store.optim.Pushed`)."""
         keys = check_keys(self.tables, table, keys)
         grads, counts = check_push(self.tables[table], keys, grads, counts, grad_dtype)
         sq = check_sq(self.tables[table], keys, sq)
@@ -146,7 +147,7 @@ class PSClient:
         """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
         that are more than ``bound`` updates behind, and every miss. ``state``: ``"row"`` or
         ``"full"`` to get the rows' optimizer state too (an Adagrad table's; see
-        :meth:`het.ps.optim.SparseOptimizer.local_state`)."""
+        :meth:`het.ps.store.optim.SparseOptimizer.local_state`)."""
         keys = check_keys(self.tables, table, keys)
         clocks = check_clocks(keys, clocks)
         wire = wire_keys(keys)
@@ -196,28 +197,28 @@ class PSClient:
     def save(self, directory: str) -> list[str]:
         """Every shard writes its rows, clocks and optimizer state, and they are moved to
         ``directory/shard-<i>.pt``; the paths. The shards write into their own state
-        directories (:mod:`het.ps.state`), so this needs them on a filesystem this process sees
+        directories (:mod:`het.ps.store.saves`), so this needs them on a filesystem this process sees
         (a local cluster, shared storage); else use :meth:`save_named`."""
         tag = self._tag("save")
         self.save_named(tag)
-        return state.collect(self._state_dirs(), tag, directory)
+        return saves.collect(self._state_dirs(), tag, directory)
 
     def load(self, directory: str) -> list[str]:
         """Every shard loads ``directory/shard-<i>.pt`` (written by :meth:`save`), through a
         link in its state directory, removed afterwards."""
         tag = self._tag("load")
-        with state.lent(self._state_dirs(), tag, directory):
+        with saves.lent(self._state_dirs(), tag, directory):
             self.load_named(tag)
-        return [os.path.join(directory, state.shard_name(i)) for i in range(self.num_shards)]
+        return [os.path.join(directory, saves.shard_name(i)) for i in range(self.num_shards)]
 
     def save_named(self, name: str) -> list[str]:
         """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory."""
-        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": f"{name}/{state.shard_name(i)}"},
+        return [m.meta["path"] for m in self._broadcast(Op.SAVE, lambda i: {"path": f"{name}/{saves.shard_name(i)}"},
                                                         timeout_s=None)]  # a big table takes its time
 
     def load_named(self, name: str) -> list[str]:
         """Every shard loads ``name/shard-<i>.pt`` from its own state directory."""
-        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": f"{name}/{state.shard_name(i)}"},
+        return [m.meta["path"] for m in self._broadcast(Op.LOAD, lambda i: {"path": f"{name}/{saves.shard_name(i)}"},
                                                         timeout_s=None)]
 
     def _tag(self, what: str) -> str:

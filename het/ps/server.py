@@ -5,7 +5,7 @@
 port of 127.0.0.1 and stop it again.
 
 Each takes an optional shared ``secret`` (bytes): with one, only requests signed with it are
-served (see :mod:`het.ps.auth`). Binding any address but loopback without one is a ValueError.
+served (see :mod:`het.ps.wire.auth`). Binding any address but loopback without one is a ValueError.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import zmq
 
 from het.config import ShardConfig
 from het.process import die_with_parent
-from het.ps import state
-from het.ps.auth import SECRET_ENV, check_bind, check_secret, curve_keys
-from het.ps.protocol import error_reply, encode, peek_request_id
+from het.ps.store import saves
+from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret, curve_keys
+from het.ps.wire.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
-from het.ps.transport import ZmqTransport
+from het.ps.wire.transport import ZmqTransport
 
 log = logging.getLogger("het.ps")
 
@@ -134,7 +134,7 @@ class ServerThread:
         check_bind(bind, secret)
         keys = _curve(secret, encrypt)
         self._own_state = state_dir is None  # a temporary one, removed at stop
-        self.shard = Shard(cfg, secret, state.temporary() if state_dir is None else state_dir)
+        self.shard = Shard(cfg, secret, saves.temporary() if state_dir is None else state_dir)
         self.endpoint = ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
@@ -177,7 +177,7 @@ class ServerProcess:
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
-        self.state_dir = state.temporary() if state_dir is None else state_dir
+        self.state_dir = saves.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
                "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else [])]
         self.log_path = log_path

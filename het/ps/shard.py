@@ -1,6 +1,6 @@
 """A PS shard's state and request handling, with no sockets: rows, clocks, optimizer state.
 
-A :class:`Shard` answers :class:`~het.ps.protocol.Message` requests; :mod:`het.ps.server`
+A :class:`Shard` answers :class:`~het.ps.wire.protocol.Message` requests; :mod:`het.ps.server`
 puts it behind a transport. Every request is checked before anything changes, so a bad one is
 refused whole and the shard keeps serving.
 """
@@ -19,14 +19,16 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
-from het.ps import checks, state, wal
-from het.ps.dynamic import DynamicRows
-from het.ps.table import TableRows
-from het.ps.wal import WriteAheadLog
+from het.ps.wire import checks
+from het.ps import limits
+from het.ps.store import saves, wal
+from het.ps.store.dynamic import DynamicRows
+from het.ps.store.fixed import TableRows
+from het.ps.store.wal import WriteAheadLog
 from het.staleness import bound_from_wire, must_refresh
-from het.ps.auth import check_secret
-from het.ps.protocol import (AuthError, StaleError, Message, Op, ProtocolError, decode, encode, error_reply,
-                             WIRE_INTS, narrow, peek_request_id, undelta_keys, widen)
+from het.ps.wire.auth import check_secret
+from het.ps.wire.protocol import (AuthError, StaleError, Message, Op, ProtocolError, decode, encode, error_reply,
+                                  WIRE_INTS, narrow, peek_request_id, undelta_keys, widen)
 
 SAVE_FORMAT = 1
 PREFETCH_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
@@ -48,15 +50,15 @@ class Shard:
             signed with it, signs its replies, and counts the others in
             ``stats["unauthenticated"]``.
         state_dir: the directory SAVE and LOAD requests name files in (see
-            :mod:`het.ps.state`); without one they are refused.
-        wal: keep a write-ahead log in ``state_dir/wal`` (:mod:`het.ps.wal`): every push is
+            :mod:`het.ps.store.saves`); without one they are refused.
+        wal: keep a write-ahead log in ``state_dir/wal`` (:mod:`het.ps.store.wal`): every push is
             logged before it is acknowledged, and a shard started on a state directory that
             holds a log recovers its last save and replays the pushes after it.
         fsync_s: with ``wal``, how often at most the log is forced to disk.
 
     Example:
         >>> from het.config import OptimizerConfig, TableConfig
-        >>> from het.ps.table import initial_rows
+        >>> from het.ps.store.fixed import initial_rows
         >>> t = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("sgd", lr=0.5))
         >>> shard = Shard(ShardConfig((t,)))
         >>> push = [np.array([5]), np.ones((1, 2), np.float32), np.array([2])]  # keys, grads, counts
@@ -102,7 +104,7 @@ class Shard:
         if not hasattr(self, "_tier_cleared"):  # what an earlier run left there is not state: saves are
             shutil.rmtree(tier, ignore_errors=True)
             self._tier_cleared = True
-        return DynamicRows(t, self.cfg.index, self.cfg.num_shards, os.path.join(tier, state.table_dir(t.name)),
+        return DynamicRows(t, self.cfg.index, self.cfg.num_shards, os.path.join(tier, saves.table_dir(t.name)),
                            self.cfg.memory_policy)
 
     def _fit_memory(self) -> None:
@@ -225,10 +227,10 @@ class Shard:
                           sq=a[3] if with_sq else None)
             return {}, self.sync(table, *sync, bound=meta.get("bound"), lazy=lazy, state=wanted)
         if op is Op.SAVE:  # a name inside the state directory, checked before anything is written
-            self.save(state.resolve(self.state_dir, checks.path(meta), write=True))
+            self.save(saves.resolve(self.state_dir, checks.path(meta), write=True))
             return {"path": meta["path"]}, []
         if op is Op.LOAD:
-            self.load(state.resolve(self.state_dir, checks.path(meta), write=False))
+            self.load(saves.resolve(self.state_dir, checks.path(meta), write=False))
             return {"path": meta["path"]}, []
         if op is Op.STATS:
             return {"stats": self.stats_dict()}, []
@@ -269,7 +271,7 @@ class Shard:
         write-ahead log the push is logged (as applied, in float32) unless ``logged`` is False
         (a replay). ``session``: the request's (session, seq), remembered so that the push is
         not applied again when re-sent. ``sq``: the sums of the squared gradients of the steps
-        each row's gradient sums (Adagrad tables follow them: :class:`het.ps.optim.Pushed`),
+        each row's gradient sums (Adagrad tables follow them: :class:`het.ps.store.optim.Pushed`),
         for every row, or as they travel for the rows of several steps only (``counts > 1``).
         Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D), or (k, 1) or (k, D)."""
         if grads_as == "bf16":
@@ -383,14 +385,14 @@ class Shard:
         if saved is None:
             self._write(base)
         else:
-            state.link_save(saved, base)  # no copy: the save's own files, whatever becomes of their names
+            saves.link_save(saved, base)  # no copy: the save's own files, whatever becomes of their names
         self.wal.truncate()
 
     def _write(self, path: str) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         tiered = {name: t for name, t in self.tables.items() if isinstance(t, DynamicRows) and t.disk_dir is not None}
-        rows = state.new_rows_suffix() if tiered else None  # the disk tier's files, linked beside the save
-        tables = {name: t.state_dict(os.path.join(path + rows, state.table_dir(name))) if name in tiered else t.state_dict()
+        rows = saves.new_rows_suffix() if tiered else None  # the disk tier's files, linked beside the save
+        tables = {name: t.state_dict(os.path.join(path + rows, saves.table_dir(name))) if name in tiered else t.state_dict()
                   for name, t in self.tables.items()}
         saved = {"format": SAVE_FORMAT, "index": self.cfg.index, "num_shards": self.cfg.num_shards,
                  "wal_lsn": self.wal.lsn if self.wal is not None else 0, "applied": dict(self._applied),
@@ -398,11 +400,11 @@ class Shard:
         tmp = f"{path}.tmp-{os.getpid()}"
         torch.save(saved, tmp)
         os.replace(tmp, path)  # a reader never sees half a save: it names its own rows directory
-        state.remove_other_rows(path, rows)
+        saves.remove_other_rows(path, rows)
 
     def _read(self, path: str) -> int:
         """Load a save; the number of the last logged push it holds (0: none)."""
-        saved = state.read_save(path)
+        saved = saves.read_save(path)
         if saved.get("format") != SAVE_FORMAT:
             raise ValueError(f"{path}: save format {saved.get('format')}, expected {SAVE_FORMAT}")
         if (saved["index"], saved["num_shards"]) != (self.cfg.index, self.cfg.num_shards):
@@ -415,7 +417,7 @@ class Shard:
         self._prefetch = []  # slots of the rows it replaces
         for name, t in self.tables.items():  # all checked: now change
             if isinstance(t, DynamicRows):
-                t.load_state_dict(saved["tables"][name], state.rows_dir(path, saved, name))
+                t.load_state_dict(saved["tables"][name], saves.rows_dir(path, saved, name))
             else:
                 t.load_state_dict(saved["tables"][name])
         self._fit_memory()
@@ -463,9 +465,9 @@ class Shard:
             raise ValueError(f"sq (sums of squared gradients) for table {table!r} must be finite and >= 0: refused")
         if n and not _all_finite(grads):
             raise ValueError(f"grads for table {table!r} hold NaN or inf: refused")
-        if n and (counts.min() < 0 or counts.max() > checks.MAX_COUNT):
+        if n and (counts.min() < 0 or counts.max() > limits.MAX_COUNT):
             bad = counts.min() if counts.min() < 0 else counts.max()
-            raise ValueError(f"counts must lie in [0, {checks.MAX_COUNT}], got {bad}")
+            raise ValueError(f"counts must lie in [0, {limits.MAX_COUNT}], got {bad}")
         return t, local
 
     def _check_sync(self, table, keys, clocks, state: str | None = None):
@@ -480,8 +482,8 @@ class Shard:
         if clocks.dtype not in WIRE_INTS or clocks.shape != keys.shape:
             raise ValueError(f"clocks must be integers ({', '.join(t.name for t in WIRE_INTS)}) of shape {keys.shape}, "
                              f"got {clocks.dtype} {clocks.shape}")
-        if len(clocks) and (clocks.min() < -1 or clocks.max() > checks.MAX_CLOCK):
-            raise ValueError(f"clocks must lie in [-1, {checks.MAX_CLOCK}] (-1: not cached), "
+        if len(clocks) and (clocks.min() < -1 or clocks.max() > limits.MAX_CLOCK):
+            raise ValueError(f"clocks must lie in [-1, {limits.MAX_CLOCK}] (-1: not cached), "
                              f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
         return t, local
 
@@ -504,7 +506,7 @@ def _packed(built: list) -> list:
 def _every_row_sq(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
     """A push's squares for every row, from those it carried: all of them (n rows), or only
     the rows of several steps (``counts > 1``, k rows, as a client sends them:
-    :func:`het.ps.requests.several_steps`; ``k == n`` reads the same either way). Adagrad
+    :func:`het.ps.wire.requests.several_steps`; ``k == n`` reads the same either way). Adagrad
     takes a row of one step by its gradient's square and ignores its ``sq``, unless its key
     repeats in the push (the steps of a repeated key add up): those rows get their gradients'
     squares (the mean over the row for a width of 1), the others 0.
@@ -529,10 +531,10 @@ def _every_row_sq(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, co
 
 
 def _all_finite(a: np.ndarray) -> bool:
-    """Whether every value is finite: natively for a contiguous float32 array (het.ps.checks);
+    """Whether every value is finite: natively for a contiguous float32 array (het.ps.wire.checks);
     else NaN and inf reach the sum, so a finite sum clears the array in one cheap pass."""
     if a.dtype == np.float32 and a.flags.c_contiguous:
-        return checks.all_finite(torch.from_numpy(a))
+        return limits.all_finite(torch.from_numpy(a))
     with np.errstate(over="ignore", invalid="ignore"):
         return bool(np.isfinite(a.sum())) or bool(np.isfinite(a).all())
 

@@ -27,7 +27,7 @@ import typing
 from dataclasses import dataclass, field
 
 from het.config import DENSE_OPTIMIZERS, LOCAL_UPDATES, OPTIMIZERS, POLICIES, parse_bytes
-from het.ps.protocol import PUSH_DTYPES
+from het.ps.wire.protocol import PUSH_DTYPES
 from het.staleness import check_staleness, format_staleness
 
 if sys.version_info >= (3, 11):

@@ -10,7 +10,7 @@ import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
-from het.ps import wal
+from het.ps.store import wal
 from het.ps.server import ServerProcess
 
 pytestmark = pytest.mark.cluster

@@ -10,11 +10,12 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps import optim, wal
+from het.adagrad import adagrad_factor
+from het.ps.store import optim, wal
 from het.ps.client import PSClient
-from het.ps.optim import RowWiseAdagradTorch
-from het.ps.protocol import PSError
-from het.ps.table import TableRows
+from het.ps.store.optim import RowWiseAdagradTorch
+from het.ps.wire.protocol import PSError
+from het.ps.store.fixed import TableRows
 
 
 def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
@@ -74,7 +75,7 @@ def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width)
 
 def test_the_factor_of_one_step_is_adagrads():
     acc, sq = torch.tensor([[0.5]]), torch.tensor([[0.25]])
-    f = optim.adagrad_factor(acc, sq, torch.tensor([[1]]), 1e-10)
+    f = adagrad_factor(acc, sq, torch.tensor([[1]]), 1e-10)
     assert float(f) == pytest.approx(1 / (math.sqrt(0.75) + 1e-10))
 
 

@@ -7,9 +7,9 @@ import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
-from het.ps.protocol import Message, Op, PSError
+from het.ps.wire.protocol import Message, Op, PSError
 from het.ps.shard import Shard
-from het.ps.table import initial_rows
+from het.ps.initial import initial_rows
 
 T = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0))
 

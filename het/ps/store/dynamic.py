@@ -1,14 +1,14 @@
 """A dynamic table's slice on a shard: any int64 key, storage only for the rows pushes changed.
 
 A row no push has changed is its initial value, a pure function of the table's seed and the key
-(:func:`het.ps.table.initial_rows`), which a client builds itself ("lazy rows"): so the shard
+(:func:`het.ps.initial.initial_rows`), which a client builds itself ("lazy rows"): so the shard
 stores nothing for it, and its memory follows the rows training touched, not the id space.
 
-- **Index**: key -> slot (:class:`het.ps.index.KeyIndex`, sorted runs, vectorised).
+- **Index**: key -> slot (:class:`het.ps.store.index.KeyIndex`, sorted runs, vectorised).
 - **Storage**: rows, optimizer state and ``(key, clock, last step)`` per slot, in chunks that
-  grow (:class:`het.ps.chunks.Chunks`); freed slots are reused.
+  grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused.
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
-  worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.admission.SightingSketch`).
+  worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.store.admission.SightingSketch`).
   Until then reads give its initial row, its gradients are dropped and counted
   (``refused_updates``) and its clock stays 0, as DeepRec's counter filter. The worker that
   pushed them reads the initial row again plus its own unpushed updates: under SGD its copy
@@ -32,19 +32,21 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
-from het.ps import optim, partition
-from het.ps.admission import SightingSketch
-from het.ps.chunks import Chunks
-from het.ps.index import KeyIndex
-from het.ps.table import initial_rows, rows_problem, sum_rows
-from het.ps.tiers import MemoryRows, TieredRows, read_saved
+from het.ps import partition
+from het.ps.initial import initial_rows
+from het.ps.store import optim
+from het.ps.store.admission import SightingSketch
+from het.ps.store.chunks import Chunks
+from het.ps.store.index import KeyIndex
+from het.ps.store.fixed import rows_problem, sum_rows
+from het.ps.store.tiers import MemoryRows, TieredRows, read_saved
 
 KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
 BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK
 
 
 class DynamicRows:
-    """The same methods as :class:`het.ps.table.TableRows`, for a table of any int64 key. A key
+    """The same methods as :class:`het.ps.store.fixed.TableRows`, for a table of any int64 key. A key
     is located as the pair ``(key, slot)`` (slot -1: not stored), shape (n, 2).
 
     Example:
@@ -68,7 +70,7 @@ class DynamicRows:
         self.state_spans = [(n, ends[i], ends[i + 1]) for i, n in enumerate(self.state_names)]
         state_width = ends[-1]
         self.state_width = state_width
-        # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.tiers)
+        # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.store.tiers)
         self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
                       else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
         self.meta = Chunks(3, torch.int64)  # key, clock, last step that updated it (-1: a free slot)

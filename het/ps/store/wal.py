@@ -24,7 +24,7 @@ logged before it is applied, so one the table refuses (a non-finite result, say)
 again, the same way, on replay. Each record keeps its request's session and seq, and a save the
 last seq applied per session (``applied``): when a client re-sends its unanswered requests to
 the restarted shard (:class:`het.ps.client.PSClient`, ``reconnect_s``), each push is applied
-exactly once (see :mod:`het.ps.auth`).
+exactly once (see :mod:`het.ps.wire.auth`).
 """
 
 from __future__ import annotations

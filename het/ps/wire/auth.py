@@ -3,7 +3,7 @@ encryption, where to bind.
 
 A shard binds 127.0.0.1 unless told otherwise; bound to any other address it must hold a shared
 secret (:func:`check_bind`). Every request it serves then carries an HMAC-SHA256 of its frames
-under that secret, and so does every reply (:mod:`het.ps.protocol` adds and checks the MAC
+under that secret, and so does every reply (:mod:`het.ps.wire.protocol` adds and checks the MAC
 frame). The secret comes from a file (``het serve --secret-file PATH``) or, when no file is
 given, from the environment variable ``HET_SECRET``; workers and shards must use the same one.
 :class:`het.ps.server.ServerProcess` hands it to its child in the environment, never on the

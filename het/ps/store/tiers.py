@@ -2,15 +2,15 @@
 the others on disk.
 
 Both stores keep a slot's row and optimizer state together (a record ``[weight | state]``) and
-answer the same calls, so :class:`het.ps.dynamic.DynamicRows` does not know which it has.
+answer the same calls, so :class:`het.ps.store.dynamic.DynamicRows` does not know which it has.
 
 :class:`TieredRows`, for a shard with a memory budget (``het serve --memory``):
 
 - **DRAM tier**: a pool of positions holding records, as many as the shard's budget leaves
   room for (:meth:`set_capacity`); per slot its position (-1: not in memory) and its record on
   disk (-1: none, or stale: the row in memory is newer). The index and the clocks stay in DRAM
-  (:class:`het.ps.dynamic.DynamicRows`).
-- **Disk tier**: append-only segment files (:class:`het.ps.disk.Segments`).
+  (:class:`het.ps.store.dynamic.DynamicRows`).
+- **Disk tier**: append-only segment files (:class:`het.ps.store.disk.Segments`).
 - **Moves**: a row read or written comes into memory; when the pool is full the least recently
   used rows (``lru``) or the least used since they came in (``lfu``) leave, 1/16 of the pool at
   a time so that choosing victims is paid rarely. A row leaving is written to disk unless its
@@ -28,8 +28,8 @@ from collections import Counter
 import numpy as np
 import torch
 
-from het.ps.chunks import Chunks
-from het.ps.disk import SEGMENT_BYTES, Segments
+from het.ps.store.chunks import Chunks
+from het.ps.store.disk import SEGMENT_BYTES, Segments
 
 POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks

@@ -10,8 +10,8 @@ import torch
 
 from het import native
 from het.config import TableConfig
-from het.ps.protocol import WIRE_INTS, Op, PSError
-from het.ps.table import initial_rows, initial_salt, initial_state
+from het.ps.wire.protocol import WIRE_INTS, Op, PSError
+from het.ps.initial import initial_rows, initial_salt, initial_state
 
 
 @dataclass

@@ -10,7 +10,7 @@ copies.
 
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
 under the shared secret, of the header frame and every array frame, each preceded by its
-length (:func:`het.ps.auth.mac`). ``encode(msg, secret)`` signs; ``decode(frames, secret)``
+length (:func:`het.ps.wire.auth.mac`). ``encode(msg, secret)`` signs; ``decode(frames, secret)``
 raises :class:`AuthError` when the message is not signed or the MAC does not match. Unsigned
 messages are byte for byte those of before, so the version stays 1. A shard with a secret
 serves only signed requests and signs its replies; it answers a request it could not
@@ -44,7 +44,7 @@ more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` 
 An Adagrad table's cache follows its optimizer (``CacheConfig.local_update``): a sync with
 ``state`` gets each row's accumulator beside it (its mean over the row, or all of it), and a
 push with ``sq`` carries each row's sum of the squared gradients of the steps it sums, from
-which Adagrad takes those steps' worth (:func:`het.ps.optim.adagrad_factor`) instead of one
+which Adagrad takes those steps' worth (:func:`het.adagrad.adagrad_factor`) instead of one
 step of their sum. Both are optional: a message without them is as before. A push's ``sq``
 holds only its rows of several steps (``counts > 1``, in order): Adagrad takes a row of one
 step by its gradient's square, which the shard has (a shard also takes ``sq`` for every row).
@@ -54,8 +54,8 @@ three significant digits per value.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key
-(:func:`het.ps.table.initial_rows`), which the client builds itself, with its clock (0) and
-its optimizer state (the initial one: :func:`het.ps.table.initial_state`). The reply then
+(:func:`het.ps.initial.initial_rows`), which the client builds itself, with its clock (0) and
+its optimizer state (the initial one: :func:`het.ps.initial.initial_state`). The reply then
 carries the rows, clocks and state of the touched rows only (``k`` of them, in order) and one
 more array, ``built``: a bit a row (``np.packbits(..., bitorder="little")``), 1 where the row
 was left for the client to build. Untouched rows are most first uses of a key, which every
@@ -65,7 +65,7 @@ with pushes of count 0); the marks are saved with the shard, and a save without 
 all touched.
 
 Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
-below 2^31 rows; :func:`het.ps.requests.wire_keys`); a shard takes either and widens them.
+below 2^31 rows; :func:`het.ps.wire.requests.wire_keys`); a shard takes either and widens them.
 Ascending keys (a step's unique keys, which come sorted) travel as the steps between them
 instead, where that takes fewer bytes (:func:`delta_keys`): ``meta["deltas"]`` maps the
 array's position (as text) to its first key, and the array holds 0 and then each key's step
@@ -80,7 +80,7 @@ gradient to save 2 of a row's 517 bytes), not 12. bfloat16 gradients are opt-in 
 
 Every request but INFO also names in its meta the shard's ``nonce``, the client's ``session``
 and a ``seq`` (:class:`het.ps.client.PSClient` adds them): how a shard refuses stale and
-replayed requests and applies a re-sent push once (see :mod:`het.ps.auth`).
+replayed requests and applies a re-sent push once (see :mod:`het.ps.wire.auth`).
 
 A message of another version raises :class:`VersionError`, naming both versions; a shard answers
 it, like any request it cannot decode, with an error reply and keeps serving.
@@ -99,7 +99,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from het.ps import auth
+from het.ps.wire import auth
 
 MAGIC = b"HETP"
 VERSION = 1
@@ -309,7 +309,7 @@ def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Mes
         >>> decode(frames, secret=b"wrong")
         Traceback (most recent call last):
         ...
-        het.ps.protocol.AuthError: bad signature: wrong shared secret?
+        het.ps.wire.protocol.AuthError: bad signature: wrong shared secret?
     """
     if not frames:
         raise ProtocolError("empty message: expected a header frame")

@@ -1,103 +1,18 @@
-"""One table's slice on a shard: its rows, clocks, touched marks and optimizer state, and the
-initial value of any row (a pure function of the table's seed and the key)."""
+"""A fixed table's slice on a shard: its rows, clocks, touched marks and optimizer state."""
 
 from __future__ import annotations
 
-import functools
 import math
 import weakref
-import zlib
 
 import numpy as np
 import torch
 
 from het import memory, native
 from het.config import TableConfig
-from het.ps import checks, optim, partition
-
-
-def initial_counters(table: TableConfig, keys: np.ndarray) -> tuple[np.ndarray, np.uint64]:
-    """:func:`initial_rows`'s counters of ``keys`` (each key, or for a key whose ``key * dim``
-    wraps, its mix) and the table's salt. Shape: keys (n,) -> (n,) uint64."""
-    salt = initial_salt(table)
-    keys = np.asarray(keys, dtype=np.int64)
-    wide = (keys < 0) | (keys >= (1 << 64) // table.dim) if table.dim > 1 else keys < 0  # key * dim wraps
-    counters = keys.astype(np.uint64)
-    if wide.any():
-        counters[wide] = partition.mix(torch.from_numpy(keys[wide])).numpy().astype(np.uint64)
-    return counters, salt
-
-
-def initial_salt(table: TableConfig) -> np.uint64:
-    """:func:`initial_rows`'s salt of ``table``: its name's CRC-32 and its seed."""
-    return np.uint64((zlib.crc32(table.name.encode()) << 32) ^ (table.seed & 0xFFFFFFFF))
-
-
-def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
-    """Initial rows for ``keys``: uniform in ``[-init_scale, init_scale]``, a pure function
-    of ``(table.seed, table.name, key, column)`` (counter-based, splitmix64), so a row's start
-    value does not depend on the number of shards.
-
-    The counter is ``key * dim + column`` (mod 2^64). For a key outside ``[0, 2^64 / dim)`` (a
-    dynamic table's negative or huge ids) that product wraps, and keys ``2^64 / dim`` apart
-    would share their rows (with dim 4: key 0 and key -2^63); such a key is mixed first
-    (:func:`het.ps.partition.mix`), so its row relates to no other key's by a simple rule.
-    Keys in that range (every fixed table's) are unaffected.
-
-    Shape: keys (n,) -> (n, table.dim) float32.
-
-    Example:
-        >>> t = TableConfig("t", rows=10, dim=4)
-        >>> a = initial_rows(t, np.array([3, 7]))
-        >>> bool((a == initial_rows(t, np.array([7, 3]))[::-1]).all()), a.shape
-        (True, (2, 4))
-        >>> bool((initial_rows(t, np.array([0])) != initial_rows(t, np.array([-2**63]))).all())
-        True
-    """
-    counters, salt = initial_counters(table, keys)
-    if native.ops is not None:  # the same hash in one pass (het.native)
-        return native.ops.initial_rows(torch.from_numpy(counters.view(np.int64)), table.dim,
-                                       int(salt.view(np.int64)), float(table.init_scale)).numpy()
-    cols = np.arange(table.dim, dtype=np.uint64)
-    x = counters[:, None] * np.uint64(table.dim) + cols[None, :]  # (n, D), hashed in place
-    shifted = np.empty_like(x)
-    with np.errstate(over="ignore"):
-        x ^= salt
-        x += np.uint64(0x9E3779B97F4A7C15)
-        for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB), (31, None)):
-            np.right_shift(x, np.uint64(shift), out=shifted)
-            x ^= shifted
-            if mul is not None:
-                x *= np.uint64(mul)
-    x >>= np.uint64(40)
-    unit = x.astype(np.float64)  # 24 random bits
-    unit *= 2.0 / (1 << 24)      # exact: [0, 2)
-    unit -= 1
-    unit *= table.init_scale
-    return unit.astype(np.float32)
-
-
-def initial_state(table: TableConfig, n: int, full: bool) -> torch.Tensor:
-    """What a worker's cache follows ``n`` rows no push touched yet with: the optimizer state
-    they start from, as :meth:`TableRows.local_state` gives it (the accumulator, its mean over a
-    row when not ``full``). A lazy sync leaves it out for the rows it leaves out.
-    Shape: -> (n, 1) or (n, D).
-
-    Example:
-        >>> cfg = TableConfig.from_dict({"name": "t", "rows": 4, "dim": 3,
-        ...                              "optimizer": {"name": "adagrad", "initial_accumulator": 0.5}})
-        >>> initial_state(cfg, 2, full=False).tolist(), tuple(initial_state(cfg, 2, full=True).shape)
-        ([[0.5], [0.5]], (2, 3))
-    """
-    one = _initial_state_row(table, full)
-    return one.expand(n, one.shape[1]).contiguous()
-
-
-@functools.lru_cache(maxsize=64)
-def _initial_state_row(table: TableConfig, full: bool) -> torch.Tensor:
-    """:func:`initial_state` of one row, made once a table (read only: expanded and copied)."""
-    opt = optim.make(table.optimizer, 1, table.dim)
-    return opt.local_state(opt.state, full)
+from het.ps import limits, partition
+from het.ps.initial import initial_rows
+from het.ps.store import optim
 
 
 def _busy() -> bool:  # the mark of a buffer taken and not lent yet
@@ -161,7 +76,7 @@ class ReplyBuffers:
 class TableRows:
     """A fixed table's slice on this shard: dense local rows, clocks, optimizer state.
 
-    Key ``k`` lives at local row ``k // S`` (:mod:`het.ps.partition`). :class:`het.ps.dynamic.DynamicRows`
+    Key ``k`` lives at local row ``k // S`` (:mod:`het.ps.partition`). :class:`het.ps.store.dynamic.DynamicRows`
     has the same methods for a table of any int64 key.
     """
 
@@ -205,7 +120,7 @@ class TableRows:
              sq: torch.Tensor | None = None) -> None:
         """Apply the optimizer to ``grads`` (which it may overwrite) and add ``counts`` to the
         clocks; duplicate rows are summed first. ``sq``: the sum of the squared gradients of the
-        steps each row's gradient sums (:class:`het.ps.optim.Pushed`). All or nothing: a push
+        steps each row's gradient sums (:class:`het.ps.store.optim.Pushed`). All or nothing: a push
         that would make a value non-finite or a clock pass MAX_CLOCK raises ValueError and
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         if self.native and self.cfg.optimizer.name == "sgd" and grads.dtype == torch.float32:
@@ -253,12 +168,12 @@ class TableRows:
         failed = native.ops.table_push(kind, self.weight, [opt.state[n] for n in opt.state_names], self.clocks,
                                        self.touched, rows, at.contiguous(), inverse.contiguous(), grads.contiguous(),
                                        counts.contiguous(), cfg.lr, cfg.eps or 0.0, b1, b2, step_size,
-                                       checks.MAX_CLOCK, none if sq is None else steps.contiguous(),
+                                       limits.MAX_CLOCK, none if sq is None else steps.contiguous(),
                                        torch.empty(0, 1) if sq is None else sq.float().contiguous())
         if failed == 1:
             raise ValueError("the update would make rows non-finite (overflow)")
         if failed == 100:
-            raise ValueError(f"a clock would pass {checks.MAX_CLOCK}")
+            raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
         if failed:
             raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
 
@@ -306,7 +221,7 @@ class TableRows:
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows ``local`` with
-        (:meth:`het.ps.optim.SparseOptimizer.local_state`). Shape: (m,) -> (m, 1) or (m, D)."""
+        (:meth:`het.ps.store.optim.SparseOptimizer.local_state`). Shape: (m,) -> (m, 1) or (m, D)."""
         state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
         return self.optimizer.local_state(state, full).contiguous().numpy()
 
@@ -351,10 +266,10 @@ def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str
     """Why updated rows are not fit to keep ('' when they are): a value that is not finite (an
     overflow: huge gradients summed), or a clock past MAX_CLOCK."""
     for name, values in (("rows", weight), *((f"optimizer state {n!r}", v) for n, v in state.items())):
-        if not checks.all_finite(values):
+        if not limits.all_finite(values):
             return f"the update would make {name} non-finite (overflow)"
-    if len(clocks) and int(clocks.max()) > checks.MAX_CLOCK:
-        return f"a clock would pass {checks.MAX_CLOCK}"
+    if len(clocks) and int(clocks.max()) > limits.MAX_CLOCK:
+        return f"a clock would pass {limits.MAX_CLOCK}"
     return ""
 
 

@@ -8,15 +8,9 @@ applies it, so a refused request changes nothing.
 
 from __future__ import annotations
 
-import torch
-
-from het import native
-from het.ps.protocol import PUSH_DTYPES
+from het.ps.limits import MAX_STEP
+from het.ps.wire.protocol import PUSH_DTYPES
 from het.staleness import bound_from_wire
-
-MAX_STEP = 1 << 62   # a push's step number (Adam's bias correction)
-MAX_COUNT = 1 << 31  # one key's updates in one push
-MAX_CLOCK = 1 << 62  # a row's clock: pushes that would take it further are refused
 
 
 def _int(meta: dict, name: str, default=None, lo: int = 0, hi: int = MAX_STEP) -> int:
@@ -103,8 +97,8 @@ def session(meta: dict) -> tuple[str, int] | None:
 
 def deltas(meta: dict) -> dict[int, int]:
     """Which of a request's key arrays travel delta-coded, with their first keys
-    (:func:`het.ps.protocol.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
-    to its first key (each checked by :func:`het.ps.protocol.undelta_keys`).
+    (:func:`het.ps.wire.protocol.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
+    to its first key (each checked by :func:`het.ps.wire.protocol.undelta_keys`).
 
     Example:
         >>> deltas({"deltas": {"0": 17}}), deltas({})
@@ -134,11 +128,3 @@ def every_field(meta: dict) -> None:
         bound_from_wire(meta["bound"])
     session(meta)
 
-
-def all_finite(t: torch.Tensor) -> bool:
-    """Whether every value is finite. A contiguous float32 tensor on the CPU: one native pass
-    over the exponent bits (het.native). Else NaN and inf reach the sum, so a finite sum
-    clears the tensor in one cheap pass (a full pass only when the sum overflowed)."""
-    if native.ops is not None and t.dtype == torch.float32 and t.device.type == "cpu" and t.is_contiguous():
-        return native.ops.all_finite(t)
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
