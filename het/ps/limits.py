@@ -36,6 +36,26 @@ def out_of_range(table: TableConfig, keys: torch.Tensor, allowed: int | None = N
     return ""
 
 
+def check_finite(values: torch.Tensor, what: str, table: str) -> None:
+    """ValueError unless every one of ``values`` (a table's gradients, say) is finite.
+
+    Example:
+        >>> check_finite(torch.tensor([1.0, float("nan")]), "grads", "user")
+        Traceback (most recent call last):
+        ...
+        ValueError: grads for table 'user' hold NaN or inf: refused, nothing changed
+    """
+    if not all_finite(values):
+        raise ValueError(f"{what} for table {table!r} hold NaN or inf: refused, nothing changed")
+
+
+def check_squares(sq: torch.Tensor, table: str) -> None:
+    """ValueError unless a push's sums of squared gradients are finite and >= 0."""
+    if not all_finite(sq) or (sq.numel() and float(sq.min()) < 0):
+        raise ValueError(f"sq (sums of squared gradients) for table {table!r} must be finite and >= 0: refused, "
+                         f"nothing changed")
+
+
 def all_finite(t: torch.Tensor) -> bool:
     """Whether every value is finite. A contiguous float32 tensor on the CPU: one native pass
     over the exponent bits (het.native). Else NaN and inf reach the sum, so a finite sum

@@ -24,9 +24,8 @@ import torch
 
 from het.config import TableConfig
 from het.ps import partition
-from het.ps.shard import SAVE_FORMAT
 from het.ps.store import optim
-from het.ps.store.saves import rows_dir
+from het.ps.store.saves import SAVE_FORMAT, rows_dir
 from het.ps.store.tiers import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")

@@ -38,14 +38,14 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
     """Answer requests until a STOP request or ``should_stop()``. A request that breaks the
     handler gets an error reply; the loop goes on."""
     while not shard.stopping and not should_stop():
-        # rows a sync named come off disk only while no request waits (server-side prefetch)
-        got = endpoint.recv(0 if shard.prefetch_pending else poll_s)
+        # rows a sync named come off disk only while no request waits (Shard.page_in)
+        got = endpoint.recv(0 if shard.page_in_pending else poll_s)
         if got is None:
-            if shard.prefetch_pending:
+            if shard.page_in_pending:
                 try:
-                    shard.prefetch()
-                except Exception:  # a cache fill that failed changes no row: the shard goes on
-                    log.exception("prefetch failed")
+                    shard.page_in()
+                except Exception:  # a page-in that failed changes no row: the shard goes on
+                    log.exception("page-in failed")
                     shard.stats["errors"] += 1
             continue
         peer, frames = got

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps import limits
-from het.ps.wire import checks
 from het.ps.wire.protocol import ERROR, Message, Op, decode, encode
 from het.ps.shard import Shard
 

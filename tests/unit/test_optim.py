@@ -11,16 +11,16 @@ import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.adagrad import adagrad_factor
-from het.ps.store import optim, wal
+from het.ps.store import wal
 from het.ps.client import PSClient
 from het.ps.store.optim import RowWiseAdagradTorch
 from het.ps.wire.protocol import PSError
-from het.ps.store.fixed import TableRows
+from het.ps.store.fixed import FixedRows
 
 
 def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
     cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
-    table = TableRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
     ref = torch.nn.Embedding(20, 6, sparse=True)
     with torch.no_grad():
         ref.weight.copy_(table.weight)
@@ -43,7 +43,7 @@ def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
 def test_pushes_of_single_steps_ignore_their_squares_and_are_plain_adagrad(name):
     """Every count 1 (staleness 0): the sums of squares change nothing, bit for bit."""
     cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
-    plain, told = TableRows(cfg, 0, 1), TableRows(cfg, 0, 1)
+    plain, told = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1)
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         rows, grads = torch.randperm(10, generator=gen)[:6], torch.randn(6, 4, generator=gen)
@@ -60,7 +60,7 @@ def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width)
     100 sequential Adagrad steps; the sum alone (HET's push) moves it 1/10 as far."""
     cfg = TableConfig("t", rows=1, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
     g = torch.tensor([[0.01, -0.02, 0.03, 0.01]])
-    sequential, summed, followed = (TableRows(cfg, 0, 1) for _ in range(3))
+    sequential, summed, followed = (FixedRows(cfg, 0, 1) for _ in range(3))
     start = sequential.weight.clone()
     for _ in range(100):
         sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)
@@ -177,6 +177,6 @@ def test_the_write_ahead_log_keeps_a_pushs_squares(tmp_path):
     log.append("t", np.array([1, 2]), np.ones((2, 3), np.float32), np.array([4, 4]), 7, sq=sq)
     log.append("t", np.array([5]), np.ones((1, 3), np.float32), np.array([1]), 8)
     log.close()
-    first, second = wal.read(str(tmp_path))
+    first, second = wal.read_log(str(tmp_path))
     assert np.array_equal(first["sq"], sq) and first["counts"].tolist() == [4, 4]
     assert second["sq"] is None

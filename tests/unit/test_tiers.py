@@ -173,11 +173,11 @@ def test_a_shard_keeps_its_budget_and_answers_like_one_without(tmp_path):
                          np.full(500, -1, dtype=np.int64)])
             r = s.handle(m)
             assert r.op is Op.PUSH_SYNC, r.meta
-        tiered.prefetch()
+        tiered.page_in()
         assert np.array_equal(plain.handle(m).arrays[1], tiered.handle(m).arrays[1])
     t = tiered.stats_dict()["tables"]["emb"]
     assert t["bytes"] <= 2_000_000 and t["rows_on_disk"] > t["rows_in_memory"] > 0
-    assert tiered.stats["prefetched_rows"] > 0
+    assert tiered.stats["paged_in_rows"] > 0
     path = str(tmp_path / "state" / "ckpt" / "shard-0.pt")
     tiered.save(path)
     assert len(saves.rows_dirs(path)) == 1

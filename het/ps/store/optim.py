@@ -20,6 +20,7 @@ import torch
 from het import memory
 from het.adagrad import adagrad_factor
 from het.config import OptimizerConfig
+from het.ps import limits
 
 
 class SparseOptimizer:
@@ -170,6 +171,24 @@ def _adagrad_steps(weight, acc, rows, grads, sq, counts, cfg) -> None:
     factor = adagrad_factor(acc.index_select(0, rows), sq, counts[:, None], cfg.eps)
     acc.index_add_(0, rows, sq)
     weight.index_add_(0, rows, grads * factor, alpha=-cfg.lr)
+
+
+def sum_rows(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` of duplicate rows summed: row ``inverse[i]`` of the result adds ``values[i]``.
+    Shape: (m, ...) -> (n, ...)."""
+    return torch.zeros(n, *values.shape[1:], dtype=values.dtype).index_add_(0, inverse, values)
+
+
+def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str:
+    """Why updated rows are not fit to keep ('' when they are): a value that is not finite (an
+    overflow: huge gradients summed), or a clock past MAX_CLOCK."""
+    for name, values in (("rows", weight), *((f"optimizer state {n!r}", v) for n, v in state.items())):
+        if not limits.all_finite(values):
+            return f"the update would make {name} non-finite (overflow)"
+    if len(clocks) and int(clocks.max()) > limits.MAX_CLOCK:
+        return f"a clock would pass {limits.MAX_CLOCK}"
+    return ""
+
 
 
 class RowWiseAdagradTorch(torch.optim.Optimizer):

@@ -65,11 +65,40 @@ class MemoryRows:
     def release(self, slots: torch.Tensor) -> None:
         pass
 
-    def prefetch(self, slots: torch.Tensor) -> int:
+    def pageable(self, slots: torch.Tensor) -> None:
+        return None  # nothing on disk
+
+    def page_in(self, slots: torch.Tensor) -> int:
         return 0
 
     def nbytes(self, used: int) -> int:
         return sum(c.nbytes(used) for c in (self.weight, self.state) if c is not None)
+
+    def fixed_bytes(self, used: int) -> int:
+        return self.nbytes(used)
+
+    def position_bytes(self) -> int:
+        return 0  # no pool: every row is held
+
+    def set_capacity(self, rows: int) -> None:
+        pass
+
+    def peek(self, slots: torch.Tensor) -> torch.Tensor:
+        """The records of ``slots``. Shape: (n,) -> (n, dim + state_width)."""
+        return torch.cat([r for r in self.gather(slots) if r is not None], 1)
+
+    def save(self, slots: torch.Tensor, directory: str) -> None:
+        return None  # no files: a save holds the records themselves
+
+    def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
+        """Take the rows of ``slots`` from a save's disk tier (:meth:`TieredRows.save`), read in
+        parts."""
+        for part in torch.arange(len(slots)).split(1 << 20):
+            records = torch.from_numpy(read_saved(directory, saved, saved["records"][part]))
+            self.scatter(slots[part], records[:, :self.dim], records[:, self.dim:])
+
+    def discard(self) -> None:
+        pass
 
     def stats(self, rows: int) -> dict:
         return {"rows_in_memory": rows, "rows_on_disk": 0, "disk_bytes": 0, "disk_reads": 0, "disk_writes": 0}
@@ -106,7 +135,7 @@ class TieredRows:
         self.tick = 0
         self.slots = 0
         self.disk = Segments(directory, self.width, segment_bytes)
-        self.counters = Counter(evicted_to_disk=0, prefetched=0, compactions=0)
+        self.counters = Counter(evicted_to_disk=0, paged_in=0, compactions=0)
 
     # -- the store's calls ------------------------------------------------------------------
     def grow_to(self, slots: int) -> None:
@@ -149,7 +178,11 @@ class TieredRows:
         self.disk.kill(place[place[:, REC] >= 0, REC])
         self.place.scatter(slots, torch.full_like(place, -1))
 
-    def prefetch(self, slots: torch.Tensor) -> int:
+    def pageable(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows :meth:`page_in` may bring in: any of ``slots`` may be on disk."""
+        return slots
+
+    def page_in(self, slots: torch.Tensor) -> int:
         """Bring the rows of ``slots`` on disk into memory (ahead of a request that needs them);
         how many came."""
         slots = torch.unique(slots)
@@ -158,7 +191,7 @@ class TieredRows:
         if len(cold):
             records = torch.from_numpy(self.disk.read(place[cold, REC]))
             self._bring_in(slots[cold], records, place[cold, REC], pinned=place[place[:, POS] >= 0, POS])
-            self.counters["prefetched"] += len(cold)
+            self.counters["paged_in"] += len(cold)
         return len(cold)
 
     def set_capacity(self, rows: int) -> None:
@@ -204,6 +237,12 @@ class TieredRows:
 
     def close(self) -> None:
         self.disk.close()
+
+    def discard(self) -> None:
+        """Close the disk tier and remove its files (a save holds its own links to them)."""
+        self.close()
+        for name in os.listdir(self.disk.directory):
+            os.unlink(os.path.join(self.disk.directory, name))
 
     # -- moving rows ------------------------------------------------------------------------
     def _records(self, slots: torch.Tensor) -> torch.Tensor:

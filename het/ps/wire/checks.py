@@ -1,15 +1,21 @@
-"""What a shard accepts in a request's meta, checked strictly before anything changes.
+"""What a shard accepts in a request, its meta and its arrays, checked strictly before anything
+changes.
 
 Every field has one parser here: the type is exact (no bool for an int, no float for an
 int, no text for a number) and the value in range, or a ValueError names the field, what it
-expected and what arrived. The shard parses every field of a request first and only then
-applies it, so a refused request changes nothing.
+expected and what arrived. The shard parses every field of a request and checks its arrays
+first, and only then applies it, so a refused request changes nothing. (What a client checks
+before a request leaves: :mod:`het.ps.wire.requests`.)
 """
 
 from __future__ import annotations
 
-from het.ps.limits import MAX_STEP
-from het.ps.wire.protocol import PUSH_DTYPES
+import numpy as np
+import torch
+
+from het.config import TableConfig
+from het.ps.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_squares
+from het.ps.wire.protocol import PUSH_DTYPES, WIRE_INTS, undelta_keys
 from het.staleness import bound_from_wire
 
 
@@ -128,3 +134,104 @@ def every_field(meta: dict) -> None:
         bound_from_wire(meta["bound"])
     session(meta)
 
+
+
+# -- a request's arrays --------------------------------------------------------------------
+def arrays(op: str, got: list, n: int) -> None:
+    """A request of ``op`` carries ``n`` arrays."""
+    if len(got) != n:
+        raise ValueError(f"{op} takes {n} arrays, got {len(got)}")
+
+
+def undelta(op: str, got: list, coded: dict[int, int], key_arrays: tuple, max_keys: int) -> list:
+    """A request's arrays with its delta-coded key arrays (``coded``: :func:`deltas`) decoded
+    into int64 keys: only arrays of keys (``key_arrays``, by position) travel so."""
+    if not set(coded) <= set(key_arrays):
+        raise ValueError(f"meta['deltas'] names arrays {sorted(coded)}: {op}'s keys are arrays {list(key_arrays)}")
+    out = list(got)
+    for i, first in coded.items():
+        out[i] = undelta_keys(out[i], first, max_keys)
+    return out
+
+
+def keys(got: np.ndarray, max_keys: int) -> torch.Tensor:
+    """A request's keys, int64 or int32 (as they travel when every one fits) and at most
+    ``max_keys``, as an int64 tensor. Shape: (n,)."""
+    if got.dtype not in (np.int64, np.int32) or got.ndim != 1:
+        raise ValueError(f"keys must be a 1-D int64 or int32 array, got {got.dtype} of shape {got.shape}")
+    if len(got) > max_keys:
+        raise ValueError(f"a request holds at most {max_keys} keys (the shard's max_keys), got {len(got)}")
+    return torch.from_numpy(got).long()
+
+
+def grads(got: np.ndarray, grads_as: str) -> np.ndarray:
+    """A push's gradients as float32: as they came, or from bfloat16's bits (int16)."""
+    if grads_as != "bf16":
+        return got
+    if got.dtype != np.int16:
+        raise ValueError(f"bf16 grads travel as int16 bits, got {got.dtype}")
+    return torch.from_numpy(got).view(torch.bfloat16).float().numpy()
+
+
+def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: np.ndarray | None) -> None:
+    """A push's ``n`` rows: float32 gradients of the table's width, int64 counts (widened from
+    the wire) in ``[0, MAX_COUNT]``, and ``sq`` (every row's, :func:`squares`) float32 of
+    width 1 or the table's, all finite (``sq`` >= 0)."""
+    d = table.dim
+    if grads.dtype != np.float32 or grads.shape != (n, d):
+        raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
+    if counts.dtype != np.int64 or counts.shape != (n,):
+        raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
+    if sq is not None and (sq.dtype != np.float32 or sq.shape not in ((n, 1), (n, d))):
+        raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
+    if n and sq is not None:
+        check_squares(torch.from_numpy(sq), table.name)
+    if n:
+        check_finite(torch.from_numpy(grads), "grads", table.name)
+    if n and (counts.min() < 0 or counts.max() > MAX_COUNT):
+        bad = counts.min() if counts.min() < 0 else counts.max()
+        raise ValueError(f"counts must lie in [0, {MAX_COUNT}], got {bad}")
+
+
+def sync(table: TableConfig, followed: bool, n: int, clocks: np.ndarray, asked: str | None) -> None:
+    """A sync's clocks, one per key, in ``[-1, MAX_CLOCK]`` (-1: not cached), and the optimizer
+    state it ``asked`` for: only a ``followed`` optimizer's, one float a row of row-wise Adagrad."""
+    if asked is not None and not followed:
+        raise ValueError(f"table {table.name!r}'s optimizer {table.optimizer.name} has no state a cache follows: "
+                         f"a sync may ask for state only of an Adagrad or row-wise Adagrad table, got state {asked!r}")
+    if asked == "full" and table.optimizer.name == "rowwise_adagrad":
+        raise ValueError(f"table {table.name!r}'s row-wise Adagrad keeps one float a row: expected state 'row', "
+                         f"got {asked!r}")
+    if clocks.dtype not in WIRE_INTS or clocks.shape != (n,):
+        raise ValueError(f"clocks must be integers ({', '.join(t.name for t in WIRE_INTS)}) of shape ({n},), "
+                         f"got {clocks.dtype} {clocks.shape}")
+    if n and (clocks.min() < -1 or clocks.max() > MAX_CLOCK):
+        raise ValueError(f"clocks must lie in [-1, {MAX_CLOCK}] (-1: not cached), "
+                         f"got {clocks.min() if clocks.min() < -1 else clocks.max()}")
+
+
+def squares(sq: np.ndarray | None, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray) -> np.ndarray | None:
+    """A push's squares for every row, from those it carried: all of them (n rows), or only
+    the rows of several steps (``counts > 1``, k rows, as a client sends them:
+    :func:`het.ps.wire.requests.squares_to_send`; ``k == n`` reads the same either way).
+    Adagrad takes a row of one step by its gradient's square and ignores its ``sq``, unless its
+    key repeats in the push (the steps of a repeated key add up): those rows get their
+    gradients' squares (the mean over the row for a width of 1), the others 0.
+    Shape: sq (n, w) or (k, w), keys (n,), grads (n, D), counts (n,) -> (n, w)."""
+    n = len(grads)
+    if sq is None or len(sq) == n or grads.ndim != 2 or counts.shape != (n,) or keys.shape != (n,):
+        return sq  # as it came: :func:`push` names what is wrong
+    several = counts > 1
+    k = int(several.sum())
+    if sq.ndim != 2 or len(sq) != k or sq.dtype != np.float32 or sq.shape[1] not in (1, grads.shape[1]):
+        raise ValueError(f"sq must be float32 of shape ({n}, 1|{grads.shape[1]}), or of ({k}, 1|"
+                         f"{grads.shape[1]}) for the {k} rows of several steps, got {sq.dtype} {sq.shape}")
+    full = np.zeros((n, sq.shape[1]), np.float32)
+    full[several] = sq
+    if n > 1 and not bool((keys[1:] > keys[:-1]).all()):  # not ascending: a key may repeat
+        _, inverse, times = np.unique(keys, return_inverse=True, return_counts=True)
+        one = ~several & (times[inverse] > 1)
+        if one.any():
+            g = torch.from_numpy(grads[one])
+            full[one] = (g * g if sq.shape[1] > 1 else (g * g).mean(1, keepdim=True)).numpy()
+    return full

@@ -288,9 +288,14 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     return frames
 
 
+def frame_bytes(frames) -> int:
+    """The bytes of a message's frames (ZeroMQ frames or buffers): what it took on the wire."""
+    return sum(memoryview(_buffer(f)).nbytes for f in frames)
+
+
 def peek_request_id(frame0) -> int:
     """The request id of a header frame, or 0 when it is too short to hold one."""
-    buf = memoryview(frame0)
+    buf = memoryview(_buffer(frame0))
     if len(buf) < _HEADER.size:
         return 0
     return _HEADER.unpack_from(buf)[5]
