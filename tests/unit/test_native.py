@@ -29,11 +29,8 @@ FOLLOWED = ("rows", "acc", "sq", "fill", "writeback.sq", "update.sq", "flush.sq"
 
 def pair(table, cfg):
     """The same cache twice: one on the native path, one on the reference."""
-    fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg)
-    ref.native = False
-    if ref.window is not None:
-        ref.window._window = None  # the reference index too
-    assert fast.native
+    fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg, native=False)  # the reference index too
+    assert fast.native and not ref.native
     return fast, ref
 
 
