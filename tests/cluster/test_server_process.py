@@ -13,7 +13,7 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.client import WaitAbandoned
+from het.ps.wire.connection import WaitAbandoned
 from het.ps.wire.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
 
 pytestmark = pytest.mark.cluster

@@ -107,9 +107,9 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
     # past the client's checks: the shard names what it expected and changes nothing
     before = client.wait(client.pull("t", keys))[0]
     with pytest.raises(PSError, match=r"sq must be float32 of shape \(2, 1\) or \(2, 4\)"):
-        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+        client.link.send(0, 99, 2, {"table": "t", "sq": True, "step": 1},
                              [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 2), np.float32)])
-        client._reply(0, 99)
+        client.link.reply(0, 99)
     assert torch.equal(client.wait(client.pull("t", keys))[0], before)
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(2, 1))) == 2  # still serving
 
@@ -144,9 +144,9 @@ def test_a_shard_refuses_squares_for_neither_every_row_nor_the_rows_of_several_s
     client = PSClient.local([cfg], 1)
     keys, grads, counts = torch.tensor([1, 2, 3]), torch.ones(3, 4), torch.tensor([1, 3, 1])
     with pytest.raises(PSError, match=r"or of \(1, 1\|4\) for the 1 rows of several steps, got float32 \(2, 1\)"):
-        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+        client.link.send(0, 99, 2, {"table": "t", "sq": True, "step": 1},
                              [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 1), np.float32)])
-        client._reply(0, 99)
+        client.link.reply(0, 99)
     assert client.wait(client.pull("t", keys))[1].tolist() == [0, 0, 0]  # nothing applied
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(3, 1))) == 3  # still serving
 

@@ -101,7 +101,7 @@ class Adagrad(SparseOptimizer):
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
         acc = (state or self.state)["sum"]
-        if several_steps(pushed):
+        if sums_several_steps(pushed):
             sq = grads * grads
             if pushed.sq.shape[1] == 1:  # the steps' squares shared out in proportion to the sum's
                 mean = sq.mean(1, keepdim=True)
@@ -134,7 +134,7 @@ class RowWiseAdagrad(SparseOptimizer):
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
         acc = (state or self.state)["sum"]
-        if several_steps(pushed):
+        if sums_several_steps(pushed):
             sq = pushed.sq if pushed.sq.shape[1] == 1 else pushed.sq.mean(1, keepdim=True)
             one = (grads * grads).mean(1, keepdim=True)
             return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, one),
@@ -160,7 +160,7 @@ class Adam(SparseOptimizer):
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
 
 
-def several_steps(pushed: Pushed | None) -> bool:
+def sums_several_steps(pushed: Pushed | None) -> bool:
     """Whether a push sums several steps of some row (one step each is Adagrad's plain rule)."""
     return pushed is not None and bool((pushed.counts > 1).any())
 

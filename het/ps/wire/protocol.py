@@ -293,6 +293,11 @@ def frame_bytes(frames) -> int:
     return sum(memoryview(_buffer(f)).nbytes for f in frames)
 
 
+def array_bytes(arrays) -> int:
+    """The bytes of a message's arrays: its payload, without header, meta or MAC."""
+    return sum(a.nbytes for a in arrays)
+
+
 def peek_request_id(frame0) -> int:
     """The request id of a header frame, or 0 when it is too short to hold one."""
     buf = memoryview(_buffer(frame0))

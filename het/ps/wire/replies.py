@@ -10,7 +10,7 @@ import torch
 
 from het import native
 from het.config import TableConfig
-from het.ps.wire.protocol import WIRE_INTS, Op, PSError
+from het.ps.wire.protocol import WIRE_INTS, Op, PSError, array_bytes
 from het.ps.initial import initial_rows, initial_salt, initial_state
 
 
@@ -33,6 +33,15 @@ class Handle:
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
     keys_cpu: torch.Tensor | None = None  # ``keys`` on the CPU, copied once for every reply
+
+    def count_request(self, arrays: list, pushed: int) -> None:
+        """Count one request's arrays: all, those of a push (its first ``pushed``: keys,
+        gradients, counts and squares) and those of a sync (the rest)."""
+        pushed = pushed if self.op in (Op.PUSH, Op.PUSH_SYNC) else 0
+        self.request_bytes += array_bytes(arrays)
+        self.push_bytes += array_bytes(arrays[:pushed])
+        if self.op in (Op.SYNC, Op.PUSH_SYNC):
+            self.sync_bytes += array_bytes(arrays[pushed:])
 
     def cpu_keys(self) -> torch.Tensor:
         if self.keys_cpu is None:
@@ -81,7 +90,7 @@ def merge(handle: Handle, replies: list, table: TableConfig):
                           torch.empty(0, dtype=torch.int64, device=dev),
                           state=None if width is None else torch.empty(0, width, device=dev))
     at = 3 if width is None else 4  # lazy's built marks come after the rows, clocks (and state)
-    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[at:]) for _, m in replies)
+    wire = sum(array_bytes([m.arrays[0], m.arrays[2], *m.arrays[at:]]) for _, m in replies)
     # the rows that travelled, and the state beside them: what a refreshed row costs
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
     parts = [PARTS(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
