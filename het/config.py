@@ -248,7 +248,7 @@ class ShardConfig:
     max_keys: int = 1 << 18
     memory: int | None = None  # bytes of rows, state and index kept in DRAM; the rest on disk (dynamic tables)
     memory_policy: str = "lru"  # which rows leave DRAM first: "lru" or "lfu"
-    prefetch: bool = True  # with a memory budget: a sync's rows on disk come in after its reply
+    page_in: bool = True  # with a memory budget: a sync's rows on disk come into DRAM after its reply
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)

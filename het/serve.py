@@ -49,8 +49,8 @@ def add_parser(sub) -> None:
                         "rest of the rows live in a disk tier under --state-dir (default: all in memory)")
     s.add_argument("--memory-policy", default="lru", choices=("lru", "lfu"),
                    help="with --memory: which rows leave DRAM first (default lru)")
-    s.add_argument("--no-prefetch", action="store_true",
-                   help="with --memory: do not bring a sync's rows on disk into DRAM after replying")
+    s.add_argument("--no-page-in", action="store_true",
+                   help="with --memory: do not page a sync's rows on disk into DRAM after replying")
     s.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
                         "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
@@ -81,7 +81,7 @@ def cmd_serve(args) -> None:
         d = json.loads(args.shard_config)
         cfg = ShardConfig(tuple(TableConfig.from_dict(t) for t in d["tables"]), d["index"], d["num_shards"],
                           d.get("max_keys", ShardConfig.max_keys), d.get("memory"), d.get("memory_policy", "lru"),
-                          d.get("prefetch", True))
+                          d.get("page_in", True))
     elif args.config:
         from het.train.config import TrainConfig
         from het.train.tasks import job_tables
@@ -89,7 +89,7 @@ def cmd_serve(args) -> None:
         job = TrainConfig.load(args.config)
         memory = args.memory if args.memory is not None else job.ps_memory_bytes  # the flag wins
         cfg = ShardConfig(tuple(job_tables(job)), args.shard_index, args.num_shards, args.max_keys, memory,
-                          args.memory_policy, not args.no_prefetch)
+                          args.memory_policy, not args.no_page_in)
     else:
         if not args.table:
             raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
@@ -99,7 +99,7 @@ def cmd_serve(args) -> None:
         tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, seed=args.seed, **(dynamic if r is None else {}))
                        for n, r, d in args.table)
         cfg = ShardConfig(tables, args.shard_index, args.num_shards, args.max_keys, args.memory,
-                          args.memory_policy, not args.no_prefetch)
+                          args.memory_policy, not args.no_page_in)
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,

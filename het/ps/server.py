@@ -241,4 +241,4 @@ def _child_env(secret: bytes | None) -> dict:
 def _cfg_dict(cfg: ShardConfig) -> dict:
     return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables],
             "max_keys": cfg.max_keys, "memory": cfg.memory, "memory_policy": cfg.memory_policy,
-            "prefetch": cfg.prefetch}
+            "page_in": cfg.page_in}

@@ -312,7 +312,7 @@ class Shard:
         rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy)
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
-        pageable = t.pageable(at) if self.cfg.prefetch else None
+        pageable = t.pageable(at) if self.cfg.page_in else None
         if pageable is not None:
             self._page_in = [*self._page_in[-PAGE_IN_SYNCS + 1:], (t, pageable)]
         index_sent = _sent(index, rows, n_sent)
