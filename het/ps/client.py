@@ -21,7 +21,8 @@ from het.ps.store import saves
 from het.ps.wire import checks
 from het.ps.wire.auth import curve_keys
 from het.ps.wire.connection import Connection, WaitAbandoned
-from het.ps.wire.protocol import Op, array_bytes, delta_keys
+from het.ps.wire.integers import delta_keys
+from het.ps.wire.protocol import Op, array_bytes
 from het.ps.wire.replies import Handle, merge
 from het.ps.wire.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays, push_sync_parts,
                                   route, table_of, wire_keys)

@@ -10,7 +10,6 @@ which kind of table it is.
 from __future__ import annotations
 
 import os
-import secrets
 import time
 import warnings
 from collections import Counter
@@ -25,8 +24,9 @@ from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.wal import WriteAheadLog, read_log
 from het.ps.wire import checks
 from het.ps.wire.auth import check_secret
+from het.ps.wire.integers import narrow, widen
 from het.ps.wire.protocol import (AuthError, Message, Op, ProtocolError, StaleError, decode, encode, error_reply,
-                                  frame_bytes, narrow, peek_request_id, widen)
+                                  frame_bytes, pack_marks, peek_request_id)
 from het.staleness import bound_from_wire, must_refresh
 
 PAGE_IN_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
@@ -82,10 +82,8 @@ class Shard:
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
-        # With a secret, a signed request must be fresh: it names this incarnation's nonce (a
-        # capture from before a restart is stale) and a sequence number past its session's last.
-        self.nonce = secrets.token_hex(16)
-        self._sessions: dict[str, int] = {}  # session -> the last sequence number served
+        self.freshness = checks.Freshness(self.secret)
+        self.nonce = self.freshness.nonce  # this run's: a request naming another was meant for an earlier one
         self._applied: dict[str, int] = {}   # session -> the sequence number of its last push applied
         self._handlers = {Op.PULL: self._on_pull, Op.PUSH: self._on_push, Op.SYNC: self._on_sync,
                           Op.PUSH_SYNC: self._on_push_sync, Op.SAVE: self._on_save, Op.LOAD: self._on_load,
@@ -134,7 +132,7 @@ class Shard:
             self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
             out = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
         else:
-            refusal = self._refusal(msg)
+            refusal = self.freshness.refusal(msg)
             if refusal is not None:
                 self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
                 out = encode(error_reply(msg.request_id, msg.op, refusal), self.secret)
@@ -143,32 +141,6 @@ class Shard:
         self.stats["bytes_out"] += frame_bytes(out)
         self.stats["busy_s"] += time.perf_counter() - start
         return out
-
-    def _refusal(self, msg: Message) -> ProtocolError | None:
-        """Why a request is refused unread (None: it is not). A request naming another nonce
-        was sent to an earlier run of this shard (or is a replay of one): StaleError, so its
-        client re-sends what this run has not answered. With a secret, every request but INFO
-        (it changes nothing, and tells the nonce) must name this run's nonce, a session and a
-        sequence number past the session's last: else AuthError."""
-        if msg.op is Op.INFO:
-            return None
-        nonce = msg.meta.get("nonce")
-        if (nonce is not None or self.secret is not None) and nonce != self.nonce:
-            return StaleError(f"request names nonce {nonce!r}, not this shard's: it was meant for an earlier run "
-                              f"of this shard, or is a replay (INFO tells the nonce); refused, nothing changed")
-        if self.secret is None:
-            return None
-        session, seq = msg.meta.get("session"), msg.meta.get("seq")
-        if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(seq, int)
-                or isinstance(seq, bool) or seq < 1):
-            return AuthError(f"a signed request carries session (16-64 characters) and seq (an integer >= 1), "
-                             f"got {session!r}, {seq!r}")
-        last = self._sessions.get(session, 0)
-        if seq <= last:
-            return AuthError(f"replayed request: seq {seq} of its session, whose last was {last}; refused, "
-                             f"nothing changed")
-        self._sessions[session] = seq
-        return None
 
     def handle(self, msg: Message) -> Message:
         """Answer one decoded request; errors become error replies. Every field of the request
@@ -241,7 +213,7 @@ class Shard:
         at = t.locate(keys)
         rows, sent = t.rows_to_send(at, lazy)
         self._count_rows(sent, len(at))
-        return [rows[0], narrow(t.clocks_of(_sent(at, rows, sent))).numpy(), *_packed(rows[1:])]
+        return [rows[0], narrow(t.clocks_of(_sent(at, rows, sent))).numpy(), *pack_marks(rows[1:])]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -318,7 +290,7 @@ class Shard:
         index_sent = _sent(index, rows, n_sent)
         sent_state = [] if state is None else [t.local_state(at.index_select(0, index_sent), state == "full")]
         return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index_sent)).numpy(), *sent_state,
-                *_packed(rows[1:])]
+                *pack_marks(rows[1:])]
 
     def _table_keys(self, table, keys: np.ndarray) -> tuple[RowStore, torch.Tensor]:
         """The store of ``table`` and the request's keys, checked: an int64 tensor."""
@@ -419,9 +391,3 @@ def _sent(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:
     if n_sent == len(asked):
         return asked
     return asked[torch.from_numpy(rows[-1]) == 0]
-
-
-def _packed(built: list) -> list:
-    """A lazy reply's ``built`` marks (uint8, one a row) as they travel: a bit a row, the first
-    row's in the lowest bit of the first byte (``np.packbits(..., bitorder="little")``)."""
-    return [np.packbits(b, bitorder="little") for b in built]

@@ -38,7 +38,8 @@ from het.ps.store.admission import SightingSketch
 from het.ps.store.chunks import Chunks
 from het.ps.store.index import KeyIndex
 from het.ps.store.optim import rows_problem, sum_rows
-from het.ps.store.tiers import MemoryRows, TieredRows
+from het.ps.store.records import MemoryRows
+from het.ps.store.tiers import TieredRows
 
 KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
 BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK

@@ -1,8 +1,9 @@
-"""Where a dynamic table's rows live: all in memory, or the hot ones in memory under a budget and
-the others on disk.
+"""Where a dynamic table's rows live under a memory budget: the hot ones in memory, the others
+on disk.
 
-Both stores keep a slot's row and optimizer state together (a record ``[weight | state]``) and
-answer the same calls, so :class:`het.ps.store.dynamic.DynamicRows` does not know which it has.
+:class:`TieredRows` and :class:`het.ps.store.records.MemoryRows` (all in memory) keep a slot's
+row and optimizer state together (a record ``[weight | state]``) and answer the same calls, so
+:class:`het.ps.store.dynamic.DynamicRows` does not know which it has.
 
 :class:`TieredRows`, for a shard with a memory budget (``het serve --memory``):
 
@@ -36,72 +37,6 @@ BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
 POLICIES = ("lru", "lfu")
-
-
-class MemoryRows:
-    """Every record in memory (a shard without a budget): rows and state by slot."""
-
-    def __init__(self, dim: int, state_width: int):
-        self.dim = dim
-        self.weight = Chunks(dim, torch.float32)
-        self.state = Chunks(state_width, torch.float32) if state_width else None
-
-    def grow_to(self, slots: int) -> None:
-        for c in (self.weight, self.state):
-            if c is not None:
-                c.grow_to(slots)
-
-    def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.weight.gather(slots)
-
-    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
-
-    def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
-        self.weight.scatter(slots, weight)
-        if self.state is not None:
-            self.state.scatter(slots, state)
-
-    def release(self, slots: torch.Tensor) -> None:
-        pass
-
-    def pageable(self, slots: torch.Tensor) -> None:
-        return None  # nothing on disk
-
-    def page_in(self, slots: torch.Tensor) -> int:
-        return 0
-
-    def nbytes(self, used: int) -> int:
-        return sum(c.nbytes(used) for c in (self.weight, self.state) if c is not None)
-
-    def fixed_bytes(self, used: int) -> int:
-        return self.nbytes(used)
-
-    def position_bytes(self) -> int:
-        return 0  # no pool: every row is held
-
-    def set_capacity(self, rows: int) -> None:
-        pass
-
-    def peek(self, slots: torch.Tensor) -> torch.Tensor:
-        """The records of ``slots``. Shape: (n,) -> (n, dim + state_width)."""
-        return torch.cat([r for r in self.gather(slots) if r is not None], 1)
-
-    def save(self, slots: torch.Tensor, directory: str) -> None:
-        return None  # no files: a save holds the records themselves
-
-    def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
-        """Take the rows of ``slots`` from a save's disk tier (:meth:`TieredRows.save`), read in
-        parts."""
-        for part in torch.arange(len(slots)).split(1 << 20):
-            records = torch.from_numpy(read_saved(directory, saved, saved["records"][part]))
-            self.scatter(slots[part], records[:, :self.dim], records[:, self.dim:])
-
-    def discard(self) -> None:
-        pass
-
-    def stats(self, rows: int) -> dict:
-        return {"rows_in_memory": rows, "rows_on_disk": 0, "disk_bytes": 0, "disk_reads": 0, "disk_writes": 0}
 
 
 class TieredRows:

@@ -17,7 +17,7 @@ is not signed ...`` or ``bad signature ...``), counts it in ``stats["unauthentic
 keeps serving. ``PSClient.connect(..., secret=...)`` signs its requests and raises AuthError on
 a reply not signed with its secret.
 
-Freshness (``Shard._refusal``): every request but INFO names the shard's ``nonce`` (random per
+Freshness (:class:`het.ps.wire.checks.Freshness`): every request but INFO names the shard's ``nonce`` (random per
 shard process, learnt from INFO, which changes nothing), the client's ``session`` (random, 16 to
 64 characters) and ``seq``, which grows with every request of the session to that shard; all
 three are in the meta, under the MAC. A request naming another nonce was meant for an earlier

@@ -10,13 +10,53 @@ before a request leaves: :mod:`het.ps.wire.requests`.)
 
 from __future__ import annotations
 
+import secrets
+
 import numpy as np
 import torch
 
 from het.config import TableConfig
 from het.ps.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_squares
-from het.ps.wire.protocol import PUSH_DTYPES, WIRE_INTS, undelta_keys
+from het.ps.wire.integers import WIRE_INTS, undelta_keys
+from het.ps.wire.protocol import PUSH_DTYPES, AuthError, Message, Op, ProtocolError, StaleError
 from het.staleness import bound_from_wire
+
+
+class Freshness:
+    """Which requests a shard reads: with a secret, a signed request must be fresh. It names
+    this run's nonce (a capture from before a restart is stale), a session and a sequence number
+    past its session's last."""
+
+    def __init__(self, secret: bytes | None):
+        self.secret = secret
+        self.nonce = secrets.token_hex(16)  # random per run of the shard
+        self.sessions: dict[str, int] = {}  # session -> the last sequence number served
+
+    def refusal(self, msg: Message) -> ProtocolError | None:
+        """Why a request is refused unread (None: it is not). A request naming another nonce
+        was sent to an earlier run of this shard (or is a replay of one): StaleError, so its
+        client re-sends what this run has not answered. With a secret, every request but INFO
+        (it changes nothing, and tells the nonce) must name this run's nonce, a session and a
+        sequence number past the session's last: else AuthError."""
+        if msg.op is Op.INFO:
+            return None
+        nonce = msg.meta.get("nonce")
+        if (nonce is not None or self.secret is not None) and nonce != self.nonce:
+            return StaleError(f"request names nonce {nonce!r}, not this shard's: it was meant for an earlier run "
+                              f"of this shard, or is a replay (INFO tells the nonce); refused, nothing changed")
+        if self.secret is None:
+            return None
+        session, seq = msg.meta.get("session"), msg.meta.get("seq")
+        if (not isinstance(session, str) or not 16 <= len(session) <= 64 or not isinstance(seq, int)
+                or isinstance(seq, bool) or seq < 1):
+            return AuthError(f"a signed request carries session (16-64 characters) and seq (an integer >= 1), "
+                             f"got {session!r}, {seq!r}")
+        last = self.sessions.get(session, 0)
+        if seq <= last:
+            return AuthError(f"replayed request: seq {seq} of its session, whose last was {last}; refused, "
+                             f"nothing changed")
+        self.sessions[session] = seq
+        return None
 
 
 def _int(meta: dict, name: str, default=None, lo: int = 0, hi: int = MAX_STEP) -> int:
@@ -103,8 +143,8 @@ def session(meta: dict) -> tuple[str, int] | None:
 
 def deltas(meta: dict) -> dict[int, int]:
     """Which of a request's key arrays travel delta-coded, with their first keys
-    (:func:`het.ps.wire.protocol.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
-    to its first key (each checked by :func:`het.ps.wire.protocol.undelta_keys`).
+    (:func:`het.ps.wire.integers.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
+    to its first key (each checked by :func:`het.ps.wire.integers.undelta_keys`).
 
     Example:
         >>> deltas({"deltas": {"0": 17}}), deltas({})

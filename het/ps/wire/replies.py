@@ -10,7 +10,8 @@ import torch
 
 from het import native
 from het.config import TableConfig
-from het.ps.wire.protocol import WIRE_INTS, Op, PSError, array_bytes
+from het.ps.wire.integers import WIRE_INTS
+from het.ps.wire.protocol import Op, PSError, array_bytes
 from het.ps.initial import initial_rows, initial_salt, initial_state
 
 

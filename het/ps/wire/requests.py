@@ -15,7 +15,8 @@ import torch
 from het.config import TableConfig
 from het.ps import partition
 from het.ps.limits import check_finite, check_squares, out_of_range
-from het.ps.wire.protocol import PUSH_DTYPES, narrow
+from het.ps.wire.integers import narrow
+from het.ps.wire.protocol import PUSH_DTYPES
 
 
 def table_of(tables: dict[str, TableConfig], table: str) -> TableConfig:
@@ -52,7 +53,7 @@ def check_keys(table: TableConfig, keys, allowed: int | None = None) -> torch.Te
 def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):
     """A push's gradients (float32, or bfloat16 bits as int16) and counts, checked against
     ``keys`` and the table's width; the counts as they travel, in the narrowest integers that
-    hold them (:func:`het.ps.wire.protocol.narrow`: one byte while a row sums under 256 steps).
+    hold them (:func:`het.ps.wire.integers.narrow`: one byte while a row sums under 256 steps).
     Shape: keys (n,), grads (n, D), counts (n,)."""
     if grad_dtype not in PUSH_DTYPES:
         raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
@@ -115,7 +116,7 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
 def wire_keys(keys: torch.Tensor) -> torch.Tensor:
     """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
     else int64 as they are; the shard widens them back. Ascending keys then travel narrower
-    still where they can, as the steps between them (:func:`het.ps.wire.protocol.delta_keys`).
+    still where they can, as the steps between them (:func:`het.ps.wire.integers.delta_keys`).
 
     Example:
         >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype
