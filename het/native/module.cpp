@@ -5,7 +5,7 @@
 #include "window.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "het's native core: the worker cache's step in one pass over the keys";
+  m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
   m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
   m.def("cache_sets", &cache_sets);
   m.def("cache_lookup", &cache_lookup);
