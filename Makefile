@@ -15,10 +15,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The native core (het/native/core.cpp) with the system g++, for this machine's CPU (for a build
-# shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2 .venv/bin/python -m
-# het.native.build). If it cannot be built, het runs its PyTorch reference path and says so once.
-$(NATIVE): het/native/core.cpp het/native/build.py $(STAMP)
+# The native core (het/native/*.cpp, one file per component) with the system g++, for this
+# machine's CPU (for a build shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2
+# .venv/bin/python -m het.native.build); one line, the compiler's output only if it fails. If it
+# cannot be built, het runs its PyTorch reference path and says so once.
+$(NATIVE): $(wildcard het/native/*.cpp het/native/*.h) het/native/build.py $(STAMP)
 	$(PY) -m het.native.build
 	touch $(NATIVE)
 

@@ -50,7 +50,7 @@ class Choice(str, enum.Enum):
 
 
 class Optimizer(Choice):
-    """The optimizers a shard applies to pushed rows (:mod:`het.ps.optim`)."""
+    """The optimizers a shard applies to pushed rows (:mod:`het.ps.store.optim`)."""
 
     SGD = "sgd"
     ADAGRAD = "adagrad"

@@ -49,7 +49,7 @@ def plain(d):
     return d
 
 
-MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.admission)
+MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.store.admission)
 DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableConfig's, for rows=None
 
 
@@ -110,7 +110,7 @@ class TableConfig:
         name: the table's name; letters, digits, ``_ . -``.
         rows: number of rows (keys are ``0 .. rows - 1``); ``None`` makes the table *dynamic*:
             it takes any int64 key (raw or hashed ids, no vocabulary), and a shard stores only
-            the rows that pushes have changed (:mod:`het.ps.dynamic`).
+            the rows that pushes have changed (:mod:`het.ps.store.dynamic`).
         dim: width of a row.
         optimizer: the sparse optimizer the shards apply to this table.
         init_scale: rows start uniform in ``[-init_scale, init_scale]``.
@@ -120,7 +120,7 @@ class TableConfig:
             many worker-steps; before that its reads give the initial row and its gradients are
             dropped (and counted). 1 admits every key on its first push.
         admit_counters: dynamic tables with ``admit_after > 1``: the bytes of each shard's
-            count-min sketch of sightings (one byte a counter, :mod:`het.ps.admission`). With
+            count-min sketch of sightings (one byte a counter, :mod:`het.ps.store.admission`). With
             ``m`` keys not yet admitted, a key is admitted early with probability near
             ``(1 - exp(-4 m / admit_counters)) ** 4``.
         expire_after: dynamic tables: a row not updated for this many steps is removed (it
@@ -282,7 +282,8 @@ class ShardConfig:
                                  "the rest of the rows live in a disk tier in the state directory (default: all "
                                  "in memory)", kind="size")
     memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
-    prefetch: bool = setting(True, "with a memory budget: a sync's rows on disk come into DRAM after its reply")
+    page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
+                            "after its reply", aliases=("--prefetch",))
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)

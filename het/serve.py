@@ -98,7 +98,7 @@ def cmd_serve(args) -> None:
 
     import torch
 
-    from het.ps.auth import load_secret
+    from het.ps.wire.auth import load_secret
 
     threads = args.threads if args.threads is not None else int(os.environ.get("OMP_NUM_THREADS") or 1)
     if threads < 1:

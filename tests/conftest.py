@@ -8,11 +8,11 @@ import pytest
 import zmq
 
 from het.config import ShardConfig
-from het.ps import state
+from het.ps.store import saves
 from het.ps.client import PSClient
 from het.ps.server import ServerThread
 from het.ps.shard import Shard
-from het.ps.transport import LocalTransport
+from het.ps.wire.transport import LocalTransport
 
 
 class LocalCluster:
@@ -20,7 +20,7 @@ class LocalCluster:
 
     def __init__(self, tables, num_shards: int = 1):
         self.transport = LocalTransport()
-        self.shards = [Shard(ShardConfig(tuple(tables), i, num_shards), state_dir=state.temporary())
+        self.shards = [Shard(ShardConfig(tuple(tables), i, num_shards), state_dir=saves.temporary())
                        for i in range(num_shards)]
         self.names = [self.transport.bind(f"local-{i}", s) for i, s in enumerate(self.shards)]
         self.clients = []

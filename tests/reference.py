@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-from het.ps.optim import RowWiseAdagradTorch
+from het.ps.store.optim import RowWiseAdagradTorch
 
 
 class ExactLRU:

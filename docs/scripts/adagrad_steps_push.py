@@ -15,15 +15,14 @@ import time
 import torch
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps.table import TableRows
+from het.ps.store.fixed import FixedRows
 
 
 def main() -> None:
     torch.set_num_threads(1)
     cfg = TableConfig("t", rows=200_000, dim=128, optimizer=OptimizerConfig("adagrad", lr=0.05))
     gen = torch.Generator().manual_seed(0)
-    tables = {"native": TableRows(cfg, 0, 1), "reference": TableRows(cfg, 0, 1)}
-    tables["reference"].native = False
+    tables = {"native": FixedRows(cfg, 0, 1), "reference": FixedRows(cfg, 0, 1, native=False)}
     rounds = {name: [] for name in tables}
     for _ in range(3):
         for name, table in tables.items():

@@ -5,8 +5,8 @@
 Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys at dim 128), of
 a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer) and of a
 step's unique keys and inverse (13,312 keys; reference ``torch.unique``), native and reference
-in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path is chosen by
-``het.native.ops = None`` (initial_rows) and ``TableRows.native = False`` (push). Not native,
+in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path is
+``het.ps.initial.hash_rows`` (initial_rows) and ``FixedRows(..., native=False)`` (push). Not native,
 timed the same way: ``Embedding.forward``'s per-key gather by ``index_select`` (the "native"
 column) against the ``rows[inverse]`` it replaced, forward and backward.
 """
@@ -23,22 +23,21 @@ import torch
 
 from het import native
 from het.config import OptimizerConfig, TableConfig
-from het.ps.table import TableRows, initial_rows
+from het.ps.initial import hash_rows, initial_counters, initial_rows
+from het.ps.store.fixed import FixedRows
 
 
 def time_initial_rows(use_native: bool, keys: np.ndarray, table: TableConfig) -> float:
-    ops = native.ops
-    native.ops = ops if use_native else None
-    try:
-        t0 = time.perf_counter()
+    t0 = time.perf_counter()
+    if use_native:
         initial_rows(table, keys)
-        return (time.perf_counter() - t0) * 1000
-    finally:
-        native.ops = ops
+    else:
+        counters, salt = initial_counters(table, keys)
+        hash_rows(counters, table.dim, salt, table.init_scale)
+    return (time.perf_counter() - t0) * 1000
 
 
-def time_push(use_native: bool, table: TableRows, batches: list, dim: int) -> float:
-    table.native = use_native
+def time_push(table: FixedRows, batches: list, dim: int) -> float:
     grads, counts = torch.full((len(batches[0]), dim), 1e-3), torch.ones(len(batches[0]), dtype=torch.int64)
     t0 = time.perf_counter()
     for b in batches:
@@ -87,12 +86,13 @@ def main() -> None:
     gen = torch.Generator().manual_seed(0)
     batches = [torch.randperm(200_000, generator=gen)[:4096] for _ in range(20)]
     for name in ("sgd", "adagrad", "adam"):
-        rows = TableRows(TableConfig("t", rows=200_000, dim=128, optimizer=OptimizerConfig(name, lr=0.01)), 0, 1)
-        time_push(True, rows, batches[:2], 128)  # warm-up
+        cfg = TableConfig("t", rows=200_000, dim=128, optimizer=OptimizerConfig(name, lr=0.01))
+        tables = {use_native: FixedRows(cfg, 0, 1, native=use_native) for use_native in (True, False)}
+        time_push(tables[True], batches[:2], 128)  # warm-up
         runs = {True: [], False: []}
         for _ in range(args.rounds):
             for use_native in (True, False):
-                runs[use_native].append(time_push(use_native, rows, batches, 128))
+                runs[use_native].append(time_push(tables[use_native], batches, 128))
         out[f"push_4096_x_128_{name}"] = summary(runs[True], runs[False])
     # a default job's step: 512 samples x 26 fields of ids below 2.6M
     keys = torch.randint(0, 2_600_000, (512 * 26,), generator=gen)

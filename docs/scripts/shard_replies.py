@@ -4,7 +4,7 @@
 
 An in-process shard (SGD, 200,000 rows of dim 128) answers encoded PULL requests of 4,096
 distinct random rows (`Shard.handle_frames`, as its server loop calls it), the last two replies
-kept alive as ZeroMQ keeps frames in flight. "pooled": het.ps.table.ReplyBuffers as the shard
+kept alive as ZeroMQ keeps frames in flight. "pooled": het.ps.store.kernels.ReplyBuffers as the shard
 runs it; "fresh": a ``torch.empty`` per reply, as before. Prints one JSON object: ms per reply,
 each round, and the medians.
 """
@@ -19,9 +19,9 @@ import time
 import numpy as np
 import torch
 
-import het.ps.table as table_module
+import het.ps.store.kernels as table_module
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.protocol import Message, Op, encode
+from het.ps.wire.protocol import Message, Op, encode
 from het.ps.shard import Shard
 
 

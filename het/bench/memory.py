@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import optim
+from het.ps.store import optim
 from het.ps.client import PSClient
 from het.ps.server import ServerProcess
-from het.ps.table import TableRows
+from het.ps.store.fixed import FixedRows
 
 
 def distinct_keys(n: int, seed: int = 0) -> np.ndarray:
@@ -68,7 +68,7 @@ def fixed_table_attempt(dim: int, optimizer: str) -> str:
     """What allocating a fixed table over the whole int64 id space gives (one shard's half)."""
     cfg = TableConfig("ids", rows=(1 << 63) - 1, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.01))
     try:
-        TableRows(cfg, 0, 2)
+        FixedRows(cfg, 0, 2)
     except (RuntimeError, MemoryError, OverflowError, ValueError) as e:
         return f"refused: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
     return "allocated"  # pragma: no cover - no machine has 2^62 rows of memory

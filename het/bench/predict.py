@@ -115,7 +115,7 @@ def _plain_twin(model, batches):
     """The plain model, and the batches with their keys as its rows (a dynamic table's keys
     looked up beforehand; keys never stored get their initial rows appended)."""
     from het.export import dense as dense_model
-    from het.ps.table import initial_rows
+    from het.ps.initial import initial_rows
 
     table = model.table
     rows = table._gather(torch.arange(table.values.shape[0])) if table.values.shape[0] else torch.zeros(0, table.dim)

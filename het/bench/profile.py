@@ -9,7 +9,7 @@ each is timed apart (``tail_s_per_step``, ``flush_s``), as they are the end of t
 steady state. The result: seconds per step and the functions with the most time of their own
 (``tottime``) and in total (``cumtime``), per step. The shard's work is in the profile too (an
 in-process shard answers inside the client's send), under ``het/ps/shard.py`` and
-``het/ps/optim.py``.
+``het/ps/store/optim.py``.
 
 Compare configurations in one run of this command on the same machine, not across runs:
 timings here are noisy.

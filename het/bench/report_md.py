@@ -62,9 +62,8 @@ def _header(record: dict, title: str) -> list[str]:
     quick = " (quick run)" if record.get("quick") else ""
     return [f"### {title}", "",
             (f"Command: `{record.get('command', '?')}`{quick}; {record.get('started', '?')}, "
-            f"{_num(record.get('seconds'))} s.  "),
-            (f"Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores{mem}, torch {m.get('torch', '?')}, "
-            f"Python {m.get('python', '?')}."), ""]
+             f"{_num(record.get('seconds'))} s. Machine: {m.get('cpu', '?')}, {m.get('cores', '?')} cores{mem}, "
+             f"torch {m.get('torch', '?')}, Python {m.get('python', '?')}."), ""]
 
 
 def _table(head: list[str], rows: list[list]) -> list[str]:
@@ -145,7 +144,7 @@ def checks_staleness(result: dict) -> list[str]:
     out = []
     if 0 in auc and 100 in auc:
         d = auc[100] - auc[0]
-        out.append(f"AUC s=100 - s=0 = {d:+.4f} (target >= -0.0008, issue 15; paper WDL -0.0002): "
+        out.append(f"AUC s=100 - s=0 = {d:+.4f} (target >= -0.0008; paper WDL -0.0002): "
                    f"{_verdict(d >= -0.0008, 'met', 'missed')}")
     if 0 in auc and math.inf in auc:
         d = auc[math.inf] - auc[0]
@@ -189,8 +188,8 @@ def _miss(result: dict) -> dict:
     return miss
 
 
-def checks_missrate(result: dict) -> list[str]:
-    """LFU <= LRU at every size (the paper's ordering), Belady the floor, lookahead's effect."""
+def _missrate_findings(result: dict) -> list[tuple[str, str, str]]:
+    """(trace, claim, verdict) for each check of the miss rates."""
     out = []
     for trace, by in _miss(result).items():
         fracs = sorted(by.get("lru", {}))
@@ -200,11 +199,16 @@ def checks_missrate(result: dict) -> list[str]:
         for a, b, text in pairs:
             if a in by and b in by:
                 ok = all(by[a][f] <= by[b][f] + 1e-12 for f in fracs if f in by[a] and f in by[b])
-                out.append(f"{text} at every size ({trace}): {'yes' if ok else 'no'}")
+                out.append((trace, f"{text} at every size", "yes" if ok else "no"))
         if "belady" in by and "lfu" in by:
             gaps = [by["lfu"][f] - by["belady"][f] for f in fracs if f in by["belady"]]
-            out.append(f"LFU above Belady's floor ({trace}): {min(gaps):.3f}-{max(gaps):.3f}")
+            out.append((trace, "LFU above Belady's floor", f"{min(gaps):.3f}-{max(gaps):.3f}"))
     return out
+
+
+def checks_missrate(result: dict) -> list[str]:
+    """LFU <= LRU at every size (the paper's ordering), Belady the floor, lookahead's effect."""
+    return [f"{claim} ({trace}): {verdict}" for trace, claim, verdict in _missrate_findings(result)]
 
 
 def render_missrate(record: dict, img: str | None = None) -> str:
@@ -233,7 +237,10 @@ def render_missrate(record: dict, img: str | None = None) -> str:
     lines += [("The static oracle is a cache preloaded with the trace's most-used rows (chosen in hindsight; it "
               "pays no compulsory misses). The paper's numbers are GraphSAGE on Reddit and ogbn-mag: compare the "
               "ordering and the gaps, not the absolute rates.")]
-    return "\n".join(lines + _figure(img, "Fig. 8") + _checks(checks_missrate(result)))
+    by_trace: dict[str, list[str]] = {}
+    for trace, claim, verdict in _missrate_findings(result):
+        by_trace.setdefault(trace, []).append(f"{claim}: {verdict}")
+    return "\n".join(lines + _figure(img, "Fig. 8") + _checks([f"{t}: {'; '.join(c)}" for t, c in by_trace.items()]))
 
 
 def checks_scale(result: dict) -> list[str]:
@@ -246,12 +253,14 @@ def checks_scale(result: dict) -> list[str]:
         out.append(f"model vs measured at points neither CPU-bound nor fitted: max |error| {max(errors):.0%}")
     proj = [p for p in result.get("projected", []) if isinstance(p, dict)]
     for sweep, key in (("workers", "workers"), ("dim", "dim")):
+        spans: dict[str, list[str]] = {}  # "workers 1 -> 32": ["het s=100 x5.10", ...]
         for mode in dict.fromkeys(p.get("mode") for p in proj if p.get("sweep") == sweep):
             pts = sorted((p[key], p["samples_per_s"]) for p in proj if p.get("sweep") == sweep
                          and p.get("mode") == mode and p.get("bandwidth") == "1gbit" and key in p)
             if len(pts) > 1 and pts[0][1]:
-                out.append(f"projected {_mode(mode)} at 1 Gbit, {key} {pts[0][0]} -> {pts[-1][0]}: samples/s "
-                           f"x{pts[-1][1] / pts[0][1]:.2f}")
+                spans.setdefault(f"{key} {pts[0][0]} -> {pts[-1][0]}", []).append(
+                    f"{_mode(mode)} x{pts[-1][1] / pts[0][1]:.2f}")
+        out += [f"projected samples/s at 1 Gbit, {span}: {', '.join(m)}" for span, m in spans.items()]
     dims = [p for p in proj if p.get("sweep") == "dim" and p.get("bandwidth") == "1gbit"]
     top = max((p.get("dim", 0) for p in dims), default=None)
     at_top = {_mode(p["mode"]): p["samples_per_s"] for p in dims if p.get("dim") == top}
@@ -273,38 +282,45 @@ def _cell(v) -> str:
 
 
 def render_scale(record: dict, img: str | None = None) -> str:
-    """Fig. 9: samples/s by workers and by dim, measured here and projected by a stated model."""
+    """Fig. 9: samples/s by workers and by dim, measured here (beside the model's prediction at
+    each point) and projected by a stated model."""
     result = record["result"]
-    lines = [f"{result.get('note', '')}".strip(), "", "Measured:", ""]
-    measured = result.get("measured", [])
-    if all(isinstance(m, dict) and "time_split" in m for m in measured):
+    lines = [f"{result.get('note', '')}".strip(), "", "Measured, and the model at the measured points (its CPU terms "
+             "stretched by this machine's contention):", ""]
+    measured, check = result.get("measured", []), result.get("check", [])
+    at = {(c.get("mode"), c.get("workers"), c.get("dim")): c for c in check
+          if isinstance(c, dict) and "predicted_samples_per_s" in c}
+    tabular = all(isinstance(m, dict) and "time_split" in m for m in measured)
+    if tabular:
         rows = [[_mode(m.get("mode", "?")), m.get("workers"), m.get("dim"), _bandwidth(str(m.get("bandwidth"))),
-                 _num(m.get("samples_per_s")), _num(m.get("sparse_bytes_per_sample")),
+                 _num(m.get("samples_per_s")), _predicted(at.get((m.get("mode"), m.get("workers"), m.get("dim")))),
+                 _num(m.get("sparse_bytes_per_sample")),
                  " / ".join(_num(m["time_split"].get(k), ".0%") for k in ("compute", "wait_ps", "allreduce")),
                  "yes" if m.get("cpu_bound") else ""] for m in measured]
-        lines += _table(["mode", "workers", "dim", "link", "samples/s", "sparse B/sample",
+        lines += _table(["mode", "workers", "dim", "link", "samples/s", "model (error)", "sparse B/sample",
                          "compute / PS wait / AllReduce", "CPU-bound"], rows)
     else:
         lines += _generic(measured)
-    check = result.get("check", [])
-    lines += ["", "The model at the measured points (its CPU terms stretched by this machine's contention):", ""]
-    if all(isinstance(c, dict) and "predicted_samples_per_s" in c for c in check):
-        lines += _table(["mode", "workers", "measured", "predicted", "error", "note"],
-                        [[_mode(c.get("mode", "?")), c.get("workers"), _num(c.get("measured_samples_per_s")),
-                          _num(c["predicted_samples_per_s"]), _num(c.get("rel_error"), "+.0%"),
-                          "fitted here" if c.get("reference") else ("CPU-bound" if c.get("cpu_bound") else "")]
-                         for c in check])
-    else:
-        lines += _generic(check) if check and isinstance(check[0], dict) else [f"- {c}" for c in check]
+    if check and (not tabular or len(at) < len(check)):  # checks the table above does not show
+        lines += [""] + (_generic(check) if isinstance(check[0], dict) else [f"- {c}" for c in check])
     lines += _projection(result.get("projected", []))
     model = result.get("model", {})
     if model.get("formula"):
         lines += ["", "Model:", "", "```", model["formula"], "```"]
     if model.get("assumptions"):
-        lines += ["", "Assumptions:", ""] + [f"- {a}" for a in model["assumptions"]]
+        lines += ["", "Assumptions: " + "; ".join(model["assumptions"]) + "."]
     lines += ["", ("Paper (Fig. 9): HET scales to 32 workers and embedding dim 4096; at dim 4096 TF-PS is 22.8x and "
               "Parallax 16.5x slower per epoch than HET.")]
     return "\n".join(lines + _figure(img, "Fig. 9") + _checks(checks_scale(result)))
+
+
+def _predicted(c: dict | None) -> str:
+    """The model's samples/s at a measured point and its error, or why there is none."""
+    if c is None:
+        return ""
+    if c.get("reference"):
+        return f"{_num(c['predicted_samples_per_s'])} (fitted here)"
+    return f"{_num(c['predicted_samples_per_s'])} ({_num(c.get('rel_error'), '+.0%')})"
 
 
 def _projection(projected: list) -> list[str]:
@@ -344,7 +360,7 @@ def render(records: dict[str, dict], images: dict[str, str] | None = None) -> st
     """The report's markdown (the region between the markers) from the stored records; ``images``
     maps a record's name to its plot's path as the page should link it."""
     images = images or {}
-    out = ["## Benchmark report", "",
+    out = ["## The paper's figures, measured here", "",
            ("Generated by `het bench report` from docs/results/*.json (`het bench report --run` measures them "
            "again); edits between the markers are overwritten."), ""]
     for name, title, renderer, _ in FIGURES:

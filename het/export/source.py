@@ -21,10 +21,10 @@ import torch
 
 from het.config import TableConfig
 from het.export.lazy import LazyTensor, TorchFile
-from het.ps.tiers import read_saved
+from het.ps.store.saves import SAVE_FORMAT, table_dir
+from het.ps.store.tiers import read_saved
+from het.train.checkpoint import FORMAT as WORKER_FORMAT
 
-WORKER_FORMAT = 1  # het.train.checkpoint.FORMAT
-SAVE_FORMAT = 1  # het.ps.shard.SAVE_FORMAT
 PIECE_BYTES = 32 << 20  # rows read at once from a save
 _SHARD = re.compile(r"shard-(\d+)\.pt")
 
@@ -113,7 +113,7 @@ class Checkpoint:
         if "disk" in saved:  # a disk tier's rows: in the segment files linked beside the save
             disk = {k: (v.numpy() if isinstance(v, LazyTensor) else v) for k, v in saved["disk"].items()}
             records = torch.from_numpy(disk["records"])
-            rows_dir = os.path.join(shard.path + shard.obj["rows"], _table_dir(cfg.name))
+            rows_dir = os.path.join(shard.path + shard.obj["rows"], table_dir(cfg.name))
             for lo in range(0, len(keys), per):
                 hi = min(len(keys), lo + per)
                 yield keys.rows(lo, hi), read_saved(rows_dir, disk, records[lo:hi])[:, :cfg.dim].copy()
@@ -147,11 +147,6 @@ def _tensor(saved: dict, key: str, path: str) -> LazyTensor:
         raise ValueError(f"{path}: expected a tensor {key!r} in table {saved.get('config', {}).get('name')!r}, "
                          f"got {type(value).__name__}")
     return value
-
-
-def _table_dir(table: str) -> str:
-    """A table's directory in a disk tier and in a save's rows (het.ps.state.table_dir)."""
-    return "table-" + table.encode().hex()
 
 
 def _read_json(path: str) -> dict | None:

@@ -4,7 +4,7 @@ memory maps.
 A fixed table's rows are stored by key (row ``k`` is key ``k``); a dynamic table's stored rows
 in the order of its key index (:mod:`het.export.index`), and a key it never stored (not
 admitted, expired, never trained) reads as training reads it: its seeded initial row
-(:func:`het.ps.table.initial_rows`), computed when asked, never stored.
+(:func:`het.ps.initial.initial_rows`), computed when asked, never stored.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from het.config import TableConfig
 from het.export import index as key_index
 from het.export import rows as row_codec
 from het.export.source import Checkpoint
-from het.ps.table import initial_rows
+from het.ps.initial import initial_rows
 
 
 def write(ckpt: Checkpoint, name: str, directory: str, dtype: str, progress=None) -> dict:

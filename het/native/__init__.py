@@ -1,10 +1,12 @@
-"""het's native core: C++ operators for the hot paths (core.cpp), built by ``make`` with the
-system g++ (``python -m het.native.build``).
+"""het's native core: C++ operators for the hot paths, one source file per component (the
+cache's lookup and its fill and update, a fixed table's push and replies on the shard, initial
+rows and lazy replies on the client, unique keys, the lookahead window), built into one
+extension module by ``make`` with the system g++ (``python -m het.native.build``).
 
 The PyTorch code they replace stays as the reference: it is what runs on CUDA tensors, without
 a build, or with ``HET_NATIVE=0``, and the tests hold the two paths equal bit for bit. Without
-a usable build (none, one compiled from another version of core.cpp, or one compiled for
-another CPU) het warns once and runs the reference.
+a usable build (none, one compiled from other sources, or one compiled for another CPU) het
+warns once and runs the reference.
 
 On x86-64 and ARM Linux the build targets the CPU it runs on (``-march=native``: AVX2 or
 AVX-512 where there is some) and writes down the instruction sets it may use beside the module
@@ -29,7 +31,7 @@ import re
 import warnings
 
 ENV = "HET_NATIVE"  # "0": the reference path everywhere
-SOURCE = os.path.join(os.path.dirname(__file__), "core.cpp")
+HERE = os.path.dirname(os.path.abspath(__file__))
 MODULE = "het.native._het_native"
 # the extensions among /proc/cpuinfo's x86 flags that a compiler emits on its own, from plain
 # C++ (the rest: a hypervisor's, a clock's, or instructions only intrinsics reach, which a
@@ -42,10 +44,19 @@ LEVELS = {"x86-64-v2": _V2, "x86-64-v3": _V3,
           "x86-64-v4": _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}}
 
 
+def sources() -> list[str]:
+    """The native core's source files (.cpp, compiled; .h, included), sorted by name."""
+    return sorted(os.path.join(HERE, f) for f in os.listdir(HERE) if f.endswith((".cpp", ".h")))
+
+
 def source_hash() -> str:
-    """The hash the build compiles in: a build from another core.cpp is not used."""
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()[:16]
+    """The hash the build compiles in, of every source file's name and bytes: a build from other
+    sources is not used."""
+    h = hashlib.sha256()
+    for path in sources():
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + b"\0" + f.read() + b"\0")
+    return h.hexdigest()[:16]
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset:
@@ -113,7 +124,7 @@ def _load(record: str | None = None):
     except ImportError as e:
         return None, f"it is not built ({e})"
     if ops.SOURCE_HASH != source_hash():
-        return None, "its build is from another version of het/native/core.cpp"
+        return None, "its build is from other versions of het/native's sources"
     return ops, None
 
 

@@ -22,8 +22,9 @@ from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.bags import bag_keys, pool
 from het.nn.upcoming import Upcoming
-from het.ps.checks import all_finite
 from het.ps.client import PSClient
+from het.ps.limits import check_finite
+from het.ps.wire.requests import check_keys
 
 
 @dataclass
@@ -176,7 +177,7 @@ class Embedding(nn.Module):
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1),
                                        grad_dtype=self.push_dtype, state=cache.state_request,
-                                       sq=_several_steps(pushes))
+                                       sq=pushes.sq)
         out.parts.clear()
         self.traffic["sparse_push"] += handle.push_bytes  # keys, gradients, counts (and squares) as sent
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
@@ -195,9 +196,7 @@ class Embedding(nn.Module):
         return _HandGradsToCache.apply(anchor, (self, pending.name, pending.plan, rows))
 
     def _apply_grads(self, name: str, plan: Plan, grads: torch.Tensor) -> None:
-        if not all_finite(grads):
-            raise ValueError(f"gradient for table {name!r} holds NaN or inf: refused before it reached "
-                             f"the cache or the PS (the rows are unchanged)")
+        check_finite(grads, "grads", name)  # before the cache or the PS takes any
         out = self._outbox[name]
         out.step += 1
         grads = grads.detach().to(self.device, torch.float32)
@@ -231,7 +230,7 @@ class Embedding(nn.Module):
             if len(rows):
                 out = self._outbox[name]
                 handle = self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
-                                          sq=_several_steps(rows), grad_dtype=self.push_dtype)
+                                          sq=rows.sq, grad_dtype=self.push_dtype)
                 self._early.append(handle)
                 self.traffic["sparse_push"] += handle.push_bytes
 
@@ -248,7 +247,7 @@ class Embedding(nn.Module):
             out.parts.clear()
             if len(rows):
                 handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
-                                                sq=_several_steps(rows), grad_dtype=self.push_dtype))
+                                                sq=rows.sq, grad_dtype=self.push_dtype))
                 self.traffic["sparse_push"] += handles[-1].push_bytes
         for h in handles:
             self._wait(h)
@@ -331,20 +330,8 @@ class Embedding(nn.Module):
         return table
 
     def _check_keys(self, keys, name: str) -> torch.Tensor:
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
-        if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
-            raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
-        keys = keys.to(self.device, torch.int64)
-        if keys.numel() and not self.tables[name].dynamic:  # a dynamic table takes any int64
-            lo, hi = torch.aminmax(keys)
-            lo, hi, rows = int(lo), int(hi), self.tables[name].rows
-            pad = self.padding_idx if self.mode is not None else None
-            if lo < 0 and lo != pad:
-                raise ValueError(f"key {lo} out of range for table {name!r} with {rows} rows (keys are >= 0)")
-            if hi >= rows and hi != pad:
-                raise ValueError(f"key {hi} out of range for table {name!r} with {rows} rows")
-        return keys
+        pad = self.padding_idx if self.mode is not None else None  # a pooled lookup's padding
+        return check_keys(self.tables[name], keys, allowed=pad).to(self.device)
 
     def _flatten(self, keys, offsets):
         """Input -> (flat keys (N,), bag of each key (N,) or None, number of bags)."""
@@ -371,9 +358,3 @@ class _HandGradsToCache(torch.autograd.Function):
         return None, None
 
 
-def _several_steps(rows: Rows) -> torch.Tensor | None:
-    """The squares a push carries: none when every row is one step (the shard then ignores them:
-    plain Adagrad), as at s = 0 and for keys that bypass the cache."""
-    if rows.sq is None or not bool((rows.counts > 1).any()):
-        return None
-    return rows.sq

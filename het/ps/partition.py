@@ -1,7 +1,7 @@
 """How keys are spread over PS shards.
 
 Fixed tables: ``shard = key % S``, ``local row = key // S``. Dynamic tables (any int64 key,
-:mod:`het.ps.dynamic`): ``shard = mix(key) % S`` with a 64-bit mixing hash, since raw ids often
+:mod:`het.ps.store.dynamic`): ``shard = mix(key) % S`` with a 64-bit mixing hash, since raw ids often
 share their low bits (a hash of a user id times 1024, say) and ``key % S`` would put them all on
 one shard; a dynamic shard finds a key's row through its own index.
 

@@ -23,10 +23,10 @@ import shutil
 import torch
 
 from het.config import TableConfig
-from het.ps import optim, partition
-from het.ps.shard import SAVE_FORMAT
-from het.ps.state import rows_dir
-from het.ps.tiers import read_saved
+from het.ps import partition
+from het.ps.store import optim
+from het.ps.store.saves import SAVE_FORMAT, rows_dir
+from het.ps.store.tiers import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 

@@ -5,7 +5,7 @@
 port of 127.0.0.1 and stop it again.
 
 Each takes an optional shared ``secret`` (bytes): with one, only requests signed with it are
-served (see :mod:`het.ps.auth`). Binding any address but loopback without one is a ValueError.
+served (see :mod:`het.ps.wire.auth`). Binding any address but loopback without one is a ValueError.
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ import zmq
 
 from het.config import ShardConfig
 from het.process import die_with_parent
-from het.ps import state
-from het.ps.auth import SECRET_ENV, check_bind, check_secret, curve_keys
-from het.ps.protocol import error_reply, encode, peek_request_id
+from het.ps.store import saves
+from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret, curve_keys
+from het.ps.wire.protocol import error_reply, encode, peek_request_id
 from het.ps.shard import Shard
-from het.ps.transport import ZmqTransport
+from het.ps.wire.transport import ZmqTransport
 
 log = logging.getLogger("het.ps")
 
@@ -38,14 +38,14 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
     """Answer requests until a STOP request or ``should_stop()``. A request that breaks the
     handler gets an error reply; the loop goes on."""
     while not shard.stopping and not should_stop():
-        # rows a sync named come off disk only while no request waits (server-side prefetch)
-        got = endpoint.recv(0 if shard.prefetch_pending else poll_s)
+        # rows a sync named come off disk only while no request waits (Shard.page_in)
+        got = endpoint.recv(0 if shard.page_in_pending else poll_s)
         if got is None:
-            if shard.prefetch_pending:
+            if shard.page_in_pending:
                 try:
-                    shard.prefetch()
-                except Exception:  # a cache fill that failed changes no row: the shard goes on
-                    log.exception("prefetch failed")
+                    shard.page_in()
+                except Exception:  # a page-in that failed changes no row: the shard goes on
+                    log.exception("page-in failed")
                     shard.stats["errors"] += 1
             continue
         peer, frames = got
@@ -134,7 +134,7 @@ class ServerThread:
         check_bind(bind, secret)
         keys = _curve(secret, encrypt)
         self._own_state = state_dir is None  # a temporary one, removed at stop
-        self.shard = Shard(cfg, secret, state.temporary() if state_dir is None else state_dir)
+        self.shard = Shard(cfg, secret, saves.temporary() if state_dir is None else state_dir)
         self.endpoint = ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
@@ -177,7 +177,7 @@ class ServerProcess:
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
-        self.state_dir = state.temporary() if state_dir is None else state_dir
+        self.state_dir = saves.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
                "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else [])]
         self.log_path = log_path
@@ -241,4 +241,4 @@ def _child_env(secret: bytes | None) -> dict:
 def _cfg_dict(cfg: ShardConfig) -> dict:
     return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables],
             "max_keys": cfg.max_keys, "memory": cfg.memory, "memory_policy": cfg.memory_policy,
-            "prefetch": cfg.prefetch}
+            "page_in": cfg.page_in}

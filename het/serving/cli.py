@@ -40,7 +40,7 @@ def _main(args: argparse.Namespace) -> None:
     import torch
     import uvicorn
 
-    from het.ps.auth import is_loopback
+    from het.ps.wire.auth import is_loopback
     from het.serving.app import Limits, Metrics, make_app
     from het.serving.follow import Follower, newest_base
     from het.serving.live import Live, first_version

@@ -196,8 +196,8 @@ class TrainConfig:
                                     "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
                                     "makes the table dynamic (none: all in memory)", kind="size")
     ps_memory_policy: Policy = setting(Policy.LRU, "with ps_memory: which rows leave DRAM first")
-    ps_prefetch: bool = setting(True, "with ps_memory: a shard brings the rows on disk that a prefetched sync "
-                                "names into DRAM after replying, before the step that needs them")
+    ps_page_in: bool = setting(True, "with ps_memory: a shard pages the rows on disk that a prefetched sync "
+                               "names into DRAM after replying, before the step that needs them")
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)

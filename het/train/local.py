@@ -78,7 +78,7 @@ def shard_options(cfg: TrainConfig) -> dict:
     """The job's settings of its shards beyond their tables (a memory budget and its disk tier)."""
     if cfg.ps_memory is None:
         return {}
-    return {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "prefetch": cfg.ps_prefetch}
+    return {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "page_in": cfg.ps_page_in}
 
 
 def check_job(cfg: TrainConfig) -> None:

@@ -12,8 +12,8 @@ import torch
 from conftest import raw_request
 
 from het import PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.auth import SECRET_ENV
-from het.ps.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
+from het.ps.wire.auth import SECRET_ENV
+from het.ps.wire.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
 
 pytestmark = pytest.mark.cluster
 

@@ -13,7 +13,7 @@ import zmq
 
 from het.config import ShardConfig, TableConfig
 from het.ps.client import PSClient
-from het.ps.protocol import Message, Op, decode, encode
+from het.ps.wire.protocol import Message, Op, decode, encode
 from het.ps.server import ServerProcess, ServerThread
 from conftest import raw_request
 

@@ -13,8 +13,8 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.client import WaitAbandoned
-from het.ps.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
+from het.ps.wire.connection import WaitAbandoned
+from het.ps.wire.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
 
 pytestmark = pytest.mark.cluster
 

@@ -10,7 +10,7 @@ import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
-from het.ps import wal
+from het.ps.store import wal
 from het.ps.server import ServerProcess
 
 pytestmark = pytest.mark.cluster
@@ -61,7 +61,7 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
             if name == "killed":  # at a random point of the job: after 20 to 80 of its ~120 pushes
                 at, deadline = random.randint(20, 80), time.monotonic() + 300
                 while time.monotonic() < deadline and launcher.poll() is None and (
-                        not (logs / "pids.json").exists() or sum(1 for _ in wal.read(str(logs / "ps-0" / "wal"))) < at):
+                        not (logs / "pids.json").exists() or sum(1 for _ in wal.read_log(str(logs / "ps-0" / "wal"))) < at):
                     time.sleep(0.02)
                 os.kill(json.load(open(logs / "pids.json"))["PS shard 0"], 9)
             out, err = launcher.communicate(timeout=600)

@@ -7,13 +7,13 @@ import torch
 
 from het.cli import main
 from het.config import ShardConfig, TableConfig
-from het.ps.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
+from het.ps.wire.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
 from het.ps.client import PSClient
-from het.ps.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, _HEADER,
-                             decode, encode)
+from het.ps.wire.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, _HEADER, decode,
+                                  encode)
 from het.ps.server import ServerProcess, ServerThread, _child_env
 from het.ps.shard import Shard
-from het.ps.transport import LocalTransport
+from het.ps.wire.transport import LocalTransport
 
 SECRET = b"correct horse battery staple"
 TABLE = TableConfig("t", rows=16, dim=3)
@@ -236,7 +236,7 @@ class Recording:
 
 def recorded_client(shard: Shard):
     from het.ps.client import PSClient
-    from het.ps.transport import LocalTransport
+    from het.ps.wire.transport import LocalTransport
 
     transport = LocalTransport()
     channel = Recording(transport.connect(transport.bind("s", shard)))

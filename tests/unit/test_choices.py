@@ -68,7 +68,7 @@ def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path)
 
 def test_every_table_keyed_by_a_choice_covers_it_exactly():
     from het.cache.policy import POLICIES
-    from het.ps.protocol import GRAD_BYTES
+    from het.ps.wire.protocol import GRAD_BYTES
     from het.train.loop import TORCH_OPTIMIZERS
     from het.train.tasks import CTR_MODELS
 
@@ -76,5 +76,5 @@ def test_every_table_keyed_by_a_choice_covers_it_exactly():
     assert set(TORCH_OPTIMIZERS) == set(DENSE_OPTIMIZERS)
     assert set(CTR_MODELS) | set(GRAPH_MODELS) == set(Model) and not set(CTR_MODELS) & set(GRAPH_MODELS)
     for name in Optimizer:
-        OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.optim.make
+        OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.store.optim.make
         PSClient.local([TableConfig("t", rows=2, dim=2, optimizer=OptimizerConfig(name))])

@@ -7,11 +7,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.chunks import Chunks
-from het.ps.index import KeyIndex
-from het.ps.protocol import Message, Op
+from het.ps.store.chunks import Chunks
+from het.ps.store.index import KeyIndex
+from het.ps.wire.protocol import Message, Op
 from het.ps.shard import Shard
-from het.ps.table import initial_rows
+from het.ps.initial import initial_rows
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1, initial_accumulator=0.1),
               OptimizerConfig("adam", lr=0.01)]
@@ -189,7 +189,7 @@ def test_the_write_ahead_log_replays_a_dynamic_table(tmp_path):
                 max_size=40))
 def test_the_key_index_is_a_dictionary(ops):
     index, truth, slot = KeyIndex(), {}, 0
-    import het.ps.index as module
+    import het.ps.store.index as module
 
     old = module.MIN_RECENT
     module.MIN_RECENT = 4  # merge often

@@ -9,11 +9,12 @@ import torch
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.cache.policy import EMPTY
 from het.config import ShardConfig
-from het.ps import partition, state
+from het.ps import partition
+from het.ps.store import saves
 from het.ps.client import PSClient
 from het.ps.shard import Shard
-from het.ps.table import initial_rows
-from het.ps.transport import LocalTransport
+from het.ps.initial import initial_rows
+from het.ps.wire.transport import LocalTransport
 
 LO, HI = -2**63, 2**63 - 1
 RAW = torch.tensor([EMPTY, LO, HI, 0, -2, 1 << 40, 7, -(1 << 50), 12345678901234])
@@ -26,7 +27,7 @@ def table(rows=None, **kw):
 
 def shards(tables, num_shards, max_keys=ShardConfig.max_keys):
     transport = LocalTransport()
-    made = [Shard(ShardConfig(tuple(tables), i, num_shards, max_keys), state_dir=state.local(i))
+    made = [Shard(ShardConfig(tuple(tables), i, num_shards, max_keys), state_dir=saves.local(i))
             for i in range(num_shards)]
     names = [transport.bind(f"local-{i}", s) for i, s in enumerate(made)]
     return made, (lambda **kw: PSClient([transport.connect(n) for n in names], **kw))
@@ -61,7 +62,7 @@ def test_fixed_tables_keep_their_range_check_and_dynamic_ones_their_dtype_check(
     client = PSClient.local([table(rows=10), TableConfig("raw", rows=None, dim=2)], 2)
     with pytest.raises(ValueError, match="key -1 out of range for table 'ids' with 10 rows"):
         client.pull("ids", torch.tensor([3, -1]))
-    with pytest.raises(TypeError, match="keys must be int64, got torch.float32"):
+    with pytest.raises(TypeError, match=r"keys must be int64 \(or int32\), got torch.float32"):
         client.pull("raw", torch.tensor([1.0]))
     client.wait(client.pull("raw", torch.tensor([-1, LO], dtype=torch.int64)))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.protocol import ERROR, Message, Op, decode, encode
+from het.ps.wire.protocol import ERROR, Message, Op, decode, encode
 from het.ps.shard import Shard
 
 SECRET = b"fuzz-secret"

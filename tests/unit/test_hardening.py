@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import checks
-from het.ps.protocol import ERROR, Message, Op, decode, encode
+from het.ps import limits
+from het.ps.wire.protocol import ERROR, Message, Op, decode, encode
 from het.ps.shard import Shard
 
 DIM = 4
@@ -102,12 +102,12 @@ def test_counts_near_2_63_are_refused_and_clocks_never_wrap():
     assert reply.status == ERROR and "counts must lie in" in reply.meta["error"]
     assert_unchanged(before, state(s))
     # many pushes of the largest count still stop before the clock limit, and nothing wraps
-    s.tables["t"].clocks[1] = checks.MAX_CLOCK - 5
+    s.tables["t"].clocks[1] = limits.MAX_CLOCK - 5
     one = [np.array([1], np.int64), np.zeros((1, DIM), np.float32)]
     assert s.handle(request(Op.PUSH, {}, one + [np.array([5], np.int64)])).status != ERROR
     reply = s.handle(request(Op.PUSH, {}, one + [np.array([1], np.int64)]))
     assert reply.status == ERROR and "clock would pass" in reply.meta["error"]
-    assert int(s.tables["t"].clocks[1]) == checks.MAX_CLOCK
+    assert int(s.tables["t"].clocks[1]) == limits.MAX_CLOCK
 
 
 def test_clocks_sent_below_minus_one_are_refused():
@@ -239,7 +239,7 @@ def test_a_shard_without_a_state_directory_saves_and_loads_nothing(tmp_path):
 
 @pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:-1", "nohost"])
 def test_a_bind_address_out_of_range_is_refused(address):
-    from het.ps.transport import tcp_address
+    from het.ps.wire.transport import tcp_address
 
     with pytest.raises(ValueError, match="expected an address 'host:port'"):
         tcp_address(address)

@@ -12,7 +12,7 @@ import torch
 from het.config import ShardConfig, TableConfig
 from het.ps.client import PSClient
 from het.ps.server import ServerThread
-from het.ps.transport import LATENCY_ENV, DelayedChannel, ZmqChannel, ZmqTransport
+from het.ps.wire.transport import LATENCY_ENV, DelayedChannel, ZmqChannel, ZmqTransport
 
 TABLE = TableConfig("t", rows=1000, dim=4)
 

@@ -1,9 +1,12 @@
-"""het's structure: no import cycle between its modules, nor between its packages, counting
-every import statement (inside functions too) and modules imported by name (importlib).
+"""het's structure: its packages stand in the layers declared below (the order
+docs/ARCHITECTURE.md's "Layers" paragraph states), each importing only layers below its own
+(the packages of one layer import none of each other), with no import cycle between modules
+or packages; inside het.ps, the rooms of the parameter server stand in layers too (the store
+and the wire side by side, neither importing the other).
 
-The packages stand in layers, each importing only those below it:
-config, staleness, process -> data, cache -> ps -> nn -> models -> dist -> train -> bench
--> serve, demo, cli.
+Every import statement counts, wherever it stands: one inside a function (``het serve``'s, a
+lazy import that keeps a command's start fast) is as much a dependency as one at the top, so it
+must point down the order too. A module named to ``importlib.import_module`` counts as well.
 """
 
 from __future__ import annotations
@@ -11,16 +14,46 @@ from __future__ import annotations
 import ast
 import itertools
 import pathlib
+import re
+import shutil
 
 import het
 
 ROOT = pathlib.Path(het.__file__).parent
 
+# het's packages (and top-level modules), lowest layer first: a package imports only layers
+# before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
+# __main__, above everything, goes without saying there).
+LAYERS = (
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
+    ("config",),
+    ("data", "cache"),
+    ("ps",),
+    ("nn",),
+    ("models",),
+    ("dist",),
+    ("train",),
+    ("bench",),
+    ("serve", "demo"),
+    ("cli",),
+    ("__main__",),
+)
+# het.ps's rooms, lowest first: what both sides share (how keys spread, the limits, the initial
+# rows), the store and the wire, the shard between them, and the ends: the client, the server,
+# and the offline reshard tool.
+PS_ROOMS = (
+    ("partition", "limits"),
+    ("initial",),
+    ("store", "wire"),
+    ("shard",),
+    ("client", "server", "reshard"),
+)
 
-def modules() -> dict[str, pathlib.Path]:
+
+def modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
     out = {}
-    for path in ROOT.rglob("*.py"):
-        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts = parts[:-1]
         out[".".join(parts)] = path
@@ -49,14 +82,47 @@ def imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
     return {m for m in out if m in known and m != name}
 
 
-def graph() -> dict[str, set[str]]:
-    known = modules()
+def graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+    known = modules(root)
     return {name: imports(name, path, known) for name, path in known.items()}
 
 
 def package_of(module: str) -> str:
     """``het.train.loop`` -> ``het.train``; a top-level module (``het.config``) is its own."""
     return ".".join(module.split(".")[:2])
+
+
+def room_of(module: str) -> str:
+    """``het.ps.store.fixed`` -> ``store``; ``het.ps.shard`` -> ``shard``."""
+    return module.split(".")[2]
+
+
+def against_order(edges: dict[str, set[str]], layers: tuple, part, within: str = "het") -> list[str]:
+    """The imports that do not point down ``layers`` (up, or across one layer), among the
+    modules under ``within`` (the package itself, whose ``__init__`` re-exports its public API
+    from every layer, excepted; ``part``: the name a module's layer is found by; modules of one
+    part import each other freely), as ``"importer -> imported (layer i -> j)"``; and
+    ``"unplaced: name"`` for a part in no layer."""
+    level = {name: i for i, layer in enumerate(layers) for name in layer}
+    found = []
+    for module, targets in sorted(edges.items()):
+        if not module.startswith(within + "."):
+            continue
+        for target in sorted(t for t in targets if t.startswith(within + ".")):
+            src, dst = part(module), part(target)
+            for name in (src, dst):
+                if name not in level:
+                    found.append(f"unplaced: {name}")
+            if src != dst and src in level and dst in level and level[dst] >= level[src]:
+                found.append(f"{module} -> {target} (layer {level[src]} -> {level[dst]})")
+    return sorted(set(found))
+
+
+def upward(edges: dict[str, set[str]]) -> list[str]:
+    """Imports against :data:`LAYERS` between het's packages, and against :data:`PS_ROOMS`
+    inside het.ps."""
+    return (against_order(edges, LAYERS, lambda m: package_of(m).split(".")[1])
+            + against_order(edges, PS_ROOMS, room_of, within="het.ps"))
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -91,6 +157,14 @@ def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def stated_layers(text: str) -> tuple:
+    """The layer order a "Layers" paragraph states: the backquoted names between ``->``s of
+    its first sentence that has them."""
+    section = text.split("## Layers", 1)[1]
+    order = re.search(r"((?:`[\w.]+`(?:,\s*|\s*->\s*))+`[\w.]+`)", section).group(1)
+    return tuple(tuple(re.findall(r"`([\w.]+)`", layer)) for layer in order.split("->"))
+
+
 def test_cycles_finds_a_cycle():
     """The checker itself: a cycle through three nodes is found, a chain is not."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
@@ -107,15 +181,39 @@ def test_imports_inside_functions_and_by_name_count(tmp_path):
     assert imports("het.x", src, known) == set()
 
 
+def test_every_package_and_ps_room_has_a_layer():
+    """A new package (or room of het.ps) is placed in the order before it is imported."""
+    names = {package_of(m).split(".")[1] for m in modules() if m != "het"}
+    assert names == {name for layer in LAYERS for name in layer}
+    rooms = {room_of(m) for m in modules() if m.startswith("het.ps.")}
+    assert rooms == {name for layer in PS_ROOMS for name in layer}
+
+
+def test_the_architecture_states_the_declared_order():
+    doc = (ROOT.parent / "docs" / "ARCHITECTURE.md").read_text()
+    assert stated_layers(doc) == LAYERS[:-1]
+    ps = doc.split("## Layers", 1)[1].split("het.ps", 1)[1]
+    assert stated_layers("## Layers" + ps) == PS_ROOMS
+
+
+def test_no_import_against_the_layer_order():
+    assert upward(graph()) == []
+
+
+def test_a_planted_upward_import_fails_the_check(tmp_path):
+    """The check itself, on a copy of het: an import of the training loop planted inside a
+    function of the cache (a lazy import: it counts), and one of the wire planted in the store,
+    are each found."""
+    copy = tmp_path / "het"
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("*.so", "*.cpu", "__pycache__"))
+    assert upward(graph(copy)) == []
+    cache = copy / "cache" / "cache.py"
+    cache.write_text(cache.read_text() + "\n\ndef _planted():\n    from het.train import loop\n")
+    fixed = copy / "ps" / "store" / "fixed.py"
+    fixed.write_text(fixed.read_text() + "\nfrom het.ps.wire import protocol\n")
+    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 2 -> 7)",
+                                   "het.ps.store.fixed -> het.ps.wire.protocol (layer 2 -> 2)"]
+
+
 def test_no_import_cycle_between_modules():
     assert cycles(graph()) == []
-
-
-def test_no_import_cycle_between_packages():
-    edges: dict[str, set[str]] = {}
-    for module, targets in graph().items():
-        if module == "het":  # the public API re-exports from every layer
-            continue
-        src = package_of(module)
-        edges.setdefault(src, set()).update(package_of(t) for t in targets if package_of(t) not in (src, "het"))
-    assert cycles(edges) == []

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.protocol import Message, Op, PSError, decode, encode
-from het.ps.table import initial_rows
+from het.ps.wire.protocol import Message, Op, PSError, decode, encode
+from het.ps.initial import initial_rows
 from conftest import LocalCluster
 
 T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)

@@ -29,11 +29,8 @@ FOLLOWED = ("rows", "acc", "sq", "fill", "writeback.sq", "update.sq", "flush.sq"
 
 def pair(table, cfg):
     """The same cache twice: one on the native path, one on the reference."""
-    fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg)
-    ref.native = False
-    if ref.window is not None:
-        ref.window._window = None  # the reference index too
-    assert fast.native
+    fast, ref = EmbeddingCache(table, cfg), EmbeddingCache(table, cfg, native=False)  # the reference index too
+    assert fast.native and not ref.native
     return fast, ref
 
 
@@ -216,7 +213,7 @@ def test_cpu_flags_keep_the_instruction_sets_of_x86_and_arm(tmp_path):
 @given(n=st.integers(0, 10_000), seed=st.integers(0, 2**32 - 1),
        bad=st.sampled_from([None, math.nan, math.inf, -math.inf, 3.4e38]))
 def test_native_all_finite_says_what_torch_says(n, seed, bad):
-    from het.ps.checks import all_finite
+    from het.ps.limits import all_finite
 
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 1e30
     if bad is not None and n:
@@ -232,34 +229,33 @@ def test_the_build_is_the_source_in_the_tree():
 
 
 @needs_build
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None)
 @given(dim=st.integers(1, 70), scale=st.sampled_from([0.01, 0.5, 3.0]), seed=st.integers(0, 2**32 - 1),
        name=st.sampled_from(["t", "user_id", "C14.a-b"]),
        keys=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
-def test_native_initial_rows_equal_numpys_bit_for_bit(monkeypatch, dim, scale, seed, name, keys):
+def test_native_initial_rows_equal_numpys_bit_for_bit(dim, scale, seed, name, keys):
     """Every key (negative and huge ones take the mixed counter), dim, scale and seed."""
-    from het.ps.table import initial_rows
+    from het.ps.initial import hash_rows, initial_counters, initial_rows
 
     table = TableConfig(name, rows=None, dim=dim, seed=seed, init_scale=scale)
     keys = np.array(keys + [0, 1, 2**63 - 1, -(2**63)], dtype=np.int64)
     fast = initial_rows(table, keys)
-    with monkeypatch.context() as m:  # undone at once: each example sets it again
-        m.setattr(native, "ops", None)
-        ref = initial_rows(table, keys)
+    counters, salt = initial_counters(table, keys)
+    ref = hash_rows(counters, dim, salt, scale)
     assert fast.dtype == ref.dtype == np.float32 and fast.shape == ref.shape == (len(keys), dim)
     assert np.array_equal(fast.view(np.int32), ref.view(np.int32))
 
 
 @needs_build
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None)
 @given(dim=st.integers(1, 40), seed=st.integers(0, 2**32 - 1), marks=st.lists(st.booleans(), max_size=60),
        width=st.sampled_from([None, 1, "full"]), accumulator=st.sampled_from([0.0, 0.3]), keys=st.data())
-def test_native_lazy_reply_equals_the_reference(monkeypatch, dim, seed, marks, width, accumulator, keys):
+def test_native_lazy_reply_equals_the_reference(dim, seed, marks, width, accumulator, keys):
     """One shard's lazy reply: the rows, clocks and optimizer state sent, and those of the rows
     built here (any keys: negative and huge ones take the mixed counter; an initial state that is
     not zeros), natively in one pass as the reference puts them together, bit for bit."""
-    from het.ps.replies import Handle, _part
-    from het.ps.protocol import Op
+    from het.ps.wire.replies import Handle, NativeParts, TorchParts
+    from het.ps.wire.protocol import Op
 
     table = TableConfig("t", rows=None, dim=dim, seed=seed, init_scale=0.3,
                         optimizer=OptimizerConfig("adagrad", lr=0.1, initial_accumulator=accumulator))
@@ -274,10 +270,8 @@ def test_native_lazy_reply_equals_the_reference(monkeypatch, dim, seed, marks, w
     state = None if width is None else rng.random((k, width)).astype(np.float32)
     bits = [np.packbits(np.array(marks, dtype=bool), bitorder="little")] if n else []
     positions = torch.arange(n)
-    fast = _part(handle, table, positions, sent, clocks, state, bits, width)
-    with monkeypatch.context() as m:
-        m.setattr(native, "ops", None)
-        ref = _part(handle, table, positions, sent, clocks, state, bits, width)
+    fast = NativeParts()(handle, table, positions, sent, clocks, state, bits, width)
+    ref = TorchParts()(handle, table, positions, sent, clocks, state, bits, width)
     assert fast[0].dtype == ref[0].dtype == torch.float32 and fast[0].shape == ref[0].shape == (n, dim)
     assert torch.equal(fast[0].view(torch.int32), ref[0].view(torch.int32))
     assert torch.equal(fast[1], ref[1]) and fast[1].dtype == torch.int64
@@ -340,13 +334,12 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
     """Pushes with duplicate keys, several steps, each optimizer and dims off the vector width;
     a push that would overflow a value or a clock is refused whole, with the same message, on
     both paths."""
-    from het.ps.checks import MAX_CLOCK
-    from het.ps.table import TableRows
+    from het.ps.limits import MAX_CLOCK
+    from het.ps.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.05))
-    fast, ref = TableRows(cfg, shards - 1, shards), TableRows(cfg, shards - 1, shards)
-    ref.native = False
+    fast, ref = FixedRows(cfg, shards - 1, shards), FixedRows(cfg, shards - 1, shards, native=False)
     assert fast.native
     local_rows = len(fast.weight)
     for step in range(1, 6):
@@ -388,17 +381,18 @@ def test_a_native_reply_sends_the_rows_the_reference_sends(seed, dim, rows, lazy
     """A pull's or sync's rows (``rows_to_send``), gathered natively (rows prefetched ahead, the
     lazy reply's marks in the same pass), equal numpy's take and torch's masks bit for bit:
     duplicate keys, no key, every row touched or none."""
-    from het.ps.table import TableRows
+    from het.ps.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
-    table = TableRows(TableConfig("t", rows=rows, dim=dim), 0, 1)
+    cfg = TableConfig("t", rows=rows, dim=dim)
+    table, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
     table.weight.copy_(torch.randn(rows, dim, generator=gen))
     table.touched.copy_(torch.rand(rows, generator=gen) < float(torch.rand(1, generator=gen)))
+    reference.weight.copy_(table.weight)
+    reference.touched.copy_(table.touched)
     local = torch.randint(0, rows, (int(torch.randint(0, 3 * rows + 1, (1,), generator=gen)),), generator=gen)
     fast = table.rows_to_send(local, lazy)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native, "ops", None)
-        ref = table.rows_to_send(local, lazy)
+    ref = reference.rows_to_send(local, lazy)
     assert fast[1] == ref[1] and len(fast[0]) == len(ref[0])
     for a, b in zip(fast[0], ref[0]):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
@@ -420,9 +414,9 @@ def test_a_native_gather_refuses_a_row_out_of_range():
 def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
     """Replies' rows go out in reused buffers: a buffer whose rows a frame, a view or a tensor
     still holds is never written again; once they are gone, it is."""
-    from het.ps.table import TableRows
+    from het.ps.store.fixed import FixedRows
 
-    table = TableRows(TableConfig("t", rows=1000, dim=4), 0, 1)
+    table = FixedRows(TableConfig("t", rows=1000, dim=4), 0, 1)
     first, _ = table.rows_to_send(torch.tensor([1, 2, 3]), lazy=False)
     held = torch.from_numpy(first[0])[1:]  # what a client keeps: a tensor of a view
     expected = held.clone()
@@ -437,16 +431,16 @@ def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
     again, _ = table.rows_to_send(torch.tensor([4, 5]), lazy=False)
     assert again[0].ctypes.data == base  # free again: reused
     assert np.array_equal(again[0], table.weight[[4, 5]].numpy())
-    assert len(table._replies.buffers) == 2
-    table._replies.max_rows = 10  # a bulk read: a buffer of its own, not kept
+    assert len(table._replies.buffers.buffers) == 2
+    table._replies.buffers.max_rows = 10  # a bulk read: a buffer of its own, not kept
     bulk, _ = table.rows_to_send(torch.arange(20), lazy=False)
-    assert np.array_equal(bulk[0], table.weight[:20].numpy()) and len(table._replies.buffers) == 2
+    assert np.array_equal(bulk[0], table.weight[:20].numpy()) and len(table._replies.buffers.buffers) == 2
 
 
 def test_reply_buffers_of_varying_sizes_hold_what_is_in_use():
     """Replies of every size, each dropped before the next: a free buffer too small makes way
     for a bigger one, so the pool does not grow to its limit."""
-    from het.ps.table import ReplyBuffers
+    from het.ps.store.kernels import ReplyBuffers
 
     pool = ReplyBuffers(dim=8)
     gen = torch.Generator().manual_seed(0)
@@ -478,12 +472,11 @@ def test_a_native_push_of_several_adagrad_steps_equals_the_reference_to_rounding
     """Pushes whose rows sum several steps, with their squares (duplicates too, some single
     steps among them): the same rows, accumulators and clocks as the reference, to float
     rounding (the native square roots are IEEE's, torch's vectorised ones are not)."""
-    from het.ps.table import TableRows
+    from het.ps.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adagrad", lr=0.05))
-    fast, ref = TableRows(cfg, 0, 1), TableRows(cfg, 0, 1)
-    ref.native = False
+    fast, ref = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
     for step in range(1, 6):
         n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
         local = torch.randint(0, rows, (n,), generator=gen)

@@ -10,16 +10,17 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps import optim, wal
+from het.adagrad import adagrad_factor
+from het.ps.store import wal
 from het.ps.client import PSClient
-from het.ps.optim import RowWiseAdagradTorch
-from het.ps.protocol import PSError
-from het.ps.table import TableRows
+from het.ps.store.optim import RowWiseAdagradTorch
+from het.ps.wire.protocol import PSError
+from het.ps.store.fixed import FixedRows
 
 
 def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
     cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
-    table = TableRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
     ref = torch.nn.Embedding(20, 6, sparse=True)
     with torch.no_grad():
         ref.weight.copy_(table.weight)
@@ -42,7 +43,7 @@ def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
 def test_pushes_of_single_steps_ignore_their_squares_and_are_plain_adagrad(name):
     """Every count 1 (staleness 0): the sums of squares change nothing, bit for bit."""
     cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
-    plain, told = TableRows(cfg, 0, 1), TableRows(cfg, 0, 1)
+    plain, told = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1)
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         rows, grads = torch.randperm(10, generator=gen)[:6], torch.randn(6, 4, generator=gen)
@@ -59,7 +60,7 @@ def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width)
     100 sequential Adagrad steps; the sum alone (HET's push) moves it 1/10 as far."""
     cfg = TableConfig("t", rows=1, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
     g = torch.tensor([[0.01, -0.02, 0.03, 0.01]])
-    sequential, summed, followed = (TableRows(cfg, 0, 1) for _ in range(3))
+    sequential, summed, followed = (FixedRows(cfg, 0, 1) for _ in range(3))
     start = sequential.weight.clone()
     for _ in range(100):
         sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)
@@ -74,7 +75,7 @@ def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width)
 
 def test_the_factor_of_one_step_is_adagrads():
     acc, sq = torch.tensor([[0.5]]), torch.tensor([[0.25]])
-    f = optim.adagrad_factor(acc, sq, torch.tensor([[1]]), 1e-10)
+    f = adagrad_factor(acc, sq, torch.tensor([[1]]), 1e-10)
     assert float(f) == pytest.approx(1 / (math.sqrt(0.75) + 1e-10))
 
 
@@ -106,9 +107,9 @@ def test_a_shard_refuses_malformed_squares_and_keeps_serving(cluster_factory):
     # past the client's checks: the shard names what it expected and changes nothing
     before = client.wait(client.pull("t", keys))[0]
     with pytest.raises(PSError, match=r"sq must be float32 of shape \(2, 1\) or \(2, 4\)"):
-        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+        client.link.send(0, 99, 2, {"table": "t", "sq": True, "step": 1},
                              [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 2), np.float32)])
-        client._reply(0, 99)
+        client.link.reply(0, 99)
     assert torch.equal(client.wait(client.pull("t", keys))[0], before)
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(2, 1))) == 2  # still serving
 
@@ -143,9 +144,9 @@ def test_a_shard_refuses_squares_for_neither_every_row_nor_the_rows_of_several_s
     client = PSClient.local([cfg], 1)
     keys, grads, counts = torch.tensor([1, 2, 3]), torch.ones(3, 4), torch.tensor([1, 3, 1])
     with pytest.raises(PSError, match=r"or of \(1, 1\|4\) for the 1 rows of several steps, got float32 \(2, 1\)"):
-        client._send_request(0, 99, 2, {"table": "t", "sq": True, "step": 1},
+        client.link.send(0, 99, 2, {"table": "t", "sq": True, "step": 1},
                              [keys.numpy(), grads.numpy(), counts.numpy(), np.ones((2, 1), np.float32)])
-        client._reply(0, 99)
+        client.link.reply(0, 99)
     assert client.wait(client.pull("t", keys))[1].tolist() == [0, 0, 0]  # nothing applied
     assert client.wait(client.push("t", keys, grads, counts, sq=torch.ones(3, 1))) == 3  # still serving
 
@@ -176,6 +177,6 @@ def test_the_write_ahead_log_keeps_a_pushs_squares(tmp_path):
     log.append("t", np.array([1, 2]), np.ones((2, 3), np.float32), np.array([4, 4]), 7, sq=sq)
     log.append("t", np.array([5]), np.ones((1, 3), np.float32), np.array([1]), 8)
     log.close()
-    first, second = wal.read(str(tmp_path))
+    first, second = wal.read_log(str(tmp_path))
     assert np.array_equal(first["sq"], sq) and first["counts"].tolist() == [4, 4]
     assert second["sq"] is None

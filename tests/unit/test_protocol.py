@@ -5,8 +5,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het.config import ShardConfig, TableConfig
-from het.ps.protocol import (ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, _HEADER, decode,
-                             delta_keys, encode, narrow, undelta_keys, widen)
+from het.ps.wire.integers import delta_keys, narrow, undelta_keys, widen
+from het.ps.wire.protocol import ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, _HEADER, decode, encode
 from het.ps.shard import Shard
 
 

@@ -7,7 +7,7 @@ import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.ps.client import PSClient
-from het.ps.protocol import Message, Op
+from het.ps.wire.protocol import Message, Op
 
 T = TableConfig("t", rows=40, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.1))
 

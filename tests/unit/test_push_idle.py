@@ -19,9 +19,8 @@ DIM = 4
 
 def cache_with(lookahead: int, native: bool = True) -> EmbeddingCache:
     table = TableConfig("t", rows=100, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.1))
-    cache = EmbeddingCache(table, CacheConfig(capacity=32, ways=4, staleness=100, lookahead=lookahead))
-    cache.native = cache.native and native  # False: the PyTorch reference's lookup (and its marks)
-    return cache
+    # native=False: the PyTorch reference's lookup (and its marks)
+    return EmbeddingCache(table, CacheConfig(capacity=32, ways=4, staleness=100, lookahead=lookahead), native=native)
 
 
 def step(cache: EmbeddingCache, keys: list[int]) -> None:

@@ -118,10 +118,10 @@ def test_checks_are_computed_and_honest(records):
     assert "het s=100 vs ps at 1 Gbit: 3.3x (target >= 10x): short" in text
     assert "cut vs hybrid at 1 Gbit: 74.9% (target >= 88%, the paper's figure): short" in text
     assert "where the time goes at 1 Gbit, ms per step (compute / PS wait / AllReduce): het s=100" in text
-    assert "staleness: AUC s=100 - s=0 = -0.0005 (target >= -0.0008, issue 15; paper WDL -0.0002): met" in text
+    assert "staleness: AUC s=100 - s=0 = -0.0005 (target >= -0.0008; paper WDL -0.0002): met" in text
     costly = staleness_result()
     costly["results"][1]["auc"] = 0.7883  # HET's rule under Adagrad: -0.0027
-    assert "AUC s=100 - s=0 = -0.0027 (target >= -0.0008, issue 15; paper WDL -0.0002): missed" in \
+    assert "AUC s=100 - s=0 = -0.0027 (target >= -0.0008; paper WDL -0.0002): missed" in \
         report_md.checks_staleness(costly)
     assert "LFU <= LRU at every size (ctr): yes" in text and "LFU <= LRU at every size (graph): yes" in text
     assert "Belady <= LFU at every size (graph): yes" in text

@@ -18,7 +18,7 @@ FLAGS = [["--bind", "127.0.0.1:0"], ["--secret-file", "s"], ["--table", "t:8:2"]
          ["--admit-counters", "64"], ["--expire-after", "5"], ["--max-rows", "9"], ["--optimizer", "adagrad"],
          ["--lr", "0.1"], ["--seed", "3"], ["--shard-index", "1"], ["--num-shards", "2"], ["--state-dir", "d"],
          ["--encrypt"], ["--wal"], ["--wal-fsync-s", "0.5"], ["--max-keys", "1024"], ["--config", "job.toml"],
-         ["--memory", "2GiB"], ["--memory-policy", "lfu"], ["--no-prefetch"], ["--threads", "2"],
+         ["--memory", "2GiB"], ["--memory-policy", "lfu"], ["--no-page-in"], ["--threads", "2"],
          ["--shard-config", "{}"]]
 
 
@@ -43,12 +43,12 @@ def test_the_flags_given_set_the_fields_they_name():
     cfg = shard_config(parse("--table", "user:100:8", "--table", "ids:dynamic:4", "--optimizer", "adam",
                              "--lr", "0.1", "--betas", "0.8,0.9", "--seed", "3", "--admit-after", "2",
                              "--expire-after", "5", "--shard-index", "1", "--num-shards", "2", "--max-keys", "1024",
-                             "--memory", "2GiB", "--memory-policy", "lfu", "--no-prefetch"))
+                             "--memory", "2GiB", "--memory-policy", "lfu", "--no-page-in"))
     opt = OptimizerConfig("adam", lr=0.1, betas=(0.8, 0.9))
     assert cfg == ShardConfig((TableConfig("user", 100, 8, optimizer=opt, seed=3),  # dynamic settings: dynamic only
                                TableConfig("ids", None, 4, optimizer=opt, seed=3, admit_after=2, expire_after=5)),
                               index=1, num_shards=2, max_keys=1024, memory=2 << 30, memory_policy="lfu",
-                              prefetch=False)
+                              page_in=False)
 
 
 def test_a_jobs_toml_gives_its_tables_and_shard_settings_and_the_flags_win(tmp_path):
@@ -62,7 +62,7 @@ def test_a_jobs_toml_gives_its_tables_and_shard_settings_and_the_flags_win(tmp_p
 
 def test_a_launchers_json_is_the_shard_config_it_was_made_from():
     cfg = ShardConfig((TableConfig("t", None, 4, optimizer=OptimizerConfig("adagrad")),), index=1, num_shards=3,
-                      memory=1 << 20, memory_policy="lfu", prefetch=False)
+                      memory=1 << 20, memory_policy="lfu", page_in=False)
     d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     d["tables"] = [t.to_dict() for t in cfg.tables]
     assert shard_config(parse("--shard-config", json.dumps(d))) == cfg
@@ -88,6 +88,6 @@ def test_help_shows_each_generated_flags_default(capsys):
         cli.main(["serve", "--help"])
     text = "".join(capsys.readouterr().out.split())
     for expected in ("--max-keysMAX_KEYS", "(default:262144)", "--admit-countersADMIT_COUNTERS", "(default:4194304)",
-                     "--memorySIZE", "--memory-policy{lru,lfu}", "--prefetch,--no-prefetch",
+                     "--memorySIZE", "--memory-policy{lru,lfu}", "--page-in,--no-page-in,--prefetch,--no-prefetch",
                      "--optimizer{sgd,adagrad,rowwise_adagrad,adam}", "thetables'learningrate(default:0.01)"):
         assert expected in text, expected

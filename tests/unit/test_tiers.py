@@ -9,12 +9,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import state
-from het.ps.disk import Segments
-from het.ps.dynamic import DynamicRows
-from het.ps.protocol import Message, Op
+from het.ps.store import saves
+from het.ps.store.disk import Segments
+from het.ps.store.dynamic import DynamicRows
+from het.ps.wire.protocol import Message, Op
 from het.ps.shard import Shard
-from het.ps.tiers import TieredRows
+from het.ps.store.tiers import TieredRows
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1), OptimizerConfig("adam", lr=0.01)]
 
@@ -173,22 +173,22 @@ def test_a_shard_keeps_its_budget_and_answers_like_one_without(tmp_path):
                          np.full(500, -1, dtype=np.int64)])
             r = s.handle(m)
             assert r.op is Op.PUSH_SYNC, r.meta
-        tiered.prefetch()
+        tiered.page_in()
         assert np.array_equal(plain.handle(m).arrays[1], tiered.handle(m).arrays[1])
     t = tiered.stats_dict()["tables"]["emb"]
     assert t["bytes"] <= 2_000_000 and t["rows_on_disk"] > t["rows_in_memory"] > 0
-    assert tiered.stats["prefetched_rows"] > 0
+    assert tiered.stats["paged_in_rows"] > 0
     path = str(tmp_path / "state" / "ckpt" / "shard-0.pt")
     tiered.save(path)
-    assert len(state.rows_dirs(path)) == 1
+    assert len(saves.rows_dirs(path)) == 1
     tiered.save(path)  # again: the old rows directory goes
-    assert len(state.rows_dirs(path)) == 1
+    assert len(saves.rows_dirs(path)) == 1
     again = Shard(ShardConfig((table(OPTIMIZERS[1], dim=32),), memory=2_000_000), state_dir=str(tmp_path / "state2"))
     again.load(path)
     q = Message(Op.PULL, 1, {"table": "emb"}, [keys.numpy()])
     assert np.array_equal(plain.handle(q).arrays[0], again.handle(q).arrays[0])
     tiered.close()
-    assert not os.listdir(os.path.join(tmp_path, "state", "tier", state.table_dir("emb")))
+    assert not os.listdir(os.path.join(tmp_path, "state", "tier", saves.table_dir("emb")))
 
 
 def test_a_budget_needs_a_dynamic_table_and_a_state_directory(tmp_path):

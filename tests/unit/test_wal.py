@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.protocol import ERROR, Message, Op
+from het.ps.wire.protocol import ERROR, Message, Op
 from het.ps.shard import Shard
 
 
@@ -116,7 +116,7 @@ def test_a_push_sent_again_is_applied_once_across_a_restart(tmp_path):
 
 
 def test_a_request_for_an_earlier_run_of_the_shard_is_refused_unread(tmp_path):
-    from het.ps.protocol import decode, encode
+    from het.ps.wire.protocol import decode, encode
 
     s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True)
     before = state(s)

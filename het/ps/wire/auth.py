@@ -3,7 +3,7 @@ encryption, where to bind.
 
 A shard binds 127.0.0.1 unless told otherwise; bound to any other address it must hold a shared
 secret (:func:`check_bind`). Every request it serves then carries an HMAC-SHA256 of its frames
-under that secret, and so does every reply (:mod:`het.ps.protocol` adds and checks the MAC
+under that secret, and so does every reply (:mod:`het.ps.wire.protocol` adds and checks the MAC
 frame). The secret comes from a file (``het serve --secret-file PATH``) or, when no file is
 given, from the environment variable ``HET_SECRET``; workers and shards must use the same one.
 :class:`het.ps.server.ServerProcess` hands it to its child in the environment, never on the
@@ -17,7 +17,7 @@ is not signed ...`` or ``bad signature ...``), counts it in ``stats["unauthentic
 keeps serving. ``PSClient.connect(..., secret=...)`` signs its requests and raises AuthError on
 a reply not signed with its secret.
 
-Freshness (``Shard._refusal``): every request but INFO names the shard's ``nonce`` (random per
+Freshness (:class:`het.ps.wire.checks.Freshness`): every request but INFO names the shard's ``nonce`` (random per
 shard process, learnt from INFO, which changes nothing), the client's ``session`` (random, 16 to
 64 characters) and ``seq``, which grows with every request of the session to that shard; all
 three are in the meta, under the MAC. A request naming another nonce was meant for an earlier

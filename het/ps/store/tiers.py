@@ -1,16 +1,17 @@
-"""Where a dynamic table's rows live: all in memory, or the hot ones in memory under a budget and
-the others on disk.
+"""Where a dynamic table's rows live under a memory budget: the hot ones in memory, the others
+on disk.
 
-Both stores keep a slot's row and optimizer state together (a record ``[weight | state]``) and
-answer the same calls, so :class:`het.ps.dynamic.DynamicRows` does not know which it has.
+:class:`TieredRows` and :class:`het.ps.store.records.MemoryRows` (all in memory) keep a slot's
+row and optimizer state together (a record ``[weight | state]``) and answer the same calls, so
+:class:`het.ps.store.dynamic.DynamicRows` does not know which it has.
 
 :class:`TieredRows`, for a shard with a memory budget (``het serve --memory``):
 
 - **DRAM tier**: a pool of positions holding records, as many as the shard's budget leaves
   room for (:meth:`set_capacity`); per slot its position (-1: not in memory) and its record on
   disk (-1: none, or stale: the row in memory is newer). The index and the clocks stay in DRAM
-  (:class:`het.ps.dynamic.DynamicRows`).
-- **Disk tier**: append-only segment files (:class:`het.ps.disk.Segments`).
+  (:class:`het.ps.store.dynamic.DynamicRows`).
+- **Disk tier**: append-only segment files (:class:`het.ps.store.disk.Segments`).
 - **Moves**: a row read or written comes into memory; when the pool is full the least recently
   used rows (``lru``) or the least used since they came in (``lfu``) leave, 1/16 of the pool at
   a time so that choosing victims is paid rarely. A row leaving is written to disk unless its
@@ -29,50 +30,13 @@ import numpy as np
 import torch
 
 from het.choices import POLICIES
-from het.ps.chunks import Chunks
-from het.ps.disk import SEGMENT_BYTES, Segments
+from het.ps.store.chunks import Chunks
+from het.ps.store.disk import SEGMENT_BYTES, Segments
 
 POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
-
-
-class MemoryRows:
-    """Every record in memory (a shard without a budget): rows and state by slot."""
-
-    def __init__(self, dim: int, state_width: int):
-        self.dim = dim
-        self.weight = Chunks(dim, torch.float32)
-        self.state = Chunks(state_width, torch.float32) if state_width else None
-
-    def grow_to(self, slots: int) -> None:
-        for c in (self.weight, self.state):
-            if c is not None:
-                c.grow_to(slots)
-
-    def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.weight.gather(slots)
-
-    def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
-
-    def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
-        self.weight.scatter(slots, weight)
-        if self.state is not None:
-            self.state.scatter(slots, state)
-
-    def release(self, slots: torch.Tensor) -> None:
-        pass
-
-    def prefetch(self, slots: torch.Tensor) -> int:
-        return 0
-
-    def nbytes(self, used: int) -> int:
-        return sum(c.nbytes(used) for c in (self.weight, self.state) if c is not None)
-
-    def stats(self, rows: int) -> dict:
-        return {"rows_in_memory": rows, "rows_on_disk": 0, "disk_bytes": 0, "disk_reads": 0, "disk_writes": 0}
 
 
 class TieredRows:
@@ -106,7 +70,7 @@ class TieredRows:
         self.tick = 0
         self.slots = 0
         self.disk = Segments(directory, self.width, segment_bytes)
-        self.counters = Counter(evicted_to_disk=0, prefetched=0, compactions=0)
+        self.counters = Counter(evicted_to_disk=0, paged_in=0, compactions=0)
 
     # -- the store's calls ------------------------------------------------------------------
     def grow_to(self, slots: int) -> None:
@@ -149,7 +113,11 @@ class TieredRows:
         self.disk.kill(place[place[:, REC] >= 0, REC])
         self.place.scatter(slots, torch.full_like(place, -1))
 
-    def prefetch(self, slots: torch.Tensor) -> int:
+    def pageable(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows :meth:`page_in` may bring in: any of ``slots`` may be on disk."""
+        return slots
+
+    def page_in(self, slots: torch.Tensor) -> int:
         """Bring the rows of ``slots`` on disk into memory (ahead of a request that needs them);
         how many came."""
         slots = torch.unique(slots)
@@ -158,7 +126,7 @@ class TieredRows:
         if len(cold):
             records = torch.from_numpy(self.disk.read(place[cold, REC]))
             self._bring_in(slots[cold], records, place[cold, REC], pinned=place[place[:, POS] >= 0, POS])
-            self.counters["prefetched"] += len(cold)
+            self.counters["paged_in"] += len(cold)
         return len(cold)
 
     def set_capacity(self, rows: int) -> None:
@@ -204,6 +172,12 @@ class TieredRows:
 
     def close(self) -> None:
         self.disk.close()
+
+    def discard(self) -> None:
+        """Close the disk tier and remove its files (a save holds its own links to them)."""
+        self.close()
+        for name in os.listdir(self.disk.directory):
+            os.unlink(os.path.join(self.disk.directory, name))
 
     # -- moving rows ------------------------------------------------------------------------
     def _records(self, slots: torch.Tensor) -> torch.Tensor:

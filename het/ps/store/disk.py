@@ -4,7 +4,7 @@ A record is written once and never changed: a row written again gets a new recor
 of the current segment, and its old one becomes garbage. So a save hard-links the segment
 files (:meth:`Segments.link_into`) and later writes cannot change what it holds, and no save
 copies the disk tier. Segments whose records are mostly garbage are rewritten by the owner
-(:meth:`het.ps.tiers.TieredRows.compact`), then unlinked (a save's links keep their data).
+(:meth:`het.ps.store.tiers.TieredRows.compact`), then unlinked (a save's links keep their data).
 
 - **Writes** are one ``os.pwrite`` of a contiguous buffer per segment a batch reaches.
 - **Reads** map each segment read-only (``MADV_RANDOM``: no read-ahead for random rows) and take

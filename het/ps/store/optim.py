@@ -18,7 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from het import memory
+from het.adagrad import adagrad_factor
 from het.config import OptimizerConfig
+from het.ps import limits
 
 
 class SparseOptimizer:
@@ -79,26 +81,6 @@ class Pushed:
     sq: torch.Tensor
 
 
-def adagrad_factor(acc: torch.Tensor, sq: torch.Tensor, counts: torch.Tensor, eps: float) -> torch.Tensor:
-    """The factor that Adagrad's ``u`` steps multiply their gradient sum by, from the
-    accumulator ``acc`` before them and ``sq``, what they add to it: ``1 / (sqrt(acc + sq) +
-    eps)`` for one step (Adagrad's own), and for ``u > 1`` steps of like size
-    ``(1/u) sum_k 1 / sqrt(acc + k sq / u)`` by the midpoint rule,
-    ``2 / (sqrt(acc + sq + h) + sqrt(acc + h) + 2 eps)`` with ``h = sq / 2u``. Shapes
-    broadcast; ``counts`` (n, 1).
-
-    Example:
-        >>> g = torch.tensor([[0.1]])  # 100 steps of 0.1 from a zero accumulator
-        >>> step = 100 * g * adagrad_factor(torch.zeros(1, 1), 100 * g * g, torch.tensor([[100]]), 0.0)
-        >>> sequential = sum(0.1 / math.sqrt(k * 0.01) for k in range(1, 101))
-        >>> round(float(step), 2), round(sequential, 2), round(float(100 * g / (100 * g).abs()), 2)  # vs one step
-        (18.64, 18.59, 1.0)
-    """
-    h = sq / (2 * counts)
-    several = 2 / ((acc + sq + h).sqrt() + (acc + h).sqrt() + 2 * eps)
-    return torch.where(counts > 1, several, 1 / ((acc + sq).sqrt() + eps))
-
-
 class SGD(SparseOptimizer):
     accepts_duplicates = True  # a sum of steps is the step of the sum
 
@@ -119,7 +101,7 @@ class Adagrad(SparseOptimizer):
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
         acc = (state or self.state)["sum"]
-        if several_steps(pushed):
+        if sums_several_steps(pushed):
             sq = grads * grads
             if pushed.sq.shape[1] == 1:  # the steps' squares shared out in proportion to the sum's
                 mean = sq.mean(1, keepdim=True)
@@ -152,7 +134,7 @@ class RowWiseAdagrad(SparseOptimizer):
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
         acc = (state or self.state)["sum"]
-        if several_steps(pushed):
+        if sums_several_steps(pushed):
             sq = pushed.sq if pushed.sq.shape[1] == 1 else pushed.sq.mean(1, keepdim=True)
             one = (grads * grads).mean(1, keepdim=True)
             return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, one),
@@ -178,7 +160,7 @@ class Adam(SparseOptimizer):
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
 
 
-def several_steps(pushed: Pushed | None) -> bool:
+def sums_several_steps(pushed: Pushed | None) -> bool:
     """Whether a push sums several steps of some row (one step each is Adagrad's plain rule)."""
     return pushed is not None and bool((pushed.counts > 1).any())
 
@@ -189,6 +171,24 @@ def _adagrad_steps(weight, acc, rows, grads, sq, counts, cfg) -> None:
     factor = adagrad_factor(acc.index_select(0, rows), sq, counts[:, None], cfg.eps)
     acc.index_add_(0, rows, sq)
     weight.index_add_(0, rows, grads * factor, alpha=-cfg.lr)
+
+
+def sum_rows(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` of duplicate rows summed: row ``inverse[i]`` of the result adds ``values[i]``.
+    Shape: (m, ...) -> (n, ...)."""
+    return torch.zeros(n, *values.shape[1:], dtype=values.dtype).index_add_(0, inverse, values)
+
+
+def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str:
+    """Why updated rows are not fit to keep ('' when they are): a value that is not finite (an
+    overflow: huge gradients summed), or a clock past MAX_CLOCK."""
+    for name, values in (("rows", weight), *((f"optimizer state {n!r}", v) for n, v in state.items())):
+        if not limits.all_finite(values):
+            return f"the update would make {name} non-finite (overflow)"
+    if len(clocks) and int(clocks.max()) > limits.MAX_CLOCK:
+        return f"a clock would pass {limits.MAX_CLOCK}"
+    return ""
+
 
 
 class RowWiseAdagradTorch(torch.optim.Optimizer):

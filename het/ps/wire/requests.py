@@ -1,6 +1,8 @@
 """What a client sends, checked and routed before it leaves: keys, gradients, counts and
 clocks in range and shape, each key bound for the shard that holds it, and no request to a
-shard longer than the shards' ``max_keys``.
+shard longer than the shards' ``max_keys``. The worker's one check of each input
+(het.Embedding checks its keys and gradients here too); what a shard checks on arrival:
+:mod:`het.ps.wire.checks`.
 
 A fixed table's keys lie in ``[0, rows)`` and go to shard ``key % S``; a dynamic table
 (``rows=None``) takes any int64 key and routes it by ``mix(key) % S`` (:mod:`het.ps.partition`).
@@ -12,42 +14,46 @@ import torch
 
 from het.config import TableConfig
 from het.ps import partition
-from het.ps.checks import all_finite
-from het.ps.protocol import PUSH_DTYPES, narrow
+from het.ps.limits import check_finite, check_squares, out_of_range
+from het.ps.wire.integers import narrow
+from het.ps.wire.protocol import PUSH_DTYPES
 
 
-def check_keys(tables: dict[str, TableConfig], table: str, keys) -> torch.Tensor:
-    """``keys`` of ``table`` as a flat int64 tensor, or the error naming what is wrong: an
-    unknown table, not integers, or (fixed tables only) a key outside ``[0, rows)``.
+def table_of(tables: dict[str, TableConfig], table: str) -> TableConfig:
+    """The table named ``table``, or KeyError naming those there are."""
+    if table not in tables:
+        raise KeyError(f"unknown table {table!r}: the PS holds {sorted(tables)}")
+    return tables[table]
+
+
+def check_keys(table: TableConfig, keys, allowed: int | None = None) -> torch.Tensor:
+    """``keys`` of ``table`` as int64 (same shape, same device), or the error naming what is
+    wrong: not an integer tensor, or (fixed tables only) a key outside ``[0, rows)``.
+    ``allowed``: one more key taken whatever the range (a pooled lookup's padding).
 
     Example:
-        >>> tables = {"t": TableConfig("t", rows=10, dim=2), "ids": TableConfig("ids", rows=None, dim=2)}
-        >>> check_keys(tables, "ids", torch.tensor([[-1, 2**63 - 1]])).tolist()  # any int64
-        [-1, 9223372036854775807]
-        >>> check_keys(tables, "t", torch.tensor([3, 10]))
+        >>> check_keys(TableConfig("ids", rows=None, dim=2), torch.tensor([[-1, 2**63 - 1]])).tolist()  # any int64
+        [[-1, 9223372036854775807]]
+        >>> check_keys(TableConfig("t", rows=10, dim=2), torch.tensor([3, 10]))
         Traceback (most recent call last):
         ...
         ValueError: key 10 out of range for table 't' with 10 rows
     """
-    if table not in tables:
-        raise KeyError(f"unknown table {table!r}: the PS holds {sorted(tables)}")
     if not isinstance(keys, torch.Tensor):
         raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
-    if keys.dtype not in (torch.int64, torch.int32):
-        raise TypeError(f"keys must be int64, got {keys.dtype}")
-    keys = keys.reshape(-1).long()
-    rows = tables[table].rows
-    if len(keys) and rows is not None:
-        lo, hi = (int(k) for k in torch.aminmax(keys))
-        if lo < 0 or hi >= rows:
-            raise ValueError(f"key {lo if lo < 0 else hi} out of range for table {table!r} with {rows} rows")
+    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+        raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
+    keys = keys.long()
+    problem = out_of_range(table, keys, allowed)
+    if problem:
+        raise ValueError(problem)
     return keys
 
 
 def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):
     """A push's gradients (float32, or bfloat16 bits as int16) and counts, checked against
     ``keys`` and the table's width; the counts as they travel, in the narrowest integers that
-    hold them (:func:`het.ps.protocol.narrow`: one byte while a row sums under 256 steps).
+    hold them (:func:`het.ps.wire.integers.narrow`: one byte while a row sums under 256 steps).
     Shape: keys (n,), grads (n, D), counts (n,)."""
     if grad_dtype not in PUSH_DTYPES:
         raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
@@ -55,8 +61,7 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
     if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
         raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
                          f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
-    if not all_finite(grads):
-        raise ValueError(f"grads for table {table.name!r} hold NaN or inf: not pushed")
+    check_finite(grads, "grads", table.name)
     counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
     if counts.shape != (n,):
         raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
@@ -65,8 +70,10 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
     return grads.float(), narrow(counts)
 
 
-def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
-    """A push's sums of squared gradients (None, or float32 (n, 1) or (n, D), finite, >= 0)."""
+def check_sq(table: TableConfig, keys: torch.Tensor, sq, counts: torch.Tensor) -> torch.Tensor | None:
+    """A push's sums of squared gradients (None, or float32 (n, 1) or (n, D), finite, >= 0),
+    and None where no row sums several steps (``counts``): Adagrad takes a row of one step by
+    its gradient's square, so such a push carries none."""
     if sq is None:
         return None
     n, d = len(keys), table.dim
@@ -74,18 +81,17 @@ def check_sq(table: TableConfig, keys: torch.Tensor, sq) -> torch.Tensor | None:
         raise ValueError(f"sq must be a tensor of shape ({n}, 1) or ({n}, {d}), got "
                          f"{tuple(sq.shape) if isinstance(sq, torch.Tensor) else type(sq).__name__}")
     sq = sq.float()
-    if not all_finite(sq) or (n and float(sq.min()) < 0):
-        raise ValueError(f"sq (sums of squared gradients) for table {table.name!r} must be finite and >= 0")
-    return sq
+    check_squares(sq, table.name)
+    return sq if bool((counts > 1).any()) else None
 
 
-def several_steps(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor | None:
-    """A push's squares as they travel: the rows of several steps only (``counts > 1``), in
+def squares_to_send(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tensor | None:
+    """A push's squares as they travel: those of its rows of several steps (``counts > 1``), in
     order. Adagrad takes a row of one step by its gradient's square, which the shard has
-    (``het.ps.shard._every_row_sq``). Shape: sq (n, w), counts (n,) -> (k, w).
+    (:func:`het.ps.wire.checks.squares`). Shape: sq (n, w), counts (n,) -> (k, w).
 
     Example:
-        >>> several_steps(torch.tensor([[4.], [9.], [1.]]), torch.tensor([1, 3, 1])).tolist()
+        >>> squares_to_send(torch.tensor([[4.], [9.], [1.]]), torch.tensor([1, 3, 1])).tolist()
         [[9.0]]
     """
     return None if sq is None else sq[counts > 1]
@@ -95,7 +101,7 @@ def push_arrays(wire, grads, counts, sq, at) -> list:
     """The arrays of a push's rows ``at`` (positions or a slice): keys as they travel (``wire``,
     :func:`wire_keys`), gradients, counts and, with ``sq``, the squares of the rows of several
     steps among them."""
-    return [wire[at], grads[at], counts[at], *([] if sq is None else [several_steps(sq[at], counts[at])])]
+    return [wire[at], grads[at], counts[at], *([] if sq is None else [squares_to_send(sq[at], counts[at])])]
 
 
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
@@ -110,7 +116,7 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
 def wire_keys(keys: torch.Tensor) -> torch.Tensor:
     """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
     else int64 as they are; the shard widens them back. Ascending keys then travel narrower
-    still where they can, as the steps between them (:func:`het.ps.protocol.delta_keys`).
+    still where they can, as the steps between them (:func:`het.ps.wire.integers.delta_keys`).
 
     Example:
         >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype

@@ -24,7 +24,7 @@ logged before it is applied, so one the table refuses (a non-finite result, say)
 again, the same way, on replay. Each record keeps its request's session and seq, and a save the
 last seq applied per session (``applied``): when a client re-sends its unanswered requests to
 the restarted shard (:class:`het.ps.client.PSClient`, ``reconnect_s``), each push is applied
-exactly once (see :mod:`het.ps.auth`).
+exactly once (see :mod:`het.ps.wire.auth`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class WriteAheadLog:
         ...     log = WriteAheadLog(d, fsync_s=0)
         ...     lsn = log.append("t", np.array([3]), np.ones((1, 2), np.float32), np.array([1]), step=1)
         ...     log.close()
-        ...     [(r["lsn"], r["table"], r["keys"].tolist()) for r in read(d)]
+        ...     [(r["lsn"], r["table"], r["keys"].tolist()) for r in read_log(d)]
         [(1, 't', [3])]
     """
 
@@ -100,7 +100,7 @@ class WriteAheadLog:
         os.close(self.fd)
 
 
-def read(directory: str, after: int = 0) -> Iterator[dict]:
+def read_log(directory: str, after: int = 0) -> Iterator[dict]:
     """The records of ``directory/log`` past ``after``, in order, up to the first torn one:
     ``{"lsn", "table", "step", "keys", "grads", "counts", "sq"}`` (``sq`` None when the push
     carried none)."""

@@ -5,7 +5,7 @@ row on each growth and hold both copies meanwhile; here a new chunk is added ins
 as everything before it (``first`` rows at least), so a table of ``n`` rows has about
 ``log2(n / first)`` chunks and nothing is ever copied. A chunk is taken with ``torch.empty``,
 which touches no page: its pages become resident as slots are written, and slots are handed out
-from the lowest (:class:`het.ps.dynamic.DynamicRows`), so resident memory follows the slots in
+from the lowest (:class:`het.ps.store.dynamic.DynamicRows`), so resident memory follows the slots in
 use, not the capacity reserved (``nbytes`` counts the slots in use). Reads and writes group the
 slots by chunk, then one ``index_select`` / ``index_copy_`` per chunk touched.
 """

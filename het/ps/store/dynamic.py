@@ -1,14 +1,14 @@
 """A dynamic table's slice on a shard: any int64 key, storage only for the rows pushes changed.
 
 A row no push has changed is its initial value, a pure function of the table's seed and the key
-(:func:`het.ps.table.initial_rows`), which a client builds itself ("lazy rows"): so the shard
+(:func:`het.ps.initial.initial_rows`), which a client builds itself ("lazy rows"): so the shard
 stores nothing for it, and its memory follows the rows training touched, not the id space.
 
-- **Index**: key -> slot (:class:`het.ps.index.KeyIndex`, sorted runs, vectorised).
+- **Index**: key -> slot (:class:`het.ps.store.index.KeyIndex`, sorted runs, vectorised).
 - **Storage**: rows, optimizer state and ``(key, clock, last step)`` per slot, in chunks that
-  grow (:class:`het.ps.chunks.Chunks`); freed slots are reused.
+  grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused.
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
-  worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.admission.SightingSketch`).
+  worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.store.admission.SightingSketch`).
   Until then reads give its initial row, its gradients are dropped and counted
   (``refused_updates``) and its clock stays 0, as DeepRec's counter filter. The worker that
   pushed them reads the initial row again plus its own unpushed updates: under SGD its copy
@@ -25,26 +25,28 @@ stores nothing for it, and its memory follows the rows training touched, not the
 from __future__ import annotations
 
 import ctypes
-import os
 from collections import Counter
 
 import numpy as np
 import torch
 
 from het.config import TableConfig
-from het.ps import optim, partition
-from het.ps.admission import SightingSketch
-from het.ps.chunks import Chunks
-from het.ps.index import KeyIndex
-from het.ps.table import initial_rows, rows_problem, sum_rows
-from het.ps.tiers import MemoryRows, TieredRows, read_saved
+from het.ps import partition
+from het.ps.initial import initial_rows
+from het.ps.store import optim
+from het.ps.store.admission import SightingSketch
+from het.ps.store.chunks import Chunks
+from het.ps.store.index import KeyIndex
+from het.ps.store.optim import rows_problem, sum_rows
+from het.ps.store.records import MemoryRows
+from het.ps.store.tiers import TieredRows
 
 KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
 BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK
 
 
 class DynamicRows:
-    """The same methods as :class:`het.ps.table.TableRows`, for a table of any int64 key. A key
+    """The same methods as :class:`het.ps.store.fixed.FixedRows`, for a table of any int64 key. A key
     is located as the pair ``(key, slot)`` (slot -1: not stored), shape (n, 2).
 
     Example:
@@ -68,7 +70,7 @@ class DynamicRows:
         self.state_spans = [(n, ends[i], ends[i + 1]) for i, n in enumerate(self.state_names)]
         state_width = ends[-1]
         self.state_width = state_width
-        # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.tiers)
+        # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.store.tiers)
         self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
                       else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
         self.meta = Chunks(3, torch.int64)  # key, clock, last step that updated it (-1: a free slot)
@@ -99,7 +101,7 @@ class DynamicRows:
         return clocks
 
     def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
-        """As :meth:`TableRows.rows_to_send`: a row not stored is "untouched"."""
+        """As :meth:`FixedRows.rows_to_send`: a row not stored is "untouched"."""
         stored = at[:, 1] >= 0
         rows = self.store.gather_weight(at[stored, 1])
         if lazy:
@@ -109,7 +111,7 @@ class DynamicRows:
         return [out.numpy()], len(at)
 
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
-        """As :meth:`TableRows.local_state`: a row not stored has its initial state."""
+        """As :meth:`FixedRows.local_state`: a row not stored has its initial state."""
         stored = (at[:, 1] >= 0).nonzero().flatten()
         packed = torch.empty(len(at), self.state_width)
         fresh = self.optimizer.initial_state(len(at), self.cfg.dim)
@@ -123,7 +125,7 @@ class DynamicRows:
     # -- pushes -----------------------------------------------------------------------------
     def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
              sq: torch.Tensor | None = None) -> None:
-        """As :meth:`TableRows.push` (all or nothing), after admission: the gradients of keys not
+        """As :meth:`FixedRows.push` (all or nothing), after admission: the gradients of keys not
         admitted are dropped and counted. Then expiry and the budget run."""
         if self.sketch is not None:
             at, grads, counts, sq = self._admit(at, grads, counts, sq)
@@ -255,6 +257,20 @@ class DynamicRows:
         return (self.meta.nbytes(self.used) + self.keys.nbytes + 8 * len(self.free)
                 + (self.sketch.nbytes if self.sketch is not None else 0))
 
+    # -- memory: under a budget, a DRAM pool of rows and a disk tier --------------------------
+    def pageable(self, at: torch.Tensor) -> torch.Tensor | None:
+        return self.store.pageable(at[at[:, 1] >= 0, 1])
+
+    def page_in(self, slots: torch.Tensor) -> int:
+        return self.store.page_in(slots)
+
+    def dram_bytes(self) -> tuple[int, int]:
+        return self.index_bytes() + self.store.fixed_bytes(self.used), self.store.position_bytes()
+
+    def size_pool(self, rows: int) -> None:
+        self.store.set_capacity(rows)
+
+    # -- saves ------------------------------------------------------------------------------
     def state_dict(self, rows_dir: str | None = None) -> dict:
         """Keys, rows, clocks, optimizer state, admission and counters. With a disk tier and
         ``rows_dir``, the rows stay in the tier's files, linked into ``rows_dir`` (``disk``)."""
@@ -264,11 +280,11 @@ class DynamicRows:
                "last_step": meta[:, LAST].clone(),
                "sketch": self.sketch.state_dict() if self.sketch is not None else None,
                "counters": dict(self.counters), "step": self.step}
-        if isinstance(self.store, TieredRows) and rows_dir is not None:
-            return {**out, "disk": self.store.save(slots, rows_dir)}
+        disk = None if rows_dir is None else self.store.save(slots, rows_dir)
+        if disk is not None:
+            return {**out, "disk": disk}
         d = self.cfg.dim
-        records = self.store.peek(slots) if isinstance(self.store, TieredRows) else torch.cat(
-            [r for r in self.store.gather(slots) if r is not None], 1)
+        records = self.store.peek(slots)
         return {**out, "weight": records[:, :d].clone(),
                 "optimizer": {n: records[:, d + lo:d + hi].clone() for n, lo, hi in self.state_spans}}
 
@@ -300,12 +316,8 @@ class DynamicRows:
         slots = self._alloc(len(keys))
         self.keys.insert(keys, slots)
         self.meta.scatter(slots, torch.stack([keys, saved["clocks"], saved["last_step"]], 1))
-        if "disk" in saved and isinstance(self.store, TieredRows):
+        if "disk" in saved:  # a tiered save: its files linked in, or read into memory
             self.store.load(slots, saved["disk"], rows_dir)
-        elif "disk" in saved:  # a tiered save into memory: read in parts
-            for part in torch.arange(len(slots)).split(1 << 20):
-                records = torch.from_numpy(read_saved(rows_dir, saved["disk"], saved["disk"]["records"][part]))
-                self.store.scatter(slots[part], records[:, :self.cfg.dim], records[:, self.cfg.dim:])
         else:
             self.store.scatter(slots, saved["weight"],
                                torch.cat([saved["optimizer"][n] for n in self.state_names], 1) if self.state_names else None)
@@ -316,10 +328,7 @@ class DynamicRows:
 
     def close(self) -> None:
         """Close the disk tier and remove its files (a save holds its own links to them)."""
-        if isinstance(self.store, TieredRows):
-            self.store.close()
-            for name in os.listdir(self.disk_dir):
-                os.unlink(os.path.join(self.disk_dir, name))
+        self.store.discard()
 
 
 def release_freed_memory() -> None:

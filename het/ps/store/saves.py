@@ -58,6 +58,45 @@ def resolve(state_dir: str | None, name: str, write: bool) -> str:
 # atomic step), then removes the old directory: a crash leaves the old save or the new one whole.
 # Moving, lending or linking a save takes its rows directory along.
 
+SAVE_FORMAT = 1
+
+
+def write(path: str, stores: dict, header: dict) -> None:
+    """Write a shard's save to ``path``, atomically: ``header`` (its index and shard count, the
+    last logged push it holds, each session's last push applied) and every store's state by
+    table name (:meth:`het.ps.store.rowstore.RowStore.state_dict`); a store with files on disk
+    links them into the rows directory beside the save instead of copying their rows."""
+    import torch
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    rows = new_rows_suffix()
+    tables = {name: t.state_dict(os.path.join(path + rows, table_dir(name))) for name, t in stores.items()}
+    rows = rows if os.path.isdir(path + rows) else None  # no store linked files: no rows directory
+    saved = {"format": SAVE_FORMAT, **header, "tables": tables, "rows": rows}
+    tmp = f"{path}.tmp-{os.getpid()}"
+    torch.save(saved, tmp)
+    os.replace(tmp, path)  # a reader never sees half a save: it names its own rows directory
+    remove_other_rows(path, rows)
+
+
+def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
+    """Load the save at ``path`` into ``stores`` (by table name), every one checked before any
+    changes: a save of another format, shard or set of tables, or one that does not fit a
+    store, is refused (ValueError) and changes nothing. The save's header."""
+    saved = read_save(path)
+    if saved.get("format") != SAVE_FORMAT:
+        raise ValueError(f"{path}: save format {saved.get('format')}, expected {SAVE_FORMAT}")
+    if (saved["index"], saved["num_shards"]) != (index, num_shards):
+        raise ValueError(f"{path} holds shard {saved['index']} of {saved['num_shards']}, "
+                         f"this is shard {index} of {num_shards}")
+    if set(saved["tables"]) != set(stores):
+        raise ValueError(f"{path} holds tables {sorted(saved['tables'])}, expected {sorted(stores)}")
+    for name, t in stores.items():
+        t.check_state(saved["tables"][name], path)
+    for name, t in stores.items():  # all checked: now change
+        t.load_state_dict(saved["tables"][name], rows_dir(path, saved, name))
+    return {k: v for k, v in saved.items() if k not in ("tables", "rows")}
+
 def new_rows_suffix() -> str:
     return f".rows-{secrets.token_hex(6)}"
 

@@ -10,8 +10,9 @@ import torch
 
 from het import native
 from het.config import TableConfig
-from het.ps.protocol import WIRE_INTS, Op, PSError
-from het.ps.table import initial_rows, initial_salt, initial_state
+from het.ps.wire.integers import WIRE_INTS
+from het.ps.wire.protocol import Op, PSError, array_bytes
+from het.ps.initial import initial_rows, initial_salt, initial_state
 
 
 @dataclass
@@ -33,6 +34,15 @@ class Handle:
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
     keys_cpu: torch.Tensor | None = None  # ``keys`` on the CPU, copied once for every reply
+
+    def count_request(self, arrays: list, pushed: int) -> None:
+        """Count one request's arrays: all, those of a push (its first ``pushed``: keys,
+        gradients, counts and squares) and those of a sync (the rest)."""
+        pushed = pushed if self.op in (Op.PUSH, Op.PUSH_SYNC) else 0
+        self.request_bytes += array_bytes(arrays)
+        self.push_bytes += array_bytes(arrays[:pushed])
+        if self.op in (Op.SYNC, Op.PUSH_SYNC):
+            self.sync_bytes += array_bytes(arrays[pushed:])
 
     def cpu_keys(self) -> torch.Tensor:
         if self.keys_cpu is None:
@@ -63,12 +73,12 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     if handle.op is Op.PULL:
         if len(replies) == 1 and len(replies[0][0]) == handle.n:  # one shard had them all, in order
             p, m = replies[0]
-            rows, clocks, _ = _part(handle, table, p, m.arrays[0], m.arrays[1], None, m.arrays[2:], None)
+            rows, clocks, _ = PARTS(handle, table, p, m.arrays[0], m.arrays[1], None, m.arrays[2:], None)
             return rows.to(dev), clocks.to(dev)
         rows = torch.empty(handle.n, dim)
         clocks = torch.empty(handle.n, dtype=torch.int64)
         for p, m in replies:
-            rows[p.cpu()], clocks[p.cpu()], _ = _part(handle, table, p, m.arrays[0], m.arrays[1], None,
+            rows[p.cpu()], clocks[p.cpu()], _ = PARTS(handle, table, p, m.arrays[0], m.arrays[1], None,
                                                       m.arrays[2:], None)
         return rows.to(dev), clocks.to(dev)
     if handle.op is Op.PUSH:
@@ -81,10 +91,10 @@ def merge(handle: Handle, replies: list, table: TableConfig):
                           torch.empty(0, dtype=torch.int64, device=dev),
                           state=None if width is None else torch.empty(0, width, device=dev))
     at = 3 if width is None else 4  # lazy's built marks come after the rows, clocks (and state)
-    wire = sum(m.arrays[0].nbytes + m.arrays[2].nbytes + sum(a.nbytes for a in m.arrays[at:]) for _, m in replies)
+    wire = sum(array_bytes([m.arrays[0], m.arrays[2], *m.arrays[at:]]) for _, m in replies)
     # the rows that travelled, and the state beside them: what a refreshed row costs
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
-    parts = [_part(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
+    parts = [PARTS(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
                    width) for i, (_, m) in zip(index, replies)]
     rows, clocks = _cat([r for r, _, _ in parts]), _cat([c for _, c, _ in parts])
     state = None if width is None else _cat([s for _, _, s in parts])
@@ -109,20 +119,37 @@ def _ints(sent, what: str) -> torch.Tensor:
     return torch.from_numpy(sent).long()
 
 
-def _part(handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state, after: list,
-          width: int | None):
-    """One shard's reply to ``handle``, for the keys at ``positions``: their rows, clocks and
+class TorchParts:
+    """One shard's reply to a request, for the keys at ``positions``: their rows, clocks and
     (``width`` floats a row, when the request asked for it) optimizer state, each checked, and
     where a lazy reply marks a row built (``after``: its marks), that row's initial values made
-    here. Natively in one pass on the CPU; else by :func:`_rows`, :func:`_clocks` and
-    :func:`_state`, the reference. Shape: positions (n,) -> (n, D), (n,), (n, width) or None."""
-    n = len(positions)
-    marks = _marks(after, n)
-    built_n = 0 if marks is None else _count_bits(marks)
-    init = None
-    if built_n and native.ops is not None and rows.dtype == np.float32:
-        init = torch.empty(0) if width is None else initial_state(table, 1, width > 1)[0]
-    if init is not None and init.numel() == (width or 0):  # a row-wise table's state asked in full: the reference
+    here, by torch's ops: the reference. Shape: positions (n,) -> (n, D), (n,), (n, width) or None."""
+
+    def __call__(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
+                 after: list, width: int | None):
+        n = len(positions)
+        marks = _marks(after, n)
+        built = None
+        if marks is not None and _count_bits(marks):
+            built = torch.from_numpy(np.unpackbits(marks, count=n, bitorder="little")).bool()
+        return (_rows(handle, table, positions, rows, built), _clocks(clocks, built, n),
+                None if width is None else _state(state, built, n, width, table))
+
+
+class NativeParts(TorchParts):
+    """:class:`TorchParts` in one native pass over the rows (het.native) where a lazy reply left
+    rows to build, the same bits; the reference's checks alone where it left none (or where
+    the state asked has another width than the table's initial state, which the shard refuses,
+    or the rows are not float32)."""
+
+    def __call__(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
+                 after: list, width: int | None):
+        n = len(positions)
+        marks = _marks(after, n)
+        built_n = 0 if marks is None else _count_bits(marks)
+        init = torch.empty(0) if width is None or not built_n else initial_state(table, 1, width > 1)[0]
+        if not built_n or init.numel() != (width or 0) or rows.dtype != np.float32:
+            return super().__call__(handle, table, positions, rows, clocks, state, after, width)
         sent_rows = _check_rows(table, rows, n, built_n).contiguous()
         sent_clocks = _check_clocks(clocks, n - built_n)
         sent_state = torch.empty(0) if width is None else torch.from_numpy(_check_state(state, n - built_n, width))
@@ -131,9 +158,9 @@ def _part(handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clo
                                                     sent_state.contiguous(), init,
                                                     int(initial_salt(table).view(np.int64)), float(table.init_scale))
         return rows, clocks, None if width is None else state
-    built = None if not built_n else torch.from_numpy(np.unpackbits(marks, count=n, bitorder="little")).bool()
-    return (_rows(handle, table, positions, rows, built), _clocks(clocks, built, n),
-            None if width is None else _state(state, built, n, width, table))
+
+
+PARTS = NativeParts() if native.ops is not None else TorchParts()  # chosen once, as het.native loads
 
 
 def _marks(after: list, n: int) -> np.ndarray | None:

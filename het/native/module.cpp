@@ -1,0 +1,29 @@
+// het's native core as one Python extension module: the operators of the files beside this one.
+#include <torch/extension.h>
+
+#include "ops.h"
+#include "window.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
+  m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
+  m.def("cache_sets", &cache_sets);
+  m.def("cache_lookup", &cache_lookup);
+  m.def("cache_fill", &cache_fill);
+  m.def("cache_update", &cache_update);
+  m.def("initial_rows", &initial_rows);
+  m.def("lazy_reply", &lazy_reply);
+  m.def("unique_inverse", &unique_inverse);
+  m.def("table_push", &table_push);
+  m.def("gather_rows", &gather_rows);
+  m.def("gather_touched", &gather_touched);
+  m.def("cache_soon", &cache_soon);
+  m.def("all_finite", &all_finite_op);
+  pybind11::class_<Window>(m, "Window")
+      .def(pybind11::init<>())
+      .def("announce", &Window::announce)
+      .def("forget", &Window::forget)
+      .def("next_use", &Window::next_use)
+      .def("clear", &Window::clear)
+      .def("__len__", &Window::size);
+}

@@ -1,0 +1,137 @@
+"""A fixed table's slice on a shard: its rows, clocks, touched marks and optimizer state."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from het import memory
+from het import native as het_native
+from het.config import TableConfig
+from het.ps import limits, partition
+from het.ps.initial import initial_rows
+from het.ps.store import optim
+from het.ps.store.kernels import NATIVE_OPTIMIZERS, NativePush, NativeReplies, TorchPush, TorchReplies
+
+
+class FixedRows:
+    """A fixed table's slice on this shard: dense local rows, clocks, optimizer state: a
+    :class:`het.ps.store.rowstore.RowStore`.
+
+    Key ``k`` lives at local row ``k // S`` (:mod:`het.ps.partition`); ``at`` is local rows.
+
+    Args:
+        cfg: the table.
+        index, num_shards: which shard of how many this slice is on.
+        native: push and gather with het's native core where it is built (False: the PyTorch
+            reference, which the tests hold it to).
+    """
+
+    def __init__(self, cfg: TableConfig, index: int, num_shards: int, native: bool = True, chunk: int = 1 << 16):
+        self.cfg = cfg
+        self.index, self.num_shards = index, num_shards
+        n = partition.rows_on_shard(cfg.rows, index, num_shards)
+        self.weight = memory.empty(n, cfg.dim)  # big, read at random rows: on huge pages
+        for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
+            local = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
+            keys = local * num_shards + index
+            self.weight[lo:lo + len(local)] = torch.from_numpy(initial_rows(cfg, keys))
+        self.clocks = torch.zeros(n, dtype=torch.int64)
+        # rows changed by a push (any push, even one of zero counts): the others still hold
+        # initial_rows, which a client can build itself instead of receiving them
+        self.touched = torch.zeros(n, dtype=torch.bool)
+        self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+        self.native = native and het_native.ops is not None
+        self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
+        self._replies = NativeReplies(cfg.dim) if self.native else TorchReplies()
+
+    def check_keys(self, keys: torch.Tensor) -> str:
+        S = self.num_shards
+        problem = limits.out_of_range(self.cfg, keys)
+        if not problem and S > 1 and bool((partition.shard_of(keys, S) != self.index).any()):
+            problem = f"keys of another shard sent to shard {self.index} of {S} (the rule is key % {S})"
+        return problem
+
+    def locate(self, keys: torch.Tensor) -> torch.Tensor:
+        return partition.local_rows(keys, self.num_shards)
+
+    def clocks_of(self, local: torch.Tensor) -> torch.Tensor:
+        return self.clocks.index_select(0, local)
+
+    def push(self, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+             sq: torch.Tensor | None = None) -> None:
+        """Apply the optimizer to ``grads`` (which it may overwrite) and add ``counts`` to the
+        clocks; duplicate rows are summed first. ``sq``: the sum of the squared gradients of the
+        steps each row's gradient sums (:class:`het.ps.store.optim.Pushed`). All or nothing: a
+        push that would make a value non-finite or a clock pass MAX_CLOCK raises ValueError and
+        changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
+        self._push(self, local, grads, counts, step, sq)
+
+    def rows_to_send(self, local: torch.Tensor, lazy: bool) -> tuple[list, int]:
+        """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
+        ``[rows of the touched ones, built (n,) uint8]`` where ``built`` marks the untouched
+        rows left out (the client builds them with :func:`het.ps.initial.initial_rows`); and
+        how many rows were sent."""
+        if not lazy:
+            return [self._replies.gather(self.weight, local)], len(local)
+        arrays = self._replies.gather_touched(self.weight, self.touched, local)
+        return arrays, len(arrays[0])
+
+    def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
+        state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
+        return self.optimizer.local_state(state, full).contiguous().numpy()
+
+    # -- a fixed table is all in memory -----------------------------------------------------
+    def pageable(self, local: torch.Tensor) -> None:
+        return None
+
+    def page_in(self, pageable) -> int:
+        return 0
+
+    def dram_bytes(self) -> tuple[int, int]:
+        return self.stats()["bytes"], 0
+
+    def size_pool(self, rows: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # -- saves ------------------------------------------------------------------------------
+    def state_dict(self, rows_dir: str | None = None) -> dict:
+        return {"config": self.cfg.to_dict(), "weight": self.weight, "clocks": self.clocks, "touched": self.touched,
+                "optimizer": self.optimizer.state_dict()}
+
+    def check_state(self, saved: dict, path: str) -> None:
+        name = self.cfg.name
+        if "keys" in saved:
+            raise ValueError(f"{path}: table {name!r} was saved as a dynamic table, this shard's is fixed "
+                             f"({self.cfg.rows} rows)")
+        touched = saved.get("touched", self.touched)
+        if (saved["weight"].shape != self.weight.shape or saved["clocks"].shape != self.clocks.shape
+                or touched.shape != self.touched.shape):
+            raise ValueError(f"{path}: table {name!r} has shape {tuple(saved['weight'].shape)} (clocks "
+                             f"{tuple(saved['clocks'].shape)}, touched {tuple(touched.shape)}), expected "
+                             f"{tuple(self.weight.shape)} ({tuple(self.clocks.shape)} each)")
+        check_optimizer_state(self.optimizer, saved["optimizer"], len(self.weight), path, name)
+
+    def load_state_dict(self, saved: dict, rows_dir: str | None = None) -> None:
+        self.weight.copy_(saved["weight"])
+        self.clocks.copy_(saved["clocks"])
+        # a save from before rows were marked touched: count every row as changed
+        self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
+        self.optimizer.load_state_dict(saved["optimizer"])
+
+    def stats(self) -> dict:
+        """Rows held and their bytes (rows, optimizer state, clocks and marks)."""
+        state = sum(v.numel() * v.element_size() for v in self.optimizer.state.values())
+        return {"rows": len(self.weight), "bytes": self.weight.numel() * 4 + state + self.clocks.numel() * 9}
+
+
+def check_optimizer_state(optimizer, saved: dict, rows: int, path: str, table: str) -> None:
+    """Refuse saved optimizer state that is not ``optimizer``'s for ``rows`` rows."""
+    expected = {n: (rows, *v.shape[1:]) for n, v in optimizer.state.items()}
+    got = {n: tuple(v.shape) for n, v in saved.items()}
+    if got != expected:
+        raise ValueError(f"{path}: table {table!r} holds optimizer state {sorted(got)}, this shard's "
+                         f"{optimizer.cfg.name} needs {sorted(expected)} of its shapes")

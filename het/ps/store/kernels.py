@@ -1,0 +1,193 @@
+"""A fixed table's two hot passes on a shard, a push and a reply's rows, natively (het.native)
+or by the PyTorch reference. :class:`het.ps.store.fixed.FixedRows` chooses once, when it is
+made; property tests hold the two equal bit for bit (tests/unit/test_native.py).
+
+- A push, all or nothing. The reference applies the optimizer's tensor ops and puts every row
+  back if a value came out non-finite; the native pass computes the new rows and state aside
+  and checks them before writing any (SGD: in place in one pass, with an undo log).
+- A reply's rows: gathered whole, the rows ahead prefetched, into reply buffers reused once
+  ZeroMQ has let go of them; a lazy reply's marks in the same pass.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+import torch
+
+from het import native
+from het.ps import limits
+from het.ps.store import optim
+from het.ps.store.optim import rows_problem, sum_rows
+
+NATIVE_OPTIMIZERS = ("sgd", "adagrad", "adam")  # those native.ops.table_push applies
+
+
+def _busy() -> bool:  # the mark of a buffer taken and not lent yet
+    return True
+
+
+class ReplyBuffers:
+    """Buffers for replies' rows, reused once nothing holds them (one thread).
+
+    A reply's rows leave as a zero-copy ZeroMQ frame, which keeps its array until libzmq has
+    sent it. So a buffer is lent as one array and taken again only once that array is gone, as a
+    weak reference says: anything made from it (a frame, a view, a tensor) keeps it. A new 2 MiB
+    buffer for each reply cost more than the gather into it (docs/scripts/shard_replies.py).
+    Replies above ``max_bytes`` (bulk reads) get buffers of their own, not kept.
+
+        >>> pool = ReplyBuffers(dim=4)
+        >>> a = pool.lend(pool.take(3).numpy())
+        >>> b = pool.lend(pool.take(2).numpy())  # a is held: another buffer
+        >>> del a
+        >>> c = pool.take(3)  # a's buffer again
+        >>> len(pool.buffers), c.shape
+        (2, torch.Size([3, 4]))
+    """
+
+    def __init__(self, dim: int, keep: int = 8, max_bytes: int = 16 << 20):
+        self.dim, self.keep = dim, keep
+        self.max_rows = max(1, max_bytes // (4 * dim))  # a bigger reply (a bulk read) gets its own, not kept
+        self.buffers: list[list] = []  # [buffer (rows, dim), None | _busy | weak reference to the array lent]
+        self._taken: list | None = None
+
+    def take(self, rows: int) -> torch.Tensor:
+        """The first ``rows`` rows of a free buffer, to fill and then :meth:`lend`.
+        Shape: -> (rows, dim)."""
+        if self._taken is not None:  # taken and never lent (its reply failed): free again
+            self._taken[1] = None
+            self._taken = None
+        if rows > self.max_rows or rows == 0:
+            return torch.empty(rows, self.dim)
+        free = [e for e in self.buffers if e[1] is None or e[1]() is None]
+        fits = [e for e in free if e[0].shape[0] >= rows]
+        if fits:
+            entry = min(fits, key=lambda e: e[0].shape[0])
+        else:  # sizes in powers of two: replies of varying size reuse a few buffers
+            entry = [torch.empty(min(1 << (rows - 1).bit_length(), self.max_rows), self.dim), None]
+            if free:  # a free buffer too small for this reply makes way: the pool holds what is in use
+                self.buffers[next(i for i, e in enumerate(self.buffers) if e is free[0])] = entry
+            elif len(self.buffers) < self.keep:
+                self.buffers.append(entry)
+        entry[1] = _busy
+        self._taken = entry
+        return entry[0][:rows]
+
+    def lend(self, array: np.ndarray) -> np.ndarray:
+        """``array``, made from the buffer taken last: the buffer is busy while it lives."""
+        if self._taken is not None:
+            self._taken[1] = weakref.ref(array)
+            self._taken = None
+        return array
+
+
+class TorchPush:
+    """The reference push: torch's ops on the table's tensors; the rows a push reaches are
+    saved first and put back if it fails."""
+
+    def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                 sq: torch.Tensor | None) -> None:
+        rows, inverse = torch.unique(local, return_inverse=True)
+        several = sq is not None and t.optimizer.followed and bool((counts > 1).any())
+        before = _snapshot(t, rows)
+        t.clocks.index_add_(0, local, counts)
+        t.touched.index_fill_(0, local, True)
+        if t.optimizer.accepts_duplicates:
+            t.optimizer.apply(t.weight, local, grads, step)
+        elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
+            pushed = optim.Pushed(*(sum_rows(v, inverse, len(rows)) for v in (counts, sq))) if several else None
+            t.optimizer.apply(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
+        else:
+            t.optimizer.apply(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
+        state = {n: v.index_select(0, rows) for n, v in t.optimizer.state.items()}
+        problem = rows_problem(t.weight.index_select(0, rows), state, t.clocks.index_select(0, rows))
+        if problem:  # refused whole: the rows, clocks and state are as they were
+            _restore(t, rows, before)
+            raise ValueError(problem)
+
+
+def _snapshot(t, rows: torch.Tensor) -> dict:
+    """What a push to ``rows`` (unique) may change: their rows, clocks, marks and state."""
+    return {"weight": t.weight.index_select(0, rows), "clocks": t.clocks.index_select(0, rows),
+            "touched": t.touched.index_select(0, rows),
+            **{f"state.{n}": v.index_select(0, rows) for n, v in t.optimizer.state.items()}}
+
+
+def _restore(t, rows: torch.Tensor, saved: dict) -> None:
+    t.weight.index_copy_(0, rows, saved["weight"])
+    t.clocks.index_copy_(0, rows, saved["clocks"])
+    t.touched.index_copy_(0, rows, saved["touched"])
+    for n, v in t.optimizer.state.items():
+        v.index_copy_(0, rows, saved[f"state.{n}"])
+
+
+class NativePush:
+    """The push in one native call (het.native): the new values computed aside and checked
+    before any is written, so nothing needs restoring; the same bits (a push of several steps of
+    Adagrad: the same values to rounding, its square roots being IEEE's). SGD applies the
+    gradients one after another, duplicates too, in place in one pass, each row's old value kept
+    aside and put back if the push fails."""
+
+    def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                 sq: torch.Tensor | None) -> None:
+        opt = t.optimizer
+        if opt.accepts_duplicates:  # SGD: no unique needed
+            rows, at, inverse, steps = local, torch.arange(len(local)), torch.arange(len(local)), counts
+            sq = None
+        else:
+            rows, inverse = torch.unique(local, return_inverse=True)
+            at, steps = inverse, counts
+            sq = sq if sq is not None and opt.followed and bool((counts > 1).any()) else None
+            if len(rows) != len(local):  # one gradient a row: duplicates summed first
+                grads, at = sum_rows(grads, inverse, len(rows)), torch.arange(len(rows))
+                if sq is not None:  # the steps and their squares summed as the gradients are
+                    steps, sq = sum_rows(counts, inverse, len(rows)), sum_rows(sq, inverse, len(rows))
+        cfg, step = opt.cfg, max(int(step), 1)
+        b1, b2 = cfg.betas
+        step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
+        failed = native.ops.table_push(
+            cfg.name if sq is None else "adagrad_steps", t.weight, [opt.state[n] for n in opt.state_names], t.clocks,
+            t.touched, rows, at.contiguous(), inverse.contiguous(), grads.contiguous(), counts.contiguous(), cfg.lr,
+            cfg.eps or 0.0, b1, b2, step_size, limits.MAX_CLOCK,
+            torch.empty(0, dtype=torch.int64) if sq is None else steps.contiguous(),
+            torch.empty(0, 1) if sq is None else sq.float().contiguous())
+        if failed == 1:
+            raise ValueError("the update would make rows non-finite (overflow)")
+        if failed == 100:
+            raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
+        if failed:
+            raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
+
+
+class TorchReplies:
+    """A reply's rows by numpy's take (it copies whole rows: faster than index_select here)."""
+
+    def gather(self, weight: torch.Tensor, local: torch.Tensor) -> np.ndarray:
+        """The rows ``local``, copied. Shape: (n,) -> (n, D)."""
+        return weight.numpy().take(local.numpy(), axis=0)
+
+    def gather_touched(self, weight: torch.Tensor, touched: torch.Tensor, local: torch.Tensor) -> list:
+        """A lazy reply's arrays: the rows of ``local`` a push touched, and ``built`` (n,)
+        uint8, 1 where a row was left out."""
+        marks = touched.index_select(0, local)
+        return [self.gather(weight, local[marks]), (~marks).to(torch.uint8).numpy()]
+
+
+class NativeReplies:
+    """A reply's rows gathered natively (the rows ahead prefetched) into pooled buffers."""
+
+    def __init__(self, dim: int):
+        self.buffers = ReplyBuffers(dim)
+
+    def gather(self, weight: torch.Tensor, local: torch.Tensor) -> np.ndarray:
+        out = self.buffers.take(len(local))
+        native.ops.gather_rows(weight, local.contiguous(), out)
+        return self.buffers.lend(out.numpy())
+
+    def gather_touched(self, weight: torch.Tensor, touched: torch.Tensor, local: torch.Tensor) -> list:
+        # a pooled buffer for as many rows as asked (a bulk read: only the rows sent, allocated)
+        out = self.buffers.take(len(local)) if len(local) <= self.buffers.max_rows else torch.empty(0)
+        rows, built = native.ops.gather_touched(weight, touched, local.contiguous(), out)
+        return [self.buffers.lend(rows.numpy()), built.numpy()]
