@@ -10,7 +10,8 @@ import sys
 
 # The modules behind ``het SUBCOMMAND``, in the order ``het --help`` lists them: each has
 # ``add_parser(subparsers)``, which sets ``func``, the subcommand's entry point.
-COMMANDS = ("het.train.cli", "het.export.cli", "het.export.predict_cli", "het.serving.cli", "het.serve", "het.ps.reshard", "het.data.prepare", "het.bench", "het.demo")
+COMMANDS = ("het.train.cli", "het.export.cli", "het.export.predict_cli", "het.online.cli", "het.serve", "het.ps.reshard",
+            "het.data.prepare", "het.bench", "het.demo")
 
 
 def parser() -> argparse.ArgumentParser:

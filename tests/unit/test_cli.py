@@ -8,7 +8,8 @@ import pytest
 
 from het import cli
 
-COMMANDS = {"train": "het.train.cli", "export": "het.export.cli", "predict": "het.export.predict_cli", "serve": "het.serve", "reshard": "het.ps.reshard", "data": "het.data.prepare",
+COMMANDS = {"train": "het.train.cli", "export": "het.export.cli", "predict": "het.export.predict_cli",
+            "serve-model": "het.online.cli", "serve": "het.serve", "reshard": "het.ps.reshard", "data": "het.data.prepare",
             "bench": "het.bench", "demo": "het.demo"}
 
 
@@ -21,7 +22,8 @@ def out_of(argv, capsys) -> str:
 
 def test_help_lists_every_command_in_order_with_its_help(capsys):
     text = out_of(["--help"], capsys)
-    assert text.startswith("usage: het [-h] {train,export,predict,serve,reshard,data,bench,demo} ...\n")
+    assert " ".join(text.split()).startswith("usage: het [-h] {train,export,predict,serve-model,serve,reshard,data,bench,"
+                                             "demo} ...")
     words = " ".join(text.split())
     for command, line in (("train", "train a model: a local cluster by default"), ("export", "a training checkpoint "
                           "-> a self-contained model directory"), ("predict", "score a data set with an export"),

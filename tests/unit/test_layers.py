@@ -25,7 +25,7 @@ ROOT = pathlib.Path(het.__file__).parent
 # before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
 # __main__, above everything, goes without saying there).
 LAYERS = (
-    ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "arrayfile"),
     ("config",),
     ("data", "cache"),
     ("ps",),
@@ -33,6 +33,8 @@ LAYERS = (
     ("models",),
     ("dist",),
     ("train",),
+    ("export",),
+    ("online",),
     ("bench",),
     ("serve", "demo"),
     ("cli",),

@@ -1,4 +1,4 @@
-"""``het serve-model``: an export served over HTTP (:mod:`het.serving.app`), micro-batched, and
+"""``het serve-model``: an export served over HTTP (:mod:`het.online.app`), micro-batched, and
 kept fresh from a training job's publications (``--follow DIR``)."""
 
 from __future__ import annotations
@@ -41,10 +41,10 @@ def _main(args: argparse.Namespace) -> None:
     import uvicorn
 
     from het.ps.wire.auth import is_loopback
-    from het.serving.app import Limits, Metrics, make_app
-    from het.serving.follow import Follower, newest_base
-    from het.serving.live import Live, first_version
-    from het.serving.scorer import Scorer
+    from het.online.app import Limits, Metrics, make_app
+    from het.online.follow import Follower, newest_base
+    from het.online.live import Live, first_version
+    from het.online.scorer import Scorer
 
     host, _, port = args.bind.rpartition(":")
     if not host or not port.isdigit():

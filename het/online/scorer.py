@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 from het.export.spec import to_arrow
-from het.serving.live import Live
-from het.serving.requests import BadRequest, columns_of
+from het.online.live import Live
+from het.online.requests import BadRequest, columns_of
 
 
 class Scorer:

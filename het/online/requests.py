@@ -36,7 +36,7 @@ def instances_of(body: bytes, inputs: Inputs, max_instances: int) -> list[dict]:
         >>> instances_of(b'{"instances": [{"x": 1.5}]}', Inputs(spec, "."), 8)
         Traceback (most recent call last):
         ...
-        het.serving.requests.BadRequest: instances[0]: missing field 'c' (this model reads ['x', 'c'])
+        het.online.requests.BadRequest: instances[0]: missing field 'c' (this model reads ['x', 'c'])
     """
     try:
         doc = json.loads(body)

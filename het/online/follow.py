@@ -1,7 +1,7 @@
 """A server following a training job (``het serve-model --follow DIR``): the newest base in
 ``DIR`` (an export, ``base-<version>/``) and every delta after it (``delta-<version>.het``, the
 rows pushes changed and the dense weights: :mod:`het.train.publish`), applied in order, each
-made a new :class:`het.serving.live.Version` and swapped in whole.
+made a new :class:`het.online.live.Version` and swapped in whole.
 
 A delta is written under a temporary name and renamed when complete, and its arrays carry
 checksums: one that is cut off or damaged is never applied. It is skipped, counted and named,
@@ -19,7 +19,7 @@ import time
 
 from het import arrayfile
 from het.export.model import load_model
-from het.serving.live import Live, Overlay, OverlaidTable, Version
+from het.online.live import Live, Overlay, OverlaidTable, Version
 
 BASE, DELTA = re.compile(r"base-(\d+)"), re.compile(r"delta-(\d+)\.het")
 
@@ -61,7 +61,7 @@ class Follower:
     Args:
         live: the served versions (its current one a base of ``directory``, or any export).
         directory: where the training job publishes (``het train --publish DIR``).
-        metrics: :class:`het.serving.app.Metrics` (applied and skipped counts, lags), or None.
+        metrics: :class:`het.online.app.Metrics` (applied and skipped counts, lags), or None.
     """
 
     def __init__(self, live: Live, directory: str, poll_s: float = 0.5, metrics=None):
