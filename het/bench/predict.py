@@ -159,8 +159,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--seconds", type=float, default=3.0, help="per round and side")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    add_config_flags(p, exclude=("steps", "checkpoint", "checkpoint_every", "resume", "workers", "export", "export_every",
-                                 "export_dtype"),
+    add_config_flags(p, exclude=("steps", "checkpoint", "checkpoint_every", "resume", "workers", "export.dir",
+                                 "export.every", "export.dtype", "publish.dir", "publish.every", "publish.base_every",
+                                 "publish.keep"),
                      fixed={"workers": 1})
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_main)

@@ -67,6 +67,7 @@ class Checkpoint:
             raise ValueError(f"{worker}: checkpoint format {got!r}, expected {WORKER_FORMAT}")
         self.config, self.step, self.model_state = state["config"], int(state["step"]), state["model"]
         self.evaluation = _read_json(os.path.join(path, "evaluation.json"))
+        self.published = state.get("published")  # a base of het train --publish: its version and time
         self.shards = self._open_shards(os.path.join(path, "ps"))
         self.num_shards = len(self.shards)
         first = self.shards[0].obj["tables"]

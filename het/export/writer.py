@@ -83,7 +83,7 @@ def _write(ckpt: Checkpoint, config: dict, spec: dict, files: dict, root: str, d
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "checkpoint": os.path.abspath(ckpt.path), "step": ckpt.step, "model": model, "dense": dense_info,
                 "tables": {name: entry}, "dtype": dtype, "row_bytes": row_bytes(cfg.dim, dtype), "input": spec,
-                "evaluation": ckpt.evaluation, "train": {k: config.get(k) for k in
+                "evaluation": ckpt.evaluation, "published": ckpt.published, "train": {k: config.get(k) for k in
                                                          ("mode", "staleness", "optimizer", "lr", "batch", "workers",
                                                           "servers", "seed", "eval_samples")}}
     manifest["files"] = {rel: layout.file_entry(os.path.join(root, rel)) for rel in _files(root)}

@@ -20,16 +20,17 @@ import time
 from het import arrayfile
 from het.export.model import load_model
 from het.online.live import Live, Overlay, OverlaidTable, Version
+from het.train.publish import FORMAT, base_name, delta_name
 
 BASE, DELTA = re.compile(r"base-(\d+)"), re.compile(r"delta-(\d+)\.het")
 
 
 def base_dir(directory: str, version: int) -> str:
-    return os.path.join(directory, f"base-{version:08d}")
+    return os.path.join(directory, base_name(version))
 
 
 def delta_path(directory: str, version: int) -> str:
-    return os.path.join(directory, f"delta-{version:08d}.het")
+    return os.path.join(directory, delta_name(version))
 
 
 def scan(directory: str) -> tuple[list[int], list[int]]:
@@ -50,7 +51,7 @@ def newest_base(directory: str) -> Version:
         except (ValueError, OSError) as e:
             _say(f"base {number} cannot be loaded ({e}): trying an older one")
             continue
-        published = model.manifest.get("published", {})
+        published = model.manifest.get("published") or {}
         return Version(number, float(published.get("trained_at", time.time())), model, Overlay.empty(model.table.dim))
     raise ValueError(f"{directory}: no complete base (base-<version>/ holding export.json) to follow yet")
 
@@ -119,7 +120,7 @@ class Follower:
         path = delta_path(self.directory, number)
         try:
             meta, arrays = arrayfile.read(path)
-            if meta.get("version") != number or meta.get("format") != "het-delta":
+            if meta.get("version") != number or meta.get("format") != FORMAT:
                 raise arrayfile.ArrayFileError(f"{path}: holds {meta.get('format')!r} version "
                                                f"{meta.get('version')!r}, expected het-delta {number}")
         except FileNotFoundError:  # removed by the publisher: a newer base holds it

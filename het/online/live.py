@@ -116,7 +116,12 @@ class Live:
         return max(0.0, time.time() - self._version.trained_at)
 
 
-def first_version(model: ExportedModel, number: int = 0, trained_at: float | None = None) -> Version:
-    """The version of an export as it was written."""
-    created = model.manifest.get("published_at") or trained_at or time.time()
-    return Version(number, float(created), model, Overlay.empty(model.table.dim))
+def first_version(model: ExportedModel) -> Version:
+    """An export as a version: a base of ``het train --publish`` with its number and time, any
+    other as version 0 made when it was written."""
+    import datetime
+
+    published = model.manifest.get("published") or {}
+    created = datetime.datetime.fromisoformat(model.manifest["created"]).timestamp()
+    return Version(int(published.get("version", 0)), float(published.get("trained_at", created)), model,
+                   Overlay.empty(model.table.dim))

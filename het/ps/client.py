@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 
+import numpy as np
 import torch
 
 from het.config import ShardConfig, TableConfig
@@ -21,7 +22,7 @@ from het.ps.store import saves
 from het.ps.wire import checks
 from het.ps.wire.auth import curve_keys
 from het.ps.wire.connection import Connection, WaitAbandoned
-from het.ps.wire.integers import delta_keys
+from het.ps.wire.integers import delta_keys, widen
 from het.ps.wire.protocol import Op, array_bytes
 from het.ps.wire.replies import Handle, merge
 from het.ps.wire.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays, push_sync_parts,
@@ -222,6 +223,23 @@ class PSClient:
                 raise ValueError(f"shard {i}'s state directory ({d}) is not on a filesystem this process sees: "
                                  f"save and load by name (save_named, load_named) instead")
         return dirs
+
+    def changed(self, table: str, page_rows: int | None = None):
+        """The rows of ``table`` changed since this was last asked, shard by shard, as pieces
+        ``(keys (k,) int64, rows (k, D) float32, clocks (k,) int64)``; the first call starts every
+        shard's record (:mod:`het.ps.changes`) and gives nothing. ``page_rows``: rows a request
+        brings at most (default: about 4 MiB of them)."""
+        dim = self.tables[table].dim
+        limit = min(self.max_keys, page_rows or max(1, (4 << 20) // (4 * dim)))
+        for shard in range(self.num_shards):
+            more = True
+            while more:
+                rid = self.link.request(shard, Op.CHANGED, {"table": table, "limit": limit, **self.link.fresh(shard)}, [])
+                reply = self.link.reply(shard, rid, timeout_s=None)
+                more = bool(reply.meta.get("more"))
+                keys, rows, clocks = reply.arrays
+                if len(keys):
+                    yield np.asarray(keys, np.int64), np.asarray(rows, np.float32), widen(clocks, "clocks")
 
     def stats(self) -> list[dict]:
         return [m.meta["stats"] for m in self.link.broadcast(Op.STATS)]

@@ -19,6 +19,7 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
+from het.ps.changes import Changes
 from het.ps.store import saves
 from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.wal import WriteAheadLog, read_log
@@ -87,7 +88,9 @@ class Shard:
         self._applied: dict[str, int] = {}   # session -> the sequence number of its last push applied
         self._handlers = {Op.PULL: self._on_pull, Op.PUSH: self._on_push, Op.SYNC: self._on_sync,
                           Op.PUSH_SYNC: self._on_push_sync, Op.SAVE: self._on_save, Op.LOAD: self._on_load,
-                          Op.STATS: self._on_stats, Op.INFO: self._on_info, Op.STOP: self._on_stop}
+                          Op.STATS: self._on_stats, Op.INFO: self._on_info, Op.STOP: self._on_stop,
+                          Op.CHANGED: self._on_changed}
+        self.changes: dict[str, Changes] = {}  # per table, once a reader asked (het train --publish)
         self.wal: WriteAheadLog | None = None
         if wal:
             self._recover(os.path.join(self.state_dir, "wal"), fsync_s)
@@ -205,6 +208,10 @@ class Shard:
         self.stopping = True
         return {}, []
 
+    def _on_changed(self, meta: dict, arrays: list):
+        checks.arrays(Op.CHANGED.name, arrays, 0)
+        return self.changed(checks.table(meta), checks.limit(meta, self.cfg.max_keys))
+
     # -- the verbs --------------------------------------------------------------------------
     def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
         """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,). With ``lazy``: rows of the
@@ -247,9 +254,30 @@ class Shard:
             raise ValueError(f"push to table {table!r} refused, nothing changed: {e}") from None
         if session is not None:
             self._applied[session[0]] = session[1]
+        if table in self.changes:
+            self.changes[table].add(key_tensor)
         self.stats["rows_in"] += len(keys)
         self._fit_memory()
         return len(keys)
+
+    def changed(self, table: str, limit: int) -> tuple[dict, list]:
+        """The next ``limit`` keys of ``table`` changed since a reader last took them (see
+        :mod:`het.ps.changes`), with their rows and clocks as they are now; ``more``: whether
+        this round has more. The first request starts the record and returns none.
+        Shape: -> keys (k,) int64, rows (k, D) float32, clocks (k,)."""
+        t = self.tables.get(table)
+        if t is None:
+            raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
+        if table not in self.changes:
+            self.changes[table] = Changes()
+            t.on_remove = self.changes[table].add  # a forgotten row reads as its initial row again: a change
+            return {"more": False, "started": True}, [np.zeros(0, np.int64), np.zeros((0, t.cfg.dim), np.float32),
+                                                       np.zeros(0, np.int64)]
+        keys, more = self.changes[table].take(limit)
+        at = t.locate(keys)
+        rows, _ = t.rows_to_send(at, lazy=False)
+        self.stats["rows_changed_out"] += len(keys)
+        return {"more": more}, [keys.numpy(), rows[0], narrow(t.clocks_of(at)).numpy()]
 
     def _first_time(self, meta: dict) -> bool:
         """Whether a push is new: one its session sent before (a re-send to a restarted shard

@@ -36,17 +36,24 @@ def save(worker, directory: str, step: int) -> None:
         tmp, old = f"{final}.tmp-{step}", f"{final}.old-{step}"
         remove_stale(final)
         shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        worker.client.save(os.path.join(tmp, "ps"))
-        state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
-                 "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
-                 "optimizer": worker.dense.state_dict()}
-        torch.save(state, os.path.join(tmp, "worker.pt"))
+        write(worker, tmp, step)
         if os.path.exists(final):
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
     barrier(worker.world)
+
+
+def write(worker, directory: str, step: int, **extra) -> None:
+    """Write the shards' saves and the dense model into the new directory ``directory`` as
+    they are now (rank 0; :func:`save` flushes the caches first, a publication of the PS's rows
+    does not). ``extra``: more entries of ``worker.pt`` (a publication's version and time)."""
+    os.makedirs(directory)
+    worker.client.save(os.path.join(directory, "ps"))
+    state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
+             "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
+             "optimizer": worker.dense.state_dict(), **extra}
+    torch.save(state, os.path.join(directory, "worker.pt"))
 
 
 def record_evaluation(directory: str, step: int, metrics: dict) -> None:

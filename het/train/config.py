@@ -21,15 +21,14 @@ refused with one line naming the key, the type expected and the value found.
 from __future__ import annotations
 
 import dataclasses
-import math
 import sys
-import typing
 from dataclasses import dataclass
 
-from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Ids, LocalUpdate, Mode, Model, Optimizer, Policy,
+from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, Ids, LocalUpdate, Mode, Model, Optimizer, Policy,
                          PushDtype)
 from het.config import parse_bytes, plain, setting
-from het.staleness import check_staleness, format_staleness
+from het.staleness import format_staleness
+from het.train.fields import build, check_fields, merge, require, set_dotted
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -92,8 +91,8 @@ class SyntheticConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "synthetic.")
-        _require(self.cap is None or self.cap >= 1, f"synthetic.cap must be >= 1, got {self.cap}")
-        _require(self.scale > 0, f"synthetic.scale must be > 0, got {self.scale}")
+        require(self.cap is None or self.cap >= 1, f"synthetic.cap must be >= 1, got {self.cap}")
+        require(self.scale > 0, f"synthetic.scale must be > 0, got {self.scale}")
 
 
 @dataclass(frozen=True)
@@ -112,13 +111,47 @@ class GraphConfig:
 
     def __post_init__(self) -> None:
         check_fields(self, "graph.")
-        _require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,
+        require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,
                  f"graph.fanouts must be positive integers, got {self.fanouts}")
-        _require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
-        _require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
-        _require(0 <= self.embedding_dropout < 1,
+        require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
+        require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
+        require(0 <= self.embedding_dropout < 1,
                  f"graph.embedding_dropout must lie in [0, 1), got {self.embedding_dropout}")
-        _require(self.eval_every >= 0, f"graph.eval_every must be >= 0, got {self.eval_every}")
+        require(self.eval_every >= 0, f"graph.eval_every must be >= 0, got {self.eval_every}")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Exports of the model while it trains (``[export]``, ``--export DIR --export-every N``)."""
+
+    dir: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory",
+                              aliases=("--export",))
+    every: int = setting(0, "steps between exports, and the last step (needs a directory); written in the background")
+    dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "export.")
+        require(self.every >= 0, f"export.every must be >= 0, got {self.every}")
+        require(not self.every or self.dir, "export.every needs export.dir (--export DIR)")
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    """Updates for servers that follow the job (``[publish]``, ``--publish DIR --publish-every S``):
+    the rows pushes changed and the dense weights every ``every`` seconds, a full base every
+    ``base_every`` of them (:mod:`het.train.publish`)."""
+
+    dir: str | None = setting(None, "CTR models: publish updates here for het serve-model --follow DIR",
+                              aliases=("--publish",))
+    every: float = setting(10.0, "seconds between deltas (the rows pushes changed since the last one)")
+    base_every: int = setting(30, "deltas between full bases (a follower starting late begins at the newest)")
+    keep: int = setting(2, "bases kept, with the deltas after the oldest of them")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "publish.")
+        require(self.every > 0, f"publish.every must be > 0 (seconds), got {self.every}")
+        require(self.base_every >= 1 and self.keep >= 1,
+                f"publish.base_every and publish.keep must be >= 1, got {self.base_every}, {self.keep}")
 
 
 @dataclass(frozen=True)
@@ -169,9 +202,6 @@ class TrainConfig:
     checkpoint: str | None = setting(None, "checkpoint directory")
     checkpoint_every: int = setting(0, "steps between checkpoints (needs checkpoint)")
     resume: str | None = setting(None, "a checkpoint directory to resume from")
-    export: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory")
-    export_every: int = setting(0, "steps between exports, and the last step (needs export); written in the background")
-    export_dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
     ps_wal: bool = setting(False, "local cluster: the shards log every push before acknowledging it "
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
@@ -202,9 +232,11 @@ class TrainConfig:
                                     "(rounded)")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
+    export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
+    publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
 
     def __post_init__(self) -> None:
-        _require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
+        require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
         object.__setattr__(self, "model", Model(self.model))
         for name, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, name) is None and not isinstance(value, Samples):
@@ -237,9 +269,8 @@ class TrainConfig:
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
-            (self.export_every >= 0, f"export_every must be >= 0, got {self.export_every}"),
-            (not self.export_every or self.export, "export_every needs an export directory (export)"),
-            (not (self.export and self.is_graph), f"export applies to CTR models; {self.model} is not exported"),
+            (not ((self.export.dir or self.publish.dir) and self.is_graph),
+             f"export and publish apply to CTR models; {self.model} is not exported"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
             (not (self.is_graph and self.ids == Ids.HASHED), f"ids 'hashed' applies to CTR data; {self.model} "
              f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
@@ -249,7 +280,7 @@ class TrainConfig:
             (self.ps_memory is None or self.ps_memory_bytes > 0, f"ps_memory must be > 0, got {self.ps_memory!r}"),
         ]
         for ok, message in checks:
-            _require(ok, message)
+            require(ok, message)
 
     def _data_fits_model(self) -> bool:
         for kind in (GRAPH_DATA if self.is_graph else CTR_DATA):
@@ -290,7 +321,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
         """The config of :meth:`to_dict`'s form (or a TOML file's); unknown keys are refused."""
-        return _build(cls, dict(d), "")
+        return build(cls, dict(d), "")
 
     @classmethod
     def load(cls, path: str | None, overrides: dict | None = None, defaults: dict | None = None) -> "TrainConfig":
@@ -298,102 +329,16 @@ class TrainConfig:
         were given); keys of nested tables are dotted (``"synthetic.cap"``)."""
         d: dict = {}
         for key, value in (defaults or {}).items():
-            _set_dotted(d, key, value)
+            set_dotted(d, key, value)
         if path:
             try:
                 with open(path, "rb") as f:
-                    _merge(d, tomllib.load(f))
+                    merge(d, tomllib.load(f))
             except tomllib.TOMLDecodeError as e:
                 raise ValueError(f"{path}: not valid TOML: {e}") from None
         for key, value in (overrides or {}).items():
-            _set_dotted(d, key, value)
+            set_dotted(d, key, value)
         try:
             return cls.from_dict(d)
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}" if path else str(e)) from None
-
-
-def check_fields(config, prefix: str = "") -> None:
-    """Check every field of a config dataclass against its declared type, strictly (no bool
-    for an int, no float for an int, no text for a number), and normalise in place: floats
-    from ints, tuples from lists, ``staleness`` to an int or inf. Raises ValueError naming
-    the key (``prefix`` + field), the type expected and the value found."""
-    hints = typing.get_type_hints(type(config))
-    for f in dataclasses.fields(config):
-        value, key = getattr(config, f.name), prefix + f.name
-        if f.metadata.get("kind") == "staleness":
-            value = check_staleness(value, key)
-        else:
-            value = _check_type(hints[f.name], value, key)
-        choices = f.metadata.get("choices")
-        if choices and value is not None and value not in choices:
-            raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
-        object.__setattr__(config, f.name, value)
-
-
-_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
-
-
-def _check_type(hint, value, key: str):
-    args = typing.get_args(hint)
-    if type(None) in args:  # X | None
-        if value is None:
-            return None
-        hint = next(a for a in args if a is not type(None))
-    if dataclasses.is_dataclass(hint):
-        if isinstance(value, hint):
-            return value
-        if isinstance(value, dict):
-            return _build(hint, value, key + ".")
-        raise ValueError(f"{key}: expected a table of {sorted(f.name for f in dataclasses.fields(hint))}, "
-                         f"got {value!r} ({type(value).__name__})")
-    if isinstance(hint, type) and issubclass(hint, Choice):
-        if isinstance(value, str) and value in hint.values():
-            return hint(value)
-        if isinstance(value, str):
-            raise ValueError(f"{key}: expected one of {hint.values()}, got {value!r}")
-        raise ValueError(f"{key}: expected a string, got {value!r} ({type(value).__name__})")
-    if typing.get_origin(hint) is tuple:
-        if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            return tuple(value)
-        raise ValueError(f"{key}: expected a list of integers, got {value!r} ({type(value).__name__})")
-    ok = isinstance(value, hint) and not (isinstance(value, bool) and hint is not bool)
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
-    if ok and hint is float and not math.isfinite(value):
-        raise ValueError(f"{key}: expected a finite number, got {value!r}")
-    if not ok:
-        raise ValueError(f"{key}: expected {_TYPE_NAMES.get(hint, hint)}, got {value!r} ({type(value).__name__})")
-    return value
-
-
-def _build(cls, d: dict, prefix: str):
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(d) - names)
-    if unknown:
-        raise ValueError(f"unknown config keys {[prefix + k for k in unknown]}; known: {sorted(names)}")
-    return cls(**d)
-
-
-def _set_dotted(d: dict, key: str, value) -> None:
-    head, _, rest = key.partition(".")
-    if rest:
-        inner = d.setdefault(head, {})
-        if not isinstance(inner, dict):
-            raise ValueError(f"{head}: expected a table (for {key}), got {inner!r}")
-        _set_dotted(inner, rest, value)
-    else:
-        d[head] = value
-
-
-def _merge(into: dict, other: dict) -> None:
-    for key, value in other.items():
-        if isinstance(value, dict) and isinstance(into.get(key), dict):
-            _merge(into[key], value)
-        else:
-            into[key] = value
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)

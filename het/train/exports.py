@@ -1,6 +1,6 @@
 """Exports of the model while it trains (``het train --export DIR --export-every N``).
 
-Every ``N`` steps (and at the last step) every rank flushes its cache and the job writes a
+Every ``N`` steps (``export.every``, and at the last step) every rank flushes its cache and the job writes a
 snapshot, a checkpoint of that step beside the export (``DIR.snapshot-STEP``); then rank 0 runs
 ``het export`` on it in a background process, at a lower priority, and removes the snapshot once
 the export is in place. Training goes on meanwhile: it pauses only for the flush and the
@@ -25,14 +25,14 @@ class Exporter:
 
     def __init__(self, worker, cfg: TrainConfig):
         self.worker, self.cfg = worker, cfg
-        self.out = os.path.abspath(cfg.export)
+        self.out = os.path.abspath(cfg.export.dir)
         self.proc: subprocess.Popen | None = None
         self.snapshot: str | None = None
         self.log = None
         self.written, self.failed = 0, []
 
     def __call__(self, step: int) -> None:
-        if step % self.cfg.export_every == 0 or step == self.cfg.steps:
+        if step % self.cfg.export.every == 0 or step == self.cfg.steps:
             self.export(step)
 
     def export(self, step: int) -> None:
@@ -45,7 +45,7 @@ class Exporter:
         self.snapshot = snapshot
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, self.out, "--dtype",
-                                      self.cfg.export_dtype, "--quiet", "--json"], stdout=self.log,
+                                      self.cfg.export.dtype, "--quiet", "--json"], stdout=self.log,
                                      stderr=subprocess.STDOUT, preexec_fn=_lower_priority)
 
     def wait(self) -> None:
@@ -69,8 +69,8 @@ class Exporter:
 
 
 def exporter(worker, cfg: TrainConfig) -> Exporter | None:
-    """The job's exporter (None without ``cfg.export_every``)."""
-    if not cfg.export or not cfg.export_every:
+    """The job's exporter (None without ``cfg.export.every``)."""
+    if not cfg.export.dir or not cfg.export.every:
         return None
     return Exporter(worker, cfg)
 

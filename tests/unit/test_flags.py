@@ -11,7 +11,7 @@ from het.train import local
 from het.train.config import TrainConfig
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
 
-EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export_every": {"export": "model"}}  # settings that need another
+EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"}}  # settings that need another
 
 
 def a_value(key, f, hint):

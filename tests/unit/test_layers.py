@@ -44,7 +44,7 @@ LAYERS = (
 # rows), the store and the wire, the shard between them, and the ends: the client, the server,
 # and the offline reshard tool.
 PS_ROOMS = (
-    ("partition", "limits"),
+    ("partition", "limits", "changes"),
     ("initial",),
     ("store", "wire"),
     ("shard",),

@@ -58,6 +58,8 @@ class DynamicRows:
         ([1, 0], 2)
     """
 
+    on_remove = None  # told the keys of rows the store forgets (a shard's record of changes)
+
     def __init__(self, cfg: TableConfig, index: int, num_shards: int, disk_dir: str | None = None,
                  policy: str = "lru"):
         self.cfg, self.index, self.num_shards = cfg, index, num_shards
@@ -217,6 +219,8 @@ class DynamicRows:
         """Forget the rows at ``slots``: they read as their initial value again."""
         meta = self.meta.gather(slots)
         self.keys.remove(meta[:, KEY].contiguous())
+        if self.on_remove is not None:
+            self.on_remove(meta[:, KEY])
         meta[:, LAST] = -1
         self.meta.scatter(slots, meta)
         self.store.release(slots)

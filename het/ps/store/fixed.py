@@ -27,6 +27,8 @@ class FixedRows:
             reference, which the tests hold it to).
     """
 
+    on_remove = None  # told the keys of rows the store forgets (a shard's record of changes)
+
     def __init__(self, cfg: TableConfig, index: int, num_shards: int, native: bool = True, chunk: int = 1 << 16):
         self.cfg = cfg
         self.index, self.num_shards = index, num_shards

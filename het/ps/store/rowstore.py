@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import Protocol
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -34,6 +34,7 @@ class RowStore(Protocol):
 
     cfg: TableConfig
     optimizer: SparseOptimizer  # the table's update rule (its state may live in the store)
+    on_remove: Callable[[torch.Tensor], None] | None  # told the keys of rows the store forgets (expiry, budget)
 
     def check_keys(self, keys: torch.Tensor) -> str:
         """Why ``keys`` do not belong to this slice ('' when they do): out of the table's

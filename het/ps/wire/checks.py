@@ -123,6 +123,11 @@ def grads_as(meta: dict) -> str:
     return grads
 
 
+def limit(meta: dict, max_keys: int) -> int:
+    """How many keys a CHANGED request takes at most: an int in [1, max_keys]."""
+    return _int(meta, "limit", max_keys, 1, max_keys)
+
+
 def path(meta: dict) -> str:
     value = meta.get("path")
     if not isinstance(value, str) or not value:
@@ -167,7 +172,7 @@ def every_field(meta: dict) -> None:
         ValueError: meta['lazy'] must be true or false, got 1
     """
     for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path),
-                        ("state", state), ("sq", sq), ("deltas", deltas)):
+                        ("state", state), ("sq", sq), ("deltas", deltas), ("limit", lambda m: limit(m, MAX_STEP))):
         if name in meta:
             parse(meta)
     if "bound" in meta:

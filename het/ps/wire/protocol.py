@@ -126,6 +126,7 @@ class Op(enum.IntEnum):
     STATS = 7
     INFO = 8
     STOP = 9
+    CHANGED = 10
 
 
 OK, ERROR = 0, 1

@@ -1,0 +1,172 @@
+"""Updates for servers that follow a training job: ``het train --publish DIR --publish-every S``.
+
+Rank 0 publishes into ``DIR``, numbered versions in one sequence (a later job publishing into the
+same directory goes on from the last number, so its followers keep following):
+
+- ``base-<v>/``: a full export (as ``het export`` writes), of the shards' rows as they are at
+  version ``v`` and rank 0's dense model: at the start (version 0), then every ``base_every``
+  deltas. Its snapshot (the shards' saves) is taken here; ``het export`` turns it into the base
+  in a background process, at a lower priority, and the base appears whole when complete.
+- ``delta-<v>.het``: every ``every`` seconds (checked at step boundaries) the rows the pushes
+  changed since the previous version, from the shards' own record of changed keys (the
+  CHANGED request, :mod:`het.ps.changes`), as they are now, and the dense weights: a checksummed
+  array file (:mod:`het.arrayfile`) written under a temporary name and renamed when complete.
+  Its bytes follow the rows that changed, not the table.
+
+The rows are the PS's: a worker's cached updates not pushed yet reach a server with a later
+delta, at most the staleness bound later; the end of training, after every cache's flush,
+publishes a last delta, so a follower ends with the rows a checkpoint of the end holds. Other
+ranks never wait for a publication. Old bases and the deltas before the oldest kept one go.
+
+Source of changed rows, measured against the alternative (docs/RESULTS.md): the shards' record
+costs nothing until a publisher asks and then 8 bytes a changed key between two deltas; the
+write-ahead log holds every push's gradients (several times the rows, and only under
+``--ps-wal``), which a server would have to turn into rows with the optimizer's state.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from het import arrayfile
+from het.train import checkpoint
+from het.train.config import TrainConfig
+from het.train.tasks import EMBEDDING_TABLE
+
+FORMAT = "het-delta"
+_NAME = re.compile(r"(base|delta)-(\d+)(\.het)?")
+
+
+def base_name(version: int) -> str:
+    return f"base-{version:08d}"
+
+
+def delta_name(version: int) -> str:
+    return f"delta-{version:08d}.het"
+
+
+class Publisher:
+    """The per-step hook of ``het train --publish`` (see the module); rank 0 alone acts."""
+
+    def __init__(self, worker, cfg: TrainConfig):
+        self.worker, self.cfg = worker, cfg
+        self.dir = os.path.abspath(cfg.publish.dir)
+        self.version = 0
+        self.deltas_since_base = 0
+        self.last = time.monotonic()
+        self.base_proc: subprocess.Popen | None = None
+        self.base_snapshot: str | None = None
+        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": []}
+        if worker.rank == 0:
+            os.makedirs(self.dir, exist_ok=True)
+            bases, deltas = _listing(self.dir)  # an earlier job's: its followers go on from its last
+            self.version = max(bases + deltas, default=-1) + 1
+            list(worker.client.changed(EMBEDDING_TABLE))  # the shards start their record of changes
+            self._base(worker.step_count)
+
+    def __call__(self, step: int) -> None:
+        if self.worker.rank == 0 and time.monotonic() - self.last >= self.cfg.publish.every:
+            self.publish(step)
+
+    def publish(self, step: int) -> None:
+        """A delta of what changed since the last version; a base after every ``base_every``."""
+        self.last = time.monotonic()
+        self.version += 1
+        self._delta(self.version, step)
+        self.deltas_since_base += 1
+        if self.deltas_since_base >= self.cfg.publish.base_every:
+            self._base(step)
+
+    def finish(self, step: int) -> dict:
+        """The last delta (every cache flushed before), the base in flight waited for."""
+        if self.worker.rank == 0:
+            self.version += 1
+            self._delta(self.version, step)
+            self._wait_base()
+            self._prune()
+        return {"dir": self.dir, "version": self.version, **self.stats}
+
+    # -- deltas ---------------------------------------------------------------------------------
+    def _delta(self, version: int, step: int) -> None:
+        trained_at = time.time()
+        pieces = list(self.worker.client.changed(EMBEDDING_TABLE))
+        dim = self.worker.client.tables[EMBEDDING_TABLE].dim
+        keys = np.concatenate([k for k, _, _ in pieces]) if pieces else np.zeros(0, np.int64)
+        rows = np.concatenate([r for _, r, _ in pieces]) if pieces else np.zeros((0, dim), np.float32)
+        clocks = np.concatenate([c for _, _, c in pieces]) if pieces else np.zeros(0, np.int64)
+        self.worker.dense.before_forward()  # mode ps: the dense parameters as the PS holds them
+        dense = {f"dense.{k}": v.detach().cpu().numpy() for k, v in self.worker.model.state_dict().items()
+                 if not k.startswith("embedding.")}
+        meta = {"format": FORMAT, "version": version, "step": step, "trained_at": trained_at,
+                "table": EMBEDDING_TABLE, "rows": len(keys), "dim": dim}
+        size = arrayfile.write(os.path.join(self.dir, delta_name(version)),
+                               {"keys": keys, "rows": rows, "clocks": clocks, **dense}, meta)
+        self.stats["deltas"] += 1
+        self.stats["delta_bytes"] += size
+        self.stats["delta_rows"] += len(keys)
+
+    # -- bases ----------------------------------------------------------------------------------
+    def _base(self, step: int) -> None:
+        """Snapshot the shards' rows and the dense model as version ``self.version`` and start
+        exporting it; the previous base's export is waited for first."""
+        self._wait_base()
+        self.deltas_since_base = 0
+        snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
+        os.rmdir(snapshot)
+        checkpoint.write(self.worker, snapshot, step,
+                         published={"version": self.version, "trained_at": time.time()})
+        out = os.path.join(self.dir, base_name(self.version))
+        self.base_snapshot = snapshot
+        self.base_proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json",
+                                           "--dtype", self.cfg.export.dtype], stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
+
+    def _wait_base(self) -> None:
+        if self.base_proc is None:
+            return
+        _, err = self.base_proc.communicate()
+        if self.base_proc.returncode == 0:
+            self.stats["bases"] += 1
+        else:
+            last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:300]
+            self.stats["failed"].append(last)
+            print(f"het train: a base of {self.dir} failed: {last}", file=sys.stderr, flush=True)
+        shutil.rmtree(self.base_snapshot, ignore_errors=True)
+        self.base_proc = self.base_snapshot = None
+        self._prune()
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` bases and the deltas after the oldest of them."""
+        bases, deltas = _listing(self.dir)
+        kept = bases[-self.cfg.publish.keep:]
+        if not kept:
+            return
+        for v in bases[:-self.cfg.publish.keep]:
+            shutil.rmtree(os.path.join(self.dir, base_name(v)), ignore_errors=True)
+        for v in deltas:
+            if v <= kept[0]:
+                os.remove(os.path.join(self.dir, delta_name(v)))
+
+
+def publisher(worker, cfg: TrainConfig) -> Publisher | None:
+    """The job's publisher (None without ``cfg.publish.dir``)."""
+    return Publisher(worker, cfg) if cfg.publish.dir else None
+
+
+def _listing(directory: str) -> tuple[list[int], list[int]]:
+    bases, deltas = [], []
+    for name in os.listdir(directory):
+        m = _NAME.fullmatch(name)
+        if m and m.group(1) == "base" and not m.group(3):
+            bases.append(int(m.group(2)))
+        elif m and m.group(1) == "delta" and m.group(3):
+            deltas.append(int(m.group(2)))
+    return sorted(bases), sorted(deltas)
