@@ -14,7 +14,10 @@ distinct keys last seen.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
+
+from het.ps.wire.integers import narrow
 
 
 class Changes:
@@ -57,3 +60,19 @@ class Changes:
         page = self._round[self._read:self._read + limit]
         self._read += len(page)
         return page, self._read < len(self._round)
+
+
+def page(changes: dict, table: str, store, limit: int) -> tuple[dict, list]:
+    """A CHANGED reply: the next ``limit`` changed keys of ``table`` (``changes``: the shard's
+    records by table, made here at the first request, which returns none), their rows as
+    ``store`` (a :class:`het.ps.store.rowstore.RowStore`) holds them now, and clocks.
+    Shape: -> keys (k,) int64, rows (k, D) float32, clocks (k,)."""
+    if table not in changes:
+        changes[table] = Changes()
+        store.on_remove = changes[table].add  # a forgotten row reads as its initial row again: a change
+        empty = [np.zeros(0, np.int64), np.zeros((0, store.cfg.dim), np.float32), np.zeros(0, np.int64)]
+        return {"more": False, "started": True}, empty
+    keys, more = changes[table].take(limit)
+    at = store.locate(keys)
+    rows, _ = store.rows_to_send(at, lazy=False)
+    return {"more": more}, [keys.numpy(), rows[0], narrow(store.clocks_of(at)).numpy()]

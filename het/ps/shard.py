@@ -19,7 +19,7 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
-from het.ps.changes import Changes
+from het.ps.changes import Changes, page
 from het.ps.store import saves
 from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.wal import WriteAheadLog, read_log
@@ -208,9 +208,12 @@ class Shard:
         self.stopping = True
         return {}, []
 
-    def _on_changed(self, meta: dict, arrays: list):
+    def _on_changed(self, meta: dict, arrays: list):  # keys changed since a reader took them (het.ps.changes)
         checks.arrays(Op.CHANGED.name, arrays, 0)
-        return self.changed(checks.table(meta), checks.limit(meta, self.cfg.max_keys))
+        table = checks.table(meta)
+        reply = page(self.changes, table, self._store(table), checks.limit(meta, self.cfg.max_keys))
+        self.stats["rows_changed_out"] += len(reply[1][0])
+        return reply
 
     # -- the verbs --------------------------------------------------------------------------
     def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
@@ -260,25 +263,6 @@ class Shard:
         self._fit_memory()
         return len(keys)
 
-    def changed(self, table: str, limit: int) -> tuple[dict, list]:
-        """The next ``limit`` keys of ``table`` changed since a reader last took them (see
-        :mod:`het.ps.changes`), with their rows and clocks as they are now; ``more``: whether
-        this round has more. The first request starts the record and returns none.
-        Shape: -> keys (k,) int64, rows (k, D) float32, clocks (k,)."""
-        t = self.tables.get(table)
-        if t is None:
-            raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
-        if table not in self.changes:
-            self.changes[table] = Changes()
-            t.on_remove = self.changes[table].add  # a forgotten row reads as its initial row again: a change
-            return {"more": False, "started": True}, [np.zeros(0, np.int64), np.zeros((0, t.cfg.dim), np.float32),
-                                                       np.zeros(0, np.int64)]
-        keys, more = self.changes[table].take(limit)
-        at = t.locate(keys)
-        rows, _ = t.rows_to_send(at, lazy=False)
-        self.stats["rows_changed_out"] += len(keys)
-        return {"more": more}, [keys.numpy(), rows[0], narrow(t.clocks_of(at)).numpy()]
-
     def _first_time(self, meta: dict) -> bool:
         """Whether a push is new: one its session sent before (a re-send to a restarted shard
         that had applied and logged it) is not applied twice. A client re-sends in order, and a
@@ -320,11 +304,14 @@ class Shard:
         return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index_sent)).numpy(), *sent_state,
                 *pack_marks(rows[1:])]
 
+    def _store(self, table: str) -> RowStore:
+        if table not in self.tables:
+            raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
+        return self.tables[table]
+
     def _table_keys(self, table, keys: np.ndarray) -> tuple[RowStore, torch.Tensor]:
         """The store of ``table`` and the request's keys, checked: an int64 tensor."""
-        t = self.tables.get(table)
-        if t is None:
-            raise KeyError(f"unknown table {table!r}: this shard holds {sorted(self.tables)}")
+        t = self._store(table)
         keys = checks.keys(keys, self.cfg.max_keys)
         problem = t.check_keys(keys)
         if problem:

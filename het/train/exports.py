@@ -77,3 +77,25 @@ def exporter(worker, cfg: TrainConfig) -> Exporter | None:
 
 def _lower_priority() -> None:
     os.nice(10)  # the export shares the machine with training: training first
+
+
+class Outputs:
+    """What a job writes for use beyond training while it trains: exports (``[export]``) and
+    publications for servers (``[publish]``, :mod:`het.train.publish`)."""
+
+    def __init__(self, worker, cfg: TrainConfig):
+        from het.train.publish import publisher
+
+        self.exports, self.publishes = exporter(worker, cfg), publisher(worker, cfg)
+        self.hooks = [h for h in (self.exports, self.publishes) if h is not None]
+
+    def finish(self, step: int) -> dict:
+        """After the last step (every cache flushed): the last publication, and the export in
+        flight waited for; the summary's entries."""
+        out = {}
+        if self.publishes is not None:
+            out["published"] = self.publishes.finish(step)
+        if self.exports is not None:
+            self.exports.wait()
+            out["exports"] = self.exports.summary()
+        return out

@@ -26,8 +26,7 @@ from het.ps.client import PSClient
 from het.staleness import format_staleness
 from het.train import checkpoint
 from het.train.config import TrainConfig
-from het.train.exports import exporter
-from het.train.publish import publisher
+from het.train.exports import Outputs
 from het.train.tasks import EMBEDDING_TABLE, make_task
 from het.train.timeline import Timeline, disk_postfix
 
@@ -251,8 +250,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             start = checkpoint.restore(worker, cfg.resume)
         selector = _Selector(worker, cfg.graph.eval_every)
         curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples)
-        exports, publishes = exporter(worker, cfg), publisher(worker, cfg)
-        hooks = [h for h in (checkpoint.saver(worker, cfg), exports, publishes, selector, curve) if h]
+        outputs = Outputs(worker, cfg)  # exports and publications while it trains
+        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve) if h]
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         if worker.stop:
@@ -260,7 +259,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
                  f"its cache flushed")
             raise SystemExit(143)
         steps = worker.step_count  # cfg.steps - start, or fewer when the time limit stopped training
-        published = publishes.finish(start + steps) if publishes is not None else None  # every cache flushed
+        written = outputs.finish(start + steps)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         summary = None
@@ -276,12 +275,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
                 summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
             if worker.out_of_time:
                 summary["stopped_at_step"] = start + steps
-        if exports is not None:
-            exports.wait()  # the last export in place before the job ends
-            if summary is not None:
-                summary["exports"] = exports.summary()
-        if summary is not None and published is not None:
-            summary["published"] = published
+            summary.update(written)
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)
@@ -289,7 +283,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         return summary
     finally:
         client.close()
-        worker = selector = curve = hooks = exports = publishes = None  # DDP's reducer goes before the process group it uses
+        worker = selector = curve = hooks = outputs = None  # DDP's reducer goes before the process group it uses
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -56,8 +56,9 @@ def test_every_setting_has_help_and_is_a_flag_and_a_toml_key(tmp_path):
         by_flag = config_from_args(cli.parser().parse_args(argv))
         head, _, leaf = key.rpartition(".")
         toml = tmp_path / "job.toml"
-        lines = [f"{k} = {_toml(v)}" for k, v in extra.items()]
-        lines += [f"[{head}]\n{leaf} = {_toml(value)}"] if head else [f"{key} = {_toml(value)}"]
+        lines = [f"{k} = {_toml(v)}" for k, v in extra.items() if "." not in k]  # top-level keys first
+        inner = [f"{k.rpartition('.')[2]} = {_toml(v)}" for k, v in extra.items() if "." in k]
+        lines += [f"[{head}]\n" + "\n".join([*inner, f"{leaf} = {_toml(value)}"])] if head else [f"{key} = {_toml(value)}"]
         toml.write_text("\n".join(lines) + "\n")
         by_toml = TrainConfig.load(str(toml))
         for cfg in (by_flag, by_toml):

@@ -44,9 +44,10 @@ LAYERS = (
 # rows), the store and the wire, the shard between them, and the ends: the client, the server,
 # and the offline reshard tool.
 PS_ROOMS = (
-    ("partition", "limits", "changes"),
+    ("partition", "limits"),
     ("initial",),
     ("store", "wire"),
+    ("changes",),
     ("shard",),
     ("client", "server", "reshard"),
 )
