@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib
 
 # Each module registers its own ``het bench NAME`` through its add_parser(bsub).
-BENCHES = ("cache", "ps", "memory", "e2e", "staleness", "scale", "missrate", "profile", "tiers", "predict", "report")
+BENCHES = ("cache", "ps", "memory", "e2e", "staleness", "scale", "missrate", "profile", "tiers", "predict", "serve",
+           "report")
 
 
 def add_parser(sub) -> None:

@@ -26,8 +26,10 @@ def add_parser(sub) -> None:
                                                       f"Bearer TOKEN); or ${TOKEN_ENV}. Needed to bind beyond loopback")
     p.add_argument("--no-batching", dest="batching", action="store_false", help="score each request alone")
     p.add_argument("--max-batch", type=int, default=512, help="rows a batch holds at most (default: %(default)s)")
-    p.add_argument("--max-wait-ms", type=float, default=2.0,
-                   help="how long a request waits for others to share its batch (default: %(default)s)")
+    p.add_argument("--max-wait-ms", type=float, default=0.0,
+                   help="how long a request that finds the scorer idle waits for others to share its batch; "
+                        "requests arriving while a batch is scored always go together in the next "
+                        "(default: %(default)s)")
     p.add_argument("--max-body-bytes", type=int, default=4 << 20, help="larger bodies get 413 (default: %(default)s)")
     p.add_argument("--max-instances", type=int, default=4096, help="more instances get 413 (default: %(default)s)")
     p.add_argument("--threads", type=int, default=1, help="torch threads scoring (default: %(default)s)")
@@ -72,9 +74,12 @@ def _main(args: argparse.Namespace) -> None:
     app = make_app(live, scorer, metrics, token, Limits(args.max_body_bytes, args.max_instances))
     follower = Follower(live, args.follow, args.poll_s, metrics).start() if args.follow else None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say so, and without it a kept-alive
+    # connection's answers wait on delayed ACKs (40 ms each, measured)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host.strip("[]"), int(port)))
+    sock.listen(2048)  # from here connections wait for the server: the line below may be acted on at once
     bound = sock.getsockname()[1]
     print(f"het serve-model: serving {live.current.model.manifest['model']['name']} version {live.current.number} "
           f"on http://{host}:{bound}{' (following ' + args.follow + ')' if args.follow else ''}", flush=True)

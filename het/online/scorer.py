@@ -1,10 +1,13 @@
 """Requests scored together: concurrent requests joined into one forward pass (micro-batching,
 what Triton and TorchServe call dynamic batching), bounded by a wait and a number of rows.
 
-A request's instances wait at most ``max_wait_s`` for others, and a batch holds at most
-``max_rows`` rows; it is scored by one thread beside the server's event loop, with the version
-the model has when the batch starts, which every request of the batch answers with. A request
-whose values cannot be read fails alone: the others of its batch are scored.
+Batches are scored one at a time by one thread beside the server's event loop. Requests that
+arrive while a batch is scored wait, and go together in the next one (at most ``max_rows``
+rows); a request arriving while the scorer is idle waits ``max_wait_s`` for company (0 by
+default: it goes at once, alone, as under no load). So batching costs nothing when requests come
+one at a time, and under load a batch holds what arrived during the one before (as Triton's
+dynamic batcher with no queue delay). A batch answers with the version the model has when it
+starts. A request whose values cannot be read fails alone: the others of its batch are scored.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ class Scorer:
         live: the served model's versions.
         batching: join concurrent requests (else each is scored alone, in arrival order).
         max_rows: the most rows a batch holds.
-        max_wait_s: how long a request waits for others to join its batch.
+        max_wait_s: how long a request that finds the scorer idle waits for others to join it.
         on_batch: called with each batch's rows (metrics).
     """
 
-    def __init__(self, live: Live, batching: bool = True, max_rows: int = 512, max_wait_s: float = 0.002,
+    def __init__(self, live: Live, batching: bool = True, max_rows: int = 512, max_wait_s: float = 0.0,
                  on_batch=None):
         self.live, self.batching = live, batching
         self.max_rows, self.max_wait_s = max_rows, max_wait_s
@@ -40,6 +43,7 @@ class Scorer:
         self._queue: list[tuple[list, asyncio.Future]] = []
         self._rows = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._busy = False  # a batch is being scored
 
     async def score(self, instances: list[dict]) -> tuple[list[float], int]:
         """``(probabilities, version)`` of checked instances; BadRequest if a value cannot be read."""
@@ -49,7 +53,9 @@ class Scorer:
         future = loop.create_future()
         self._queue.append((instances, future))
         self._rows += len(instances)
-        if self._rows >= self.max_rows:
+        if self._busy and self._rows < self.max_rows:
+            return await future  # goes with the next batch, when this one is scored
+        if self._rows >= self.max_rows or self.max_wait_s <= 0:
             self._flush(loop)
         elif self._timer is None:
             self._timer = loop.call_later(self.max_wait_s, self._flush, loop)
@@ -59,10 +65,28 @@ class Scorer:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        batch, self._queue, self._rows = self._queue, [], 0
+        if self._busy:
+            return  # the batch in flight takes the queue when it is done
+        batch, self._queue, self._rows = self._queue[:], [], 0
+        if len(batch) and sum(len(b[0]) for b in batch) > self.max_rows:  # keep the rest for the next
+            kept, rows = [], 0
+            for item in batch:
+                if kept and rows + len(item[0]) > self.max_rows:
+                    break
+                kept.append(item)
+                rows += len(item[0])
+            self._queue, self._rows = batch[len(kept):], sum(len(b[0]) for b in batch[len(kept):])
+            batch = kept
         if batch:
+            self._busy = True
             task = loop.run_in_executor(self._executor, self._run, [b[0] for b in batch])
-            task.add_done_callback(lambda t: _settle([b[1] for b in batch], t))
+            task.add_done_callback(lambda t: self._done([b[1] for b in batch], t, loop))
+
+    def _done(self, futures: list, task, loop) -> None:
+        self._busy = False
+        _settle(futures, task)
+        if self._queue:  # what arrived meanwhile: the next batch, at once
+            self._flush(loop)
 
     def _run_one(self, instances: list[dict]) -> tuple[list[float], int]:
         result = self._run([instances])[0]
