@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 
 
@@ -18,3 +19,12 @@ def gather(obj, world: int) -> list:
     out = [None] * world
     dist.all_gather_object(out, obj)
     return out
+
+
+def rank0_says(flag: bool, world: int) -> bool:
+    """Rank 0's ``flag`` on every rank (what the others pass is ignored)."""
+    if world == 1:
+        return flag
+    t = torch.tensor([float(flag)])
+    dist.broadcast(t, src=0)
+    return bool(t.item())

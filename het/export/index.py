@@ -17,8 +17,12 @@ binary search over the sorted keys and a Python dict.
 
 from __future__ import annotations
 
-import numpy as np
+import warnings
 
+import numpy as np
+import torch
+
+from het import native
 from het.data.hashing import splitmix64
 
 BUCKET = 4  # hashes per bucket on average
@@ -77,7 +81,7 @@ class HashIndex:
         (50, -1, 0)
     """
 
-    def __init__(self, hashes: np.ndarray, directory: np.ndarray):
+    def __init__(self, hashes: np.ndarray, directory: np.ndarray, use_native: bool = True):
         if hashes.dtype != np.uint64 or hashes.ndim != 1:
             raise ValueError(f"hashes must be a 1-D uint64 array, got {hashes.dtype} {hashes.shape}")
         buckets = len(directory) - 1
@@ -88,12 +92,25 @@ class HashIndex:
         self.bits = buckets.bit_length() - 1
         widest = int(np.diff(directory.astype(np.int64)).max(initial=0))
         self.steps = max(1, widest).bit_length()  # binary search steps in the widest bucket
+        self._native = None
+        if use_native and native.ops is not None:  # the same lookups in one C++ pass (het/native/index.cpp)
+            with warnings.catch_warnings():  # a read-only map: only read
+                warnings.simplefilter("ignore", UserWarning)
+                wide = directory.view(np.int32) if directory.dtype == np.uint32 else directory.astype(np.int64)
+                self._native = (torch.from_numpy(hashes.view(np.int64)), torch.from_numpy(wide))
 
     def __len__(self) -> int:
         return len(self.hashes)
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The row of each key, -1 for a key not stored. Shape: (m,) -> (m,) int64."""
+        if self._native is not None:
+            keys = torch.from_numpy(np.ascontiguousarray(keys, dtype=np.int64))
+            return native.ops.index_lookup(*self._native, self.bits, keys).numpy()
+        return self.lookup_reference(keys)
+
+    def lookup_reference(self, keys: np.ndarray) -> np.ndarray:
+        """:meth:`lookup` in NumPy: every key at once, a binary search of its bucket."""
         h = key_hashes(keys)
         n = len(self.hashes)
         if n == 0:

@@ -19,6 +19,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_touched", &gather_touched);
   m.def("cache_soon", &cache_soon);
   m.def("all_finite", &all_finite_op);
+  m.def("index_lookup", &index_lookup);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

@@ -45,3 +45,6 @@ torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, do
 std::vector<torch::Tensor> lazy_reply(torch::Tensor sent, torch::Tensor bits, torch::Tensor keys,
                                       torch::Tensor clocks, torch::Tensor state, torch::Tensor init, int64_t salt,
                                       double scale);
+
+// An export's key index (index.cpp)
+torch::Tensor index_lookup(torch::Tensor hashes, torch::Tensor directory, int64_t bits, torch::Tensor keys);

@@ -3,24 +3,24 @@
 Rank 0 publishes into ``DIR``, numbered versions in one sequence (a later job publishing into the
 same directory goes on from the last number, so its followers keep following):
 
-- ``base-<v>/``: a full export (as ``het export`` writes), of the shards' rows as they are at
-  version ``v`` and rank 0's dense model: at the start (version 0), then every ``base_every``
-  deltas. Its snapshot (the shards' saves) is taken here; ``het export`` turns it into the base
-  in a background process, at a lower priority, and the base appears whole when complete.
-- ``delta-<v>.het``: every ``every`` seconds (checked at step boundaries) the rows the pushes
-  changed since the previous version, from the shards' own record of changed keys (the
-  CHANGED request, :mod:`het.ps.changes`), as they are now, and the dense weights: a checksummed
-  array file (:mod:`het.arrayfile`) written under a temporary name and renamed when complete.
+- ``delta-<v>.het``: every ``every`` seconds (rank 0's clock, told to every rank at a step
+  boundary), every rank flushes its cache (as for a checkpoint: the PS then holds every update of
+  every worker up to that step), and rank 0 reads the rows the pushes changed since the previous
+  version from the shards' own record of changed keys (the CHANGED request,
+  :mod:`het.ps.changes`) and writes them with the dense weights as a checksummed array file
+  (:mod:`het.arrayfile`), in a thread beside training, under a temporary name renamed when whole.
   Its bytes follow the rows that changed, not the table.
+- ``base-<v>/``: a full export (as ``het export`` writes) of the version: at the start, then every
+  ``base_every`` deltas. Its snapshot (the shards' saves, rank 0's dense model) is taken at the
+  step boundary; ``het export`` turns it into the base in a background process at a lower
+  priority, and the base appears whole when complete.
 
-The rows are the PS's: a worker's cached updates not pushed yet reach a server with a later
-delta, at most the staleness bound later; the end of training, after every cache's flush,
-publishes a last delta, so a follower ends with the rows a checkpoint of the end holds. Other
-ranks never wait for a publication. Old bases and the deltas before the oldest kept one go.
+Training waits for the flush and for rank 0's read of the changed rows, not for the files. Old
+bases and the deltas before the oldest kept one go.
 
 Source of changed rows, measured against the alternative (docs/RESULTS.md): the shards' record
-costs nothing until a publisher asks and then 8 bytes a changed key between two deltas; the
-write-ahead log holds every push's gradients (several times the rows, and only under
+costs nothing until a publisher asks, then 8 bytes a changed key between two deltas; the
+write-ahead log holds every push's gradients (more bytes than the rows, and only under
 ``--ps-wal``), which a server would have to turn into rows with the optimizer's state.
 """
 
@@ -32,11 +32,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
 
 from het import arrayfile
+from het.dist.collectives import barrier, rank0_says
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.tasks import EMBEDDING_TABLE
@@ -63,6 +65,7 @@ class Publisher:
         self.deltas_since_base = 0
         self.last = time.monotonic()
         self.base_proc: subprocess.Popen | None = None
+        self.writer: threading.Thread | None = None  # the delta being written
         self.base_snapshot: str | None = None
         self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": []}
         if worker.rank == 0:
@@ -73,8 +76,12 @@ class Publisher:
             self._base(worker.step_count)
 
     def __call__(self, step: int) -> None:
-        if self.worker.rank == 0 and time.monotonic() - self.last >= self.cfg.publish.every:
-            self.publish(step)
+        due = self.worker.rank == 0 and time.monotonic() - self.last >= self.cfg.publish.every
+        if rank0_says(due, self.worker.world):  # every rank at the same step boundary
+            self.worker.embedding.flush()
+            barrier(self.worker.world)
+            if self.worker.rank == 0:
+                self.publish(step)
 
     def publish(self, step: int) -> None:
         """A delta of what changed since the last version; a base after every ``base_every``."""
@@ -90,6 +97,7 @@ class Publisher:
         if self.worker.rank == 0:
             self.version += 1
             self._delta(self.version, step)
+            self._wait_delta()
             self._wait_base()
             self._prune()
         return {"dir": self.dir, "version": self.version, **self.stats}
@@ -107,11 +115,26 @@ class Publisher:
                  if not k.startswith("embedding.")}
         meta = {"format": FORMAT, "version": version, "step": step, "trained_at": trained_at,
                 "table": EMBEDDING_TABLE, "rows": len(keys), "dim": dim}
-        size = arrayfile.write(os.path.join(self.dir, delta_name(version)),
-                               {"keys": keys, "rows": rows, "clocks": clocks, **dense}, meta)
+        self._wait_delta()  # deltas land in order
+        self.writer = threading.Thread(target=self._write_delta, name="het-publish",
+                                       args=(version, {"keys": keys, "rows": rows, "clocks": clocks, **dense}, meta))
+        self.writer.start()
+
+    def _write_delta(self, version: int, arrays: dict, meta: dict) -> None:
+        try:
+            size = arrayfile.write(os.path.join(self.dir, delta_name(version)), arrays, meta)
+        except OSError as e:  # a full disk: the next base covers what this delta held
+            self.stats["failed"].append(f"delta {version}: {e}")
+            print(f"het train: delta {version} of {self.dir} failed: {e}", file=sys.stderr, flush=True)
+            return
         self.stats["deltas"] += 1
         self.stats["delta_bytes"] += size
-        self.stats["delta_rows"] += len(keys)
+        self.stats["delta_rows"] += meta["rows"]
+
+    def _wait_delta(self) -> None:
+        if self.writer is not None:
+            self.writer.join()
+            self.writer = None
 
     # -- bases ----------------------------------------------------------------------------------
     def _base(self, step: int) -> None:
