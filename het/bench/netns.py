@@ -28,17 +28,16 @@ from __future__ import annotations
 
 import atexit
 import itertools
-import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import threading
-import time
 import warnings
 
+from het.bench import namespaces
+from het.bench.namespaces import NetworkEmulationUnavailable, cleanup_stale, measure_bandwidth  # noqa: F401
 from het.process import die_with_parent
 
 SUBNET = "192.0.2"  # RFC 5737 TEST-NET-1: never routed, used only inside the namespaces
@@ -47,10 +46,6 @@ IFNAMSIZ = 15  # the longest Linux interface name
 _RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12,
                "bps": 8, "kbps": 8e3, "mbps": 8e6, "gbps": 8e9, "tbps": 8e12}  # tc's SI units, in bits
 _counter = itertools.count()
-
-
-class NetworkEmulationUnavailable(RuntimeError):
-    """This machine cannot emulate the network (not root, no iproute2, namespaces refused)."""
 
 
 def parse_rate(rate: str) -> float:
@@ -162,7 +157,7 @@ class EmulatedNetwork:
 
     def leftovers(self) -> list[str]:
         """Namespaces and host-namespace links whose names start with this network's prefix."""
-        return _named(re.compile(re.escape(self.prefix) + "[-p]"))  # not het1-10's names for het1-1
+        return namespaces.named(re.compile(re.escape(self.prefix) + "[-p]"))  # not het1-10's names for het1-1
 
     # -- set-up ---------------------------------------------------------------------------------
     def __enter__(self) -> "EmulatedNetwork":
@@ -185,18 +180,18 @@ class EmulatedNetwork:
     def _build(self) -> None:
         sw = self.switch
         self._add_namespace(sw)
-        _ip("-n", sw, "link", "add", "br0", "type", "bridge")
-        _ip("-n", sw, "link", "set", "br0", "addrgenmode", "none", "up")  # no IPv6 chatter
+        namespaces.ip("-n", sw, "link", "add", "br0", "type", "bridge")
+        namespaces.ip("-n", sw, "link", "set", "br0", "addrgenmode", "none", "up")  # no IPv6 chatter
         for i, host in enumerate(self.hosts):
             ns, port = self.namespaces[host], self._port(i)
             self._add_namespace(ns)
             # Made in the switch namespace with its peer straight in the host's: never in ours.
-            _ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
-            _ip("-n", sw, "link", "set", port, "addrgenmode", "none", "master", "br0", "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", ns, "link", "set", "eth0", "addrgenmode", "none")
-            _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
-            _ip("-n", ns, "link", "set", "eth0", "up")
+            namespaces.ip("-n", sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            namespaces.ip("-n", sw, "link", "set", port, "addrgenmode", "none", "master", "br0", "up")
+            namespaces.ip("-n", ns, "link", "set", "lo", "up")
+            namespaces.ip("-n", ns, "link", "set", "eth0", "addrgenmode", "none")
+            namespaces.ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
+            namespaces.ip("-n", ns, "link", "set", "eth0", "up")
             if self.bandwidth:
                 self._shape(ns, "eth0")  # what the host sends
                 self._shape(sw, port)  # what the host receives
@@ -205,11 +200,11 @@ class EmulatedNetwork:
         # tbf's bucket must hold a whole (GSO) packet of 64 KiB, or such packets never leave;
         # past that, 1 ms of traffic keeps it from starving a fast link between timer ticks.
         burst = max(int(self.rate * 1e-3), 64 * 1024)
-        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.bandwidth,
+        namespaces.run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "tbf", "rate", self.bandwidth,
               "burst", str(burst), "latency", "50ms"])
 
     def _add_namespace(self, ns: str) -> None:
-        _ip("netns", "add", ns)
+        namespaces.ip("netns", "add", ns)
         self._made.append(ns)
 
     # -- tear-down ------------------------------------------------------------------------------
@@ -225,9 +220,9 @@ class EmulatedNetwork:
         # Neither Ctrl-C nor SIGTERM may cut the clean-up short: they arrive once it is done.
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM}) if main else None
         try:
-            _stop(self.procs, self.grace_s)
+            namespaces.stop(self.procs, self.grace_s)
             for ns in reversed(self._made):  # hosts first, the switch last
-                _delete_namespace(ns)
+                namespaces.delete_namespace(ns)
             self._made.clear()
             self._open = False
             atexit.unregister(self.close)
@@ -282,72 +277,6 @@ class EmulatedNetwork:
         return f"EmulatedNetwork({self.hosts!r}, bandwidth={self.bandwidth!r}, prefix={self.prefix!r})"
 
 
-def cleanup_stale(prefix_base: str = "het") -> list[str]:
-    """Remove what earlier runs left behind: namespaces named ``<prefix_base><pid36>-<n>-...``
-    whose creating process ``pid`` is no longer alive (their processes are killed first).
-    Networks of live processes, parallel runs among them, are left alone. Returns the names
-    removed."""
-    if shutil.which("ip") is None or os.geteuid() != 0:
-        return []
-    pattern = re.compile(rf"{re.escape(prefix_base)}([0-9a-z]+)-\d+[-p]")
-    removed = []
-    for name in _named(pattern):
-        if not _alive(int(pattern.match(name.removeprefix("link ")).group(1), 36)):
-            if name.startswith("link "):  # nothing is made in our namespace, but check anyway
-                _run(["ip", "link", "del", name.removeprefix("link ")], check=False)
-            else:
-                _delete_namespace(name)
-            removed.append(name)
-    return removed
-
-
-def measure_bandwidth(net: EmulatedNetwork, a: str, b: str, seconds: float = 1.0) -> float:
-    """Bytes per second that one TCP stream carries from host ``a`` to host ``b`` of ``net``,
-    as the receiver counts them (two small Python socket programs, one in each namespace)."""
-    receiver = net.popen(b, [sys.executable, "-c", _RECEIVER, net.address(b)], stdout=subprocess.PIPE, text=True)
-    try:
-        line = receiver.stdout.readline()
-        if not line.strip().isdigit():
-            raise RuntimeError(f"the receiver in host {b!r} did not start (exit code {receiver.poll()})")
-        port = int(line)
-        net.run(a, [sys.executable, "-c", _SENDER, net.address(b), str(port), str(seconds)],
-                check=True, timeout=seconds + 30)
-        out, _ = receiver.communicate(timeout=30)
-    finally:
-        if receiver.poll() is None:
-            receiver.kill()
-            receiver.wait()
-    got = json.loads(out)
-    if not got["bytes"]:
-        raise RuntimeError(f"no bytes went from host {a!r} to host {b!r}")
-    return got["bytes"] / got["seconds"]
-
-
-_RECEIVER = """
-import json, socket, sys, time
-srv = socket.create_server((sys.argv[1], 0))
-print(srv.getsockname()[1], flush=True)
-conn, _ = srv.accept()
-buf, n, t0 = bytearray(1 << 20), 0, None
-while True:
-    k = conn.recv_into(buf)
-    if not k:
-        break
-    t0 = t0 or time.perf_counter()
-    n += k
-print(json.dumps({"bytes": n, "seconds": time.perf_counter() - t0 if n else 0.0}))
-"""
-
-_SENDER = """
-import socket, sys, time
-sock = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=30)
-chunk, end = bytes(1 << 16), time.perf_counter() + float(sys.argv[3])
-while time.perf_counter() < end:
-    sock.sendall(chunk)
-sock.close()
-"""
-
-
 def _new_prefix() -> str:
     """``het<pid in base 36>-<n>``: at most 3 + 5 + 1 + 3 characters for the pids Linux gives."""
     pid, digits = os.getpid(), ""
@@ -355,72 +284,3 @@ def _new_prefix() -> str:
         pid, d = divmod(pid, 36)
         digits = "0123456789abcdefghijklmnopqrstuvwxyz"[d] + digits
     return f"het{digits}-{next(_counter)}"
-
-
-def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(argv, capture_output=True, text=True)
-    if check and done.returncode != 0:
-        raise NetworkEmulationUnavailable(f"`{' '.join(argv)}` failed (exit code {done.returncode}): "
-                                          f"{done.stderr.strip()}")
-    return done
-
-
-def _ip(*args: str) -> None:
-    _run(["ip", *args])
-
-
-def _named(pattern: re.Pattern) -> list[str]:
-    """Namespaces, and links of this process's namespace (as ``"link NAME"``), whose names
-    start with a match of ``pattern``."""
-    spaces = [line.split()[0] for line in _run(["ip", "netns", "list"], check=False).stdout.splitlines() if line]
-    links = [line.split(": ")[1].split("@")[0] for line in _run(["ip", "-o", "link"], check=False).stdout.splitlines()
-             if ": " in line]
-    return [s for s in spaces if pattern.match(s)] + [f"link {name}" for name in links if pattern.match(name)]
-
-
-def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
-    """SIGTERM to each process group, SIGKILL to those still there after ``grace_s``; reap all.
-    (What a process left running in its namespace is killed when the namespace is deleted.)"""
-    running = [p for p in procs if p.poll() is None]  # a reaped pid may already be another's
-    for p in running:
-        _signal_group(p, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    for p in running:
-        try:
-            p.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            _signal_group(p, signal.SIGKILL)
-            p.wait()
-
-
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(p.pid, sig)  # its own session (popen's default), so its group is its pid
-    except (ProcessLookupError, PermissionError):
-        p.send_signal(sig)
-
-
-def _delete_namespace(ns: str) -> None:
-    """Kill whatever still runs inside ``ns`` (a namespace outlives ``ip netns del`` while a
-    process holds it), then delete it, and with it its links."""
-    for _ in range(50):
-        pids = [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split()]
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        time.sleep(0.02)
-    _run(["ip", "netns", "del", ns], check=False)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
