@@ -52,7 +52,7 @@ def newest_base(directory: str) -> Version:
             _say(f"base {number} cannot be loaded ({e}): trying an older one")
             continue
         published = model.manifest.get("published") or {}
-        return Version(number, float(published.get("trained_at", time.time())), model, Overlay.empty(model.table.dim))
+        return Version(number, float(published.get("trained_at", time.time())), model)
     raise ValueError(f"{directory}: no complete base (base-<version>/ holding export.json) to follow yet")
 
 
@@ -131,11 +131,16 @@ class Follower:
                 self.metrics.skipped.inc()
             _say(f"skipped delta {number}: {e}; waiting for the next base")
             return False
-        current = self.live.current
-        overlay = current.overlay.merge(arrays["keys"], arrays["rows"].astype("float32"))
+        layers = (Overlay.of(arrays["keys"], arrays["rows"]), *self.live.current.layers)
         dense = {name[len("dense."):]: a for name, a in arrays.items() if name.startswith("dense.")}
-        model = self.base.model.variant(OverlaidTable(self.base.model.table, overlay), dense or None)
-        self._swap(Version(number, float(meta["trained_at"]), model, overlay), "delta")
+        model = self.base.model.variant(OverlaidTable(self.base.model.table, layers), dense or None)
+        version = Version(number, float(meta["trained_at"]), model, layers)
+        self._swap(version, "delta")
+        if len(layers) > 1:  # merged after the swap: the same version, its rows in one overlay
+            merged = version.compacted()
+            if self.live.current is version:
+                self.live.swap(Version(number, version.trained_at, model.variant(
+                    OverlaidTable(self.base.model.table, (merged,))), (merged,), version.applied_at))
         return True
 
     def _swap(self, version: Version, kind: str) -> None:

@@ -2,10 +2,13 @@
 weights of the deltas applied since, swapped in whole.
 
 A :class:`Version` is immutable once made: the export's tables (memory-mapped, shared by every
-version of one base), an overlay of the rows the deltas changed (sorted keys and their rows, in
-memory), and the dense model. Applying a delta makes a new Version (the overlay merged, the
-dense weights loaded into a new module) and :class:`Live` swaps one reference: a batch takes
-the current Version once and answers with it, so a request sees one version, never half a delta.
+version of one base), overlays of the rows the deltas changed (sorted keys and their rows, in
+memory: a delta's own, newest first, later merged into one), and the dense model. Applying a
+delta makes a new Version (the delta's overlay over the others, the dense weights loaded into a
+new module) and :class:`Live` swaps one reference: a batch takes the current Version once and
+answers with it, so a request sees one version, never half a delta. Merging the overlays, which
+copies every row they hold, happens after the swap (the same version again, with one overlay),
+so it adds nothing to how far behind training a server is.
 """
 
 from __future__ import annotations
@@ -39,16 +42,30 @@ class Overlay:
     def empty(cls, dim: int) -> Overlay:
         return cls(np.zeros(0, np.int64), np.zeros((0, dim), np.float32))
 
+    @classmethod
+    def of(cls, keys: np.ndarray, rows: np.ndarray) -> Overlay:
+        """The overlay of one delta's distinct keys and their rows."""
+        order = np.argsort(np.asarray(keys, np.int64), kind="stable")
+        return cls(np.asarray(keys, np.int64)[order], np.asarray(rows, np.float32)[order])
+
     def __len__(self) -> int:
         return len(self.keys)
 
     def merge(self, keys: np.ndarray, rows: np.ndarray) -> Overlay:
-        """A new overlay with ``keys``' rows (newer) over these."""
-        all_keys = np.concatenate([self.keys, np.asarray(keys, np.int64)])
-        all_rows = np.concatenate([self.rows, np.asarray(rows, np.float32)])
-        # the last occurrence of each key is the newest: unique over the reversed order
-        unique, first = np.unique(all_keys[::-1], return_index=True)
-        return Overlay(unique, all_rows[::-1][first])
+        """A new overlay with ``keys``' rows (distinct keys; newer) over these: this one's rows
+        copied in order, the keys it holds overwritten, the others inserted in place (sequential
+        copies, where sorting the union would gather every row at random)."""
+        keys = np.asarray(keys, np.int64)
+        order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], np.asarray(rows, np.float32)[order]
+        at = np.searchsorted(self.keys, keys)
+        held = np.zeros(len(keys), bool)
+        if len(self.keys):
+            held = self.keys[np.minimum(at, len(self.keys) - 1)] == keys
+        merged = self.rows.copy()
+        merged[at[held]] = rows[held]
+        fresh = ~held
+        return Overlay(np.insert(self.keys, at[fresh], keys[fresh]), np.insert(merged, at[fresh], rows[fresh], axis=0))
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """Each key's row in the overlay, -1 when it has none. Shape: (n,) -> (n,)."""
@@ -59,12 +76,12 @@ class Overlay:
 
 
 class OverlaidTable:
-    """An export's table with an overlay: ``rows(keys)`` as :class:`ExportedTable`, the overlay's
-    rows over the base's."""
+    """An export's table with overlays: ``rows(keys)`` as :class:`ExportedTable`, each overlay's
+    rows over the base's and over older overlays' (``layers``: newest first)."""
 
-    def __init__(self, base: ExportedTable, overlay: Overlay):
-        self.base, self.overlay = base, overlay
-        self._rows = torch.from_numpy(overlay.rows)
+    def __init__(self, base: ExportedTable, layers: tuple[Overlay, ...]):
+        self.base, self.layers = base, layers
+        self._rows = [torch.from_numpy(layer.rows) for layer in layers]
 
     @property
     def dim(self) -> int:
@@ -72,14 +89,13 @@ class OverlaidTable:
 
     def rows(self, keys: torch.Tensor) -> torch.Tensor:
         keys = keys.reshape(-1)
-        if not len(self.overlay):
-            return self.base.rows(keys)
-        at = torch.from_numpy(self.overlay.find(keys.numpy()))
-        newer = (at >= 0).nonzero().flatten()
-        if not len(newer):
-            return self.base.rows(keys)
-        out = self.base.rows(keys) if len(newer) < len(keys) else torch.empty(len(keys), self.dim)
-        return out.index_copy_(0, newer, self._rows.index_select(0, at.index_select(0, newer)))
+        out = self.base.rows(keys)
+        for layer, rows in zip(reversed(self.layers), reversed(self._rows)):  # oldest first: newer ones win
+            at = torch.from_numpy(layer.find(keys.numpy()))
+            newer = (at >= 0).nonzero().flatten()
+            if len(newer):
+                out.index_copy_(0, newer, rows.index_select(0, at.index_select(0, newer)))
+        return out
 
 
 @dataclass(frozen=True)
@@ -90,8 +106,17 @@ class Version:
     number: int
     trained_at: float
     model: nn.Module
-    overlay: Overlay
+    layers: tuple[Overlay, ...] = ()  # rows the deltas since its base changed, newest first
     applied_at: float = field(default_factory=time.time)
+
+    def compacted(self) -> Overlay | None:
+        """Its layers merged into one (None: there are none)."""
+        if not self.layers:
+            return None
+        merged = self.layers[-1]
+        for layer in reversed(self.layers[:-1]):
+            merged = merged.merge(layer.keys, layer.rows)
+        return merged
 
 
 class Live:
@@ -123,5 +148,4 @@ def first_version(model: ExportedModel) -> Version:
 
     published = model.manifest.get("published") or {}
     created = datetime.datetime.fromisoformat(model.manifest["created"]).timestamp()
-    return Version(int(published.get("version", 0)), float(published.get("trained_at", created)), model,
-                   Overlay.empty(model.table.dim))
+    return Version(int(published.get("version", 0)), float(published.get("trained_at", created)), model)
