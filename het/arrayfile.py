@@ -20,6 +20,8 @@ import zlib
 
 import numpy as np
 
+from het.files import create, fsync_directory
+
 MAGIC, END = b"HETARR1\n", b"\nHETEND\n"
 _TAIL = struct.Struct("<QI")
 _ALIGN = 64
@@ -42,9 +44,8 @@ def write(path: str, arrays: dict[str, np.ndarray], meta: dict) -> int:
     """
     directory = os.path.dirname(os.path.abspath(path))
     tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     try:
-        with os.fdopen(fd, "wb") as f:
+        with create(tmp) as f:
             f.write(MAGIC)
             entries, offset = {}, len(MAGIC)
             for name, array in arrays.items():
@@ -67,11 +68,7 @@ def write(path: str, arrays: dict[str, np.ndarray], meta: dict) -> int:
         if os.path.exists(tmp):
             os.remove(tmp)
         raise
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+    fsync_directory(directory)
     return size
 
 

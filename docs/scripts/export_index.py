@@ -1,7 +1,8 @@
 """A dynamic table's key index in an export, against the alternatives: bytes a key and ms to look
 up a batch's keys (4,096 samples x 26 fields, 15% of them never stored), one core.
 
-- hash-sorted + directory (het.export.index): splitmix64 hashes ascending, a bucket directory;
+- hash-sorted + directory (het.export.index): splitmix64 hashes ascending, a bucket directory,
+  looked up natively (het/native/index.cpp) and by its NumPy reference;
 - sorted keys + np.searchsorted over all of them (8 bytes a key);
 - sorted keys + searchsorted of the batch's keys sorted first;
 - a Python dict of key -> row (the baseline a loader would write first).
@@ -38,7 +39,7 @@ def measure(n: int, batch: int, rng) -> dict:
     query = np.concatenate([stored, rng.integers(-2 ** 63, 2 ** 63 - 1, batch - len(stored), dtype=np.int64)])
     rng.shuffle(query)
     hashes, directory, _ = build(keys)
-    index = HashIndex(hashes, directory)
+    index, reference = HashIndex(hashes, directory), HashIndex(hashes, directory, use_native=False)
     ordered = np.sort(keys)
 
     def searchsorted():
@@ -52,7 +53,8 @@ def measure(n: int, batch: int, rng) -> dict:
 
     out = {"keys": n, "batch_keys": batch,
            "hash_directory": {"bytes_per_key": (hashes.nbytes + directory.nbytes) / n,
-                              "lookup_ms": best_ms(lambda: index.lookup(query))},
+                              "lookup_ms": best_ms(lambda: index.lookup(query)),
+                              "numpy_lookup_ms": best_ms(lambda: reference.lookup(query))},
            "sorted_searchsorted": {"bytes_per_key": 8.0, "lookup_ms": best_ms(searchsorted)},
            "sorted_searchsorted_sorted_batch": {"bytes_per_key": 8.0, "lookup_ms": best_ms(searchsorted_sorted)}}
     if n <= 2_000_000:

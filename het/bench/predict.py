@@ -17,6 +17,7 @@ Prints samples/s of each, their ratio per round, and the median ratio.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -24,7 +25,6 @@ import statistics
 import tempfile
 import time
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -167,18 +167,23 @@ def add_parser(bsub) -> None:
     p.set_defaults(func=_main)
 
 
-def _main(args) -> None:
-    work = None
-    export_dir = args.export
+@contextlib.contextmanager
+def an_export(args, dtype: str = "fp32"):
+    """The export a benchmark measures: ``--export``, or the job of the flags trained for
+    ``--train-steps`` and exported into a temporary directory, removed afterwards."""
+    if args.export is not None:
+        yield args.export
+        return
+    work = tempfile.mkdtemp(prefix="het-bench-")
     try:
-        if export_dir is None:
-            work = tempfile.mkdtemp(prefix="het-bench-predict-")
-            cfg = config_from_args(args)
-            _, export_dir, _ = trained_export(cfg, args.train_steps, work, args.dtype)
-        result = run(export_dir, args.score_batch, args.seconds, args.rounds, args.threads)
+        yield trained_export(config_from_args(args), args.train_steps, work, dtype)[1]
     finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _main(args) -> None:
+    with an_export(args, args.dtype) as export_dir:
+        result = run(export_dir, args.score_batch, args.seconds, args.rounds, args.threads)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return

@@ -17,16 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
-from het.train.flags import add_config_flags, config_from_args
+from het.train.flags import add_config_flags
 
 CONCURRENCY = (1, 8, 64)
 INSTANCES = (1, 64)
@@ -172,19 +170,12 @@ def add_parser(bsub) -> None:
 
 
 def _main(args) -> None:
-    from het.bench.predict import trained_export
+    from het.bench.predict import an_export
 
-    work, export_dir = None, args.export
-    try:
-        if export_dir is None:
-            work = tempfile.mkdtemp(prefix="het-bench-serve-")
-            _, export_dir, _ = trained_export(config_from_args(args), args.train_steps, work)
+    with an_export(args) as export_dir:
         result = run(export_dir, args.seconds, max_wait_ms=args.max_wait_ms)
-        if args.plot:
-            plot(result, args.plot)
-    finally:
-        if work is not None:
-            shutil.rmtree(work, ignore_errors=True)
+    if args.plot:
+        plot(result, args.plot)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return

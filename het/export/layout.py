@@ -15,18 +15,15 @@ Every file is listed in the manifest with its size and a CRC-32 of each block of
 :data:`BLOCK` bytes, and the manifest carries a CRC-32 of itself: a damaged file is refused
 naming the file and the offset of its first bad block (:func:`verify`), never read as rows.
 
-An export is written into a fresh directory of its own beside ``OUT`` (mode 0700, so no one
-else can plant a link in it), every file fsynced, then renamed into place and the parent
-fsynced (:class:`Staging`): ``OUT`` holds a whole export or what it held before, never half
-of one.
+An export is written into a fresh directory of its own beside ``OUT``, every file fsynced, then
+renamed into place and the parent fsynced (:func:`het.files.atomic_directory`): ``OUT`` holds a
+whole export or what it held before, never half of one.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
-import shutil
 import zlib
 
 FORMAT, VERSION = "het-export", 1
@@ -107,56 +104,3 @@ def read_manifest(directory: str) -> dict:
         raise ExportError(f"{path}: an export of format {got[0]!r} version {got[1]!r}; this het reads "
                           f"{FORMAT!r} version {VERSION}: export the checkpoint again with this version")
     return body
-
-
-class Staging:
-    """A directory to write an export into, put in place of ``target`` whole on :meth:`commit`
-    and removed on :meth:`abort`.
-
-    Example:
-        >>> import tempfile
-        >>> out = tempfile.mkdtemp() + "/model"
-        >>> stage = Staging(out)
-        >>> with open(stage.path + "/a", "w") as f:
-        ...     _ = f.write("x")
-        >>> stage.commit()
-        >>> sorted(os.listdir(out))
-        ['a']
-    """
-
-    def __init__(self, target: str):
-        self.target = os.path.abspath(target)
-        parent = os.path.dirname(self.target)
-        os.makedirs(parent, exist_ok=True)
-        if os.path.islink(self.target) or (os.path.exists(self.target) and not os.path.isdir(self.target)):
-            raise ExportError(f"{target!r} is {'a link' if os.path.islink(self.target) else 'a file'}: "
-                              f"an export goes into a directory of its own")
-        self.path = f"{self.target}.tmp-{secrets.token_hex(6)}"
-        os.mkdir(self.path, 0o700)  # new: no one else's files, no links in it
-
-    def commit(self) -> None:
-        """fsync every file and directory written, then swap the directory into place."""
-        for root, dirs, files in os.walk(self.path):
-            for name in files:
-                _fsync(os.path.join(root, name), os.O_RDONLY)
-            _fsync(root, os.O_RDONLY | os.O_DIRECTORY)
-        os.chmod(self.path, 0o755)
-        old = None
-        if os.path.isdir(self.target):
-            old = f"{self.target}.old-{secrets.token_hex(6)}"
-            os.rename(self.target, old)
-        os.rename(self.path, self.target)
-        _fsync(os.path.dirname(self.target), os.O_RDONLY | os.O_DIRECTORY)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-
-    def abort(self) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
-
-
-def _fsync(path: str, flags: int) -> None:
-    fd = os.open(path, flags | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

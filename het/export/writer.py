@@ -17,6 +17,7 @@ from het.export import layout, tables
 from het.export.rows import DTYPES, row_bytes
 from het.export.source import Checkpoint
 from het.export.spec import build_spec
+from het.files import atomic_directory
 
 DENSE_TABLE = "dense"  # het.dist.dense: mode ps keeps the dense parameters in this PS table
 GRAPH_MODELS = ("graphsage",)
@@ -43,13 +44,11 @@ def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = Fals
                              f"neighbourhood and features from the training graph, which an export does not hold; "
                              f"het export takes CTR models (wdl, deepfm, dcn, dlrm)")
         spec, files = build_spec(config)
-        stage = layout.Staging(out)
-        try:
-            manifest = _write(ckpt, config, spec, files, stage.path, dtype, progress)
-            stage.commit()
-        except BaseException:
-            stage.abort()
-            raise
+        if os.path.exists(out) and not os.path.isdir(out):
+            raise ValueError(f"{out!r} is a file: an export goes into a directory of its own")
+        with atomic_directory(out) as root:
+            os.chmod(root, 0o755)  # made private while written; readable, like any model file, once there
+            manifest = _write(ckpt, config, spec, files, root, dtype, progress)
     finally:
         ckpt.close()
     total = sum(e["bytes"] for e in manifest["files"].values())

@@ -25,8 +25,8 @@ ROOT = pathlib.Path(het.__file__).parent
 # before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
 # __main__, above everything, goes without saying there).
 LAYERS = (
-    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "arrayfile"),
-    ("config",),
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
+    ("config", "arrayfile"),
     ("data", "cache"),
     ("ps",),
     ("nn",),
