@@ -1,7 +1,16 @@
 """Writing files and directories so that a failure, a crash or a planted link cannot leave a
-half-written result where a complete one is expected, nor write anywhere else.
+half-written result where a complete one is expected, nor write anywhere else; reading back
+only what was written.
 
 - :func:`create`: a new file, opened so that it follows no link and reuses no name.
+- :func:`write_file`: a file written whole under a fresh temporary name beside it, forced to
+  disk, renamed into place, the directory forced to disk; :func:`link_into_place` the same for
+  a hard link of an existing file.
+- :func:`link_or_copy`: a hard link, or a copy where none can be made; never through a link.
+- :func:`make_directories`: directories made, refused through a link planted on the way.
+- :func:`check_zip`: a zip file (``torch.save``'s) read back in blocks against the CRC-32 of
+  every member: a file cut off or changed is a :class:`DamagedFile` naming it and where.
+- :class:`DirectoryLock`: a directory one process at a time may own.
 - :func:`atomic_directory`: a directory written whole under a fresh temporary name, forced to
   disk, then put in place (renamed, replacing the directory there before; or its entries moved
   into an existing directory, the one that marks it complete last); on a failure the temporary
@@ -17,12 +26,24 @@ under its temporary name; a crash while entries are moved leaves ``NAME`` withou
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import json
 import os
 import secrets
 import shutil
+import socket
 import stat
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
+
+CHECK_BLOCK = 1 << 20  # bytes read at once when a file is checked: memory stays this, whatever its size
+
+
+class DamagedFile(ValueError):
+    """A file het wrote that does not read back as written (cut off or changed): the message
+    names the file and where."""
 
 
 def create(path: str, mode: int = 0o644) -> BinaryIO:
@@ -41,6 +62,105 @@ def create(path: str, mode: int = 0o644) -> BinaryIO:
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     return os.fdopen(os.open(path, flags, mode), "wb")
+
+
+def write_file(path: str, write: Callable[[BinaryIO], None], mode: int = 0o644) -> None:
+    """Write the file ``path`` whole or not at all: ``write(f)`` fills a new file under a
+    fresh temporary name beside it (:func:`create`: no link followed), which is forced to disk
+    and renamed to ``path`` (a file or a link there is replaced, not written through), and the
+    directory is forced to disk. On an error the temporary file goes and ``path`` is as it was.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "f")
+        >>> write_file(path, lambda f: f.write(b"whole"))
+        >>> open(path, "rb").read(), os.listdir(os.path.dirname(path))
+        (b'whole', ['f'])
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp, f = _temporary(path, mode)
+    try:
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_directory(directory)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """``dst`` a hard link of ``src`` (no copy of a big file), or a copy where no link can be
+    made (another filesystem). A name already at ``dst``, a link included, is refused
+    (FileExistsError): nothing is written through it."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        with open(src, "rb") as source, create(dst) as out:
+            shutil.copyfileobj(source, out, CHECK_BLOCK)
+
+
+def link_into_place(src: str, dst: str) -> None:
+    """``dst`` replaced whole by a link of ``src`` (:func:`link_or_copy` under a fresh
+    temporary name, renamed), the directory forced to disk."""
+    tmp, f = _temporary(dst, 0o644)
+    f.close()
+    os.remove(tmp)  # the name was ours: it takes the link now
+    try:
+        link_or_copy(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_directory(os.path.dirname(os.path.abspath(dst)))
+
+
+def make_directories(path: str) -> str:
+    """``path`` made as a directory (and those above it), refused (NotADirectoryError) when a
+    directory on the way is a symbolic link: nothing is made through one. ``path`` is named
+    as the real path of its parent (its symbolic links resolved)."""
+    path = os.path.abspath(path)
+    if os.path.realpath(path) != path:
+        raise NotADirectoryError(f"refused {path!r}: a directory on the way there is a symbolic link")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def check_zip(path: str) -> None:
+    """Read the zip file at ``path`` (a ``torch.save`` file) back in blocks of
+    :data:`CHECK_BLOCK` bytes, every member against the CRC-32 its entry holds; a file that is
+    cut off, changed, or not a zip file is a :class:`DamagedFile` naming it and the bytes."""
+    try:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as z:
+            for info in z.infolist():
+                start = member_offset(f, info)
+                try:
+                    with z.open(info) as member:
+                        while member.read(CHECK_BLOCK):
+                            pass
+                except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as e:
+                    raise DamagedFile(f"{path}: {info.filename}, bytes {start}..{start + info.compress_size - 1}, "
+                                      f"does not read back as written ({e}): damaged") from None
+    except zipfile.BadZipFile as e:
+        raise DamagedFile(f"{path}: not a whole file as written ({e}): cut off or damaged") from None
+
+
+def member_offset(fp, info: zipfile.ZipInfo) -> int:
+    """Where a zip member's bytes start in the file ``fp``: past its local header, name and
+    extra field."""
+    fp.seek(info.header_offset)
+    header = fp.read(30)
+    if header[:4] != b"PK\x03\x04":
+        raise DamagedFile(f"{getattr(fp, 'name', 'zip file')}: no local header for {info.filename} at byte "
+                          f"{info.header_offset}: damaged")
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
 
 
 def fsync_directory(path: str) -> None:
@@ -66,6 +186,90 @@ def fsync_tree(root: str) -> None:
             finally:
                 os.close(fd)
         fsync_directory(directory)
+
+
+class DirectoryInUse(OSError):
+    """A directory another process holds (:class:`DirectoryLock`)."""
+
+
+class DirectoryLock:
+    """A directory owned by one process at a time: an exclusive ``flock`` on ``DIR/lock``
+    (opened without following a link), which the kernel lets go when the process ends, however
+    it ends. The file names its holder (pid, host, and what :meth:`note` adds) for the refusal
+    of another and for the one that takes over after a holder that ended without a clean stop.
+
+    Args:
+        directory: the directory, which exists.
+        what: what holds it, for messages (``"shard"``).
+
+    Raises:
+        DirectoryInUse: another holds it; the message names the holder, in one line.
+
+    Example:
+        >>> import tempfile
+        >>> d = tempfile.mkdtemp()
+        >>> mine = DirectoryLock(d)
+        >>> DirectoryLock(d)  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        het.files.DirectoryInUse: ... is in use by another process (pid ...): refused; give each its own directory
+        >>> mine.release()
+    """
+
+    def __init__(self, directory: str, what: str = "process"):
+        self.path, self.what = os.path.join(directory, "lock"), what
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        self._file = os.fdopen(fd, "r+b")
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._read()
+            self._file.close()
+            raise DirectoryInUse(f"{directory} is in use by another {what} ({_holder(holder)}): refused; give "
+                                 f"each its own directory") from None
+        self.previous = self._read() or None  # a holder that ended without a clean stop
+        self.fields = {"pid": os.getpid(), "host": socket.gethostname()}
+        self._write()
+
+    def note(self, **fields) -> None:
+        """Add ``fields`` (an address, say) to what the file says of its holder."""
+        self.fields.update(fields)
+        self._write()
+
+    def took_over(self) -> str | None:
+        """What this holder took over from, in words (None: the directory was free)."""
+        return None if self.previous is None else f"{_holder(self.previous)}, which ended without a clean stop"
+
+    def release(self) -> None:
+        """Let the directory go, saying no one holds it (a clean stop)."""
+        if not self._file.closed:
+            self._file.truncate(0)
+            self._file.close()
+
+    def abandon(self) -> None:
+        """Let the directory go as a process that is killed does: the file still names this
+        holder (what the next one finds; for tests)."""
+        self._file.close()
+
+    def _read(self) -> dict:
+        self._file.seek(0)
+        try:
+            return json.loads(self._file.read(4096) or b"{}")
+        except ValueError:
+            return {}
+
+    def _write(self) -> None:
+        self._file.seek(0)
+        self._file.truncate(0)
+        self._file.write(json.dumps(self.fields).encode())
+        self._file.flush()
+
+
+def _holder(fields: dict) -> str:
+    words = [f"pid {fields.get('pid', '?')}"]
+    words += [f"on {fields['host']}"] if fields.get("host") and fields["host"] != socket.gethostname() else []
+    words += [f"listening on {fields['address']}"] if fields.get("address") else []
+    return " ".join(words)
 
 
 @contextlib.contextmanager
@@ -155,6 +359,17 @@ def _update(tmp: str, final: str, marker: str) -> None:
         os.replace(os.path.join(tmp, entry), os.path.join(final, entry))  # a link there is replaced, not followed
     os.rmdir(tmp)
     fsync_directory(final)
+
+
+def _temporary(path: str, mode: int) -> tuple[str, BinaryIO]:
+    """A new file beside ``path`` under a fresh name (``.NAME.tmp-XXXXXXXX``), open for writing."""
+    directory, name = os.path.split(os.path.abspath(path))
+    while True:
+        tmp = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(4)}")
+        try:
+            return tmp, create(tmp, mode)
+        except FileExistsError:
+            continue
 
 
 def _fresh_directory(parent: str, prefix: str) -> str:

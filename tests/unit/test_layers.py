@@ -25,7 +25,8 @@ ROOT = pathlib.Path(het.__file__).parent
 # before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
 # __main__, above everything, goes without saying there).
 LAYERS = (
-    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "arrayfile"),
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
+    ("arrayfile",),
     ("config",),
     ("data", "cache"),
     ("ps",),
@@ -214,7 +215,7 @@ def test_a_planted_upward_import_fails_the_check(tmp_path):
     cache.write_text(cache.read_text() + "\n\ndef _planted():\n    from het.train import loop\n")
     fixed = copy / "ps" / "store" / "fixed.py"
     fixed.write_text(fixed.read_text() + "\nfrom het.ps.wire import protocol\n")
-    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 2 -> 7)",
+    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 3 -> 8)",
                                    "het.ps.store.fixed -> het.ps.wire.protocol (layer 2 -> 2)"]
 
 
