@@ -22,7 +22,7 @@ import torch
 from het.config import TableConfig
 from het.export.lazy import LazyTensor, TorchFile
 from het.ps.store.saves import SAVE_FORMAT, table_dir
-from het.ps.store.tiers import read_saved
+from het.ps.store.disk import read_saved
 from het.train.checkpoint import FORMAT as WORKER_FORMAT
 
 PIECE_BYTES = 32 << 20  # rows read at once from a save

@@ -26,7 +26,7 @@ from het.config import TableConfig
 from het.ps import partition
 from het.ps.store import optim
 from het.ps.store.saves import SAVE_FORMAT, rows_dir
-from het.ps.store.tiers import read_saved
+from het.ps.store.disk import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 

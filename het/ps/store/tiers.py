@@ -31,7 +31,7 @@ import torch
 
 from het.choices import POLICIES
 from het.ps.store.chunks import Chunks
-from het.ps.store.disk import SEGMENT_BYTES, Segments
+from het.ps.store.disk import SEGMENT_BYTES, Segments, read_saved
 
 POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
@@ -302,13 +302,15 @@ class TieredRows:
         holds to find the rows of ``slots`` there again (:meth:`load`)."""
         self.flush()
         return {"records": self.place.gather(slots)[:, REC].clone(), "segments": self.disk.link_into(directory),
-                "per_segment": self.disk.per_segment, "width": self.width}
+                "per_segment": self.disk.per_segment, "width": self.width, "checks": True}
 
     def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
         """Take the rows of ``slots`` from a save's disk tier (:meth:`save`): its segment files
-        linked in as they are when their layout is this one's, read and written otherwise."""
+        linked in as they are when their layout is this one's (each live record checked first),
+        read and written otherwise."""
         records = saved["records"]
-        if (saved["per_segment"], saved["width"]) != (self.disk.per_segment, self.width):
+        layout = (saved["per_segment"], saved["width"], bool(saved.get("checks")))
+        if layout != (self.disk.per_segment, self.width, True):
             for part in torch.arange(len(slots)).split(1 << 20):
                 rows = torch.from_numpy(read_saved(directory, saved, records[part]))
                 self.scatter(slots[part], rows[:, :self.dim], rows[:, self.dim:] if self.width > self.dim else None)
@@ -320,7 +322,9 @@ class TieredRows:
             mine = (seg == s).nonzero().flatten()
             owners = np.full(int(off[mine].max()) + 1 if len(mine) else 0, -1, dtype=np.int32)
             owners[off[mine].numpy()] = slots[mine].numpy()
-            new[mine] = self.disk.adopt(os.path.join(directory, name), owners) * per + off[mine]
+            adopted = self.disk.adopt(os.path.join(directory, name), owners)
+            self.disk.check(adopted)
+            new[mine] = adopted * per + off[mine]
         self.place.scatter(slots, torch.stack([torch.full_like(new, -1), new], 1))
 
     def peek(self, slots: torch.Tensor) -> torch.Tensor:
@@ -331,18 +335,3 @@ class TieredRows:
         out[hot] = self.pool.gather(place[hot, POS])
         out[~hot] = torch.from_numpy(self.disk.read(place[~hot, REC]))
         return out
-
-
-def read_saved(directory: str, saved: dict, records: torch.Tensor) -> np.ndarray:
-    """Rows of ``records`` from a save's segment files in ``directory`` (:meth:`TieredRows.save`
-    said which), without taking the files. Shape: (n,) -> (n, width)."""
-    per, width = saved["per_segment"], saved["width"]
-    seg, local = (records // per).numpy(), (records % per).numpy()
-    out = np.empty((len(records), width), dtype=np.float32)
-    for s in np.unique(seg):
-        pos = np.flatnonzero(seg == s)
-        mm = np.memmap(os.path.join(directory, saved["segments"][int(s)]), dtype=np.float32,
-                       mode="r").reshape(-1, width)
-        out[pos] = mm.take(local[pos], axis=0)
-        del mm
-    return out
