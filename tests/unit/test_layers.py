@@ -48,7 +48,7 @@ PS_ROOMS = (
     ("partition", "limits"),
     ("initial",),
     ("store", "wire"),
-    ("changes",),
+    ("changes", "parts"),
     ("shard",),
     ("client", "server", "reshard"),
 )
