@@ -163,6 +163,17 @@ def member_offset(fp, info: zipfile.ZipInfo) -> int:
     return info.header_offset + 30 + name_len + extra_len
 
 
+def open_own(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file a process keeps for itself (a log, a lock), never through a link:
+    a symbolic link at ``path`` is refused (OSError saying so, in one line)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"refused {path}: a symbolic link where a file of its own belongs") from None
+        raise
+
+
 def fsync_directory(path: str) -> None:
     """Force a directory's entries (names created, renamed, removed) to disk."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -218,7 +229,7 @@ class DirectoryLock:
 
     def __init__(self, directory: str, what: str = "process"):
         self.path, self.what = os.path.join(directory, "lock"), what
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o644)
+        fd = open_own(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self._file = os.fdopen(fd, "r+b")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -81,7 +81,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     except BaseException:
         shard.close()
         raise
-    if shard.state is not None:
+    if shard.state.lock is not None:
         shard.state.lock.note(address=endpoint.address)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -91,7 +91,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
         print("het serve: serving only requests signed with the shared secret"
               + (", encrypted (CURVE)" if keys else ""), flush=True)
-    for note in shard.state.notes if shard.state is not None else []:
+    for note in shard.state.notes:
         print(f"het serve: {note}", flush=True)
     if shard.stats.get("wal_replayed"):
         print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)

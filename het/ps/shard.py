@@ -20,7 +20,7 @@ from het.process import peak_rss_bytes, rss_bytes
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.store.rowstore import RowStore, open_stores
-from het.ps.store.state import StateDirectory, resolve
+from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
 from het.ps.wire.auth import check_secret
 from het.ps.wire.integers import narrow, widen
@@ -72,14 +72,7 @@ class Shard:
                  wal: bool = False, fsync_s: float = 0.05, wal_recover_prefix: bool = False):
         self.cfg = cfg
         self.secret = check_secret(secret)
-        if wal and state_dir is None:
-            raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
-        # held before any table touches it: a second shard there would empty the first's disk tier
-        self.state = None if state_dir is None else StateDirectory(state_dir, wal, fsync_s, wal_recover_prefix)
-        self.state_dir = None if self.state is None else self.state.root
-        self.tables: dict[str, RowStore] = open_stores(cfg, self.state_dir)
         self._page_in: list = []  # (table, rows) a sync named: brought into DRAM after its reply
-        self._fit_memory()
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
@@ -93,8 +86,17 @@ class Shard:
         self.changes: dict[str, Changes] = {}  # per table, once a reader asked (het train --publish)
         self.parts = Parts()  # pushes in parts, held until their last part
         self.wal = None
-        if self.state is not None:
-            self._recover()
+        # held before any table touches it: a second shard there would empty the first's disk tier
+        self.state = StateDirectory(state_dir, wal, fsync_s, wal_recover_prefix)
+        self.state_dir = self.state.root
+        try:
+            self.tables: dict[str, RowStore] = open_stores(cfg, self.state_dir)
+            self._fit_memory()
+            if wal:
+                self._recover()
+        except BaseException:  # refused to start: the directory is let go
+            self.state.close()
+            raise
 
     def _fit_memory(self) -> None:
         """Under a memory budget, give the tables with a DRAM pool what the budget leaves beside
@@ -201,11 +203,11 @@ class Shard:
         return {"applied": self._apply(checked, session)}
 
     def _on_save(self, meta: dict, arrays: list):  # a name inside the state directory, checked before anything is written
-        self.save(resolve(self.state, checks.path(meta), write=True))
+        self.save(self.state.resolve(checks.path(meta), write=True))
         return {"path": meta["path"]}, []
 
     def _on_load(self, meta: dict, arrays: list):
-        self.load(resolve(self.state, checks.path(meta), write=False))
+        self.load(self.state.resolve(checks.path(meta), write=False))
         return {"path": meta["path"]}, []
 
     def _on_stats(self, meta: dict, arrays: list):
@@ -358,9 +360,8 @@ class Shard:
     def close(self) -> None:
         """Force the write-ahead log to disk and let go of the state directory (a clean stop);
         let go of the tables' files (a save holds links of its own)."""
-        if self.state is not None:
-            self.state.close()
-            self.wal = None
+        self.state.close()
+        self.wal = None
         for t in self.tables.values():
             t.close()
 

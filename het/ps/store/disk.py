@@ -140,15 +140,6 @@ class Segments:
         self.reads += len(records)
         return out
 
-    def check(self, seg: int) -> None:
-        """Read every live record of segment ``seg`` back against its check, in blocks (a
-        save's segment, before a load trusts it); DamagedFile for one that does not match."""
-        f = self.files[seg]
-        live = np.flatnonzero(f.owners[:f.written] >= 0)
-        for lo in range(0, len(live), CHECK_RECORDS):
-            offsets = live[lo:lo + CHECK_RECORDS]
-            verify(f.rows().take(offsets, axis=0), offsets, f.path)
-            f.drop_pages()
 
     def kill(self, records: torch.Tensor) -> None:
         """Mark ``records`` (unique, live) garbage: rows written again or forgotten."""
@@ -247,7 +238,7 @@ class _Segment:
 
     def __init__(self, path: str, per_segment: int, record_bytes: int, width: int):
         self.path, self.width = path, width
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+        self.fd = files.open_own(path, os.O_RDWR | os.O_CREAT)
         self.size = per_segment * record_bytes
         if os.fstat(self.fd).st_size < self.size:
             os.ftruncate(self.fd, self.size)  # sparse: blocks are allocated as records are written
@@ -307,3 +298,12 @@ def read_saved(directory: str, saved: dict, records: torch.Tensor) -> np.ndarray
         del mm
         out[pos] = verify(got, local[pos], path) if stride > width else got
     return out
+
+
+def check_saved(directory: str, saved: dict) -> None:
+    """Read every record of a save's disk tier back against its check, in blocks of
+    :data:`CHECK_RECORDS` (:func:`read_saved`): a load checks them all before it changes
+    anything."""
+    records, _ = torch.sort(saved["records"])
+    for part in records.split(CHECK_RECORDS):
+        read_saved(directory, saved, part)

@@ -101,8 +101,11 @@ def write(path: str, stores: dict, header: dict) -> None:
 
 def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
     """Load the save at ``path`` into ``stores`` (by table name), every one checked before any
-    changes: a save of another format, shard or set of tables, or one that does not fit a
-    store, is refused (ValueError) and changes nothing. The save's header."""
+    changes: a save of another format, shard or set of tables, one that does not fit a store,
+    or one whose bytes or disk-tier records do not match their checksums, is refused
+    (ValueError) and changes nothing. The save's header."""
+    from het.ps.store.disk import check_saved  # imports torch, as a load does anyway
+
     saved = read_save(path)
     check_format(saved, path)
     if (saved["index"], saved["num_shards"]) != (index, num_shards):
@@ -112,6 +115,8 @@ def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
         raise ValueError(f"{path} holds tables {sorted(saved['tables'])}, expected {sorted(stores)}")
     for name, t in stores.items():
         t.check_state(saved["tables"][name], path)
+        if "disk" in saved["tables"][name]:  # its records read back, in blocks
+            check_saved(rows_dir(path, saved, name), saved["tables"][name]["disk"])
     for name, t in stores.items():  # all checked: now change
         t.load_state_dict(saved["tables"][name], rows_dir(path, saved, name))
     return {k: v for k, v in saved.items() if k not in ("tables", "rows")}

@@ -25,20 +25,12 @@ from het.ps.store import saves, wal
 from het.ps.store.wal import WriteAheadLog
 
 
-def resolve(state: StateDirectory | None, name: str, write: bool) -> str:
-    """The file a SAVE or LOAD request names in ``state`` (:func:`het.ps.store.saves.resolve`);
-    ValueError without a state directory."""
-    if state is None:
-        raise ValueError("this shard was started without a state directory (het serve --state-dir DIR): "
-                         "it saves and loads nothing")
-    return saves.resolve(state.root, name, write)
-
-
 class StateDirectory:
     """A shard's state directory (see the module), locked while this object lives.
 
     Args:
-        root: the directory (made if missing).
+        root: the directory (made if missing); None: a shard without one, which saves and loads
+            only where it is called to (:meth:`save`, :meth:`load`), never for a request.
         log: keep a write-ahead log in ``root/wal``.
         fsync_s: with ``log``, how often at most the log is forced to disk.
         recover_prefix: a damaged log (not only a write cut short by a crash) is recovered up
@@ -53,13 +45,23 @@ class StateDirectory:
         DirectoryInUse: another shard holds the directory.
     """
 
-    def __init__(self, root: str, log: bool = False, fsync_s: float = 0.05, recover_prefix: bool = False):
-        self.root = files.make_directories(os.path.realpath(root))
-        self.lock = files.DirectoryLock(self.root, "shard")
-        self.notes = [f"took over {self.root} from {self.lock.took_over()}"] if self.lock.took_over() else []
+    def __init__(self, root: str | None, log: bool = False, fsync_s: float = 0.05, recover_prefix: bool = False):
+        if log and root is None:
+            raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
+        self.root = None if root is None else files.make_directories(os.path.realpath(root))
+        self.lock = None if root is None else files.DirectoryLock(self.root, "shard")
+        taken = self.lock and self.lock.took_over()
+        self.notes = [f"took over {self.root} from {taken}"] if taken else []
         self.logged, self.fsync_s, self.recover_prefix = log, fsync_s, recover_prefix
         self.log: WriteAheadLog | None = None
         self._after = 0  # the last push the log's base holds
+
+    def resolve(self, name: str, write: bool) -> str:
+        """The file a SAVE or LOAD request names (:func:`het.ps.store.saves.resolve`)."""
+        if self.root is None:
+            raise ValueError("this shard was started without a state directory (het serve --state-dir DIR): "
+                             "it saves and loads nothing")
+        return saves.resolve(self.root, name, write)
 
     # -- the log ----------------------------------------------------------------------------
     def read_base(self, stores: dict, index: int, num_shards: int) -> dict | None:
@@ -131,7 +133,8 @@ class StateDirectory:
         if self.log is not None:
             self.log.close()
             self.log = None
-        self.lock.release()
+        if self.lock is not None:
+            self.lock.release()
 
     def abandon(self) -> None:
         """Let go of the directory as a shard killed (-9) does: the log closed without forcing
@@ -139,7 +142,8 @@ class StateDirectory:
         if self.log is not None:
             os.close(self.log.fd)
             self.log = None
-        self.lock.abandon()
+        if self.lock is not None:
+            self.lock.abandon()
 
     def _base(self) -> str:
         return os.path.join(self.root, "wal", "base.pt")

@@ -29,6 +29,7 @@ from collections import Counter
 import numpy as np
 import torch
 
+from het import files
 from het.choices import POLICIES
 from het.ps.store.chunks import Chunks
 from het.ps.store.disk import SEGMENT_BYTES, Segments, read_saved
@@ -266,7 +267,10 @@ class TieredRows:
 
     def _compact_if_sparse(self) -> None:
         if self.disk.dead > max(self.disk.live, self.disk.per_segment):
-            self.compact()
+            try:
+                self.compact()
+            except files.DamagedFile:  # a segment left as it is: its damaged record is refused when read
+                self.counters["compactions_stopped"] += 1
 
     def compact(self) -> None:
         """Rewrite the live records of the segments with the most garbage, until about half
@@ -306,8 +310,8 @@ class TieredRows:
 
     def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
         """Take the rows of ``slots`` from a save's disk tier (:meth:`save`): its segment files
-        linked in as they are when their layout is this one's (each live record checked first),
-        read and written otherwise."""
+        linked in as they are when their layout is this one's, read and written otherwise (the
+        save's records were checked before: :func:`het.ps.store.disk.check_saved`)."""
         records = saved["records"]
         layout = (saved["per_segment"], saved["width"], bool(saved.get("checks")))
         if layout != (self.disk.per_segment, self.width, True):
@@ -322,9 +326,7 @@ class TieredRows:
             mine = (seg == s).nonzero().flatten()
             owners = np.full(int(off[mine].max()) + 1 if len(mine) else 0, -1, dtype=np.int32)
             owners[off[mine].numpy()] = slots[mine].numpy()
-            adopted = self.disk.adopt(os.path.join(directory, name), owners)
-            self.disk.check(adopted)
-            new[mine] = adopted * per + off[mine]
+            new[mine] = self.disk.adopt(os.path.join(directory, name), owners) * per + off[mine]
         self.place.scatter(slots, torch.stack([torch.full_like(new, -1), new], 1))
 
     def peek(self, slots: torch.Tensor) -> torch.Tensor:

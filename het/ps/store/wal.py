@@ -88,8 +88,7 @@ class WriteAheadLog:
     def __init__(self, directory: str, fsync_s: float = 0.05, lsn: int = 0, valid_bytes: int | None = None):
         files.make_directories(directory)
         self.directory, self.fsync_s, self.lsn = directory, fsync_s, lsn
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
-        self.fd = os.open(os.path.join(directory, "log"), flags, 0o600)
+        self.fd = files.open_own(os.path.join(directory, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         if valid_bytes is not None and os.fstat(self.fd).st_size > valid_bytes:
             os.ftruncate(self.fd, valid_bytes)  # new records follow the last intact one, not what was after it
             os.fsync(self.fd)
@@ -239,7 +238,7 @@ def _arrays(meta: dict, data, at: int) -> dict:
 def _mapped(path: str):
     """The bytes of the file at ``path``, mapped read-only (empty when there is none)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        fd = files.open_own(path, os.O_RDONLY)
     except FileNotFoundError:
         yield b""
         return
