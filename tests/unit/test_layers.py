@@ -26,7 +26,7 @@ ROOT = pathlib.Path(het.__file__).parent
 # __main__, above everything, goes without saying there).
 LAYERS = (
     ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
-    ("arrayfile",),
+    ("arrayfile", "lock"),
     ("config",),
     ("data", "cache"),
     ("ps",),

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from het import files
+from het.lock import DirectoryInUse
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.shard import Shard
 from het.ps.wire.protocol import ERROR, Message, Op
@@ -190,7 +190,7 @@ def test_a_link_planted_at_any_name_the_shard_writes_changes_nothing_outside(tmp
 def test_a_second_shard_on_a_held_directory_refuses_to_start(tmp_path):
     first = pushed(shard(tmp_path, memory=1 << 16))
     tier = sorted(p.name for p in (tmp_path / "tier").rglob("*"))
-    with pytest.raises(files.DirectoryInUse) as refused:
+    with pytest.raises(DirectoryInUse) as refused:
         shard(tmp_path, memory=1 << 16)
     message = str(refused.value)
     assert "\n" not in message and f"pid {os.getpid()}" in message and "in use by another shard" in message

@@ -3,7 +3,7 @@ read back checked, and the write-ahead log recovered before the shard serves.
 
 ``STATE_DIR`` holds:
 
-- ``lock``: the shard's claim on the directory (:class:`het.files.DirectoryLock`: its pid, host
+- ``lock``: the shard's claim on the directory (:class:`het.lock.DirectoryLock`: its pid, host
   and address); a second shard on the directory refuses to start, in one line, and one that
   finds the claim of a shard that ended without a clean stop takes it over and says so;
 - ``wal/``: the write-ahead log and its base save (:mod:`het.ps.store.wal`);
@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable
 
 from het import files
+from het.lock import DirectoryLock
 from het.ps.store import saves, wal
 from het.ps.store.wal import WriteAheadLog
 
@@ -49,7 +50,7 @@ class StateDirectory:
         if log and root is None:
             raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
         self.root = None if root is None else files.make_directories(os.path.realpath(root))
-        self.lock = None if root is None else files.DirectoryLock(self.root, "shard")
+        self.lock = None if root is None else DirectoryLock(self.root, "shard")
         taken = self.lock and self.lock.took_over()
         self.notes = [f"took over {self.root} from {taken}"] if taken else []
         self.logged, self.fsync_s, self.recover_prefix = log, fsync_s, recover_prefix
