@@ -189,6 +189,8 @@ def _record_at(data, pos: int):
     if len(data) - pos < _HEAD.size:
         return f"a header cut short ({len(data) - pos} of {_HEAD.size} bytes)"
     magic, meta_len, body_len, body_crc, head_crc = _HEAD.unpack_from(data, pos)
+    if magic == b"HWAL":
+        return "a record of an earlier het's log (recover it with that version, then save)"
     if magic != MAGIC or zlib.crc32(data[pos:pos + 16]) != head_crc:
         return "a record header that does not match its checksum"
     end = pos + _HEAD.size + body_len
