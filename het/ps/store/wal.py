@@ -164,14 +164,15 @@ def scan(directory: str, after: int = 0) -> Scan:
 def _describe_rest(found: Scan, data) -> None:
     """What follows the intact prefix: a write cut short with nothing intact after it (torn),
     or damage, with the intact records after it counted (their pushes would be lost)."""
-    pos, intact, lsns = found.end, 0, []
+    pos, intact, lsns = found.end, 0, (None, None)
     at = data.find(MAGIC, pos + 1)
     while at >= 0:
         got = _record_at(data, at)
         if isinstance(got, str):
             at = data.find(MAGIC, at + 1)
             continue
-        intact, lsns = intact + 1, lsns + [got[1]["lsn"]]
+        lsn = got[1]["lsn"]
+        intact, lsns = intact + 1, (min(lsns[0] or lsn, lsn), max(lsns[1] or lsn, lsn))
         at = data.find(MAGIC, at + got[0])
     cut = "cut short" in found.problem or not np.frombuffer(data, np.uint8, offset=pos).any()
     found.torn = cut and not intact
@@ -179,13 +180,13 @@ def _describe_rest(found: Scan, data) -> None:
         found.problem = (f"{found.path}: a write cut short at byte {pos} ({len(data) - pos} bytes: a crash "
                          f"interrupted it before its push was acknowledged)")
     elif intact:
-        found.problem += f", and {intact} intact records follow (pushes {min(lsns)}..{max(lsns)})"
+        found.problem += f", and {intact} intact records follow (pushes {lsns[0]}..{lsns[1]})"
     else:
         found.problem += ", and nothing intact follows"
 
 
 def _record_at(data, pos: int):
-    """``(size, meta)`` of the intact record at ``pos``, or why there is none, in words."""
+    """``(size, meta, meta_len)`` of the intact record at ``pos``, or why there is none, in words."""
     if len(data) - pos < _HEAD.size:
         return f"a header cut short ({len(data) - pos} of {_HEAD.size} bytes)"
     magic, meta_len, body_len, body_crc, head_crc = _HEAD.unpack_from(data, pos)
