@@ -4,7 +4,9 @@ or refused whole: no refusal leaves some of its parts applied.
 
 A part names itself in its request's meta, ``part`` of ``parts`` (1-based). A session's parts
 come in order, as its client sends them; a part out of order, or that does not match the parts
-before it (another table or step), drops the push held so far, and is refused.
+before it (another table or step), drops the push held so far, and is refused. A shard holds
+the pushes of at most :data:`MAX_HELD` sessions at once (a client that died mid-push leaves
+one): past that, the oldest goes, and its next part is refused.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+
+MAX_HELD = 64
 
 
 @dataclass
@@ -66,6 +70,8 @@ class Parts:
         held.got.append(checked)
         if i < n:
             self._held[session] = held
+            if len(self._held) > MAX_HELD:
+                self._held.pop(next(iter(self._held)))
             return None
         self._held.pop(session, None)
         return _joined(held.got)
