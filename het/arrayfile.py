@@ -7,27 +7,26 @@ end first (a file cut off mid-write has none), then the manifest's CRC, then eac
 (:func:`read`); any mismatch is an :class:`ArrayFileError` naming the file and what is wrong.
 
 Written under a temporary name in the same directory (created exclusively: a link planted
-there is not followed), fsynced, renamed into place, the directory fsynced (:func:`write`).
+there is not followed), fsynced, renamed into place, the directory fsynced
+(:func:`het.files.write_file`).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import struct
 import zlib
 
 import numpy as np
 
-from het.files import create, fsync_directory
+from het import files
 
 MAGIC, END = b"HETARR1\n", b"\nHETEND\n"
 _TAIL = struct.Struct("<QI")
 _ALIGN = 64
 
 
-class ArrayFileError(ValueError):
+class ArrayFileError(files.DamagedFile):
     """A file that is not a whole, intact array file."""
 
 
@@ -42,34 +41,27 @@ def write(path: str, arrays: dict[str, np.ndarray], meta: dict) -> int:
         >>> meta["version"], arrays["keys"].tolist()
         (7, [0, 1, 2])
     """
-    directory = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{secrets.token_hex(4)}")
-    try:
-        with create(tmp) as f:
-            f.write(MAGIC)
-            entries, offset = {}, len(MAGIC)
-            for name, array in arrays.items():
-                data = np.ascontiguousarray(array)
-                pad = -offset % _ALIGN
-                f.write(b"\0" * pad)
-                offset += pad
-                raw = data.tobytes()
-                entries[name] = {"dtype": data.dtype.str, "shape": list(data.shape), "offset": offset,
-                                 "crc32": zlib.crc32(raw)}
-                f.write(raw)
-                offset += len(raw)
-            manifest = json.dumps({"meta": meta, "arrays": entries}, sort_keys=True).encode()
-            f.write(manifest + _TAIL.pack(len(manifest), zlib.crc32(manifest)) + END)
-            f.flush()
-            os.fsync(f.fileno())
-            size = f.tell()
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-    fsync_directory(directory)
-    return size
+    written = []
+
+    def fill(f) -> None:
+        f.write(MAGIC)
+        entries, offset = {}, len(MAGIC)
+        for name, array in arrays.items():
+            data = np.ascontiguousarray(array)
+            pad = -offset % _ALIGN
+            f.write(b"\0" * pad)
+            offset += pad
+            raw = data.tobytes()
+            entries[name] = {"dtype": data.dtype.str, "shape": list(data.shape), "offset": offset,
+                             "crc32": zlib.crc32(raw)}
+            f.write(raw)
+            offset += len(raw)
+        manifest = json.dumps({"meta": meta, "arrays": entries}, sort_keys=True).encode()
+        f.write(manifest + _TAIL.pack(len(manifest), zlib.crc32(manifest)) + END)
+        written.append(f.tell())
+
+    files.write_file(path, fill)
+    return written[0]
 
 
 def read(path: str) -> tuple[dict, dict[str, np.ndarray]]:

@@ -317,6 +317,13 @@ class ShardConfig:
         table as float32, and 64 KiB for the header and meta."""
         return self.max_keys * max(t.dim for t in self.tables) * 4 + (1 << 16)
 
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message a request of ``max_keys`` keys needs: a push and a sync in one
+        (keys, gradients, counts, squares, keys, clocks: ``8 D + 32`` bytes a key of the widest
+        table), and 64 KiB for the header, meta and MAC."""
+        return self.max_keys * (8 * max(t.dim for t in self.tables) + 32) + (1 << 16)
+
 
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 1000 ** 2, "mib": 1 << 20,
           "g": 1 << 30, "gb": 1000 ** 3, "gib": 1 << 30, "t": 1 << 40, "tb": 1000 ** 4, "tib": 1 << 40}

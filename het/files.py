@@ -1,7 +1,15 @@
 """Writing files and directories so that a failure, a crash or a planted link cannot leave a
-half-written result where a complete one is expected, nor write anywhere else.
+half-written result where a complete one is expected, nor write anywhere else; reading back
+only what was written.
 
 - :func:`create`: a new file, opened so that it follows no link and reuses no name.
+- :func:`write_file`: a file written whole under a fresh temporary name beside it, forced to
+  disk, renamed into place, the directory forced to disk; :func:`link_into_place` the same for
+  a hard link of an existing file.
+- :func:`link_or_copy`: a hard link, or a copy where none can be made; never through a link.
+- :func:`make_directories`: directories made, refused through a link planted on the way.
+- :func:`check_zip`: a zip file (``torch.save``'s) read back in blocks against the CRC-32 of
+  every member: a file cut off or changed is a :class:`DamagedFile` naming it and where.
 - :func:`atomic_directory`: a directory written whole under a fresh temporary name, forced to
   disk, then put in place (renamed, replacing the directory there before; or its entries moved
   into an existing directory, the one that marks it complete last); on a failure the temporary
@@ -17,12 +25,21 @@ under its temporary name; a crash while entries are moved leaves ``NAME`` withou
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import shutil
 import stat
-from collections.abc import Iterator
+import zipfile
+from collections.abc import Callable, Iterator
 from typing import BinaryIO
+
+CHECK_BLOCK = 1 << 20  # bytes read at once when a file is checked: memory stays this, whatever its size
+
+
+class DamagedFile(ValueError):
+    """A file het wrote that does not read back as written (cut off or changed): the message
+    names the file and where."""
 
 
 def create(path: str, mode: int = 0o644) -> BinaryIO:
@@ -41,6 +58,116 @@ def create(path: str, mode: int = 0o644) -> BinaryIO:
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     return os.fdopen(os.open(path, flags, mode), "wb")
+
+
+def write_file(path: str, write: Callable[[BinaryIO], None], mode: int = 0o644) -> None:
+    """Write the file ``path`` whole or not at all: ``write(f)`` fills a new file under a
+    fresh temporary name beside it (:func:`create`: no link followed), which is forced to disk
+    and renamed to ``path`` (a file or a link there is replaced, not written through), and the
+    directory is forced to disk. On an error the temporary file goes and ``path`` is as it was.
+
+    Example:
+        >>> import tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "f")
+        >>> write_file(path, lambda f: f.write(b"whole"))
+        >>> open(path, "rb").read(), os.listdir(os.path.dirname(path))
+        (b'whole', ['f'])
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    tmp, f = _temporary(path, mode)
+    try:
+        with f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_directory(directory)
+
+
+def link_or_copy(src: str, dst: str) -> None:
+    """``dst`` a hard link of ``src`` (no copy of a big file), or a copy where no link can be
+    made (another filesystem). A name already at ``dst``, a link included, is refused
+    (FileExistsError): nothing is written through it."""
+    try:
+        os.link(src, dst, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP):
+            raise
+        with open(src, "rb") as source, create(dst) as out:
+            shutil.copyfileobj(source, out, CHECK_BLOCK)
+
+
+def link_into_place(src: str, dst: str) -> None:
+    """``dst`` replaced whole by a link of ``src`` (:func:`link_or_copy` under a fresh
+    temporary name, renamed), the directory forced to disk."""
+    tmp, f = _temporary(dst, 0o644)
+    f.close()
+    os.remove(tmp)  # the name was ours: it takes the link now
+    try:
+        link_or_copy(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise
+    fsync_directory(os.path.dirname(os.path.abspath(dst)))
+
+
+def make_directories(path: str) -> str:
+    """``path`` made as a directory (and those above it), refused (NotADirectoryError) when a
+    directory on the way is a symbolic link: nothing is made through one. ``path`` is named
+    as the real path of its parent (its symbolic links resolved)."""
+    path = os.path.abspath(path)
+    if os.path.realpath(path) != path:
+        raise NotADirectoryError(f"refused {path!r}: a directory on the way there is a symbolic link")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def check_zip(path: str) -> None:
+    """Read the zip file at ``path`` (a ``torch.save`` file) back in blocks of
+    :data:`CHECK_BLOCK` bytes, every member against the CRC-32 its entry holds; a file that is
+    cut off, changed, or not a zip file is a :class:`DamagedFile` naming it and the bytes."""
+    try:
+        with open(path, "rb") as f, zipfile.ZipFile(f) as z:
+            for info in z.infolist():
+                start = member_offset(f, info)
+                try:
+                    with z.open(info) as member:
+                        while member.read(CHECK_BLOCK):
+                            pass
+                except (zipfile.BadZipFile, EOFError, ValueError, NotImplementedError) as e:
+                    raise DamagedFile(f"{path}: {info.filename}, bytes {start}..{start + info.compress_size - 1}, "
+                                      f"does not read back as written ({e}): damaged") from None
+    except zipfile.BadZipFile as e:
+        raise DamagedFile(f"{path}: not a whole file as written ({e}): cut off or damaged") from None
+
+
+def member_offset(fp, info: zipfile.ZipInfo) -> int:
+    """Where a zip member's bytes start in the file ``fp``: past its local header, name and
+    extra field."""
+    fp.seek(info.header_offset)
+    header = fp.read(30)
+    if header[:4] != b"PK\x03\x04":
+        raise DamagedFile(f"{getattr(fp, 'name', 'zip file')}: no local header for {info.filename} at byte "
+                          f"{info.header_offset}: damaged")
+    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
+    return info.header_offset + 30 + name_len + extra_len
+
+
+def open_own(path: str, flags: int, mode: int = 0o600) -> int:
+    """``os.open`` of a file a process keeps for itself (a log, a lock), never through a link:
+    a symbolic link at ``path`` is refused (OSError saying so, in one line)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), mode)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise OSError(e.errno, f"refused {path}: a symbolic link where a file of its own belongs") from None
+        raise
 
 
 def fsync_directory(path: str) -> None:
@@ -155,6 +282,17 @@ def _update(tmp: str, final: str, marker: str) -> None:
         os.replace(os.path.join(tmp, entry), os.path.join(final, entry))  # a link there is replaced, not followed
     os.rmdir(tmp)
     fsync_directory(final)
+
+
+def _temporary(path: str, mode: int) -> tuple[str, BinaryIO]:
+    """A new file beside ``path`` under a fresh name (``.NAME.tmp-XXXXXXXX``), open for writing."""
+    directory, name = os.path.split(os.path.abspath(path))
+    while True:
+        tmp = os.path.join(directory, f".{name}.tmp-{secrets.token_hex(4)}")
+        try:
+            return tmp, create(tmp, mode)
+        except FileExistsError:
+            continue
 
 
 def _fresh_directory(parent: str, prefix: str) -> str:

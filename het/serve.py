@@ -49,6 +49,9 @@ def add_parser(sub) -> None:
     fsync_s = inspect.signature(run_foreground).parameters["fsync_s"].default
     s.add_argument("--wal-fsync-s", type=float, default=fsync_s, help="force the log to disk at most this often "
                    "(seconds; a machine crash can lose that much; default %(default)s)")
+    s.add_argument("--wal-recover-prefix", action="store_true", help="when the log is damaged (not only a "
+                   "write a crash cut short), recover the pushes before the damage and drop the rest instead of "
+                   "refusing to start (what is dropped is printed)")
     s.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
                         "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
@@ -108,7 +111,7 @@ def cmd_serve(args) -> None:
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,
-                   args.encrypt)
+                   args.encrypt, args.wal_recover_prefix)
 
 
 def _table(text: str) -> tuple[str, int | None, int]:

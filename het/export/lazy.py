@@ -21,6 +21,8 @@ from collections import OrderedDict
 
 import numpy as np
 
+from het.files import member_offset
+
 _STORAGES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
              "LongStorage": np.int64, "IntStorage": np.int32, "ShortStorage": np.int16, "CharStorage": np.int8,
              "ByteStorage": np.uint8, "BoolStorage": np.bool_}
@@ -108,7 +110,7 @@ class TorchFile:
         info = self._zip.getinfo(f"{self._prefix}data/{key}")
         if info.compress_type != zipfile.ZIP_STORED:
             raise ValueError(f"{self.path}: storage {key} is compressed; torch.save writes them stored")
-        start = _data_offset(self._zip.fp, info)
+        start = member_offset(self._zip.fp, info)
         count = info.file_size // np.dtype(dtype).itemsize
         return self._whole()[start:start + count * np.dtype(dtype).itemsize].view(dtype)
 
@@ -133,16 +135,6 @@ class TorchFile:
                 pass
             self._map = None
         self._zip.close()
-
-
-def _data_offset(fp, info: zipfile.ZipInfo) -> int:
-    """Where a stored zip member's bytes start: past its local header, name and extra field."""
-    fp.seek(info.header_offset)
-    header = fp.read(30)
-    if header[:4] != b"PK\x03\x04":
-        raise ValueError(f"bad local zip header for {info.filename}")
-    name_len, extra_len = int.from_bytes(header[26:28], "little"), int.from_bytes(header[28:30], "little")
-    return info.header_offset + 30 + name_len + extra_len
 
 
 class _Storage:

@@ -5,13 +5,14 @@ A checkpoint (``het train --checkpoint DIR``, :mod:`het.train.checkpoint`) is ``
 (:mod:`het.ps.shard`). A fixed table's rows sit in each shard's save, key ``k`` on shard
 ``k % S`` at local row ``k // S``; a dynamic table's stored keys and rows sit beside each other,
 its rows either in the save or, for a shard with a disk tier, in the segment files linked beside
-it. :class:`Checkpoint` opens them without loading them (:mod:`het.export.lazy`) and hands a
-table's rows out a piece at a time.
+it. :class:`Checkpoint` reads every file back against its checksums first, in blocks
+(:func:`het.files.check_zip`; a disk tier's records as they are read), and refuses a damaged
+checkpoint naming the file and the bytes; it opens them without loading them
+(:mod:`het.export.lazy`) and hands a table's rows out a piece at a time.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -19,11 +20,12 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
+from het import files
 from het.config import TableConfig
 from het.export.lazy import LazyTensor, TorchFile
-from het.ps.store.saves import SAVE_FORMAT, table_dir
-from het.ps.store.tiers import read_saved
-from het.train.checkpoint import FORMAT as WORKER_FORMAT
+from het.ps.store.disk import read_saved
+from het.ps.store.saves import check_format, table_dir
+from het.train.checkpoint import FORMAT as WORKER_FORMAT, read_checked_json
 
 PIECE_BYTES = 32 << 20  # rows read at once from a save
 _SHARD = re.compile(r"shard-(\d+)\.pt")
@@ -46,6 +48,7 @@ class Checkpoint:
     Raises:
         ValueError: ``path`` is not a checkpoint, or one of another format; the message says
             what was expected and what is there.
+        DamagedFile: a file of it does not read back as written (its name and bytes said).
     """
 
     def __init__(self, path: str):
@@ -58,6 +61,7 @@ class Checkpoint:
             raise ValueError(f"expected a checkpoint directory holding worker.pt and ps/shard-<i>.pt, got a directory "
                              f"holding {sorted(os.listdir(path))[:8]} at {path!r}")
         try:
+            files.check_zip(worker)  # its bytes as written first: a damaged one is named as such
             state = torch.load(worker, weights_only=True, map_location="cpu")
         except Exception as e:  # noqa: BLE001 - torch raises many kinds for a file that is not its own
             raise ValueError(f"{worker}: not a checkpoint's worker.pt ({type(e).__name__}: "
@@ -80,11 +84,9 @@ class Checkpoint:
             raise ValueError(f"{self.path}: expected the PS's saves ps/shard-<i>.pt, found none in {ps}")
         shards = []
         for i in found:
+            files.check_zip(os.path.join(ps, f"shard-{i}.pt"))
             f = TorchFile(os.path.join(ps, f"shard-{i}.pt"))
-            obj = f.obj
-            if not isinstance(obj, dict) or obj.get("format") != SAVE_FORMAT:
-                raise ValueError(f"{f.path}: save format {obj.get('format') if isinstance(obj, dict) else None!r}, "
-                                 f"expected {SAVE_FORMAT}")
+            check_format(f.obj, f.path)
             shards.append(f)
         total = shards[0].obj["num_shards"]
         if found != list(range(total)) or any((f.obj["index"], f.obj["num_shards"]) != (i, total)
@@ -154,7 +156,7 @@ def _read_json(path: str) -> dict | None:
     if not os.path.isfile(path):
         return None
     with open(path) as f:
-        return json.load(f)
+        return read_checked_json(f.read(), path)
 
 
 def _what(path: str) -> str:

@@ -165,12 +165,15 @@ class PSClient:
                 **_state_meta(state), **({} if sq is None else {"sq": True})}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device, keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
-            for q, p in push_sync_parts(push_parts[shard], sync_part, self.max_keys):
+            messages = push_sync_parts(push_parts[shard], sync_part, self.max_keys)
+            pushes = sum(1 for q, _ in messages if len(q))  # the push's parts come first
+            for i, (q, p) in enumerate(messages):
                 if len(p) or len(q):
+                    part_meta = _part(meta, i + 1, pushes) if len(q) else meta
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
                     pushed = push_arrays(push_wire, grads, counts, sq, q)
-                    self._send_part(handle, shard, meta, [*pushed, sync_wire[p_all], clocks[p_all]], p,
+                    self._send_part(handle, shard, part_meta, [*pushed, sync_wire[p_all], clocks[p_all]], p,
                                     keys_at=(0, len(pushed)))
         return handle
 
@@ -178,7 +181,10 @@ class PSClient:
         """Block until every shard answered ``handle``; return its merged result."""
         if handle.done:
             return handle.result
-        replies = [(positions, self.link.reply(shard, rid)) for shard, rid, positions in handle.parts]
+        try:
+            replies = [(positions, self.link.reply(shard, rid)) for shard, rid, positions in handle.parts]
+        finally:  # the parts of a push in parts are kept to be sent again until its last is answered
+            self.link.done([(shard, rid) for shard, rid, _ in handle.parts])
         handle.reply_bytes = sum(array_bytes(m.arrays) for _, m in replies)
         start = time.perf_counter()
         handle.result, handle.done = merge(handle, replies, self.tables[handle.table]), True
@@ -273,8 +279,10 @@ class PSClient:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
         for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
-            for part in cut(p, self._part_keys(table, len(p))):
-                self._send_part(handle, shard, meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
+            pieces = cut(p, self._part_keys(table, len(p)))
+            for i, part in enumerate(pieces):  # a push in pieces goes as one in parts, applied whole
+                part_meta = _part(meta, i + 1, len(pieces)) if op is Op.PUSH else meta
+                self._send_part(handle, shard, part_meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
     def _part_keys(self, table: str, n: int) -> int:
@@ -299,6 +307,11 @@ class PSClient:
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather
+
+
+def _part(meta: dict, i: int, n: int) -> dict:
+    """A request's meta as part ``i`` of ``n`` of a push (:mod:`het.ps.parts`); a push whole as it is."""
+    return meta if n <= 1 else dict(meta, part=i, parts=n)
 
 
 def _state_meta(state: str | None) -> dict:

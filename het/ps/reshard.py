@@ -22,11 +22,12 @@ import shutil
 
 import torch
 
+from het import files
 from het.config import TableConfig
 from het.ps import partition
 from het.ps.store import optim
-from het.ps.store.saves import SAVE_FORMAT, rows_dir
-from het.ps.store.tiers import read_saved
+from het.ps.store.saves import SAVE_FORMAT, check_format, rows_dir
+from het.ps.store.disk import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 
@@ -46,9 +47,7 @@ def reshard(src: str, dst: str, num_shards: int) -> list[str]:
         state = {"format": SAVE_FORMAT, "index": j, "num_shards": num_shards,
                  "tables": {name: _table_slice(name, old, j, num_shards) for name in old[0]["tables"]}}
         path = os.path.join(dst, f"shard-{j}.pt")
-        tmp = f"{path}.tmp-{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, path)
+        files.write_file(path, lambda f: torch.save(state, f))
         paths.append(path)
     return paths
 
@@ -61,10 +60,11 @@ def reshard_checkpoint(src: str, dst: str, num_shards: int) -> list[str]:
         raise ValueError(f"no checkpoint at {src!r}: expected {worker}")
     if os.path.exists(dst) and os.listdir(dst):
         raise ValueError(f"{dst} is not empty: reshard writes into a new directory")
+    files.check_zip(worker)
     state = torch.load(worker, weights_only=False, map_location="cpu")
     paths = reshard(os.path.join(src, "ps"), os.path.join(dst, "ps"), num_shards)
     state["config"] = {**state["config"], "servers": num_shards}
-    torch.save(state, os.path.join(dst, "worker.pt"))
+    files.write_file(os.path.join(dst, "worker.pt"), lambda f: torch.save(state, f))
     for extra in os.listdir(src):  # anything else the checkpoint holds travels as is
         if extra not in ("ps", "worker.pt"):
             copy = shutil.copytree if os.path.isdir(os.path.join(src, extra)) else shutil.copy2
@@ -74,23 +74,23 @@ def reshard_checkpoint(src: str, dst: str, num_shards: int) -> list[str]:
 
 def _load_all(src: str) -> list[dict]:
     """Every shard file of ``src``, memory-mapped, checked to be one whole PS."""
-    files = {int(_FILE.search(p).group(1)): p for p in glob.glob(os.path.join(src, "shard-*.pt")) if _FILE.search(p)}
-    if not files:
+    found = {int(_FILE.search(p).group(1)): p for p in glob.glob(os.path.join(src, "shard-*.pt")) if _FILE.search(p)}
+    if not found:
         raise ValueError(f"no shard files (shard-<i>.pt) in {src!r}")
     states = []
-    for i in sorted(files):
-        state = torch.load(files[i], mmap=True, weights_only=True)
-        if state.get("format") != SAVE_FORMAT:
-            raise ValueError(f"{files[i]}: save format {state.get('format')}, expected {SAVE_FORMAT}")
+    for i in sorted(found):
+        files.check_zip(found[i])  # in blocks: a table bigger than memory is checked too
+        state = torch.load(found[i], mmap=True, weights_only=True)
+        check_format(state, found[i])
         if state["index"] != i:
-            raise ValueError(f"{files[i]} holds shard {state['index']}, not {i}")
-        for name, t in state["tables"].items():  # a disk tier's rows stay in its files until read
+            raise ValueError(f"{found[i]} holds shard {state['index']}, not {i}")
+        for name, t in state["tables"].items():  # a disk tier's rows stay in its files until read (checked then)
             if "disk" in t:
-                t["rows_dir"] = rows_dir(files[i], state, name)
+                t["rows_dir"] = rows_dir(found[i], state, name)
         states.append(state)
     total = states[0]["num_shards"]
-    if sorted(files) != list(range(total)) or any(s["num_shards"] != total for s in states):
-        raise ValueError(f"{src} holds shards {sorted(files)} of {[s['num_shards'] for s in states]}: "
+    if sorted(found) != list(range(total)) or any(s["num_shards"] != total for s in states):
+        raise ValueError(f"{src} holds shards {sorted(found)} of {[s['num_shards'] for s in states]}: "
                          f"expected shards 0..{total - 1} of {total}")
     for s in states[1:]:
         if {n: t["config"] for n, t in s["tables"].items()} != {n: t["config"] for n, t in states[0]["tables"].items()}:

@@ -27,7 +27,7 @@ from het.config import ShardConfig
 from het.process import die_with_parent
 from het.ps.store import saves
 from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret, curve_keys
-from het.ps.wire.protocol import error_reply, encode, peek_request_id
+from het.ps.wire.protocol import MessageTooLarge, error_reply, encode, peek_request_id
 from het.ps.shard import Shard
 from het.ps.wire.transport import ZmqTransport
 
@@ -39,7 +39,12 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
     handler gets an error reply; the loop goes on."""
     while not shard.stopping and not should_stop():
         # rows a sync named come off disk only while no request waits (Shard.page_in)
-        got = endpoint.recv(0 if shard.page_in_pending else poll_s)
+        try:
+            got = endpoint.recv(0 if shard.page_in_pending else poll_s)
+        except MessageTooLarge as e:  # let go unread: an unsigned refusal, as for a request not authenticated
+            shard.stats["oversized"] += 1
+            endpoint.send(e.peer, encode(error_reply(peek_request_id(e.first), 0, e)))
+            continue
         if got is None:
             if shard.page_in_pending:
                 try:
@@ -59,18 +64,25 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
 
 
 def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,
-                   wal: bool = False, fsync_s: float = 0.05, encrypt: bool = False) -> None:
+                   wal: bool = False, fsync_s: float = 0.05, encrypt: bool = False,
+                   wal_recover_prefix: bool = False) -> None:
     """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
     Only requests signed with ``secret`` are served when one is given; SAVE and LOAD name files
-    in ``state_dir`` (created if missing), and are refused without one; with ``wal``, every push
-    is logged there before it is acknowledged, and the shard recovers from the log at start;
-    with ``encrypt``, every frame travels under ZeroMQ's CURVE, keyed by ``secret``."""
+    in ``state_dir`` (created if missing; the shard holds it alone), and are refused without
+    one; with ``wal``, every push is logged there before it is acknowledged, and the shard
+    recovers from the log at start (``wal_recover_prefix``: up to damage, dropping what follows,
+    instead of refusing to start); with ``encrypt``, every frame travels under ZeroMQ's CURVE,
+    keyed by ``secret``."""
     check_bind(bind, secret)
     keys = _curve(secret, encrypt)
-    if state_dir is not None:
-        os.makedirs(state_dir, exist_ok=True)
-    shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s)
-    endpoint = _listen(bind, cfg.max_frame_bytes, keys)
+    shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s, wal_recover_prefix=wal_recover_prefix)
+    try:
+        endpoint = _listen(bind, cfg, keys)
+    except BaseException:
+        shard.close()
+        raise
+    if shard.state.lock is not None:
+        shard.state.lock.note(address=endpoint.address)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -79,6 +91,8 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
         print("het serve: serving only requests signed with the shared secret"
               + (", encrypted (CURVE)" if keys else ""), flush=True)
+    for note in shard.state.notes:
+        print(f"het serve: {note}", flush=True)
     if shard.stats.get("wal_replayed"):
         print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)
     try:
@@ -98,10 +112,11 @@ def _curve(secret: bytes | None, encrypt: bool):
     return curve_keys(secret)
 
 
-def _listen(bind: str, max_frame_bytes: int | None, keys=None):
-    """The bound endpoint; OSError (one line from ``het serve``) if ``bind`` cannot be bound."""
+def _listen(bind: str, cfg: ShardConfig, keys=None):
+    """The bound endpoint, holding requests to ``cfg``'s limits; OSError (one line from
+    ``het serve``) if ``bind`` cannot be bound."""
     try:
-        return ZmqTransport(curve_keys=keys).bind(bind, max_frame_bytes)
+        return ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes, cfg.max_message_bytes)
     except zmq.ZMQError as e:
         hint = ""
         if e.errno == errno.EADDRINUSE:
@@ -135,7 +150,7 @@ class ServerThread:
         keys = _curve(secret, encrypt)
         self._own_state = state_dir is None  # a temporary one, removed at stop
         self.shard = Shard(cfg, secret, saves.temporary() if state_dir is None else state_dir)
-        self.endpoint = ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes)
+        self.endpoint = ZmqTransport(curve_keys=keys).bind(bind, cfg.max_frame_bytes, cfg.max_message_bytes)
         self.address = self.endpoint.address
         self._stop = threading.Event()
         self._thread = threading.Thread(target=serve, args=(self.shard, self.endpoint, self._stop.is_set),
@@ -146,6 +161,7 @@ class ServerThread:
         self._stop.set()
         self._thread.join()
         self.endpoint.close()
+        self.shard.close()
         if self._own_state:
             shutil.rmtree(self.shard.state_dir, ignore_errors=True)
 
@@ -167,19 +183,20 @@ class ServerProcess:
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
     one, the child does not inherit this process's ``HET_SECRET`` either. ``state_dir`` is the
     shard's state directory (default: a temporary one, removed at stop); ``wal`` gives the shard
-    a write-ahead log there.
+    a write-ahead log there (``wal_recover_prefix``: ``het serve --wal-recover-prefix``).
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
                  new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
-                 wal: bool = False, encrypt: bool = False):
+                 wal: bool = False, encrypt: bool = False, wal_recover_prefix: bool = False):
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
         self.state_dir = saves.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
-               "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else [])]
+               "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else []),
+               *(["--wal-recover-prefix"] if wal_recover_prefix else [])]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,

@@ -9,9 +9,7 @@ which kind of table it is.
 
 from __future__ import annotations
 
-import os
 import time
-import warnings
 from collections import Counter
 
 import numpy as np
@@ -20,24 +18,17 @@ import torch
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps.changes import Changes, page
-from het.ps.store import saves
+from het.ps.parts import Checked, Parts
 from het.ps.store.rowstore import RowStore, open_stores
-from het.ps.store.wal import WriteAheadLog, read_log
+from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
 from het.ps.wire.auth import check_secret
 from het.ps.wire.integers import narrow, widen
-from het.ps.wire.protocol import (AuthError, Message, Op, ProtocolError, StaleError, decode, encode, error_reply,
-                                  frame_bytes, pack_marks, peek_request_id)
+from het.ps.wire.protocol import (AuthError, Message, Op, ProtocolError, StaleError, check_size, decode, encode,
+                                  error_reply, frame_bytes, pack_marks, peek_request_id)
 from het.staleness import bound_from_wire, must_refresh
 
 PAGE_IN_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
-
-# A request's arrays are views of the frames ZeroMQ received (flagged read-only), made tensors
-# without a copy. The buffers are the request's own: nothing else reads them once it is handled
-# (a push's gradients may be scaled in place there, after the log has its copy), so torch's
-# warning that they are not writable says nothing here.
-warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
-                        module=r"het\.ps\.")
 
 
 class Shard:
@@ -48,12 +39,19 @@ class Shard:
         secret: a shared secret (bytes). With one, :meth:`handle_frames` serves only requests
             signed with it, signs its replies, and counts the others in
             ``stats["unauthenticated"]``.
-        state_dir: the directory SAVE and LOAD requests name files in (see
-            :mod:`het.ps.store.saves`); without one they are refused.
+        state_dir: the directory SAVE and LOAD requests name files in, which the shard holds
+            alone while it lives (:mod:`het.ps.store.state`); without one they are refused.
         wal: keep a write-ahead log in ``state_dir/wal`` (:mod:`het.ps.store.wal`): every push is
             logged before it is acknowledged, and a shard started on a state directory that
             holds a log recovers its last save and replays the pushes after it.
         fsync_s: with ``wal``, how often at most the log is forced to disk.
+        wal_recover_prefix: with ``wal``, a damaged log (not only a write a crash cut short)
+            is recovered up to the damage instead of refusing to start (what is dropped is in
+            ``notes``).
+
+    Raises:
+        DirectoryInUse: another shard holds ``state_dir``.
+        ValueError: its log or base save is damaged (the message names what would be lost).
 
     Example:
         >>> from het.config import OptimizerConfig, TableConfig
@@ -71,15 +69,10 @@ class Shard:
     """
 
     def __init__(self, cfg: ShardConfig, secret: bytes | None = None, state_dir: str | None = None,
-                 wal: bool = False, fsync_s: float = 0.05):
+                 wal: bool = False, fsync_s: float = 0.05, wal_recover_prefix: bool = False):
         self.cfg = cfg
         self.secret = check_secret(secret)
-        self.state_dir = None if state_dir is None else os.path.abspath(state_dir)
-        if wal and state_dir is None:
-            raise ValueError("a write-ahead log needs a state directory (het serve --state-dir DIR --wal)")
-        self.tables: dict[str, RowStore] = open_stores(cfg, self.state_dir)
         self._page_in: list = []  # (table, rows) a sync named: brought into DRAM after its reply
-        self._fit_memory()
         self.stats = Counter(unauthenticated=0, replays=0)
         self.started = time.time()
         self.stopping = False
@@ -91,9 +84,19 @@ class Shard:
                           Op.STATS: self._on_stats, Op.INFO: self._on_info, Op.STOP: self._on_stop,
                           Op.CHANGED: self._on_changed}
         self.changes: dict[str, Changes] = {}  # per table, once a reader asked (het train --publish)
-        self.wal: WriteAheadLog | None = None
-        if wal:
-            self._recover(os.path.join(self.state_dir, "wal"), fsync_s)
+        self.parts = Parts()  # pushes in parts, held until their last part
+        self.wal = None
+        # held before any table touches it: a second shard there would empty the first's disk tier
+        self.state = StateDirectory(state_dir, wal, fsync_s, wal_recover_prefix)
+        self.state_dir = self.state.root
+        try:
+            self.tables: dict[str, RowStore] = open_stores(cfg, self.state_dir)
+            self._fit_memory()
+            if wal:
+                self._recover()
+        except BaseException:  # refused to start: the directory is let go
+            self.state.close()
+            raise
 
     def _fit_memory(self) -> None:
         """Under a memory budget, give the tables with a DRAM pool what the budget leaves beside
@@ -130,6 +133,7 @@ class Shard:
         start = time.perf_counter()
         self.stats["bytes_in"] += frame_bytes(frames)
         try:
+            check_size(frames, self.cfg.max_message_bytes)  # before anything is read or allocated
             msg = decode(frames, self.secret)
         except ProtocolError as e:
             self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
@@ -170,8 +174,7 @@ class Shard:
         a = self._arrays(Op.PUSH, meta, arrays, 3 + checks.sq(meta), (0,))
         if not self._first_time(meta):  # re-sent after a restart, applied before it
             return {"applied": len(a[0]), "again": True}, []
-        return {"applied": self.push(checks.table(meta), *a[:3], step=checks.step(meta), grads_as=checks.grads_as(meta),
-                                     session=checks.session(meta), sq=a[3] if checks.sq(meta) else None)}, []
+        return self._push_request(meta, a), []
 
     def _on_sync(self, meta: dict, arrays: list):
         keys, clocks = self._arrays(Op.SYNC, meta, arrays, 2, (0,))
@@ -183,17 +186,28 @@ class Shard:
         a = self._arrays(Op.PUSH_SYNC, meta, arrays, 5 + with_sq, (0, 3 + with_sq))
         table = checks.table(meta)
         sync = self._check_sync(table, *a[3 + with_sq:], checks.state(meta))  # before the push changes anything
-        if self._first_time(meta):
-            self.push(table, *a[:3], step=checks.step(meta), grads_as=checks.grads_as(meta),
-                      session=checks.session(meta), sq=a[3] if with_sq else None)
-        return {}, self._sync(*sync, bound=meta.get("bound"), lazy=checks.lazy(meta))
+        pushed = self._push_request(meta, a[:3 + with_sq]) if self._first_time(meta) else {}
+        return {k: v for k, v in pushed.items() if k == "staged"}, self._sync(*sync, bound=meta.get("bound"),
+                                                                              lazy=checks.lazy(meta))
+
+    def _push_request(self, meta: dict, a: list) -> dict:
+        """A request's push applied (checked whole first), or held when it is a part of one
+        (:mod:`het.ps.parts`): the reply's meta."""
+        checked = self._check_push(checks.table(meta), *a[:3], checks.step(meta), checks.grads_as(meta),
+                                   a[3] if len(a) > 3 else None)
+        session, part = checks.session(meta), checks.part(meta)
+        if part is not None:
+            checked = self.parts.add(session and session[0], part, checked)
+            if checked is None:
+                return {"applied": 0, "staged": part[0]}
+        return {"applied": self._apply(checked, session)}
 
     def _on_save(self, meta: dict, arrays: list):  # a name inside the state directory, checked before anything is written
-        self.save(saves.resolve(self.state_dir, checks.path(meta), write=True))
+        self.save(self.state.resolve(checks.path(meta), write=True))
         return {"path": meta["path"]}, []
 
     def _on_load(self, meta: dict, arrays: list):
-        self.load(saves.resolve(self.state_dir, checks.path(meta), write=False))
+        self.load(self.state.resolve(checks.path(meta), write=False))
         return {"path": meta["path"]}, []
 
     def _on_stats(self, meta: dict, arrays: list):
@@ -237,31 +251,38 @@ class Shard:
         :class:`het.ps.store.optim.Pushed`), for every row, or as they travel for the rows of
         several steps only (``counts > 1``).
         Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D), or (k, 1) or (k, D)."""
+        return self._apply(self._check_push(table, keys, grads, counts, step, grads_as, sq), session, logged)
+
+    def _check_push(self, table, keys, grads, counts, step, grads_as, sq) -> Checked:
         grads = checks.grads(grads, grads_as)
         step = checks.step({"step": step})
         counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
         sq = checks.squares(sq, keys, grads, counts)
         t, key_tensor = self._table_keys(table, keys)
         checks.push(t.cfg, len(keys), grads, counts, sq)
-        if len(keys) == 0:
+        return Checked(table, step, key_tensor, grads, counts, sq)
+
+    def _apply(self, c: Checked, session: tuple[str, int] | None, logged: bool = True) -> int:
+        if len(c.keys) == 0:
             return 0
+        t = self.tables[c.table]
         if self.wal is not None and logged:
             # logged before it is applied (applying may overwrite grads) and acknowledged: a push
             # the table refuses is refused again, the same way, when the log is replayed
-            self.wal.append(table, keys, grads, counts, step, session, sq)
+            self.wal.append(c.table, c.keys.numpy(), c.grads, c.counts, c.step, session, c.sq)
         try:
-            t.push(t.locate(key_tensor), torch.from_numpy(grads), torch.from_numpy(counts), step,
-                   None if sq is None else torch.from_numpy(sq))
+            t.push(t.locate(c.keys), torch.from_numpy(c.grads), torch.from_numpy(c.counts), c.step,
+                   None if c.sq is None else torch.from_numpy(c.sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
             self.stats["refused_pushes"] += 1
-            raise ValueError(f"push to table {table!r} refused, nothing changed: {e}") from None
+            raise ValueError(f"push to table {c.table!r} refused, nothing changed: {e}") from None
         if session is not None:
             self._applied[session[0]] = session[1]
-        if table in self.changes:
-            self.changes[table].add(key_tensor)
-        self.stats["rows_in"] += len(keys)
+        if c.table in self.changes:
+            self.changes[c.table].add(c.keys)
+        self.stats["rows_in"] += len(c.keys)
         self._fit_memory()
-        return len(keys)
+        return len(c.keys)
 
     def _first_time(self, meta: dict) -> bool:
         """Whether a push is new: one its session sent before (a re-send to a restarted shard
@@ -322,70 +343,41 @@ class Shard:
         self.stats["rows_out"] += sent
         self.stats["rows_built_by_client"] += asked - sent
 
-    # -- saves and the log ------------------------------------------------------------------
+    # -- saves and the log (het.ps.store.state) ----------------------------------------------
     def save(self, path: str) -> str:
         """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
         write-ahead log, the save becomes the log's base and the log starts afresh."""
-        self._write(path)
-        if self.wal is not None:
-            self._rebase(path)
+        self.state.save(path, self.tables, {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
+                                            "applied": dict(self._applied)})
         return path
 
     def load(self, path: str) -> str:
-        """Read a save of this shard's layout; with a write-ahead log it becomes the log's base."""
-        self._read(path)
-        if self.wal is not None:
-            self._rebase(None)
+        """Read a save of this shard's layout, checked whole before anything changes; with a
+        write-ahead log it becomes the log's base."""
+        self._loaded(self.state.load(path, self.tables, self.cfg.index, self.cfg.num_shards))
         return path
 
     def close(self) -> None:
-        """Force the write-ahead log to disk (a clean stop); let go of the tables' files (a save
-        holds links of its own)."""
-        if self.wal is not None:
-            self.wal.close()
-            self.wal = None
+        """Force the write-ahead log to disk and let go of the state directory (a clean stop);
+        let go of the tables' files (a save holds links of its own)."""
+        self.state.close()
+        self.wal = None
         for t in self.tables.values():
             t.close()
 
-    def _recover(self, directory: str, fsync_s: float) -> None:
-        """The last base save, then every logged push after it, applied again (not logged)."""
-        base, lsn, replayed = os.path.join(directory, "base.pt"), 0, 0
-        if os.path.exists(base):
-            lsn = self._read(base)
-        for record in read_log(directory, after=lsn):
-            session = (record["session"], record["seq"]) if record.get("session") else None
-            try:
-                self.push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
-                          sq=record.get("sq"), logged=False, session=session)
-            except ValueError:  # refused when it was sent too (logged before it was applied)
-                pass
-            lsn, replayed = record["lsn"], replayed + 1
-        self.wal = WriteAheadLog(directory, fsync_s, lsn)
-        self.stats["wal_replayed"] = replayed
+    def _recover(self) -> None:
+        """The log's base save, then every logged push after it, applied again (not logged)."""
+        header = self.state.read_base(self.tables, self.cfg.index, self.cfg.num_shards)
+        if header is not None:
+            self._loaded(header)
+        self.stats["wal_replayed"] = self.state.replay(self.push)
+        self.wal = self.state.log
 
-    def _rebase(self, saved: str | None) -> None:
-        """Make ``saved`` (hard-linked, or this state written afresh when None) the log's base,
-        then truncate the log: a crash between the two replays nothing twice (the base names
-        the last push it holds)."""
-        base = os.path.join(self.wal.directory, "base.pt")
-        if saved is None:
-            self._write(base)
-        else:
-            saves.link_save(saved, base)  # no copy: the save's own files, whatever becomes of their names
-        self.wal.truncate()
-
-    def _write(self, path: str) -> None:
-        saves.write(path, self.tables, {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                                        "wal_lsn": self.wal.lsn if self.wal is not None else 0,
-                                        "applied": dict(self._applied)})
-
-    def _read(self, path: str) -> int:
-        """Load a save; the number of the last logged push it holds (0: none)."""
-        header = saves.read(path, self.tables, self.cfg.index, self.cfg.num_shards)
-        self._page_in = []  # rows of the tables it replaced
+    def _loaded(self, header: dict) -> None:
+        """A save was loaded: the rows paging in were the tables' before it."""
+        self._page_in = []
         self._fit_memory()
         self._applied = dict(header.get("applied", {}))
-        return int(header.get("wal_lsn", 0))
 
     def stats_dict(self) -> dict:
         """Counters, and per table its stored rows and bytes (``tables``); the process's

@@ -4,8 +4,11 @@ and its optimizer, and the data position, under one directory::
     DIR/ps/shard-<i>.pt   written by each shard
     DIR/worker.pt         dense model, dense optimizer, step, config (from rank 0)
 
-written as ``DIR.tmp-STEP`` and swapped in; what an interrupted save leaves goes at the next
-save or job start (:func:`remove_stale`).
+written as ``DIR.tmp-STEP``, forced to disk whole, and swapped in; what an interrupted save
+leaves goes at the next save or job start (:func:`remove_stale`). Every file in it carries
+checksums (the saves and ``worker.pt`` are zip files with a CRC-32 a member,
+``evaluation.json`` its own), read back before it is trusted: a damaged checkpoint is refused,
+naming the file and the bytes.
 
 Every rank's batches are a function of the step, so the step is the data position.
 """
@@ -16,8 +19,11 @@ import json
 import os
 import re
 import shutil
+import zlib
 
 import torch
+
+from het import files
 
 from het.dist.collectives import barrier
 from het.train.config import TrainConfig
@@ -37,9 +43,11 @@ def save(worker, directory: str, step: int) -> None:
         remove_stale(final)
         shutil.rmtree(tmp, ignore_errors=True)
         write(worker, tmp, step)
+        files.fsync_tree(tmp)  # every file of it on disk before it takes the name
         if os.path.exists(final):
             os.replace(final, old)
         os.replace(tmp, final)
+        files.fsync_directory(os.path.dirname(final))
         shutil.rmtree(old, ignore_errors=True)
     barrier(worker.world)
 
@@ -53,7 +61,7 @@ def write(worker, directory: str, step: int, **extra) -> None:
     state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
              "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
              "optimizer": worker.dense.state_dict(), **extra}
-    torch.save(state, os.path.join(directory, "worker.pt"))
+    files.write_file(os.path.join(directory, "worker.pt"), lambda f: torch.save(state, f))
 
 
 def record_evaluation(directory: str, step: int, metrics: dict) -> None:
@@ -62,13 +70,35 @@ def record_evaluation(directory: str, step: int, metrics: dict) -> None:
     none, or when the checkpoint there is of another step."""
     if not metrics or saved_step(directory) != step:
         return
-    path = os.path.join(directory, EVALUATION)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump({"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    doc = {"step": step, **{k: v for k, v in metrics.items() if isinstance(v, (int, float, str))}}
+    files.write_file(os.path.join(directory, EVALUATION), lambda f: f.write(json.dumps(with_crc(doc)).encode()))
+
+
+def with_crc(doc: dict) -> dict:
+    """``doc`` with ``crc32``: the CRC-32 of its canonical JSON (sorted keys), which
+    :func:`read_checked_json` checks.
+
+    Example:
+        >>> read_checked_json(json.dumps(with_crc({"auc": 0.78})), "e.json")
+        {'auc': 0.78}
+    """
+    return {**doc, "crc32": zlib.crc32(json.dumps(doc, sort_keys=True).encode())}
+
+
+def read_checked_json(text: str, path: str) -> dict:
+    """A JSON object :func:`with_crc` wrote, without its ``crc32``; DamagedFile (naming
+    ``path``) when it is not JSON or does not match its checksum. One without a checksum (an
+    older het's) is taken as it is."""
+    try:
+        doc = json.loads(text)
+    except ValueError as e:
+        raise files.DamagedFile(f"{path}: not JSON ({e}): damaged") from None
+    if not isinstance(doc, dict):
+        raise files.DamagedFile(f"{path}: expected a JSON object, got {type(doc).__name__}: damaged")
+    crc = doc.pop("crc32", None)
+    if crc is not None and crc != zlib.crc32(json.dumps(doc, sort_keys=True).encode()):
+        raise files.DamagedFile(f"{path}: does not match its checksum: damaged")
+    return doc
 
 
 def remove_stale(directory: str) -> list[str]:
@@ -97,6 +127,7 @@ def restore(worker, directory: str) -> int:
     """Load a checkpoint written by :func:`save`; returns the step to continue from."""
     check_resumable(directory, worker.client.num_shards if worker.rank == 0 else None)
     path = os.path.join(directory, "worker.pt")
+    files.check_zip(path)  # the shards check their own saves as they load them
     state = torch.load(path, weights_only=False, map_location="cpu")
     if state.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")

@@ -73,6 +73,26 @@ def test_predict_refuses_input_it_cannot_read_in_one_line(tmp_path, exported):
                      "predict", "--out must end in .csv or .parquet")
 
 
+def test_export_refuses_a_damaged_checkpoint_in_one_line_naming_the_file_and_bytes(tmp_path, exported):
+    import shutil
+    import zipfile
+
+    from het.files import member_offset
+
+    ck = tmp_path / "ck"
+    shutil.copytree(exported.parent / "ck", ck)
+    save = ck / "ps" / "shard-0.pt"
+    with open(save, "rb") as f, zipfile.ZipFile(f) as z:
+        rows = max(z.infolist(), key=lambda i: i.file_size)  # the table's rows
+        at = member_offset(f, rows) + rows.file_size // 2
+    data = bytearray(save.read_bytes())
+    data[at] ^= 0x40
+    save.write_bytes(bytes(data))
+    out = run("export", str(ck), str(tmp_path / "model"))
+    one_line_refusal(out, "export", f"{save}: ")
+    assert "damaged" in out.stderr and "bytes" in out.stderr and not (tmp_path / "model").exists()
+
+
 @pytest.mark.slow
 def test_a_table_four_times_the_memory_limit_exports_and_scores_under_it(tmp_path):
     """A fixed table of 1.1 GiB (2.2M rows of 128 floats) exported and scored by processes allowed

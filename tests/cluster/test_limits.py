@@ -1,6 +1,7 @@
-"""A shard's memory is bounded before authentication (issue 11, item 4): a frame larger than
-any request of its ``max_keys`` needs drops its sender as it arrives, and a request of more
-keys is refused; a client splits its requests to fit."""
+"""A shard's memory is bounded before authentication: a frame larger than any request of its
+``max_keys`` needs drops its sender as it arrives, a message of more frames or more bytes than
+a request has is let go frame by frame as it is read and refused, and a request of more keys is
+refused; a client splits its requests to fit."""
 
 from __future__ import annotations
 
@@ -59,4 +60,20 @@ def test_a_request_of_too_many_keys_is_refused_and_the_client_splits_its_own():
         client.wait(client.push("t", many, torch.ones(250, 8), torch.ones(250, dtype=torch.int64)))
         rows, clocks = client.wait(client.pull("t", many))
         assert clocks.tolist() == [1] * 250 and rows.shape == (250, 8)
+        client.close()
+
+
+def test_a_message_of_many_frames_each_under_the_limit_is_refused_and_the_shard_serves_on():
+    cfg = ShardConfig((TABLE,), max_keys=1000)
+    with ServerThread(cfg, secret=b"s3cret") as server:
+        head = encode(Message(Op.PULL, 77, {"table": "t"}, [np.arange(3, dtype=np.int64)]))
+        many = [head[0], *(np.zeros(4096, np.uint8) for _ in range(5000))]  # 20 MB, no frame over 4 KB
+        reply = decode(raw_request(server.address, many), what="reply")
+        assert reply.status == 1 and reply.request_id == 77 and "at most 18 frames" in reply.meta["error"]
+        wide = [head[0], *(np.zeros(cfg.max_frame_bytes - 1, np.uint8) for _ in range(5))]  # each frame fits
+        reply = decode(raw_request(server.address, wide), what="reply")
+        assert reply.status == 1 and f"and {cfg.max_message_bytes} bytes" in reply.meta["error"]
+        assert server.shard.stats["oversized"] == 2
+        client = PSClient.connect([server.address], secret=b"s3cret")
+        assert client.wait(client.pull("t", torch.arange(5)))[0].shape == (5, 8)
         client.close()

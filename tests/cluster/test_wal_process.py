@@ -1,5 +1,7 @@
 """`het serve --wal`, as an operator meets it: a shard process killed with -9 and started
-again on its state directory answers with every push it acknowledged."""
+again on its state directory answers with every push it acknowledged, also after a write a
+crash cut short, and the pushes after such a recovery survive the next kill; one shard at a
+time holds a state directory, and one that finds a dead shard's claim says so."""
 
 from __future__ import annotations
 
@@ -14,6 +16,19 @@ from het.ps.store import wal
 from het.ps.server import ServerProcess
 
 pytestmark = pytest.mark.cluster
+CFG = ShardConfig((TableConfig("t", rows=500, dim=4, optimizer=OptimizerConfig("adam", lr=0.01)),))
+KEYS = torch.arange(0, 500, 7)
+
+
+def pushes(client, steps) -> None:
+    for step in steps:
+        grads = torch.randn(len(KEYS), 4, generator=torch.Generator().manual_seed(step))
+        client.wait(client.push("t", KEYS, grads, torch.ones(len(KEYS), dtype=torch.int64), step=step))
+
+
+def kill(server) -> None:
+    server.proc.send_signal(signal.SIGKILL)
+    server.proc.wait()
 
 
 def test_a_killed_shard_restarted_on_its_state_directory_lost_nothing_acknowledged(tmp_path):
@@ -76,3 +91,44 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
     for name, table in killed["tables"].items():
         assert torch.allclose(table["weight"], straight[name]["weight"], atol=1e-6)
         assert torch.equal(table["clocks"], straight[name]["clocks"])
+
+
+def test_after_a_write_cut_short_the_pushes_of_the_restarted_shard_survive_the_next_kill(tmp_path):
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as first:
+        client = PSClient.connect([first.address])
+        pushes(client, range(1, 10))
+        kill(first)
+        client.close()
+    with open(tmp_path / "wal" / "log", "ab") as f:  # the kill came in the middle of a write
+        f.write(wal.MAGIC + b"\x10\x00\x00\x00\xff\x7f\x00")
+    log = tmp_path / "second.log"
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True, log_path=str(log)) as second:
+        client = PSClient.connect([second.address])
+        pushes(client, range(10, 20))
+        expected = client.wait(client.pull("t", torch.arange(500)))
+        kill(second)
+        client.close()
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as third:
+        client = PSClient.connect([third.address])
+        rows, clocks = client.wait(client.pull("t", torch.arange(500)))
+        stats = client.stats()[0]
+        client.close()
+    assert torch.equal(rows, expected[0]) and torch.equal(clocks, expected[1]) and stats["wal_replayed"] == 19
+    said = log.read_text()
+    assert "het serve: removed " in said and "a write cut short at byte" in said
+    assert "het serve: took over " in said and "which ended without a clean stop" in said
+
+
+def test_a_second_shard_on_a_held_state_directory_refuses_to_start_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as first:
+        out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:500:4", "--state-dir", str(tmp_path),
+                              "--wal", "--bind", "127.0.0.1:0"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert out.stderr.startswith(f"het serve: error: {tmp_path} is in use by another shard "
+                                     f"(pid {first.proc.pid} listening on {first.address}): refused"), out.stderr
+        client = PSClient.connect([first.address])  # the first serves on, its log its own
+        pushes(client, range(1, 3))
+        client.close()

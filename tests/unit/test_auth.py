@@ -276,3 +276,23 @@ def test_a_capture_from_an_earlier_run_of_the_shard_is_stale():
     reply = decode(restarted.handle_frames(channel.sent[-1]), SECRET, what="reply")
     assert reply.status == ERROR and "nonce" in reply.meta["error"]
     assert int(restarted.tables["t"].clocks[1]) == 0
+
+
+# -- replies bound to their session --------------------------------------------------------------
+
+def test_a_recorded_reply_is_not_taken_by_another_session_and_a_stale_clock_is_not_believed():
+    """Client A's signed reply, recorded, handed to client B as B waits for its own: B's
+    request ids are its own (a random start per session), so it drops A's and takes its own."""
+    shard = Shard(ShardConfig((TABLE,)), secret=SECRET)
+    transport = LocalTransport()
+    name = transport.bind("s", shard)
+    a_channel, b_channel = transport.connect(name), transport.connect(name)
+    a, b = PSClient([a_channel], secret=SECRET), PSClient([b_channel], secret=SECRET)
+    handle = a.pull("t", torch.tensor([2]))
+    recorded = list(a_channel.replies[-1])  # clock 0
+    assert a.wait(handle)[1].tolist() == [0]
+    a.wait(a.push("t", torch.tensor([2]), torch.ones(1, 3), torch.ones(1, dtype=torch.int64)))
+    handle = b.pull("t", torch.tensor([2]))
+    b_channel.replies.appendleft(recorded)  # the replay reaches B first
+    assert b.wait(handle)[1].tolist() == [1] and b.link.stray_replies == 1
+    assert a.link.next_id() != b.link.next_id()

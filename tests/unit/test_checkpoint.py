@@ -54,3 +54,41 @@ def test_a_save_cut_between_its_two_renames_is_kept(tmp_path):
     assert leftovers(tmp_path) == ["ck.old-4", "ck.tmp-8"]
     interrupted(tmp_path, "ck2.tmp-2")  # a first save cut short: nothing whole to keep
     assert checkpoint.remove_stale(str(tmp_path / "ck2")) == [str(tmp_path / "ck2.tmp-2")]
+
+
+def flip_in_largest_member(path) -> None:
+    """A byte changed in the middle of the zip file's largest member (a table's rows)."""
+    import zipfile
+
+    from het.files import member_offset
+
+    with open(path, "rb") as f, zipfile.ZipFile(f) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+        at = member_offset(f, info) + info.file_size // 2
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_naming_the_file_and_loads_nothing(tmp_path):
+    import pytest
+
+    from het.ps.wire.protocol import PSError
+
+    worker = fake_worker()
+    worker.client.wait(worker.client.push("t", torch.tensor([1]), torch.ones(1, 2), torch.ones(1, dtype=torch.int64)))
+    checkpoint.save(worker, str(tmp_path / "ck"), 4)
+    checkpoint.record_evaluation(str(tmp_path / "ck"), 4, {"auc": 0.75})
+    fresh = fake_worker()
+    fresh.embedding.resume_at = lambda step: None
+    flip_in_largest_member(tmp_path / "ck" / "ps" / "shard-0.pt")
+    with pytest.raises(PSError, match=r"shard-0\.pt: .*bytes .*damaged"):
+        checkpoint.restore(fresh, str(tmp_path / "ck"))
+    assert fresh.client.wait(fresh.client.pull("t", torch.tensor([1])))[1].tolist() == [0]
+    flip_in_largest_member(tmp_path / "ck" / "worker.pt")
+    with pytest.raises(ValueError, match=r"worker\.pt: .*damaged"):
+        checkpoint.restore(fresh, str(tmp_path / "ck"))
+    evaluation = tmp_path / "ck" / checkpoint.EVALUATION
+    evaluation.write_text(evaluation.read_text().replace("0.75", "0.95"))
+    with pytest.raises(ValueError, match="evaluation.json: does not match its checksum"):
+        checkpoint.read_checked_json(evaluation.read_text(), str(evaluation))

@@ -1,6 +1,7 @@
-"""A fuzz run of mutated frames against a shard (issue 11): whatever arrives, the shard
-answers with a reply that decodes, keeps serving, and every refusal leaves its rows, clocks,
-marks and optimizer state unchanged. 10,000 frames in ``make test-slow``; 500 in ``make test``."""
+"""A fuzz run of mutated messages against a shard: whatever arrives (bytes flipped, frames cut,
+dropped, duplicated, grown, split into many, or thousands of frames more), the shard answers
+with a reply that decodes, keeps serving, and every refusal leaves its rows, clocks, marks and
+optimizer state unchanged. 10,000 messages in ``make test-slow``; 500 in ``make test``."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def valid_requests(s: Shard, seq: list) -> list:
 def mutate(frames: list, rng: np.random.Generator) -> list:
     frames = [bytearray(memoryview(f)) for f in frames]
     for _ in range(rng.integers(1, 4)):
-        kind = rng.integers(0, 6)
+        kind = rng.integers(0, 8)
         i = int(rng.integers(0, len(frames)))
         f = frames[i]
         if kind == 0 and f:    # flip bytes
@@ -58,6 +59,11 @@ def mutate(frames: list, rng: np.random.Generator) -> list:
             frames.insert(i, bytearray(f))
         elif kind == 4:        # grow a frame
             f.extend(rng.bytes(int(rng.integers(1, 64))))
+        elif kind == 5 and len(f) > 1:  # split a frame into many
+            cuts = sorted(set(rng.integers(1, len(f), size=int(rng.integers(1, 40))).tolist()))
+            frames[i:i + 1] = [f[a:b] for a, b in zip([0, *cuts], [*cuts, len(f)])]
+        elif kind == 6:        # thousands of frames more, each far under any limit
+            frames.extend(bytearray(rng.bytes(int(rng.integers(0, 256)))) for _ in range(int(rng.integers(1, 3000))))
         else:                  # replay as is (sequence numbers make it stale)
             pass
     return [bytes(f) for f in frames]

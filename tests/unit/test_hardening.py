@@ -212,7 +212,7 @@ def test_paths_out_of_the_state_directory_are_refused_and_create_nothing(tmp_pat
         assert "refused path" in error
     assert "expected a file path" in names_refused(s, op, "")
     assert sorted(p.name for p in outside.iterdir()) == ["secret.pt"]  # nothing written out there
-    assert sorted(p.name for p in root.iterdir()) == ["out"]            # nor a directory made here
+    assert sorted(p.name for p in root.iterdir()) == ["lock", "out"]    # nor a directory made here
     # what exists outside is not told apart from what does not
     assert names_refused(s, op, "../outside/secret.pt") == names_refused(s, op, "../outside/none.pt").replace(
         "none.pt", "secret.pt")
@@ -243,3 +243,108 @@ def test_a_bind_address_out_of_range_is_refused(address):
 
     with pytest.raises(ValueError, match="expected an address 'host:port'"):
         tcp_address(address)
+
+
+# -- a message's limits, not only a frame's --------------------------------------------------
+
+def test_a_message_of_many_small_frames_or_too_many_bytes_is_refused_unread():
+    s = shard()
+    before = state(s)
+    frames = encode(Message(Op.PUSH, 7, {"table": "t"}, push_arrays()))
+    reply = decode(s.handle_frames(frames + [b"x" * 100] * 2000), what="reply")  # each frame far under the limit
+    assert reply.status == ERROR and reply.request_id == 7 and "at most 18 frames" in reply.meta["error"]
+    small = Shard(ShardConfig((TableConfig("t", rows=32, dim=DIM),), max_keys=16))
+    too_big = [frames[0], *(np.zeros(6000, np.uint8) for _ in range(12))]  # 72 KB in frames of 6 KB
+    reply = decode(small.handle_frames(too_big), what="reply")
+    assert reply.status == ERROR and f"and {small.cfg.max_message_bytes} bytes" in reply.meta["error"]
+    assert_unchanged(before, state(s))
+    assert s.handle(Message(Op.PULL, 8, {"table": "t"}, [np.arange(2, dtype=np.int64)])).status != ERROR
+
+
+# -- a refusal changes nothing, for a push in parts too ----------------------------------------
+
+def overflowing(s: Shard, key: int) -> None:
+    """Row ``key`` at 3e38: one more push of -3e38 (x lr 0.1 x 20 duplicates) makes it inf."""
+    s.tables["t"].weight[key] = 3e38
+
+
+@pytest.mark.parametrize("op", [Op.PUSH, Op.PUSH_SYNC])
+def test_a_push_in_parts_refused_at_its_last_part_leaves_its_first_unapplied(op):
+    s = shard("sgd")
+    overflowing(s, 30)
+    before = state(s)
+    parts = [(np.arange(0, 10, dtype=np.int64), 0.5), (np.full(20, 30, dtype=np.int64), -3e38)]
+    replies = []
+    for i, (keys, value) in enumerate(parts, 1):
+        arrays = [keys, np.full((len(keys), DIM), value, np.float32), np.ones(len(keys), np.int64)]
+        meta = {"step": 1, "part": i, "parts": 2, "session": "p" * 16, "seq": i}
+        replies.append(s.handle(request(op, meta, arrays + (sync_arrays() if op is Op.PUSH_SYNC else []))))
+    assert replies[0].status != ERROR and replies[0].meta.get("staged") == 1
+    assert replies[1].status == ERROR and "nothing changed" in replies[1].meta["error"]
+    assert_unchanged(before, state(s))
+
+
+def test_a_client_push_split_at_max_keys_is_applied_whole_or_not_at_all():
+    from het.ps.client import PSClient
+    from het.ps.wire.protocol import PSError
+    from het.ps.wire.transport import LocalTransport
+
+    s = Shard(ShardConfig((TableConfig("t", rows=64, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.1)),),
+                          max_keys=8))
+    transport = LocalTransport()
+    client = PSClient([transport.connect(transport.bind("s", s))])
+    overflowing(s, 63)
+    before = state(s)
+    keys = torch.cat([torch.arange(20), torch.full((20,), 63)])  # in five parts, the overflow in the last
+    grads = torch.cat([torch.full((20, DIM), 0.5), torch.full((20, DIM), -3e38)])
+    with pytest.raises(PSError, match="nothing changed"):
+        client.wait(client.push("t", keys, grads, torch.ones(40, dtype=torch.int64)))
+    assert_unchanged(before, state(s))
+    assert client.wait(client.push("t", torch.arange(20), torch.ones(20, DIM), torch.ones(20, dtype=torch.int64))) == 20
+    assert s.tables["t"].clocks[:20].tolist() == [1] * 20 and s.parts.held == 0
+
+
+def test_a_push_refused_counts_no_sighting_for_admission():
+    table = TableConfig("t", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.1), admit_after=2)
+    s = Shard(ShardConfig((table,)))
+    one = np.ones((1, DIM), np.float32)
+    for _ in range(2):  # key 5 stored, then its row set to overflow
+        s.push("t", np.array([5]), one, np.ones(1, np.int64))
+    slot = s.tables["t"].locate(torch.tensor([5]))[0, 1]
+    s.tables["t"].store.scatter(slot.reshape(1), torch.full((1, DIM), 3e38), None)
+    keys = np.array([5] * 20 + [9])  # key 9 new: a sighting, were the push applied
+    reply = s.handle(request(Op.PUSH, {}, [keys, np.vstack([np.full((20, DIM), -3e38, np.float32), one]),
+                                          np.ones(21, np.int64)]))
+    assert reply.status == ERROR and "nothing changed" in reply.meta["error"]
+    s.push("t", np.array([9]), one, np.ones(1, np.int64))  # its first sighting: not admitted yet
+    # dropped: key 5's first push and key 9's, not the refused push's
+    assert s.tables["t"].stats()["rows"] == 1 and s.tables["t"].counters["refused_updates"] == 2
+
+
+def test_counts_and_clocks_must_be_integers_not_truncated():
+    from het.ps.client import PSClient
+
+    client = PSClient.local([TableConfig("t", rows=8, dim=DIM)])
+    with pytest.raises(TypeError, match="counts must be integers, got torch.float32"):
+        client.push("t", torch.tensor([1]), torch.ones(1, DIM), torch.tensor([1.5]))
+    with pytest.raises(TypeError, match="clocks must be integers, got torch.float64"):
+        client.sync("t", torch.tensor([1]), torch.tensor([0.5], dtype=torch.float64), bound=0)
+    assert client.wait(client.pull("t", torch.tensor([1])))[1].tolist() == [0]
+
+
+def test_a_refused_push_records_no_key_as_changed():
+    from het.ps.client import PSClient
+    from het.ps.wire.protocol import PSError
+    from het.ps.wire.transport import LocalTransport
+
+    s = shard("sgd")
+    transport = LocalTransport()
+    client = PSClient([transport.connect(transport.bind("s", s))])
+    assert list(client.changed("t")) == []  # the record starts
+    overflowing(s, 30)
+    with pytest.raises(PSError, match="nothing changed"):
+        client.wait(client.push("t", torch.tensor([1, 2] + [30] * 20), torch.cat(
+            [torch.ones(2, DIM), torch.full((20, DIM), -3e38)]), torch.ones(22, dtype=torch.int64)))
+    assert list(client.changed("t")) == []
+    client.wait(client.push("t", torch.tensor([4]), torch.ones(1, DIM), torch.ones(1, dtype=torch.int64)))
+    assert [keys.tolist() for keys, _, _ in client.changed("t")] == [[4]]

@@ -26,7 +26,8 @@ ROOT = pathlib.Path(het.__file__).parent
 # __main__, above everything, goes without saying there).
 LAYERS = (
     ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
-    ("config", "arrayfile"),
+    ("arrayfile", "lock"),
+    ("config",),
     ("data", "cache"),
     ("ps",),
     ("nn",),
@@ -47,7 +48,7 @@ PS_ROOMS = (
     ("partition", "limits"),
     ("initial",),
     ("store", "wire"),
-    ("changes",),
+    ("changes", "parts"),
     ("shard",),
     ("client", "server", "reshard"),
 )
@@ -214,7 +215,7 @@ def test_a_planted_upward_import_fails_the_check(tmp_path):
     cache.write_text(cache.read_text() + "\n\ndef _planted():\n    from het.train import loop\n")
     fixed = copy / "ps" / "store" / "fixed.py"
     fixed.write_text(fixed.read_text() + "\nfrom het.ps.wire import protocol\n")
-    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 2 -> 7)",
+    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 3 -> 8)",
                                    "het.ps.store.fixed -> het.ps.wire.protocol (layer 2 -> 2)"]
 
 

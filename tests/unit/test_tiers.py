@@ -136,7 +136,7 @@ def test_expiry_and_the_row_budget_free_the_disk_tier_too(rule, counter, tmp_pat
 @given(st.lists(st.tuples(st.sampled_from(["append", "kill"]), st.integers(1, 9)), max_size=30))
 def test_segments_hold_what_was_appended_and_count_the_garbage(tmp_path_factory, ops):
     d = tmp_path_factory.mktemp("seg")
-    s = Segments(str(d), width=3, segment_bytes=48)  # 4 records per segment
+    s = Segments(str(d), width=3, segment_bytes=64)  # 4 records (3 words and a check) per segment
     live: dict[int, np.ndarray] = {}
     for op, n in ops:
         if op == "append":

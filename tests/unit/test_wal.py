@@ -1,6 +1,8 @@
-"""A shard's write-ahead log (issue 11, item 11, the shard's part): a shard dropped without a
-save (as kill -9 leaves it) and started again on its state directory holds exactly what it
-acknowledged: its last save, and every push after it, replayed once."""
+"""A shard's write-ahead log: a shard dropped without a save (as kill -9 leaves it) and started
+again on its state directory holds exactly what it acknowledged: its last save, and every push
+after it, replayed once. A log cut short by a crash is recovered to its last intact record and
+new records follow that; a damaged one is refused, naming what would be lost, unless the
+operator chooses to recover its prefix; and no damage ever puts a wrong row in the shard."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.wire.protocol import ERROR, Message, Op
@@ -26,6 +30,11 @@ def state(s: Shard) -> list[torch.Tensor]:
 
 def same(a, b) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def killed(s: Shard) -> None:
+    """What kill -9 leaves of a shard: its files as they are, its claim on the directory let go."""
+    s.state.abandon()
 
 
 def push(s: Shard, rng: np.random.Generator, step: int, bf16: bool = False) -> None:
@@ -49,9 +58,10 @@ def test_a_shard_dropped_without_a_save_recovers_every_acknowledged_push(tmp_pat
     for step in range(8, 15):
         push(first, rng, step)
     expected = state(first)  # then the process dies: no close, no save
+    killed(first)
     second = Shard(cfg, state_dir=str(tmp_path), wal=True)
     assert same(state(second), expected) and second.stats["wal_replayed"] == 7
-    # and a third start replays the same log again, once
+    killed(second)  # and a third start replays the same log again, once
     third = Shard(cfg, state_dir=str(tmp_path), wal=True)
     assert same(state(third), expected)
 
@@ -63,9 +73,11 @@ def test_a_torn_record_at_the_end_was_never_acknowledged_and_is_skipped(tmp_path
     for step in range(1, 5):
         push(s, rng, step)
     expected = state(s)
+    killed(s)
     with open(tmp_path / "wal" / "log", "ab") as f:
-        f.write(b"HWAL\x10\x00\x00\x00\xff\xff")  # a crash in the middle of a write
-    assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)
+        f.write(b"HWL2\x10\x00\x00\x00\xff\xff")  # a crash in the middle of a write
+    again = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(again), expected) and "a write cut short at byte" in again.state.notes[-1]
 
 
 def test_a_load_becomes_the_logs_base(tmp_path):
@@ -82,6 +94,7 @@ def test_a_load_becomes_the_logs_base(tmp_path):
     assert s.handle(Message(Op.LOAD, 2, {"path": "in/s.pt"})).status != ERROR
     push(s, rng, 2)
     expected = state(s)
+    killed(s)
     assert same(state(Shard(cfg, state_dir=str(tmp_path / "mine"), wal=True)), expected)
 
 
@@ -108,6 +121,7 @@ def test_a_push_sent_again_is_applied_once_across_a_restart(tmp_path):
     assert again.meta == {"applied": 5, "again": True} and same(state(s), applied_once)
     assert s.handle(second).status != ERROR
     expected = state(s)
+    killed(s)
     restarted = Shard(cfg, state_dir=str(tmp_path), wal=True)  # the log remembers the session's last push
     for old in (first, second):
         old.meta["nonce"] = restarted.nonce  # the client re-sends with the new run's nonce
@@ -125,3 +139,112 @@ def test_a_request_for_an_earlier_run_of_the_shard_is_refused_unread(tmp_path):
     reply = decode(s.handle_frames(encode(push)))
     assert reply.status == ERROR and reply.meta["kind"] == "StaleError" and same(state(s), before)
     assert s.stats["stale"] == 1
+
+
+# -- a torn or damaged log -------------------------------------------------------------------
+
+def logged_shard(tmp_path, pushes: int, seed: int = 4):
+    """A shard with a log of ``pushes`` pushes, killed; its state after each push (0..pushes),
+    and the byte where each record ends."""
+    cfg = ShardConfig((table("adagrad"),))
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True, fsync_s=10.0)
+    rng, states, ends = np.random.default_rng(seed), [state(s)], []
+    for step in range(1, pushes + 1):
+        push(s, rng, step)
+        states.append(state(s))
+        ends.append(os.path.getsize(tmp_path / "wal" / "log"))
+    killed(s)
+    return cfg, states, ends
+
+
+def flip(path, at: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x5A
+    path.write_bytes(bytes(data))
+
+
+def test_after_a_write_cut_short_new_pushes_follow_the_last_intact_record(tmp_path):
+    cfg, states, ends = logged_shard(tmp_path, 4)
+    log = tmp_path / "wal" / "log"
+    with open(log, "r+b") as f:
+        f.truncate(ends[-1] - 7)  # the last write cut short: its push was never acknowledged
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(s), states[3]) and "a write cut short at byte " + str(ends[2]) in s.state.notes[-1]
+    rng = np.random.default_rng(9)
+    for step in range(5, 8):
+        push(s, rng, step)
+    expected = state(s)
+    killed(s)
+    again = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(again), expected) and again.stats["wal_replayed"] == 6
+
+
+def test_a_damaged_record_with_intact_ones_after_it_refuses_the_start_naming_them(tmp_path):
+    cfg, states, ends = logged_shard(tmp_path, 5)
+    flip(tmp_path / "wal" / "log", ends[1] + 40)  # inside the third record
+    with pytest.raises(ValueError, match=rf"at byte {ends[1]}, and 2 intact records follow \(pushes 4\.\.5\)"):
+        Shard(cfg, state_dir=str(tmp_path), wal=True)
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True, wal_recover_prefix=True)  # the operator's choice
+    assert same(state(s), states[2]) and "dropped the rest" in s.state.notes[-1]
+    assert os.path.getsize(tmp_path / "wal" / "log") == ends[1]
+
+
+def test_a_damaged_last_record_is_not_taken_for_a_write_cut_short(tmp_path):
+    """Whole but not matching its checksum: its push was acknowledged, so the start is refused."""
+    cfg, states, ends = logged_shard(tmp_path, 3)
+    flip(tmp_path / "wal" / "log", ends[-1] - 3)
+    with pytest.raises(ValueError, match="does not match its checksum at byte .*nothing intact follows"):
+        Shard(cfg, state_dir=str(tmp_path), wal=True)
+
+
+def test_a_log_missing_pushes_its_base_does_not_hold_is_refused(tmp_path):
+    cfg = ShardConfig((table("sgd"),))
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    rng = np.random.default_rng(5)
+    push(s, rng, 1)
+    s.save(str(tmp_path / "a.pt"))
+    push(s, rng, 2)
+    killed(s)
+    os.remove(tmp_path / "wal" / "base.pt")  # the pushes before the log's first record are gone with it
+    with pytest.raises(ValueError, match="holds push 2, expected push 1"):
+        Shard(cfg, state_dir=str(tmp_path), wal=True)
+
+
+@pytest.mark.parametrize("name", ["wal/log", "wal/base.pt", "wal/x.pt", "tier/seg.rows", "lock", "ckpt/a.pt.tmp-1",
+                                  "a.pt.rows-00ff/table-74/seg-000000.rows"])
+def test_the_shards_own_names_are_never_a_saves(tmp_path, name):
+    s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True)
+    push(s, np.random.default_rng(6), 1)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    reply = s.handle(Message(Op.SAVE, 1, {"path": name}))
+    assert reply.status == ERROR and "the shard's own files" in reply.meta["error"]
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sampled_from(["cut", "flip"]), st.floats(0, 1, exclude_max=True), st.integers(1, 255))
+def test_no_damage_to_the_log_puts_a_wrong_row_in_the_shard(tmp_path_factory, how, where, xor):
+    """Whatever is cut off or changed: the shard starts with exactly the pushes before the
+    damage (the records wholly before it), or refuses to start naming the byte; started, it
+    takes new pushes that survive the next kill."""
+    tmp_path = tmp_path_factory.mktemp("wal")
+    cfg, states, ends = logged_shard(tmp_path, 6)
+    log, at = tmp_path / "wal" / "log", int(where * ends[-1])
+    if how == "cut":
+        with open(log, "r+b") as f:
+            f.truncate(at)
+    else:
+        data = bytearray(log.read_bytes())
+        data[at] ^= xor
+        log.write_bytes(bytes(data))
+    before = sum(end <= at for end in ends)  # records wholly before the damage
+    try:
+        s = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    except ValueError as e:
+        assert how == "flip" and "at byte" in str(e) and "--wal-recover-prefix" in str(e)
+        s = Shard(cfg, state_dir=str(tmp_path), wal=True, wal_recover_prefix=True)
+    assert same(state(s), states[before])
+    push(s, np.random.default_rng(7), 7)
+    expected = state(s)
+    killed(s)
+    assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)

@@ -15,6 +15,8 @@ with the number of distinct keys, most of which appear once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from het.ps.partition import mix
@@ -55,15 +57,22 @@ class SightingSketch:
     def add(self, keys: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """Count ``counts`` more sightings of ``keys`` (unique); their counts after it.
         Shape: (n,), (n,) -> (n,) int64."""
+        after, record = self.count(keys, counts)
+        record()
+        return after
+
+    def count(self, keys: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
+        """The counts of ``keys`` (unique) after ``counts`` more sightings, and the call that
+        records those sightings: a push refused after admission was decided records none.
+        Shape: (n,), (n,) -> (n,) int64."""
         if not len(keys):
-            return torch.zeros(0, dtype=torch.int64)
+            return torch.zeros(0, dtype=torch.int64), lambda: None
         pos = self._positions(keys)
         flat = self.counts.view(-1)
         seen = flat[pos].long()  # (depth, n)
         after = (seen.min(0).values + counts).clamp_(max=255)  # (n,)
         raised = torch.maximum(seen, after.expand_as(seen))  # conservative update: none goes past `after`
-        flat.scatter_reduce_(0, pos.flatten(), raised.flatten().to(torch.uint8), "amax")
-        return after
+        return after, lambda: flat.scatter_reduce_(0, pos.flatten(), raised.flatten().to(torch.uint8), "amax")
 
     def state_dict(self) -> dict:
         return {"counts": self.counts}

@@ -1,5 +1,10 @@
 """A shard's disk tier: rows as fixed-width records in append-only segment files.
 
+A record is its row's float32 words and one more word, its check (:func:`checks`: a 32-bit
+hash of the words and of the record's offset in its segment), read back against it every time:
+a record changed, cut off (read as zeros) or read from another place is a
+:class:`het.files.DamagedFile` naming the file and the bytes, never a row.
+
 A record is written once and never changed: a row written again gets a new record at the end
 of the current segment, and its old one becomes garbage. So a save hard-links the segment
 files (:meth:`Segments.link_into`) and later writes cannot change what it holds, and no save
@@ -24,7 +29,45 @@ import os
 import numpy as np
 import torch
 
+from het import files
+
 SEGMENT_BYTES = 128 << 20  # a segment's size on disk (the last one is written as it fills)
+CHECK_RECORDS = 1 << 16  # records read back at once when a whole segment is checked
+_WEIGHT, _SALT, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0x2545F4914F6CDD1D), np.uint64(0xBF58476D1CE4E5B9)
+
+
+def checks(rows: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Each record's check: its words weighted by odd constants and summed, its offset in its
+    segment mixed in, folded to 32 bits. A word changed moves the sum (an odd weight keeps every
+    bit), and a record of zeros or from another offset does not match.
+    Shape: (n, w) float32, (n,) -> (n,) uint32.
+
+    Example:
+        >>> rows = np.ones((2, 3), np.float32)
+        >>> c = checks(rows, np.array([0, 1]))
+        >>> c.dtype, bool(c[0] != c[1]), bool(checks(np.zeros((1, 3), np.float32), np.array([0]))[0] != 0)
+        (dtype('uint32'), True, True)
+    """
+    words = np.ascontiguousarray(rows, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    weights = np.arange(1, words.shape[1] + 1, dtype=np.uint64) * _WEIGHT | np.uint64(1)
+    h = (words * weights).sum(1, dtype=np.uint64) ^ (np.asarray(offsets, dtype=np.uint64) + _SALT) * _MIX
+    h ^= h >> np.uint64(31)
+    h *= _WEIGHT
+    h ^= h >> np.uint64(32)
+    return (h & np.uint64(0xFFFFFFFF)).astype(np.uint32)
+
+
+def verify(records: np.ndarray, offsets: np.ndarray, path: str) -> np.ndarray:
+    """The rows of ``records`` (their check in the last word) read at ``offsets`` of the
+    segment file ``path``; DamagedFile naming the first that does not match its check.
+    Shape: (n, w + 1), (n,) -> (n, w) (a view)."""
+    rows, stored = records[:, :-1], records[:, -1].view(np.uint32)
+    bad = np.flatnonzero(checks(rows, offsets) != stored)
+    if len(bad):
+        off, size = int(offsets[bad[0]]), records.shape[1] * 4
+        raise files.DamagedFile(f"{path}: record {off} (bytes {off * size}..{(off + 1) * size - 1}) does not match "
+                                f"its check, nor do {len(bad) - 1} more of the {len(records)} read: damaged")
+    return rows
 
 
 class Segments:
@@ -34,7 +77,7 @@ class Segments:
     Example:
         >>> import tempfile
         >>> d = tempfile.mkdtemp()
-        >>> s = Segments(d, width=2, segment_bytes=32)  # 4 records per segment
+        >>> s = Segments(d, width=2, segment_bytes=48)  # 4 records (2 words and a check) per segment
         >>> recs = s.append(np.arange(12, dtype=np.float32).reshape(6, 2), torch.arange(6))
         >>> recs.tolist(), len(s.files)
         ([0, 1, 2, 3, 4, 5], 2)
@@ -47,9 +90,9 @@ class Segments:
 
     def __init__(self, directory: str, width: int, segment_bytes: int = SEGMENT_BYTES):
         self.directory, self.width = directory, width
-        self.record_bytes = 4 * width
+        self.record_bytes = 4 * (width + 1)  # the row's words and its check
         self.per_segment = max(1, segment_bytes // self.record_bytes)
-        os.makedirs(directory, exist_ok=True)
+        files.make_directories(directory)
         self.files: dict[int, _Segment] = {}
         self.next = 0  # the next record's number
         self.live = self.dead = 0
@@ -66,7 +109,10 @@ class Segments:
             seg, off = divmod(self.next, self.per_segment)
             k = min(n - done, self.per_segment - off)
             f = self.files.get(seg) or self._open(seg)
-            os.pwrite(f.fd, memoryview(rows[done:done + k]).cast("B"), off * self.record_bytes)
+            block = np.empty((k, self.width + 1), dtype=np.float32)
+            block[:, :self.width] = rows[done:done + k]
+            block.view(np.uint32)[:, self.width] = checks(rows[done:done + k], np.arange(off, off + k))
+            os.pwrite(f.fd, memoryview(block).cast("B"), off * self.record_bytes)
             f.own(off, owners[done:done + k].numpy())
             f.live += k
             f.written = off + k
@@ -77,7 +123,8 @@ class Segments:
         return records
 
     def read(self, records: torch.Tensor) -> np.ndarray:
-        """The rows of ``records``. Shape: (n,) -> (n, width)."""
+        """The rows of ``records``, each checked (DamagedFile for one that does not match).
+        Shape: (n,) -> (n, width)."""
         out = np.empty((len(records), self.width), dtype=np.float32)
         if not len(records):
             return out
@@ -87,10 +134,12 @@ class Segments:
         for i, s in enumerate(segs.tolist()):  # one take per segment touched, not per record
             pos = (inverse == i).nonzero().flatten().numpy()
             f = self.files[s]
-            out[pos] = f.rows().take(local[pos], axis=0)
+            got = f.rows().take(local[pos], axis=0)
             f.drop_pages()
+            out[pos] = verify(got, local[pos], f.path)
         self.reads += len(records)
         return out
+
 
     def kill(self, records: torch.Tensor) -> None:
         """Mark ``records`` (unique, live) garbage: rows written again or forgotten."""
@@ -138,11 +187,11 @@ class Segments:
     def link_into(self, directory: str) -> dict[int, str]:
         """Hard-link every segment into ``directory`` (copied where links are impossible);
         segment -> file name."""
-        os.makedirs(directory, exist_ok=True)
+        files.make_directories(directory)
         names = {}
         for s, f in self.files.items():
             names[s] = os.path.basename(f.path)
-            _link_or_copy(f.path, os.path.join(directory, names[s]))
+            files.link_or_copy(f.path, os.path.join(directory, names[s]))
         return names
 
     def adopt(self, path: str, owners: np.ndarray) -> int:
@@ -177,19 +226,19 @@ class Segments:
         if os.path.lexists(path):  # never written through: a save may hold a link to it
             os.unlink(path)
         if source is not None:
-            _link_or_copy(source, path)
-        f = _Segment(path, self.per_segment, self.record_bytes, self.width)
+            files.link_or_copy(source, path)
+        f = _Segment(path, self.per_segment, self.record_bytes, self.width + 1)
         self.files[seg] = f
         return f
 
 
 class _Segment:
     """One segment file: its descriptor, its read-only map (made on the first read), and the
-    owner of each record (-1: garbage or not written)."""
+    owner of each record (-1: garbage or not written). ``width``: a record's words."""
 
     def __init__(self, path: str, per_segment: int, record_bytes: int, width: int):
         self.path, self.width = path, width
-        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.fd = files.open_own(path, os.O_RDWR | os.O_CREAT)
         self.size = per_segment * record_bytes
         if os.fstat(self.fd).st_size < self.size:
             os.ftruncate(self.fd, self.size)  # sparse: blocks are allocated as records are written
@@ -229,9 +278,32 @@ class _Segment:
             self.fd = -1
 
 
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another filesystem
-        import shutil
-        shutil.copyfile(src, dst)
+def read_saved(directory: str, saved: dict, records: torch.Tensor) -> np.ndarray:
+    """Rows of ``records`` from a save's segment files in ``directory``
+    (:meth:`het.ps.store.tiers.TieredRows.save` said which), without taking the files, each
+    checked when the save's records carry checks (format 2; DamagedFile names one that does
+    not match, or a file cut off). Shape: (n,) -> (n, width)."""
+    per, width = saved["per_segment"], saved["width"]
+    stride = width + int(bool(saved.get("checks")))
+    seg, local = (records // per).numpy(), (records % per).numpy()
+    out = np.empty((len(records), width), dtype=np.float32)
+    for s in np.unique(seg):
+        pos = np.flatnonzero(seg == s)
+        path = os.path.join(directory, saved["segments"][int(s)])
+        mm = np.memmap(path, dtype=np.float32, mode="r")
+        held = len(mm) // stride
+        if local[pos].max() >= held:
+            raise files.DamagedFile(f"{path}: holds {held} records, record {local[pos].max()} is asked for: cut off")
+        got = mm[:held * stride].reshape(held, stride).take(local[pos], axis=0)
+        del mm
+        out[pos] = verify(got, local[pos], path) if stride > width else got
+    return out
+
+
+def check_saved(directory: str, saved: dict) -> None:
+    """Read every record of a save's disk tier back against its check, in blocks of
+    :data:`CHECK_RECORDS` (:func:`read_saved`): a load checks them all before it changes
+    anything."""
+    records, _ = torch.sort(saved["records"])
+    for part in records.split(CHECK_RECORDS):
+        read_saved(directory, saved, part)

@@ -128,12 +128,16 @@ class DynamicRows:
     def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
              sq: torch.Tensor | None = None) -> None:
         """As :meth:`FixedRows.push` (all or nothing), after admission: the gradients of keys not
-        admitted are dropped and counted. Then expiry and the budget run."""
+        admitted are dropped and counted. Then expiry and the budget run. A push refused
+        counts no sighting: its keys' admission is as it was."""
+        record = None
         if self.sketch is not None:
-            at, grads, counts, sq = self._admit(at, grads, counts, sq)
+            at, grads, counts, sq, record = self._admit(at, grads, counts, sq)
         merges = self.keys.merges
         if len(at):
             self._apply(at, grads, counts, step, sq)
+        if record is not None:
+            record()
         if self.keys.merges != merges:  # the merge's scratch (every key, twice) was freed: give it back
             release_freed_memory()
         self.step = max(self.step, int(step))
@@ -141,20 +145,26 @@ class DynamicRows:
         self._enforce_budget()
 
     def _admit(self, at, grads, counts, sq=None):
-        """The pushed entries whose keys are stored or admitted now; the others are counted."""
+        """The pushed entries whose keys are stored or admitted now, and the call that records
+        the sightings and counts the others (made once the push is applied)."""
         if bool((at[:, 1] >= 0).all()):
-            return at, grads, counts, sq
+            return at, grads, counts, sq, None
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         new = (_first_of(at[:, 1], inverse, len(unique)) < 0).nonzero().flatten()
         sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
-        refused = new[self.sketch.add(unique[new], sightings[new]) < self.cfg.admit_after]
+        after, record = self.sketch.count(unique[new], sightings[new])
+        refused = new[after < self.cfg.admit_after]
         if not len(refused):
-            return at, grads, counts, sq
+            return at, grads, counts, sq, record
         drop = torch.zeros(len(unique), dtype=torch.bool)
         drop[refused] = True
         keep = ~drop[inverse]
-        self.counters["refused_updates"] += int(len(at) - keep.sum())
-        return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep]
+
+        def record_and_count() -> None:
+            record()
+            self.counters["refused_updates"] += int(len(at) - keep.sum())
+
+        return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep], record_and_count
 
     def _apply(self, at, grads, counts, step, sq=None) -> None:
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)

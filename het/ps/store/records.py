@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from het.ps.store.chunks import Chunks
-from het.ps.store.tiers import read_saved
+from het.ps.store.disk import read_saved
 
 
 class MemoryRows:

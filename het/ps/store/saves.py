@@ -1,9 +1,11 @@
 """A shard's state directory: the one place SAVE and LOAD requests may name.
 
 A request names a file by a relative name (``ckpt/shard-0.pt``): no absolute path, no ``..``,
-nothing that resolves out of the directory (a symlink leading out), and only regular files
-(not a FIFO, which would hang the shard, nor a device). A refused name changes nothing, and the
-error does not say whether anything exists outside the directory.
+nothing that resolves out of the directory (a symlink leading out), only regular files (not a
+FIFO, which would hang the shard, nor a device), and none of the shard's own names (:data:`OWN`:
+its log, its disk tier, its lock; a save's temporary files and rows directories). A refused
+name changes nothing, and the error does not say whether anything exists outside the
+directory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,11 @@ import secrets
 import shutil
 import stat
 import tempfile
+
+from het import files
+
+OWN = ("wal", "tier", "lock")  # the shard's own names at the top of its state directory
+_OWN_PARTS = (".tmp-", ".rows-")  # a save's temporary files and rows directories
 
 
 def resolve(state_dir: str | None, name: str, write: bool) -> str:
@@ -36,6 +43,9 @@ def resolve(state_dir: str | None, name: str, write: bool) -> str:
     if os.path.isabs(name) or any(p in ("", ".", "..") for p in parts) or "\0" in name:
         raise ValueError(f"refused path {name!r}: only a relative name inside the shard's state directory, "
                          f"without '..'")
+    if parts[0] in OWN or any(mark in p for p in parts for mark in _OWN_PARTS):
+        raise ValueError(f"refused path {name!r}: the shard's own files ({', '.join(OWN)}, names holding "
+                         f"{' or '.join(_OWN_PARTS)}) are never a save's")
     root = os.path.realpath(state_dir)
     path = os.path.realpath(os.path.join(root, name))
     if os.path.commonpath([root, path]) != root:
@@ -58,34 +68,46 @@ def resolve(state_dir: str | None, name: str, write: bool) -> str:
 # atomic step), then removes the old directory: a crash leaves the old save or the new one whole.
 # Moving, lending or linking a save takes its rows directory along.
 
-SAVE_FORMAT = 1
+SAVE_FORMAT = 2  # 2: a disk tier's records carry checks (1: they do not, still read)
+SAVE_FORMATS = (1, 2)
+
+
+def check_format(saved, path: str) -> None:
+    """ValueError unless ``saved`` (a save's object) is of a format this het reads."""
+    got = saved.get("format") if isinstance(saved, dict) else type(saved).__name__
+    if got not in SAVE_FORMATS:
+        raise ValueError(f"{path}: save format {got!r}, expected one of {SAVE_FORMATS}")
 
 
 def write(path: str, stores: dict, header: dict) -> None:
     """Write a shard's save to ``path``, atomically: ``header`` (its index and shard count, the
     last logged push it holds, each session's last push applied) and every store's state by
     table name (:meth:`het.ps.store.rowstore.RowStore.state_dict`); a store with files on disk
-    links them into the rows directory beside the save instead of copying their rows."""
+    links them into the rows directory beside the save instead of copying their rows. The
+    rows directory, then the file, are on disk before the file takes its name
+    (:func:`het.files.write_file`); the file is a zip whose members carry their CRC-32."""
     import torch
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    files.make_directories(os.path.dirname(os.path.abspath(path)))
     rows = new_rows_suffix()
     tables = {name: t.state_dict(os.path.join(path + rows, table_dir(name))) for name, t in stores.items()}
     rows = rows if os.path.isdir(path + rows) else None  # no store linked files: no rows directory
+    if rows is not None:
+        files.fsync_tree(path + rows)  # the segments' records on disk before a save names them
     saved = {"format": SAVE_FORMAT, **header, "tables": tables, "rows": rows}
-    tmp = f"{path}.tmp-{os.getpid()}"
-    torch.save(saved, tmp)
-    os.replace(tmp, path)  # a reader never sees half a save: it names its own rows directory
+    files.write_file(path, lambda f: torch.save(saved, f))  # a reader never sees half a save
     remove_other_rows(path, rows)
 
 
 def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
     """Load the save at ``path`` into ``stores`` (by table name), every one checked before any
-    changes: a save of another format, shard or set of tables, or one that does not fit a
-    store, is refused (ValueError) and changes nothing. The save's header."""
+    changes: a save of another format, shard or set of tables, one that does not fit a store,
+    or one whose bytes or disk-tier records do not match their checksums, is refused
+    (ValueError) and changes nothing. The save's header."""
+    from het.ps.store.disk import check_saved  # imports torch, as a load does anyway
+
     saved = read_save(path)
-    if saved.get("format") != SAVE_FORMAT:
-        raise ValueError(f"{path}: save format {saved.get('format')}, expected {SAVE_FORMAT}")
+    check_format(saved, path)
     if (saved["index"], saved["num_shards"]) != (index, num_shards):
         raise ValueError(f"{path} holds shard {saved['index']} of {saved['num_shards']}, "
                          f"this is shard {index} of {num_shards}")
@@ -93,6 +115,8 @@ def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
         raise ValueError(f"{path} holds tables {sorted(saved['tables'])}, expected {sorted(stores)}")
     for name, t in stores.items():
         t.check_state(saved["tables"][name], path)
+        if "disk" in saved["tables"][name]:  # its records read back, in blocks
+            check_saved(rows_dir(path, saved, name), saved["tables"][name]["disk"])
     for name, t in stores.items():  # all checked: now change
         t.load_state_dict(saved["tables"][name], rows_dir(path, saved, name))
     return {k: v for k, v in saved.items() if k not in ("tables", "rows")}
@@ -107,8 +131,10 @@ def table_dir(table: str) -> str:
 
 
 def read_save(path: str) -> dict:
-    """A save's file (its rows directory, if any, stays where it is)."""
+    """A save's file (its rows directory, if any, stays where it is), every byte checked
+    against its checksum first (:func:`het.files.check_zip`: DamagedFile names the bytes)."""
     import torch  # saves are torch files; this module is imported by tools that need no torch
+    files.check_zip(path)
     return torch.load(path, weights_only=True)
 
 
@@ -118,8 +144,9 @@ def rows_dir(path: str, saved: dict, table: str) -> str | None:
 
 
 def rows_dirs(path: str) -> list[str]:
-    """The rows directories beside the save at ``path`` (one; more only after a crash mid-save)."""
-    return sorted(glob.glob(glob.escape(path) + ".rows-*"))
+    """The rows directories beside the save at ``path`` (one; more only after a crash mid-save);
+    a link planted at such a name is none."""
+    return sorted(d for d in glob.glob(glob.escape(path) + ".rows-*") if not os.path.islink(d) and os.path.isdir(d))
 
 
 def remove_other_rows(path: str, keep: str | None) -> None:
@@ -135,11 +162,7 @@ def link_save(src: str, dst: str) -> None:
     suffixes = [d[len(src):] for d in rows_dirs(src)]
     for suffix in suffixes:
         _link_tree(src + suffix, dst + suffix)
-    tmp = f"{dst}.tmp-{os.getpid()}"
-    if os.path.exists(tmp):
-        os.remove(tmp)
-    _link_or_copy(src, tmp)
-    os.replace(tmp, dst)
+    files.link_into_place(src, dst)
     for d in rows_dirs(dst):
         if d[len(dst):] not in suffixes:
             shutil.rmtree(d, ignore_errors=True)
@@ -153,18 +176,11 @@ def move_save(src: str, dst: str) -> str:
 
 
 def _link_tree(src: str, dst: str) -> None:
-    for root, _, files in os.walk(src):
-        out = os.path.join(dst, os.path.relpath(root, src))
-        os.makedirs(out, exist_ok=True)
-        for f in files:
-            _link_or_copy(os.path.join(root, f), os.path.join(out, f))
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)  # no copy of a big file
-    except OSError:
-        shutil.copyfile(src, dst)  # another filesystem
+    for root, _, names in os.walk(src):
+        out = files.make_directories(os.path.join(dst, os.path.relpath(root, src)))
+        for name in names:
+            files.link_or_copy(os.path.join(root, name), os.path.join(out, name))
+        files.fsync_directory(out)
 
 
 def temporary() -> str:

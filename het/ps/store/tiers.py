@@ -29,9 +29,10 @@ from collections import Counter
 import numpy as np
 import torch
 
+from het import files
 from het.choices import POLICIES
 from het.ps.store.chunks import Chunks
-from het.ps.store.disk import SEGMENT_BYTES, Segments
+from het.ps.store.disk import SEGMENT_BYTES, Segments, read_saved
 
 POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
@@ -266,7 +267,10 @@ class TieredRows:
 
     def _compact_if_sparse(self) -> None:
         if self.disk.dead > max(self.disk.live, self.disk.per_segment):
-            self.compact()
+            try:
+                self.compact()
+            except files.DamagedFile:  # a segment left as it is: its damaged record is refused when read
+                self.counters["compactions_stopped"] += 1
 
     def compact(self) -> None:
         """Rewrite the live records of the segments with the most garbage, until about half
@@ -302,13 +306,15 @@ class TieredRows:
         holds to find the rows of ``slots`` there again (:meth:`load`)."""
         self.flush()
         return {"records": self.place.gather(slots)[:, REC].clone(), "segments": self.disk.link_into(directory),
-                "per_segment": self.disk.per_segment, "width": self.width}
+                "per_segment": self.disk.per_segment, "width": self.width, "checks": True}
 
     def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
         """Take the rows of ``slots`` from a save's disk tier (:meth:`save`): its segment files
-        linked in as they are when their layout is this one's, read and written otherwise."""
+        linked in as they are when their layout is this one's, read and written otherwise (the
+        save's records were checked before: :func:`het.ps.store.disk.check_saved`)."""
         records = saved["records"]
-        if (saved["per_segment"], saved["width"]) != (self.disk.per_segment, self.width):
+        layout = (saved["per_segment"], saved["width"], bool(saved.get("checks")))
+        if layout != (self.disk.per_segment, self.width, True):
             for part in torch.arange(len(slots)).split(1 << 20):
                 rows = torch.from_numpy(read_saved(directory, saved, records[part]))
                 self.scatter(slots[part], rows[:, :self.dim], rows[:, self.dim:] if self.width > self.dim else None)
@@ -331,18 +337,3 @@ class TieredRows:
         out[hot] = self.pool.gather(place[hot, POS])
         out[~hot] = torch.from_numpy(self.disk.read(place[~hot, REC]))
         return out
-
-
-def read_saved(directory: str, saved: dict, records: torch.Tensor) -> np.ndarray:
-    """Rows of ``records`` from a save's segment files in ``directory`` (:meth:`TieredRows.save`
-    said which), without taking the files. Shape: (n,) -> (n, width)."""
-    per, width = saved["per_segment"], saved["width"]
-    seg, local = (records // per).numpy(), (records % per).numpy()
-    out = np.empty((len(records), width), dtype=np.float32)
-    for s in np.unique(seg):
-        pos = np.flatnonzero(seg == s)
-        mm = np.memmap(os.path.join(directory, saved["segments"][int(s)]), dtype=np.float32,
-                       mode="r").reshape(-1, width)
-        out[pos] = mm.take(local[pos], axis=0)
-        del mm
-    return out

@@ -6,17 +6,26 @@ Layout, under ``STATE_DIR/wal/``:
 
 - ``base.pt``: the shard's state at the log's start (a save, hard-linked when the shard saves,
   written when it loads), holding ``wal_lsn``, the number of the last push it includes;
-- ``log``: records, one per applied push, each ``magic "HWAL" | meta_len u32 | body_len u32 |
-  crc32 u32`` then the body: JSON meta (``lsn``, table, step, ``n``, ``dim``, and the request's session and
-  seq) and the raw keys
-  (int64), gradients (float32, as applied) and counts (int64).
+- ``log``: records, one per applied push, each ``magic "HWL2" | meta_len u32 | body_len u32 |
+  body crc32 u32 | head crc32 u32`` (the last: the CRC-32 of the 16 bytes before it), then the
+  body: JSON meta (``lsn``, table, step, ``n``, ``dim``, and the request's session and seq)
+  and the raw keys (int64), gradients (float32, as applied), counts (int64) and sums of
+  squares (float32, when the push carried them).
 
 A record is written with one ``write`` call on an append-only descriptor before the reply is
 sent: once written, the operating system holds it, whatever happens to the process. ``fsync``
 (the disk holds it, whatever happens to the machine) runs at most every ``fsync_s`` seconds,
-at the next append. Recovery reads the records in order and stops at the first torn one (a
-crash while writing: its push was never acknowledged); it replays those past ``wal_lsn``.
-A save truncates the log: records it includes are skipped anyway if a crash comes between.
+at the next append. A save truncates the log: records it includes are skipped anyway if a crash
+comes between.
+
+Reading (:func:`scan`) takes the records in order, each numbered one past the one before, and
+sorts what follows the last intact one: nothing (the log is whole); a write cut short (less
+than a header, a header whose record runs past the end, or zeros, with nothing intact after):
+a crash interrupted it before its push was acknowledged, and recovery removes it before the
+log takes new records; anything else (a record that does not match its checksums, one out of
+sequence, intact records after a bad one) is damage, and the pushes from there may have been
+acknowledged: the shard refuses to start, naming them, unless told to recover the prefix
+(``het serve --wal-recover-prefix``).
 
 Use: ``het serve --state-dir DIR --wal`` (``--wal-fsync-s``, default 0.05), or ``ps_wal`` in a
 training job, where the local launcher also restarts a dead shard on its address. A push is
@@ -29,21 +38,42 @@ exactly once (see :mod:`het.ps.wire.auth`).
 
 from __future__ import annotations
 
+import contextlib
 import json
+import mmap
 import os
 import struct
 import time
 import zlib
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 
-_RECORD = struct.Struct("<4sIII")
-MAGIC = b"HWAL"
+from het import files
+
+_HEAD = struct.Struct("<4sIIII")
+MAGIC = b"HWL2"
+
+
+@dataclass
+class Scan:
+    """What :func:`scan` found in a log: its intact prefix (``end`` bytes, ``records`` of them,
+    the last numbered ``last_lsn``) and, past it, ``problem`` (None: nothing), which is
+    ``torn`` when it is a write cut short and nothing intact follows."""
+
+    path: str
+    end: int = 0
+    size: int = 0
+    records: int = 0
+    last_lsn: int = 0
+    problem: str | None = None
+    torn: bool = False
 
 
 class WriteAheadLog:
-    """The append side of a shard's log (see the module).
+    """The append side of a shard's log (see the module). ``valid_bytes``: the log's intact
+    prefix (:func:`scan`); what follows is cut off before anything is appended.
 
     Example:
         >>> import tempfile
@@ -55,10 +85,13 @@ class WriteAheadLog:
         [(1, 't', [3])]
     """
 
-    def __init__(self, directory: str, fsync_s: float = 0.05, lsn: int = 0):
-        os.makedirs(directory, exist_ok=True)
+    def __init__(self, directory: str, fsync_s: float = 0.05, lsn: int = 0, valid_bytes: int | None = None):
+        files.make_directories(directory)
         self.directory, self.fsync_s, self.lsn = directory, fsync_s, lsn
-        self.fd = os.open(os.path.join(directory, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        self.fd = files.open_own(os.path.join(directory, "log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        if valid_bytes is not None and os.fstat(self.fd).st_size > valid_bytes:
+            os.ftruncate(self.fd, valid_bytes)  # new records follow the last intact one, not what was after it
+            os.fsync(self.fd)
         self._synced = time.monotonic()
         self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0}
 
@@ -75,7 +108,8 @@ class WriteAheadLog:
         body = b"".join((meta, np.ascontiguousarray(keys, "<i8").tobytes(),
                          np.ascontiguousarray(grads, "<f4").tobytes(), np.ascontiguousarray(counts, "<i8").tobytes(),
                          b"" if sq is None else np.ascontiguousarray(sq, "<f4").tobytes()))
-        record = _RECORD.pack(MAGIC, len(meta), len(body), zlib.crc32(body)) + body
+        first = struct.pack("<4sIII", MAGIC, len(meta), len(body), zlib.crc32(body))
+        record = first + struct.pack("<I", zlib.crc32(first)) + body
         written = os.write(self.fd, record)
         if written != len(record):  # a full disk: the push must not be acknowledged
             raise OSError(f"write-ahead log: wrote {written} of {len(record)} bytes")
@@ -100,31 +134,122 @@ class WriteAheadLog:
         os.close(self.fd)
 
 
-def read_log(directory: str, after: int = 0) -> Iterator[dict]:
-    """The records of ``directory/log`` past ``after``, in order, up to the first torn one:
-    ``{"lsn", "table", "step", "keys", "grads", "counts", "sq"}`` (``sq`` None when the push
-    carried none)."""
+def scan(directory: str, after: int = 0) -> Scan:
+    """The intact prefix of ``directory/log`` and what follows it (see the module). ``after``:
+    the last push the log's base holds; a log whose first record is numbered past ``after + 1``
+    misses pushes, which is damage too."""
     path = os.path.join(directory, "log")
-    if not os.path.exists(path):
-        return
-    with open(path, "rb") as f:
-        data = f.read()
-    pos = 0
-    while pos + _RECORD.size <= len(data):
-        magic, meta_len, body_len, crc = _RECORD.unpack_from(data, pos)
-        body = data[pos + _RECORD.size:pos + _RECORD.size + body_len]
-        if magic != MAGIC or len(body) != body_len or zlib.crc32(body) != crc:
-            return  # torn at a crash: never acknowledged
-        pos += _RECORD.size + body_len
-        meta = json.loads(body[:meta_len])
-        if meta["lsn"] <= after:
+    found = Scan(path)
+    with _mapped(path) as data:
+        found.size = len(data)
+        pos, last = 0, None
+        while pos < len(data):
+            got = _record_at(data, pos)
+            if isinstance(got, str):
+                found.problem = f"{path}: {got} at byte {pos}"
+                break
+            size, meta, _ = got
+            expected = after + 1 if last is None else last + 1
+            if meta["lsn"] != expected and (last is not None or meta["lsn"] > expected):
+                found.problem = (f"{path}: the record at byte {pos} holds push {meta['lsn']}, expected push "
+                                 f"{expected}{'' if last is not None else ' (the base holds those before it)'}")
+                break
+            pos, last, found.records = pos + size, meta["lsn"], found.records + 1
+        found.end, found.last_lsn = pos, last or 0
+        if found.problem is not None:
+            _describe_rest(found, data)
+    return found
+
+
+def _describe_rest(found: Scan, data) -> None:
+    """What follows the intact prefix: a write cut short with nothing intact after it (torn),
+    or damage, with the intact records after it counted (their pushes would be lost)."""
+    pos, intact, lsns = found.end, 0, (None, None)
+    at = data.find(MAGIC, pos + 1)
+    while at >= 0:
+        got = _record_at(data, at)
+        if isinstance(got, str):
+            at = data.find(MAGIC, at + 1)
             continue
-        n, dim, at = meta["n"], meta["dim"], meta_len
-        keys = np.frombuffer(body, "<i8", n, at)
-        grads = np.frombuffer(body, "<f4", n * dim, at + 8 * n).reshape(n, dim)
-        counts = np.frombuffer(body, "<i8", n, at + 8 * n + 4 * n * dim)
-        sq = None
-        if meta.get("sq_width"):
-            width = meta["sq_width"]
-            sq = np.frombuffer(body, "<f4", n * width, at + 16 * n + 4 * n * dim).reshape(n, width).copy()
-        yield {**meta, "keys": keys.copy(), "grads": grads.copy(), "counts": counts.copy(), "sq": sq}
+        lsn = got[1]["lsn"]
+        intact, lsns = intact + 1, (min(lsns[0] or lsn, lsn), max(lsns[1] or lsn, lsn))
+        at = data.find(MAGIC, at + got[0])
+    cut = "cut short" in found.problem or not np.frombuffer(data, np.uint8, offset=pos).any()
+    found.torn = cut and not intact
+    if found.torn:
+        found.problem = (f"{found.path}: a write cut short at byte {pos} ({len(data) - pos} bytes: a crash "
+                         f"interrupted it before its push was acknowledged)")
+    elif intact:
+        found.problem += f", and {intact} intact records follow (pushes {lsns[0]}..{lsns[1]})"
+    else:
+        found.problem += ", and nothing intact follows"
+
+
+def _record_at(data, pos: int):
+    """``(size, meta, meta_len)`` of the intact record at ``pos``, or why there is none, in words."""
+    if len(data) - pos < _HEAD.size:
+        return f"a header cut short ({len(data) - pos} of {_HEAD.size} bytes)"
+    magic, meta_len, body_len, body_crc, head_crc = _HEAD.unpack_from(data, pos)
+    if magic == b"HWAL":
+        return "a record of an earlier het's log (recover it with that version, then save)"
+    if magic != MAGIC or zlib.crc32(data[pos:pos + 16]) != head_crc:
+        return "a record header that does not match its checksum"
+    end = pos + _HEAD.size + body_len
+    if end > len(data):
+        return f"a record cut short ({len(data) - pos} of {_HEAD.size + body_len} bytes)"
+    body = data[pos + _HEAD.size:end]
+    if zlib.crc32(body) != body_crc or meta_len > body_len:
+        return "a record that does not match its checksum"
+    try:
+        meta = json.loads(body[:meta_len])
+    except ValueError:
+        return "a record whose meta is not JSON"
+    return _HEAD.size + body_len, meta, meta_len
+
+
+def read_log(directory: str, after: int = 0, end: int | None = None) -> Iterator[dict]:
+    """The records of ``directory/log`` past ``after``, in order, up to byte ``end`` (None: up
+    to the first one that is not intact): ``{"lsn", "table", "step", "keys", "grads",
+    "counts", "sq"}`` (``sq`` None when the push carried none)."""
+    path = os.path.join(directory, "log")
+    with _mapped(path) as data:
+        pos, stop = 0, len(data) if end is None else end
+        while pos < stop:
+            got = _record_at(data, pos)
+            if isinstance(got, str):
+                return
+            size, meta, meta_len = got
+            if meta["lsn"] > after:
+                yield _arrays(meta, data, pos + _HEAD.size + meta_len)
+            pos += size
+
+
+def _arrays(meta: dict, data, at: int) -> dict:
+    """A record with its arrays (copies), which start at byte ``at``."""
+    n, dim = meta["n"], meta["dim"]
+    keys = np.frombuffer(data, "<i8", n, at).copy()
+    grads = np.frombuffer(data, "<f4", n * dim, at + 8 * n).reshape(n, dim).copy()
+    counts = np.frombuffer(data, "<i8", n, at + 8 * n + 4 * n * dim).copy()
+    sq = None
+    if meta.get("sq_width"):
+        width = meta["sq_width"]
+        sq = np.frombuffer(data, "<f4", n * width, at + 16 * n + 4 * n * dim).reshape(n, width).copy()
+    return {**meta, "keys": keys, "grads": grads, "counts": counts, "sq": sq}
+
+
+@contextlib.contextmanager
+def _mapped(path: str):
+    """The bytes of the file at ``path``, mapped read-only (empty when there is none)."""
+    try:
+        fd = files.open_own(path, os.O_RDONLY)
+    except FileNotFoundError:
+        yield b""
+        return
+    try:
+        if os.fstat(fd).st_size == 0:
+            yield b""
+            return
+        with mmap.mmap(fd, 0, prot=mmap.PROT_READ) as data:
+            yield data
+    finally:
+        os.close(fd)

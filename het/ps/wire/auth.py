@@ -32,7 +32,10 @@ Secrecy is opt-in: with ``het serve --encrypt`` (``het train --ps-encrypt``) eve
 under ZeroMQ's CURVE. The shards' key pair derives from the shared secret (:func:`curve_keys`),
 so no other key needs handing out; clients use ephemeral key pairs.
 
-Not covered: a replayed reply (a reply is bound only to its request id).
+A reply names its request's id, under the MAC; a client's ids start at a random number per
+session and it takes only the reply to a request it is waiting on
+(:class:`het.ps.wire.connection.Connection`), so a reply recorded from another session or an
+earlier run is dropped, not believed.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ before a request leaves: :mod:`het.ps.wire.requests`.)
 from __future__ import annotations
 
 import secrets
+import warnings
 
 import numpy as np
 import torch
@@ -20,6 +21,13 @@ from het.ps.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_sq
 from het.ps.wire.integers import WIRE_INTS, undelta_keys
 from het.ps.wire.protocol import PUSH_DTYPES, AuthError, Message, Op, ProtocolError, StaleError
 from het.staleness import bound_from_wire
+
+# A request's arrays are views of the frames ZeroMQ received (flagged read-only), made tensors
+# here without a copy. The buffers are the request's own: nothing else reads them once it is
+# handled (a push's gradients may be scaled in place there, after the log has its copy), so
+# torch's warning that they are not writable says nothing in the shard.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning,
+                        module=r"het\.ps\.")
 
 
 class Freshness:
@@ -146,6 +154,23 @@ def session(meta: dict) -> tuple[str, int] | None:
     return name, _int(meta, "seq", lo=1)
 
 
+MAX_PARTS = 1 << 20  # parts of one push at most
+
+
+def part(meta: dict) -> tuple[int, int] | None:
+    """Which part of a push in parts a request carries (:mod:`het.ps.parts`): ``(part, parts)``
+    with ``1 <= part <= parts``, or None for a push whole.
+
+    Example:
+        >>> part({"part": 2, "parts": 3}), part({})
+        ((2, 3), None)
+    """
+    if "part" not in meta and "parts" not in meta:
+        return None
+    n = _int(meta, "parts", lo=1, hi=MAX_PARTS)
+    return _int(meta, "part", lo=1, hi=n), n
+
+
 def deltas(meta: dict) -> dict[int, int]:
     """Which of a request's key arrays travel delta-coded, with their first keys
     (:func:`het.ps.wire.integers.delta_keys`): ``meta["deltas"]`` maps an array's position, as text,
@@ -178,6 +203,7 @@ def every_field(meta: dict) -> None:
     if "bound" in meta:
         bound_from_wire(meta["bound"])
     session(meta)
+    part(meta)
 
 
 

@@ -3,9 +3,13 @@
 Each request is fresh (it names its shard's nonce, this client's session and a sequence number
 that grows with every request to that shard: how a shard refuses stale and replayed requests
 and applies a re-sent push once, see :mod:`het.ps.wire.auth`) and, with a secret, signed. A
-reply that comes before its wait is kept until then. With ``reconnect_s`` a shard that stops
-answering is probed, and one that answers as a new process (restarted on its write-ahead log)
-gets again every request it had not answered.
+reply is bound to its session: request ids start at a random number per session (a reply
+names its request's id, under the MAC), and only a reply to a request sent and not yet
+answered is taken; any other (another session's, an earlier run's, one answered already) is
+dropped and counted (``stray_replies``). A reply that comes before its wait is kept until then.
+With ``reconnect_s`` a shard that stops answering is probed, and one that answers as a new
+process (restarted on its write-ahead log) gets again every request it had not answered, and
+every part of a push in parts it had not applied whole.
 """
 
 from __future__ import annotations
@@ -51,7 +55,9 @@ class Connection:
         self.secret = check_secret(secret)
         self.reconnect_s = reconnect_s
         self.bytes = {"sent": 0, "received": 0}  # every frame of the requests sent and replies taken
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(secrets.randbits(62) + 1)  # no other session's reply names one of these
+        self._waiting = [set() for _ in self.channels]  # ids sent, not answered yet
+        self.stray_replies = 0
         self._inflight = [dict() for _ in self.channels]  # request id -> (op, meta, arrays) unanswered
         self._early = [dict() for _ in self.channels]  # replies that came before their wait
         self.session = secrets.token_hex(16)
@@ -81,6 +87,7 @@ class Connection:
         """Send request ``rid`` as it is, naming the shard's nonce."""
         frames = encode(Message(op, rid, dict(meta, nonce=self.nonces[shard]), arrays), self.secret)
         self.bytes["sent"] += frame_bytes(frames)
+        self._waiting[shard].add(rid)
         self.channels[shard].send(frames)
 
     def broadcast(self, op: Op, meta=lambda i: {}, timeout_s: float | None | str = "default") -> list[Message]:
@@ -90,12 +97,15 @@ class Connection:
         for i, ch in enumerate(self.channels):
             rid = self.next_id()
             fresh = {"nonce": self.nonces[i], **self.fresh(i)} if op is not Op.INFO else {}
+            self._waiting[i].add(rid)
             ch.send(encode(Message(op, rid, {**meta(i), **fresh}), self.secret))
             rids.append(rid)
         return [self.reply(i, rid, timeout_s) for i, rid in enumerate(rids)]
 
     def reply(self, shard: int, rid: int, timeout_s: float | None | str = "default") -> Message:
-        """The reply to request ``rid`` of ``shard``, waited for; PSError if the shard refused it."""
+        """The reply to request ``rid`` of ``shard``, waited for; PSError if the shard refused it.
+        A part of a push the shard holds (``staged``) stays to be sent again, should the shard
+        restart, until :meth:`done`."""
         early = self._early[shard]
         timeout_s = self.timeout_s if timeout_s == "default" else timeout_s
         while True:
@@ -113,11 +123,19 @@ class Connection:
             if not (msg.status == ERROR and msg.meta.get("kind") == "StaleError" and rid in self._inflight[shard]):
                 break
             self._probe(shard)  # it reached a restarted shard: learn its nonce, send again
-        self._inflight[shard].pop(rid, None)
+        if not msg.meta.get("staged"):
+            self._inflight[shard].pop(rid, None)
         if msg.status == ERROR:
             raise PSError(f"PS shard {shard} ({self.channels[shard].address}) refused {msg.op.name}: "
                           f"{msg.meta.get('kind', 'Error')}: {msg.meta.get('error')}")
         return msg
+
+    def done(self, requests) -> None:
+        """Forget ``requests`` (``(shard, id)`` pairs), answered or given up: none is sent again."""
+        for shard, rid in requests:
+            self._inflight[shard].pop(rid, None)
+            self._early[shard].pop(rid, None)
+            self._waiting[shard].discard(rid)
 
     def stop_waiting(self, grace_s: float = 1.0) -> None:
         """Stop waiting for silent shards: from now on a wait raises :class:`WaitAbandoned` once
@@ -131,12 +149,15 @@ class Connection:
         for c in self.channels:
             c.close()
 
-    def _take(self, shard: int, frames) -> Message:
-        """A reply off the wire, kept until its wait."""
+    def _take(self, shard: int, frames) -> None:
+        """A reply off the wire, kept until its wait when it answers a request waiting for one."""
         self.bytes["received"] += frame_bytes(frames)
         msg = self._decode(shard, frames)
+        if msg.request_id not in self._waiting[shard]:
+            self.stray_replies += 1
+            return
+        self._waiting[shard].discard(msg.request_id)
         self._early[shard][msg.request_id] = msg
-        return msg
 
     def _probe(self, shard: int) -> None:
         """``shard`` has not answered for a while: ask who it is. The same process: wait on.
@@ -146,6 +167,7 @@ class Connection:
         deadline = time.monotonic() + self.reconnect_s
         while True:
             rid = self.next_id()
+            self._waiting[shard].add(rid)
             self.channels[shard].send(encode(Message(Op.INFO, rid), self.secret))
             try:
                 while rid not in self._early[shard]:

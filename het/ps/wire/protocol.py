@@ -113,6 +113,7 @@ GRAD_BYTES = {"f32": 4, "bf16": 2}
 
 
 MAX_ARRAYS = 16
+MAX_FRAMES = MAX_ARRAYS + 2  # a message's frames at most: the header, its arrays, the MAC
 SIGNED = 0x01  # header flag: the last frame is the MAC
 
 
@@ -142,6 +143,16 @@ class VersionError(ProtocolError):
 
 class AuthError(ProtocolError):
     """A message that is not signed with the shared secret this side holds."""
+
+
+class MessageTooLarge(ProtocolError):
+    """A message past the limits of one (:data:`MAX_FRAMES`, a shard's ``max_message_bytes``),
+    refused unread. ``peer`` and ``first`` (its first frame, for the request id): who sent it,
+    where a transport refuses it before a shard sees it."""
+
+    def __init__(self, text: str, peer=None, first=b""):
+        super().__init__(text)
+        self.peer, self.first = peer, first
 
 
 class StaleError(ProtocolError):
@@ -191,6 +202,27 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     if secret is not None:
         frames.append(auth.mac(secret, frames))
     return frames
+
+
+def check_size(frames, max_bytes: int | None) -> None:
+    """MessageTooLarge unless ``frames`` are at most :data:`MAX_FRAMES` frames of at most
+    ``max_bytes`` bytes together (None: any number), checked before any is read.
+
+    Example:
+        >>> check_size([b"x"] * 40, None)
+        Traceback (most recent call last):
+        ...
+        het.ps.wire.protocol.MessageTooLarge: a message of 40 frames and 40 bytes: a request holds at most 18 frames; refused unread
+    """
+    n, size = len(frames), frame_bytes(frames)
+    if n > MAX_FRAMES or (max_bytes is not None and size > max_bytes):
+        raise MessageTooLarge(too_large(n, size, max_bytes))
+
+
+def too_large(frames: int, size: int, max_bytes: int | None) -> str:
+    """The refusal of a message of ``frames`` frames and ``size`` bytes, in words."""
+    limit = "" if max_bytes is None else f" and {max_bytes} bytes"
+    return f"a message of {frames} frames and {size} bytes: a request holds at most {MAX_FRAMES} frames{limit}; refused unread"
 
 
 def frame_bytes(frames) -> int:

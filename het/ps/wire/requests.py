@@ -10,6 +10,7 @@ A fixed table's keys lie in ``[0, rows)`` and go to shard ``key % S``; a dynamic
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from het.config import TableConfig
@@ -62,7 +63,7 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
         raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
                          f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
     check_finite(grads, "grads", table.name)
-    counts = torch.as_tensor(counts, dtype=torch.int64, device=keys.device).reshape(-1)
+    counts = integers(counts, "counts", keys.device)
     if counts.shape != (n,):
         raise ValueError(f"counts must have shape ({n},), got {tuple(counts.shape)}")
     if grad_dtype == "bf16":  # rounded to nearest even; int16 bits on the wire
@@ -104,10 +105,28 @@ def push_arrays(wire, grads, counts, sq, at) -> list:
     return [wire[at], grads[at], counts[at], *([] if sq is None else [squares_to_send(sq[at], counts[at])])]
 
 
+def integers(values, what: str, device) -> torch.Tensor:
+    """``values`` (a tensor, an array or a list of integers) as a flat int64 tensor on ``device``;
+    TypeError for anything but integers (1.5 is not a count, and is not taken as 1).
+
+    Example:
+        >>> integers([1, 2], "counts", "cpu").tolist()
+        [1, 2]
+        >>> integers(torch.tensor([1.5]), "counts", "cpu")
+        Traceback (most recent call last):
+        ...
+        TypeError: counts must be integers, got torch.float32
+    """
+    values = values if isinstance(values, torch.Tensor) else torch.as_tensor(np.asarray(values))
+    if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+        raise TypeError(f"{what} must be integers, got {values.dtype}")
+    return values.to(device=device, dtype=torch.int64).reshape(-1)
+
+
 def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
     """A sync's clocks, one per key, in the narrowest integers that hold them (uint8 while every
     one is in [0, 255], int16 with a miss's -1 or below 32,768)."""
-    clocks = torch.as_tensor(clocks, dtype=torch.int64, device=keys.device).reshape(-1)
+    clocks = integers(clocks, "clocks", keys.device)
     if clocks.shape != keys.shape:
         raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
     return narrow(clocks)

@@ -29,6 +29,8 @@ import time
 
 import zmq
 
+from het.ps.wire.protocol import MAX_FRAMES, MessageTooLarge, too_large
+
 LATENCY_ENV = "HET_PS_LATENCY_MS"
 
 
@@ -158,10 +160,14 @@ class DelayedChannel:
 class ZmqEndpoint:
     """A shard's listening socket (ROUTER). ``address`` is the bound address. With
     ``max_frame_bytes``, ZeroMQ drops the connection of a peer that sends a larger frame while
-    it arrives, before the frame is held in memory whole (``ZMQ_MAXMSGSIZE``)."""
+    it arrives, before the frame is held in memory whole (``ZMQ_MAXMSGSIZE``). A message of more
+    than :data:`~het.ps.wire.protocol.MAX_FRAMES` frames, or (``max_message_bytes``) of more
+    bytes, is let go frame by frame as it is read, none kept past the limit, and refused
+    (:meth:`recv`). ZeroMQ hands a message over only whole: until then it holds its frames."""
 
     def __init__(self, context: zmq.Context, address: str, max_frame_bytes: int | None = None,
-                 curve_secret: bytes | None = None):
+                 curve_secret: bytes | None = None, max_message_bytes: int | None = None):
+        self.max_message_bytes = max_message_bytes
         self.socket = context.socket(zmq.ROUTER)
         self.socket.setsockopt(zmq.LINGER, 1000)
         if curve_secret is not None:  # every frame encrypted, and only CURVE clients let in
@@ -178,9 +184,21 @@ class ZmqEndpoint:
         self.address = address
 
     def recv(self, timeout_s: float | None = None):
+        """The next request, ``(peer, frames)``, or None after ``timeout_s``; MessageTooLarge
+        (naming its peer and first frame) for one past the limits, read to its end and let go."""
         if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
             return None
-        peer, *frames = self.socket.recv_multipart(copy=False)
+        peer = self.socket.recv(copy=False)
+        frames, count, size, more = [], 0, 0, peer.more
+        while more:
+            frame = self.socket.recv(copy=False)
+            count, size, more = count + 1, size + len(frame), frame.more
+            if count <= MAX_FRAMES and (self.max_message_bytes is None or size <= self.max_message_bytes):
+                frames.append(frame)
+            elif len(frames) > 1:
+                del frames[1:]  # past the limits: only the first frame (its request id) is kept
+        if count > MAX_FRAMES or (self.max_message_bytes is not None and size > self.max_message_bytes):
+            raise MessageTooLarge(too_large(count, size, self.max_message_bytes), peer, frames[0] if frames else b"")
         return peer, frames
 
     def send(self, peer, frames) -> None:
@@ -217,9 +235,10 @@ class ZmqTransport:
         self.latency_ms = None if latency_ms is None else check_latency(latency_ms, "latency_ms")
         self.curve_keys = curve_keys  # (public, secret) of the shards' CURVE key pair: encrypt every frame
 
-    def bind(self, address: str, max_frame_bytes: int | None = None) -> ZmqEndpoint:
+    def bind(self, address: str, max_frame_bytes: int | None = None,
+             max_message_bytes: int | None = None) -> ZmqEndpoint:
         secret = self.curve_keys[1] if self.curve_keys else None
-        return ZmqEndpoint(self.context, address, max_frame_bytes, secret)
+        return ZmqEndpoint(self.context, address, max_frame_bytes, secret, max_message_bytes)
 
     def connect(self, address: str) -> ZmqChannel | DelayedChannel:
         latency_ms = latency_from_env() if self.latency_ms is None else self.latency_ms  # read here: servers never
