@@ -305,8 +305,8 @@ def render_scale(record: dict, img: str | None = None) -> str:
         lines += [""] + (_generic(check) if isinstance(check[0], dict) else [f"- {c}" for c in check])
     lines += _projection(result.get("projected", []))
     model = result.get("model", {})
-    if model.get("formula"):
-        lines += ["", "Model:", "", "```", model["formula"], "```"]
+    if model.get("formula"):  # its derivation is the bench's docstring, and model.formula in the JSON
+        lines += ["", "Model: the projection `het/bench/scale.py` documents (`model.formula` in the JSON)."]
     if model.get("assumptions"):
         lines += ["", "Assumptions: " + "; ".join(model["assumptions"]) + "."]
     lines += ["", ("Paper (Fig. 9): HET scales to 32 workers and embedding dim 4096; at dim 4096 TF-PS is 22.8x and "

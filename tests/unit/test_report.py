@@ -107,7 +107,7 @@ def test_render_has_one_table_per_figure_with_command_machine_and_paper(records)
     assert "0.7964" in md and "0.7461" in md                    # the paper's WDL row beside Table 2
     assert "| 10% | 84,054 | 0.270 | 0.250 | 0.240 | 0.200 | 0.130 | 0.35 / 0.28 | 0.14 / 0.12 |" in md
     assert "LFU + lookahead 4" in md and "![Fig. 8](img/fig8_missrate.png)" in md
-    assert "t(W) = t_c + o_ps + wire_ps(W)" in md and "(quick run)" in md
+    assert "the projection `het/bench/scale.py` documents" in md and "(quick run)" in md
     assert "22.8x" in md                                        # the paper's Fig. 9 beside
 
 
