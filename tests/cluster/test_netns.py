@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from het.bench import netns as netns_module
 from het.bench.netns import (EmulatedNetwork, NetworkEmulationUnavailable, cleanup_stale, measure_bandwidth,
                             parse_rate, unavailable_reason)
 
@@ -93,14 +92,16 @@ def test_setup_and_teardown_leave_nothing_even_after_an_exception(netns):
 
 
 def test_a_failed_setup_removes_what_it_made(netns, monkeypatch):
-    real_run = netns_module._run
+    from het.bench import namespaces
+
+    real_run = namespaces.run
 
     def run_but_tc_fails(argv, check=True):
         if argv[0] == "tc":  # after the switch and the first host's namespace and link were made
             raise NetworkEmulationUnavailable("tc refused (in this test)")
         return real_run(argv, check)
 
-    monkeypatch.setattr(netns_module, "_run", run_but_tc_fails)
+    monkeypatch.setattr(namespaces, "run", run_but_tc_fails)
     net = EmulatedNetwork(["a", "b"], bandwidth="1gbit")
     with pytest.raises(NetworkEmulationUnavailable, match="in this test"):
         with net:

@@ -13,9 +13,8 @@ ROOT = pathlib.Path(het.__file__).parent
 MAX_FILE_LINES = 400
 MAX_FUNCTION_LINES = 59
 
-# Files over the budget, each with who splits it.
-KNOWN_LONG_FILES = {
-}
+# Files over the budget, each with who splits it (none today).
+KNOWN_LONG_FILES: set[str] = set()
 
 
 def lines(path: pathlib.Path) -> int:
