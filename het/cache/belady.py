@@ -64,9 +64,11 @@ def future_uses(steps: list[torch.Tensor], depth: int = DEPTH) -> list[list[tupl
     return [rows[bounds[t]:bounds[t + 1]] for t in range(len(steps))]
 
 
-def belady_miss_rate(steps: list[torch.Tensor], capacity: int) -> float:
+def belady_miss_rate(steps: list[torch.Tensor], capacity: int, depth: int = DEPTH) -> float:
     """Misses / lookups of the optimal offline cache of ``capacity`` keys over ``steps`` (each a
-    tensor of one step's unique keys).
+    tensor of one step's unique keys), comparing keys by their next ``depth`` uses. ``depth=1`` is
+    the furthest-next-use rule alone: what the cache's lookahead runs when its window covers the
+    whole trace.
 
     Example:
         >>> belady_miss_rate([torch.tensor([1, 2]), torch.tensor([3]), torch.tensor([1])], capacity=1)
@@ -75,7 +77,7 @@ def belady_miss_rate(steps: list[torch.Tensor], capacity: int) -> float:
     cached: dict[int, tuple] = {}   # key -> its next uses
     heap: list[tuple[tuple, int]] = []  # (next uses negated, key); stale entries skipped
     misses = lookups = 0
-    for keys, uses in zip(steps, future_uses(steps)):
+    for keys, uses in zip(steps, future_uses(steps, depth)):
         keys = keys.tolist()
         lookups += len(keys)
         missed = [(k, u) for k, u in zip(keys, uses) if k not in cached]
