@@ -56,6 +56,9 @@ def add_parser(sub) -> None:
                    help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
                         "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
                         "I/O threads need)")
+    s.add_argument("--metrics-port", type=int, default=None, metavar="P", help="serve Prometheus' text format at "
+                   "http://HOST:P/metrics, HOST the one --bind names (0: any free port; the address is printed): "
+                   "requests by op, latency, refusals by reason, rows, memory, disk, log bytes, sessions")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     groups = {"shard": s.add_argument_group("the shard"),
               "table": s.add_argument_group("every --table (the dynamic ones' settings apply to dynamic tables)")}
@@ -111,7 +114,7 @@ def cmd_serve(args) -> None:
     if args.wal and not args.state_dir:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,
-                   args.encrypt, args.wal_recover_prefix)
+                   args.encrypt, args.wal_recover_prefix, args.metrics_port)
 
 
 def _table(text: str) -> tuple[str, int | None, int]:

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import zmq
 
@@ -28,16 +29,21 @@ from het.process import die_with_parent
 from het.ps.store import saves
 from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret, curve_keys
 from het.ps.wire.protocol import MessageTooLarge, error_reply, encode, peek_request_id
+from het.ps.metrics import ShardMetrics
 from het.ps.shard import Shard
 from het.ps.wire.transport import ZmqTransport
 
 log = logging.getLogger("het.ps")
 
 
-def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1) -> None:
+def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1,
+          metrics: ShardMetrics | None = None) -> None:
     """Answer requests until a STOP request or ``should_stop()``. A request that breaks the
-    handler gets an error reply; the loop goes on."""
+    handler gets an error reply; the loop goes on. With ``metrics``, each answer's time is
+    observed and the shard's STATS handed over as they come due."""
     while not shard.stopping and not should_stop():
+        if metrics is not None:
+            metrics.refresh(shard.stats_dict)
         # rows a sync named come off disk only while no request waits (Shard.page_in)
         try:
             got = endpoint.recv(0 if shard.page_in_pending else poll_s)
@@ -54,6 +60,7 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
                     shard.stats["errors"] += 1
             continue
         peer, frames = got
+        start = time.perf_counter()
         try:
             reply = shard.handle_frames(frames)
         except Exception as e:  # a bug must not take the shard down with the rows it holds
@@ -61,18 +68,21 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
             shard.stats["errors"] += 1
             reply = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
         endpoint.send(peer, reply)
+        if metrics is not None:
+            metrics.observe(shard.last_op, time.perf_counter() - start)
 
 
 def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, state_dir: str | None = None,
                    wal: bool = False, fsync_s: float = 0.05, encrypt: bool = False,
-                   wal_recover_prefix: bool = False) -> None:
+                   wal_recover_prefix: bool = False, metrics_port: int | None = None) -> None:
     """``het serve``: bind, print the address on one line, serve until STOP, SIGINT or SIGTERM.
     Only requests signed with ``secret`` are served when one is given; SAVE and LOAD name files
     in ``state_dir`` (created if missing; the shard holds it alone), and are refused without
     one; with ``wal``, every push is logged there before it is acknowledged, and the shard
     recovers from the log at start (``wal_recover_prefix``: up to damage, dropping what follows,
     instead of refusing to start); with ``encrypt``, every frame travels under ZeroMQ's CURVE,
-    keyed by ``secret``."""
+    keyed by ``secret``; with ``metrics_port``, Prometheus' text at ``/metrics`` on that port of
+    the bound host (0: a free one; the address is printed)."""
     check_bind(bind, secret)
     keys = _curve(secret, encrypt)
     shard = Shard(cfg, secret, state_dir, wal=wal, fsync_s=fsync_s, wal_recover_prefix=wal_recover_prefix)
@@ -91,13 +101,21 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
         print("het serve: serving only requests signed with the shared secret"
               + (", encrypted (CURVE)" if keys else ""), flush=True)
+    metrics = None
+    if metrics_port is not None:
+        metrics = ShardMetrics()
+        host = endpoint.address.removeprefix("tcp://").rpartition(":")[0].replace("*", "0.0.0.0")
+        port = metrics.serve(host, metrics_port)
+        print(f"het serve: metrics at http://{host}:{port}/metrics", flush=True)
     for note in shard.state.notes:
         print(f"het serve: {note}", flush=True)
     if shard.stats.get("wal_replayed"):
         print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)
     try:
-        serve(shard, endpoint, stop.is_set)
+        serve(shard, endpoint, stop.is_set, metrics=metrics)
     finally:
+        if metrics is not None:
+            metrics.close()
         endpoint.close()
         shard.close()
     print(f"het serve: shard {cfg.index} stopped", flush=True)
@@ -183,35 +201,46 @@ class ServerProcess:
     environment (``HET_SECRET``), not on its command line, where ``ps`` would show it; without
     one, the child does not inherit this process's ``HET_SECRET`` either. ``state_dir`` is the
     shard's state directory (default: a temporary one, removed at stop); ``wal`` gives the shard
-    a write-ahead log there (``wal_recover_prefix``: ``het serve --wal-recover-prefix``).
+    a write-ahead log there (``wal_recover_prefix``: ``het serve --wal-recover-prefix``);
+    ``metrics_port`` serves its Prometheus metrics (``het serve --metrics-port``) at
+    ``metrics_url``.
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
                  new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
-                 wal: bool = False, encrypt: bool = False, wal_recover_prefix: bool = False):
+                 wal: bool = False, encrypt: bool = False, wal_recover_prefix: bool = False,
+                 metrics_port: int | None = None):
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
         self.state_dir = saves.temporary() if state_dir is None else state_dir
         cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
                "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else []),
-               *(["--wal-recover-prefix"] if wal_recover_prefix else [])]
+               *(["--wal-recover-prefix"] if wal_recover_prefix else []),
+               *(["--metrics-port", str(metrics_port)] if metrics_port is not None else [])]
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
                                      text=True, env=dict(_child_env(secret), **(env or {})),
                                      start_new_session=new_session, preexec_fn=die_with_parent)
-        self.address = self._read_address(start_timeout_s)
+        self.metrics_url = None
+        self.address = self._read_address(start_timeout_s, metrics_port is not None)
 
-    def _read_address(self, timeout_s: float) -> str:
+    def _read_address(self, timeout_s: float, metrics: bool) -> str:
         timer = threading.Timer(timeout_s, self.proc.kill)
         timer.start()
         try:
             line = self.proc.stdout.readline()
+            while metrics and self.metrics_url is None:  # its line follows the address's
+                said = self.proc.stdout.readline()
+                if not said:
+                    break
+                if said.startswith("het serve: metrics at "):
+                    self.metrics_url = said.rsplit(" ", 1)[1].strip()
         finally:
             timer.cancel()
-        if " listening on " not in line:
+        if " listening on " not in line or (metrics and self.metrics_url is None):
             self.stop()
             raise RuntimeError(f"PS shard did not start (exit code {self.proc.poll()}); "
                                f"log: {self.log_path or 'not kept'}")

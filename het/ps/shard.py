@@ -74,6 +74,7 @@ class Shard:
         self.secret = check_secret(secret)
         self._page_in: list = []  # (table, rows) a sync named: brought into DRAM after its reply
         self.stats = Counter(unauthenticated=0, replays=0)
+        self.last_op = "none"  # the op of the request answered last (its latency's label)
         self.started = time.time()
         self.stopping = False
         self.freshness = checks.Freshness(self.secret)
@@ -131,6 +132,7 @@ class Shard:
         reply (its sender may not hold the secret); the replies to the others are signed.
         """
         start = time.perf_counter()
+        self.last_op = "undecoded"
         self.stats["bytes_in"] += frame_bytes(frames)
         try:
             check_size(frames, self.cfg.max_message_bytes)  # before anything is read or allocated
@@ -152,7 +154,8 @@ class Shard:
     def handle(self, msg: Message) -> Message:
         """Answer one decoded request; errors become error replies. Every field of the request
         is parsed and checked before anything changes."""
-        self.stats[f"requests_{msg.op.name.lower()}"] += 1
+        self.last_op = msg.op.name.lower()
+        self.stats[f"requests_{self.last_op}"] += 1
         try:
             checks.every_field(msg.meta)
             meta, arrays = self._handlers[msg.op](msg.meta, msg.arrays)
@@ -388,7 +391,8 @@ class Shard:
         return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
                     uptime_s=time.time() - self.started, index=self.cfg.index, process_cpu_s=time.process_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
-                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes())
+                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
+                    sessions=len(self.freshness.sessions.keys() | self._applied.keys()))
 
 
 def _sent(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:
