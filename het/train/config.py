@@ -206,6 +206,9 @@ class TrainConfig:
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
                                "the shared secret (a local cluster makes one)")
+    tensorboard_dir: str | None = setting(None, "write TensorBoard scalars here while training (a local cluster: "
+                                          "RUN_DIR/tensorboard unless set)")
+    tensorboard_every: int = setting(10, "steps between TensorBoard points (0: no TensorBoard)")
     ps_stats_every: float = setting(10.0, "rank 0 asks the shards for their STATS every N seconds: the summary's "
                                     "timeline of rows, disk and RSS (0: never)")
     max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "

@@ -26,6 +26,8 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     cfg = with_restart_checkpoints(cfg, log_dir)
+    if cfg.tensorboard_every and not cfg.tensorboard_dir:
+        cfg = dataclasses.replace(cfg, tensorboard_dir=os.path.join(log_dir, "tensorboard"))
     check_job(cfg)
     if cfg.checkpoint:  # what interrupted saves of an earlier job left beside it
         checkpoint.remove_stale(cfg.checkpoint)

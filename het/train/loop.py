@@ -26,6 +26,7 @@ from het.ps.client import PSClient
 from het.staleness import format_staleness
 from het.train import checkpoint
 from het.train.config import TrainConfig
+from het.train.board import Board
 from het.train.exports import Outputs
 from het.train.tasks import EMBEDDING_TABLE, make_task
 from het.train.timeline import Timeline, disk_postfix
@@ -65,6 +66,7 @@ class Worker:
         self.upcoming.follow(lambda step: self.task.batch(step, rank, world, self.device), self.task.keys,
                              ahead=self.lookahead, early=self.prefetch)
         self.step_count = 0
+        self.last_loss = math.nan
         self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
         self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
@@ -91,7 +93,8 @@ class Worker:
             self.embedding.push_due()
             barrier(self.world)
         self.step_count += 1
-        return float(loss.detach())
+        self.last_loss = float(loss.detach())
+        return self.last_loss
 
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
         bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
@@ -243,15 +246,18 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     # with write-ahead logs a shard that dies is started again in place: wait for it, re-send
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret, lazy_init=cfg.lazy_init,
                               reconnect_s=120.0 if cfg.ps_wal else 0.0, encrypt=cfg.ps_encrypt)
+    board = None
     try:
         worker = Worker(cfg, client, rank, world, device)
         start = 0
         if cfg.resume:
             start = checkpoint.restore(worker, cfg.resume)
         selector = _Selector(worker, cfg.graph.eval_every)
-        curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples)
+        board = Board(worker, cfg.tensorboard_dir, cfg.tensorboard_every)
+        curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples,
+                       board.evaluation)
         outputs = Outputs(worker, cfg)  # exports and publications while it trains
-        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve) if h]
+        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve, board) if h]
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         if worker.stop:
@@ -262,6 +268,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         written = outputs.finish(start + steps)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
+        board.evaluation(start + steps, metrics)
+        board.close()
         summary = None
         if rank == 0:
             if cfg.checkpoint:  # a checkpoint of the last step holds the model just evaluated
@@ -283,7 +291,9 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         return summary
     finally:
         client.close()
-        worker = selector = curve = hooks = outputs = None  # DDP's reducer goes before the process group it uses
+        if board is not None:
+            board.close()
+        worker = selector = curve = hooks = outputs = board = None  # DDP's reducer goes before the process group it uses
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -323,8 +333,8 @@ class _Curve:
     together: how a metric moves with the steps, e.g. the gap between staleness bounds. The
     last point is the final evaluation, after the flush."""
 
-    def __init__(self, worker: Worker, every: int, samples: int):
-        self.worker, self.every, self.samples = worker, every, samples
+    def __init__(self, worker: Worker, every: int, samples: int, on_point=lambda step, metrics: None):
+        self.worker, self.every, self.samples, self.on_point = worker, every, samples, on_point
         self.points: list[dict] = []
 
     def __bool__(self) -> bool:
@@ -332,7 +342,9 @@ class _Curve:
 
     def __call__(self, step: int) -> None:
         if step % self.every == 0 and step < self.worker.cfg.steps:  # the end is evaluated anyway
-            self.points.append({"step": step, **self.worker.evaluate(self.samples)})
+            metrics = self.worker.evaluate(self.samples)
+            self.points.append({"step": step, **metrics})
+            self.on_point(step, metrics)
 
 
 @contextlib.contextmanager

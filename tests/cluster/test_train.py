@@ -33,7 +33,7 @@ def test_local_cluster_trains_wide_and_deep_and_reports_the_summary(tmp_path):
     assert set(s["bytes"]) == {"sparse_pull", "sparse_push", "sync", "dense"} and all(s["bytes"].values())
     assert abs(sum(s["time_split"].values()) - 1) < 1e-6
     assert sorted(os.listdir(tmp_path)) == ["pids.json", "ps-0", "ps-1", "server-0.log", "server-1.log",
-                                            "summary.json", "worker-0.log", "worker-1.log"]  # ps-<i>: state dirs
+                                            "summary.json", "tensorboard", "worker-0.log", "worker-1.log"]  # ps-<i>: state dirs
     assert not any(alive(pid) for pid in json.load(open(tmp_path / "pids.json")).values())
 
 
