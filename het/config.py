@@ -284,6 +284,8 @@ class ShardConfig:
     memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
     page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
                             "after its reply", aliases=("--prefetch",))
+    session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
+                                    "dedup entries); a forgotten one's requests are refused")
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)

@@ -58,17 +58,20 @@ class LocalCluster:
 
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
                  secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
-                 encrypt: bool = False, on_failure=None, shard_options: dict | None = None):
+                 encrypt: bool = False, on_failure=None, shard_options: dict | None = None,
+                 metrics_port: int | None = None):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
         directories (``LOG_DIR/ps-<i>``). ``on_failure``: called with the :class:`ClusterError`
         as soon as a process's death is seen, before the teardown (which waits for the others).
-        ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...)."""
+        ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...).
+        ``metrics_port``: shard ``i`` serves its Prometheus metrics on port ``metrics_port + i``
+        (0: free ports), kept when it is restarted; their addresses are printed."""
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
         self.encrypt, self.shard_options = encrypt, dict(shard_options or {})
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
-        self.network, self.on_failure = network, on_failure
+        self.network, self.on_failure, self.metrics_port = network, on_failure, metrics_port
         self.shard_restarts = 0
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
@@ -88,7 +91,10 @@ class LocalCluster:
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
                                                   popen=self._popen(host),
                                                   state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal,
-                                                  encrypt=self.encrypt))
+                                                  encrypt=self.encrypt, metrics_port=self._metrics_port(i)))
+                if self.servers[-1].metrics_url:
+                    print(f"het train: PS shard {i}'s metrics at {self.servers[-1].metrics_url}", file=sys.stderr,
+                          flush=True)
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)
@@ -166,8 +172,13 @@ class LocalCluster:
                                         env=self.threads_env, new_session=True, popen=self._popen(host),
                                         log_path=os.path.join(self.log_dir, f"server-{i}.restart-{self.shard_restarts}.log"),
                                         state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True,
-                                        encrypt=self.encrypt)
+                                        encrypt=self.encrypt, metrics_port=_port_of(old.metrics_url))
         self.shard_restarts += 1
+
+    def _metrics_port(self, i: int) -> int | None:
+        if self.metrics_port is None:
+            return None
+        return self.metrics_port + i if self.metrics_port else 0
 
     def stop(self, grace_s: float = 15.0, at_once: bool = False) -> None:
         """Workers first (SIGTERM: they flush and exit), then the shards; SIGKILL after grace_s.
@@ -199,3 +210,8 @@ def _tee(stream, log_path: str) -> None:
             log.write(chunk)
             sys.stderr.buffer.write(chunk)
             sys.stderr.buffer.flush()
+
+
+def _port_of(url: str | None) -> int | None:
+    """The port of ``http://HOST:PORT/metrics`` (None: no URL)."""
+    return None if url is None else int(url.rsplit(":", 1)[1].split("/", 1)[0])

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 LATENCY_BUCKETS = (0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 2.0)
 
 # STATS counters exposed as het_shard_refusals_total{reason}: requests answered with an error
-REFUSALS = ("errors", "unauthenticated", "replays", "stale", "oversized", "refused_pushes", "pushes_again")
+REFUSALS = ("errors", "unauthenticated", "replays", "stale", "oversized", "refused_pushes", "pushes_again", "expired")
 # STATS counters exposed as counters of their own, with their help
 COUNTERS = {
     "bytes_in": "Bytes of requests received", "bytes_out": "Bytes of replies sent",

@@ -10,6 +10,7 @@ served (see :mod:`het.ps.wire.auth`). Binding any address but loopback without o
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import faulthandler
 import json
@@ -285,6 +286,5 @@ def _child_env(secret: bytes | None) -> dict:
 
 
 def _cfg_dict(cfg: ShardConfig) -> dict:
-    return {"index": cfg.index, "num_shards": cfg.num_shards, "tables": [t.to_dict() for t in cfg.tables],
-            "max_keys": cfg.max_keys, "memory": cfg.memory, "memory_policy": cfg.memory_policy,
-            "page_in": cfg.page_in}
+    """Every field of ``cfg`` as JSON takes it (:meth:`ShardConfig.from_dict` reads it back)."""
+    return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)} | {"tables": [t.to_dict() for t in cfg.tables]}

@@ -19,6 +19,7 @@ from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
+from het.ps.sessions import SessionExpired, Sessions
 from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
@@ -77,9 +78,8 @@ class Shard:
         self.last_op = "none"  # the op of the request answered last (its latency's label)
         self.started = time.time()
         self.stopping = False
-        self.freshness = checks.Freshness(self.secret)
-        self.nonce = self.freshness.nonce  # this run's: a request naming another was meant for an earlier one
-        self._applied: dict[str, int] = {}   # session -> the sequence number of its last push applied
+        self.sessions = Sessions(self.secret, cfg.session_idle_s)
+        self.nonce = self.sessions.nonce  # this run's: a request naming another was meant for an earlier one
         self._handlers = {Op.PULL: self._on_pull, Op.PUSH: self._on_push, Op.SYNC: self._on_sync,
                           Op.PUSH_SYNC: self._on_push_sync, Op.SAVE: self._on_save, Op.LOAD: self._on_load,
                           Op.STATS: self._on_stats, Op.INFO: self._on_info, Op.STOP: self._on_stop,
@@ -141,9 +141,10 @@ class Shard:
             self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
             out = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
         else:
-            refusal = self.freshness.refusal(msg)
+            refusal = self.sessions.refusal(msg)
             if refusal is not None:
-                self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
+                if not isinstance(refusal, SessionExpired):
+                    self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
                 out = encode(error_reply(msg.request_id, msg.op, refusal), self.secret)
             else:
                 out = encode(self.handle(msg), self.secret)
@@ -175,7 +176,7 @@ class Shard:
 
     def _on_push(self, meta: dict, arrays: list):
         a = self._arrays(Op.PUSH, meta, arrays, 3 + checks.sq(meta), (0,))
-        if not self._first_time(meta):  # re-sent after a restart, applied before it
+        if not self.sessions.first_time(meta):  # re-sent after a restart, applied before it
             return {"applied": len(a[0]), "again": True}, []
         return self._push_request(meta, a), []
 
@@ -189,7 +190,7 @@ class Shard:
         a = self._arrays(Op.PUSH_SYNC, meta, arrays, 5 + with_sq, (0, 3 + with_sq))
         table = checks.table(meta)
         sync = self._check_sync(table, *a[3 + with_sq:], checks.state(meta))  # before the push changes anything
-        pushed = self._push_request(meta, a[:3 + with_sq]) if self._first_time(meta) else {}
+        pushed = self._push_request(meta, a[:3 + with_sq]) if self.sessions.first_time(meta) else {}
         return {k: v for k, v in pushed.items() if k == "staged"}, self._sync(*sync, bound=meta.get("bound"),
                                                                               lazy=checks.lazy(meta))
 
@@ -280,22 +281,12 @@ class Shard:
             self.stats["refused_pushes"] += 1
             raise ValueError(f"push to table {c.table!r} refused, nothing changed: {e}") from None
         if session is not None:
-            self._applied[session[0]] = session[1]
+            self.sessions.applied[session[0]] = session[1]
         if c.table in self.changes:
             self.changes[c.table].add(c.keys)
         self.stats["rows_in"] += len(c.keys)
         self._fit_memory()
         return len(c.keys)
-
-    def _first_time(self, meta: dict) -> bool:
-        """Whether a push is new: one its session sent before (a re-send to a restarted shard
-        that had applied and logged it) is not applied twice. A client re-sends in order, and a
-        shard refuses requests meant for its earlier run, so "before" is "not after the last"."""
-        session = checks.session(meta)
-        if session is None or session[1] > self._applied.get(session[0], 0):
-            return True
-        self.stats["pushes_again"] += 1
-        return False
 
     def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
@@ -351,7 +342,7 @@ class Shard:
         """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
         write-ahead log, the save becomes the log's base and the log starts afresh."""
         self.state.save(path, self.tables, {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                                            "applied": dict(self._applied)})
+                                            "applied": dict(self.sessions.applied)})
         return path
 
     def load(self, path: str) -> str:
@@ -380,7 +371,7 @@ class Shard:
         """A save was loaded: the rows paging in were the tables' before it."""
         self._page_in = []
         self._fit_memory()
-        self._applied = dict(header.get("applied", {}))
+        self.sessions.restore(header.get("applied", {}))
 
     def stats_dict(self) -> dict:
         """Counters, and per table its stored rows and bytes (``tables``); the process's
@@ -388,11 +379,11 @@ class Shard:
         so far, every thread's (ZeroMQ's I/O thread too: ``process_cpu_s``); its torch threads
         (``threads``). The process is the one serving the shard: ``het serve``'s, or the caller's
         for a shard in a thread or in process."""
-        return dict(self.stats, **(self.wal.stats if self.wal is not None else {}),
+        return dict(self.stats, **self.sessions.counts, **(self.wal.stats if self.wal is not None else {}),
                     uptime_s=time.time() - self.started, index=self.cfg.index, process_cpu_s=time.process_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
                     rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
-                    sessions=len(self.freshness.sessions.keys() | self._applied.keys()))
+                    sessions=len(self.sessions))
 
 
 def _sent(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:

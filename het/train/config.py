@@ -206,6 +206,8 @@ class TrainConfig:
                            "(het serve --wal), in RUN_DIR/ps-<i>")
     ps_encrypt: bool = setting(False, "every frame between workers and shards under ZeroMQ's CURVE, keyed by "
                                "the shared secret (a local cluster makes one)")
+    ps_metrics_port: int | None = setting(None, "local cluster: shard i serves Prometheus metrics on port P+i "
+                                          "(het serve --metrics-port; 0: free ports, printed)")
     tensorboard_dir: str | None = setting(None, "write TensorBoard scalars here while training (a local cluster: "
                                           "RUN_DIR/tensorboard unless set)")
     tensorboard_every: int = setting(10, "steps between TensorBoard points (0: no TensorBoard)")

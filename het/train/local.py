@@ -72,7 +72,7 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
         secret = secrets.token_hex(16).encode()
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
-                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg))
+                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg), metrics_port=cfg.ps_metrics_port)
     return cluster.run()
 
 

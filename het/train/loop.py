@@ -240,9 +240,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     returns the job's summary, the other ranks None."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     device = _device()
-    if world > 1 and not dist.is_initialized():
-        # a peer that died must not hang the others for gloo's default 30 minutes
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
+    _join_group(world, device)
     # with write-ahead logs a shard that dies is started again in place: wait for it, re-send
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret, lazy_init=cfg.lazy_init,
                               reconnect_s=120.0 if cfg.ps_wal else 0.0, encrypt=cfg.ps_encrypt)
@@ -260,16 +258,12 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve, board) if h]
         with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
-        if worker.stop:
-            _say(f"het train: worker {rank} stopped by SIGTERM after step {start + worker.step_count}, "
-                 f"its cache flushed")
-            raise SystemExit(143)
+        _exit_if_stopped(worker, start)
         steps = worker.step_count  # cfg.steps - start, or fewer when the time limit stopped training
         written = outputs.finish(start + steps)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         board.evaluation(start + steps, metrics)
-        board.close()
         summary = None
         if rank == 0:
             if cfg.checkpoint:  # a checkpoint of the last step holds the model just evaluated
@@ -297,6 +291,20 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _join_group(world: int, device: torch.device) -> None:
+    if world > 1 and not dist.is_initialized():
+        # a peer that died must not hang the others for gloo's default 30 minutes
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
+
+
+def _exit_if_stopped(worker: Worker, start: int) -> None:
+    """SIGTERM stopped the worker (its cache flushed): exit 143."""
+    if worker.stop:
+        _say(f"het train: worker {worker.rank} stopped by SIGTERM after step {start + worker.step_count}, "
+             f"its cache flushed")
+        raise SystemExit(143)
 
 
 class _Selector:

@@ -232,3 +232,34 @@ def test_a_shard_runs_one_torch_thread_unless_told_otherwise(tmp_path, monkeypat
     bad = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:4:2", "--threads", "0"],
                          capture_output=True, text=True, timeout=120, check=False)
     assert bad.returncode == 2 and "--threads must be >= 1, got 0" in bad.stderr
+
+
+def test_ten_thousand_sessions_left_idle_give_their_memory_back(tmp_path):
+    """Sessions opened and left (each a signed push, as a worker's) are forgotten past the
+    timeout: the shard's RSS comes back to within 50 MB of where it started."""
+    import zmq
+
+    secret = b"correct horse battery staple"
+    cfg = ShardConfig((TableConfig("t", rows=64, dim=4),), session_idle_s=3)
+    with ServerProcess(cfg, secret=secret, log_path=str(tmp_path / "shard.log")) as server:
+        watcher = PSClient.connect([server.address], secret=secret)
+        start = watcher.stats()[0]
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(server.address)
+        push = [np.array([1]), np.ones((1, 4), np.float32), np.array([1])]
+        for batch in range(100):  # 100 requests in flight at a time
+            for i in range(batch * 100, batch * 100 + 100):
+                meta = {"table": "t", "nonce": watcher.link.nonces[0], "session": f"{i:032x}", "seq": 1}
+                sock.send_multipart(encode(Message(Op.PUSH, i + 1, meta, push), secret))
+            for _ in range(100):
+                assert decode(sock.recv_multipart(), secret, what="reply").status == 0
+        sock.close()
+        full = watcher.stats()[0]
+        assert full["sessions"] >= 10_000
+        deadline = time.monotonic() + 30
+        while (now := watcher.stats()[0])["sessions"] > 1 and time.monotonic() < deadline:
+            time.sleep(0.5)  # the watcher's own session stays: it asks every half second
+        assert now["sessions"] == 1 and now["sessions_forgotten"] >= 10_000
+        assert now["rss_bytes"] - start["rss_bytes"] < 50 << 20, (start["rss_bytes"], full["rss_bytes"], now["rss_bytes"])
+        watcher.close()

@@ -48,7 +48,7 @@ PS_ROOMS = (
     ("partition", "limits"),
     ("initial",),
     ("store", "wire"),
-    ("changes", "parts"),
+    ("changes", "parts", "sessions", "metrics"),
     ("shard",),
     ("client", "server", "reshard"),
 )

@@ -1,0 +1,138 @@
+"""The client sessions a shard remembers, and forgetting the idle ones.
+
+A shard keeps per session the last sequence number it served (replay refusal, with a secret:
+:class:`het.ps.wire.checks.Freshness`) and the last push it applied (a push re-sent after a
+restart is applied once). A job that runs
+for days sees many sessions come and go: one idle past ``idle_s`` is forgotten, and its id kept
+as an 8-byte hash among the last ``remembered`` forgotten ones, so that a request of it that
+comes back is refused, naming why, instead of being taken for a new session (whose re-sent
+push would then apply twice).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections import Counter
+
+import numpy as np
+
+from het.ps.wire import checks
+from het.ps.wire.protocol import Message, ProtocolError
+
+
+class SessionExpired(ValueError):
+    """A request of a session the shard forgot for being idle."""
+
+
+class Sessions:
+    """A shard's sessions: which requests it reads, which pushes are new, and forgetting.
+
+    Args:
+        secret: the shard's (with one, a request must be fresh: :class:`checks.Freshness`).
+        idle_s: sessions not heard from for this long are forgotten.
+        remembered: forgotten sessions whose return is still refused (the oldest go first).
+    """
+
+    def __init__(self, secret: bytes | None, idle_s: float, remembered: int = 1 << 20, clock=time.monotonic):
+        self.freshness = checks.Freshness(secret)
+        self.nonce = self.freshness.nonce  # this run's: a request naming another was meant for an earlier one
+        self.applied: dict[str, int] = {}  # session -> the sequence number of its last push applied
+        self.seen = Seen(idle_s, remembered, clock)
+        self.counts = Counter(pushes_again=0, expired=0, sessions_forgotten=0)
+
+    def __len__(self) -> int:
+        return len(self.seen)
+
+    def refusal(self, msg: Message) -> ProtocolError | SessionExpired | None:
+        """Why a decoded request is refused unread (None: it is not): a forgotten session's, or
+        one :class:`checks.Freshness` refuses. Idle sessions are forgotten as their time comes."""
+        if self.seen.due():
+            for session in self.seen.forget_idle():
+                self.freshness.sessions.pop(session, None)
+                self.applied.pop(session, None)
+                self.counts["sessions_forgotten"] += 1
+        session = msg.meta.get("session")
+        if isinstance(session, str):
+            try:
+                self.seen(session)
+            except SessionExpired as e:
+                self.counts["expired"] += 1
+                return e
+        return self.freshness.refusal(msg)
+
+    def first_time(self, meta: dict) -> bool:
+        """Whether a push is new: one its session sent before (a re-send to a restarted shard
+        that had applied and logged it) is not applied twice. A client re-sends in order, and a
+        shard refuses requests meant for its earlier run, so "before" is "not after the last"."""
+        session = checks.session(meta)
+        if session is None or session[1] > self.applied.get(session[0], 0):
+            return True
+        self.counts["pushes_again"] += 1
+        return False
+
+    def restore(self, applied: dict[str, int]) -> None:
+        """The applied pushes a save or log recorded; their sessions count as seen now."""
+        self.applied = dict(applied)
+        for session in self.applied:
+            self.seen(session)
+
+
+class Seen:
+    """When each session was last seen, and the hashes of the forgotten ones.
+
+    Example:
+        >>> now = [0.0]
+        >>> seen = Seen(idle_s=10, clock=lambda: now[0])
+        >>> seen("a" * 16); now[0] = 11.0; seen("b" * 16)
+        >>> seen.forget_idle()
+        ['aaaaaaaaaaaaaaaa']
+        >>> seen("a" * 16)
+        Traceback (most recent call last):
+        ...
+        het.ps.sessions.SessionExpired: session 'aaaaaaaaaaaaaaaa' was idle past 10 s and forgotten by this shard; its requests are refused (a re-sent push could apply twice): start a new session (reconnect)
+    """
+
+    def __init__(self, idle_s: float, remembered: int = 1 << 20, clock=time.monotonic):
+        self.idle_s, self._clock = idle_s, clock
+        self._last: dict[str, float] = {}      # session -> when last seen (insertion order: first seen)
+        self._forgotten = np.zeros(remembered, dtype=np.uint64)  # a ring of forgotten sessions' hashes
+        self._next = 0                         # where the ring writes next
+        self._count = 0                        # hashes in the ring
+        self._checked_at = clock()
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def __call__(self, session: str) -> None:
+        """A request of ``session`` arrived. SessionExpired if it is one the shard forgot."""
+        if session not in self._last and self._count and _hash(session) in self._forgotten[:self._count]:
+            raise SessionExpired(f"session {session!r} was idle past {self.idle_s:g} s and forgotten by this shard; "
+                                 f"its requests are refused (a re-sent push could apply twice): start a new session "
+                                 f"(reconnect)")
+        self._last.pop(session, None)  # to the end: the dict stays ordered by last sight
+        self._last[session] = self._clock()
+
+    def due(self) -> bool:
+        """Whether a look for idle sessions is due (every tenth of ``idle_s``, at most every minute)."""
+        return self._clock() - self._checked_at >= min(60.0, self.idle_s / 10)
+
+    def forget_idle(self) -> list[str]:
+        """Forget the sessions idle past ``idle_s``; their ids (the caller drops what it keeps of them)."""
+        now = self._clock()
+        self._checked_at = now
+        gone = []
+        for session, last in self._last.items():  # oldest sight first: stop at the first recent one
+            if now - last <= self.idle_s:
+                break
+            gone.append(session)
+        for session in gone:
+            del self._last[session]
+            self._forgotten[self._next] = _hash(session)
+            self._next = (self._next + 1) % len(self._forgotten)
+            self._count = min(self._count + 1, len(self._forgotten))
+        return gone
+
+
+def _hash(session: str) -> np.uint64:
+    return np.frombuffer(hashlib.blake2b(session.encode(), digest_size=8).digest(), dtype=np.uint64)[0]

@@ -1,0 +1,100 @@
+"""A shard forgets sessions idle past ``session_idle_s``, and refuses them when they come back."""
+
+import numpy as np
+import pytest
+
+from het.config import ShardConfig, TableConfig
+from het.ps.sessions import SessionExpired, Seen
+from het.ps.shard import Shard
+from het.ps.wire.protocol import ERROR, OK, Message, Op, decode, encode
+
+SECRET = b"correct horse battery staple"
+TABLE = TableConfig("t", rows=64, dim=2)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def fake_clock(shard) -> Clock:
+    """The shard's sessions on a clock the test moves, at 0."""
+    clock = Clock()
+    shard.sessions.seen._clock, shard.sessions.seen._checked_at = clock, 0.0
+    return clock
+
+
+def request(shard, op, meta, arrays, session, seq, secret=SECRET):
+    fresh = {"nonce": shard.nonce, "session": session, "seq": seq}
+    frames = shard.handle_frames(encode(Message(op, seq, {**meta, **fresh}, arrays), secret))
+    return decode(frames, secret, what="reply")
+
+
+def push(shard, session, seq, key=1, secret=SECRET):
+    return request(shard, Op.PUSH, {"table": "t"}, [np.array([key]), np.ones((1, 2), np.float32), np.array([1])],
+                   session, seq, secret)
+
+
+@pytest.mark.parametrize("secret", [SECRET, None])
+def test_ten_thousand_idle_sessions_are_forgotten_and_a_returning_one_is_refused(secret):
+    shard = Shard(ShardConfig((TABLE,), session_idle_s=60), secret=secret)
+    clock = fake_clock(shard)
+    names = [f"{i:032x}" for i in range(10_000)]
+    for name in names:
+        assert push(shard, name, 1, secret=secret).status == OK
+    assert shard.stats_dict()["sessions"] == 10_000 and len(shard.sessions.applied) == 10_000
+    clock.now = 30.0
+    assert push(shard, names[-1], 2, secret=secret).status == OK  # one stays busy
+    clock.now = 61.0
+    assert push(shard, "n" * 32, 1, secret=secret).status == OK  # a new session meanwhile: served
+    stats = shard.stats_dict()
+    assert stats["sessions"] == 2 and stats["sessions_forgotten"] == 9_999
+    assert len(shard.sessions.applied) == 2 and len(shard.sessions.freshness.sessions) == (2 if secret else 0)
+    clocks = shard.tables["t"].stats()
+    refused = push(shard, names[0], 2, secret=secret)
+    assert refused.status == ERROR and "idle past 60 s and forgotten" in refused.meta["error"]
+    assert shard.tables["t"].stats() == clocks and stats["expired"] == 0 and shard.stats_dict()["expired"] == 1
+    assert push(shard, names[-1], 3, secret=secret).status == OK  # the busy one goes on
+
+
+def test_sessions_restored_from_a_save_are_forgotten_in_their_turn(tmp_path):
+    shard = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
+    assert push(shard, "a" * 16, 1, secret=None).status == OK
+    shard.save("s")
+    shard.close()
+    again = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
+    clock = fake_clock(again)
+    again.load("s")
+    assert again.sessions.applied == {"a" * 16: 1} and again.stats_dict()["sessions"] == 1
+    clock.now = 11.0
+    assert push(again, "b" * 16, 1, secret=None).status == OK
+    assert again.sessions.applied == {"b" * 16: 1}
+    again.close()
+
+
+def test_the_forgotten_are_remembered_up_to_a_bound_oldest_first():
+    clock = Clock()
+    seen = Seen(idle_s=1, remembered=3, clock=clock)
+    for name in "abcd":
+        seen(name * 16)
+    clock.now = 2.0
+    assert seen.forget_idle() == [c * 16 for c in "abcd"]
+    for name in "bcd":
+        with pytest.raises(SessionExpired):
+            seen(name * 16)
+    seen("a" * 16)  # pushed out of the ring: taken as new
+    assert len(seen) == 1
+
+
+def test_a_look_for_idle_sessions_comes_every_tenth_of_the_timeout_at_most_every_minute():
+    clock = Clock()
+    seen, hour = Seen(idle_s=50, clock=clock), Seen(idle_s=3600, clock=clock)
+    clock.now = 4.9
+    assert not seen.due()
+    clock.now = 5.0
+    assert seen.due() and not hour.due()
+    clock.now = 60.0
+    assert hour.due()
