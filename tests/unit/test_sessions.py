@@ -63,11 +63,11 @@ def test_ten_thousand_idle_sessions_are_forgotten_and_a_returning_one_is_refused
 def test_sessions_restored_from_a_save_are_forgotten_in_their_turn(tmp_path):
     shard = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
     assert push(shard, "a" * 16, 1, secret=None).status == OK
-    shard.save("s")
+    shard.save(str(tmp_path / "s"))
     shard.close()
     again = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
     clock = fake_clock(again)
-    again.load("s")
+    again.load(str(tmp_path / "s"))
     assert again.sessions.applied == {"a" * 16: 1} and again.stats_dict()["sessions"] == 1
     clock.now = 11.0
     assert push(again, "b" * 16, 1, secret=None).status == OK
