@@ -284,6 +284,9 @@ class ShardConfig:
     memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
     page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
                             "after its reply", aliases=("--prefetch",))
+    wal_max: int | None = setting(None, "with a write-ahead log: past this many bytes of log (e.g. 64MiB) the shard "
+                                  "writes its tables as the log's base and starts the log afresh (none: the log "
+                                  "grows until a save)", kind="size")
     session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
                                     "dedup entries); a forgotten one's requests are refused")
 
@@ -304,6 +307,11 @@ class ShardConfig:
                      f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
             _require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
                      "a fixed table is all in memory")
+        _require(self.wal_max is None or (isinstance(self.wal_max, int) and not isinstance(self.wal_max, bool)
+                                          and self.wal_max > 0),
+                 f"wal_max must be a number of bytes > 0 (or None: no bound), got {self.wal_max!r}")
+        _require(isinstance(self.session_idle_s, (int, float)) and self.session_idle_s > 0,
+                 f"session_idle_s must be a number of seconds > 0, got {self.session_idle_s!r}")
         object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
 
     @classmethod

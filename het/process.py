@@ -7,10 +7,10 @@ import os
 import signal
 
 
-def die_with_parent() -> None:
-    """In a child, before exec: ask Linux to send SIGTERM when the parent dies (no orphans)."""
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child, before exec: ask Linux to send ``sig`` when the parent dies (no orphans)."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: the parent's own cleanup still runs
         pass
 

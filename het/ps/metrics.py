@@ -27,6 +27,7 @@ COUNTERS = {
     "busy_s": "Seconds spent answering requests", "paged_in_rows": "Rows brought from disk into DRAM",
     "wal_records": "Pushes logged", "wal_bytes": "Bytes written to the write-ahead log",
     "wal_fsyncs": "Times the log was forced to disk", "wal_replayed": "Pushes replayed from the log at start",
+    "wal_rebases": "Times the log outgrew wal_max: the tables written as its base, the log started afresh",
 }
 # per table gauges (STATS "tables"), with their help
 TABLE_GAUGES = {
@@ -115,6 +116,7 @@ class _Collector:
         for name, help_text in (("rss_bytes", "Resident memory of the shard's process"),
                                 ("peak_rss_bytes", "Peak resident memory of the shard's process"),
                                 ("sessions", "Client sessions the shard remembers"),
+                                ("wal_log_bytes", "Bytes in the write-ahead log now"),
                                 ("uptime_s", "Seconds since the shard started")):
             yield GaugeMetricFamily(f"het_shard_{_unit(name)}", help_text, value=s.get(name, 0))
         tables = s.get("tables", {})

@@ -286,6 +286,8 @@ class Shard:
             self.changes[c.table].add(c.keys)
         self.stats["rows_in"] += len(c.keys)
         self._fit_memory()
+        if self.wal is not None and self.cfg.wal_max is not None:  # a disk tier's files change under a child
+            self.state.bound_log(self.cfg.wal_max, self.tables, self._header, background=self.cfg.memory is None)
         return len(c.keys)
 
     def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None) -> list:
@@ -341,9 +343,11 @@ class Shard:
     def save(self, path: str) -> str:
         """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
         write-ahead log, the save becomes the log's base and the log starts afresh."""
-        self.state.save(path, self.tables, {"index": self.cfg.index, "num_shards": self.cfg.num_shards,
-                                            "applied": dict(self.sessions.applied)})
+        self.state.save(path, self.tables, self._header())
         return path
+
+    def _header(self) -> dict:
+        return {"index": self.cfg.index, "num_shards": self.cfg.num_shards, "applied": dict(self.sessions.applied)}
 
     def load(self, path: str) -> str:
         """Read a save of this shard's layout, checked whole before anything changes; with a
@@ -352,8 +356,7 @@ class Shard:
         return path
 
     def close(self) -> None:
-        """Force the write-ahead log to disk and let go of the state directory (a clean stop);
-        let go of the tables' files (a save holds links of its own)."""
+        """A clean stop: the log on disk, the state directory and the tables' files let go."""
         self.state.close()
         self.wal = None
         for t in self.tables.values():
@@ -366,6 +369,8 @@ class Shard:
             self._loaded(header)
         self.stats["wal_replayed"] = self.state.replay(self.push)
         self.wal = self.state.log
+        if self.state.old_log:  # what was set aside for a base that never landed: in one now
+            self.state.rebase(self.tables, self._header())
 
     def _loaded(self, header: dict) -> None:
         """A save was loaded: the rows paging in were the tables' before it."""
@@ -379,8 +384,8 @@ class Shard:
         so far, every thread's (ZeroMQ's I/O thread too: ``process_cpu_s``); its torch threads
         (``threads``). The process is the one serving the shard: ``het serve``'s, or the caller's
         for a shard in a thread or in process."""
-        return dict(self.stats, **self.sessions.counts, **(self.wal.stats if self.wal is not None else {}),
-                    uptime_s=time.time() - self.started, index=self.cfg.index, process_cpu_s=time.process_time(),
+        return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started, index=self.cfg.index,
+                    process_cpu_s=time.process_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
                     rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
                     sessions=len(self.sessions))

@@ -4,7 +4,7 @@ cluster writes them in RUN_DIR/tensorboard unless told otherwise; ``--tensorboar
 Rank 0 writes, every ``every`` steps: the loss; its cache's hit rate, stale refreshes and drift
 over the steps since the last point; the bytes each kind of traffic moved per sample, and the
 samples/s of the whole job; where its time went (compute, waiting on the PS, AllReduce); and
-the shards' rows, rows in DRAM and on disk, disk bytes and largest RSS (one STATS request to
+the shards' rows, rows in DRAM and on disk, disk bytes, largest RSS and log (one STATS request to
 each shard a point). Evaluations (``--eval-curve`` and the final one) add ``eval/*``. The
 writer is torch's SummaryWriter: TensorBoard's own event files, written from a thread.
 """
@@ -19,7 +19,7 @@ from het.train.timeline import timeline_entry
 # the cache's counters written as differences since the last point
 CACHE = ("lookups", "hits", "stale_refreshes", "evictions", "drift_sq", "drift_norm_sq")
 TRAFFIC = ("sparse_pull", "sparse_push", "sync")
-SHARDS = ("rows", "rows_in_memory", "rows_on_disk", "disk_bytes", "rss_bytes")
+SHARDS = ("rows", "rows_in_memory", "rows_on_disk", "disk_bytes", "rss_bytes", "wal_log_bytes")
 
 
 class Board:

@@ -230,6 +230,9 @@ class TrainConfig:
     ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
                                     "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
                                     "makes the table dynamic (none: all in memory)", kind="size")
+    ps_wal_max: str | None = setting(None, "with ps_wal: past this much log (e.g. 64MiB) a shard writes its tables as "
+                                     "the log's base and starts it afresh (none: the log grows until a checkpoint)",
+                                     kind="size")
     ps_memory_policy: Policy = setting(Policy.LRU, "with ps_memory: which rows leave DRAM first")
     ps_page_in: bool = setting(True, "with ps_memory: a shard pages the rows on disk that a prefetched sync "
                                "names into DRAM after replying, before the step that needs them")
@@ -250,10 +253,12 @@ class TrainConfig:
         for name, value in MODEL_DEFAULTS[self.model].items():  # in samples: steps at the batch, once checked
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value.steps(self.batch) if self.batch > 0 else 0)
-        try:
-            self.ps_memory_bytes
-        except ValueError as e:
-            raise ValueError(f"ps_memory: {e}") from None
+        for name in ("ps_memory", "ps_wal_max"):
+            try:
+                value = parse_bytes(getattr(self, name)) if getattr(self, name) is not None else None
+            except ValueError as e:
+                raise ValueError(f"{name}: {e}") from None
+            require(value is None or value > 0, f"{name} must be > 0, got {getattr(self, name)!r}")
         checks = [
             (self._data_fits_model(), f"model {self.model!r} takes data "
              f"{GRAPH_DATA if self.is_graph else CTR_DATA}, got {self.data!r}"),
@@ -282,7 +287,6 @@ class TrainConfig:
             (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
             (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
-            (self.ps_memory is None or self.ps_memory_bytes > 0, f"ps_memory must be > 0, got {self.ps_memory!r}"),
         ]
         for ok, message in checks:
             require(ok, message)

@@ -9,6 +9,7 @@ import os
 import secrets
 import sys
 
+from het.config import parse_bytes
 from het.dist.launch import ClusterError, LocalCluster
 from het.train import checkpoint
 from het.train.config import TrainConfig
@@ -77,10 +78,12 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
 
 
 def shard_options(cfg: TrainConfig) -> dict:
-    """The job's settings of its shards beyond their tables (a memory budget and its disk tier)."""
+    """The job's settings of its shards beyond their tables (a memory budget and its disk tier, a
+    bound on the log)."""
+    options = {} if cfg.ps_wal_max is None else {"wal_max": parse_bytes(cfg.ps_wal_max)}
     if cfg.ps_memory is None:
-        return {}
-    return {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "page_in": cfg.ps_page_in}
+        return options
+    return options | {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "page_in": cfg.ps_page_in}
 
 
 def check_job(cfg: TrainConfig) -> None:

@@ -1,6 +1,7 @@
 """The job's timeline: every ``ps_stats_every`` seconds rank 0 asks the shards for their STATS
 and keeps one entry: the time, the step, the speed since the previous entry, the shards' RSS and
-the rows they hold, in memory and on disk. The summary carries the entries as ``timeline``.
+the rows they hold, in memory and on disk, the largest write-ahead log. The summary carries the
+entries as ``timeline``.
 
 One STATS request every few seconds costs a round trip to each shard, nothing a step can see
 (a step is milliseconds; a sample is taken at a step boundary only once its time has come).
@@ -21,12 +22,13 @@ def timeline_entry(shard_stats: list[dict], t_s: float, step: int, samples_per_s
     Example:
         >>> timeline_entry([{"tables": {"t": {"rows": 5, "rows_in_memory": 2, "rows_on_disk": 3}}, "rss_bytes": 10},
         ...                 {"tables": {"t": {"rows": 4, "rows_in_memory": 4}}, "rss_bytes": 12}], 10.0, 40, 2048.0)
-        {'t_s': 10.0, 'step': 40, 'samples_per_s': 2048.0, 'rss_bytes': 12, 'rss_bytes_sum': 22, 'rows': 9, 'rows_in_memory': 6, 'rows_on_disk': 3, 'disk_bytes': 0}
+        {'t_s': 10.0, 'step': 40, 'samples_per_s': 2048.0, 'rss_bytes': 12, 'rss_bytes_sum': 22, 'rows': 9, 'rows_in_memory': 6, 'rows_on_disk': 3, 'disk_bytes': 0, 'wal_log_bytes': 0}
     """
     tables = [t for s in shard_stats for t in s.get("tables", {}).values()]
     rss = [int(s.get("rss_bytes", 0)) for s in shard_stats]
     return {"t_s": t_s, "step": step, "samples_per_s": samples_per_s, "rss_bytes": max(rss, default=0),
-            "rss_bytes_sum": sum(rss), **{k: sum(int(t.get(k, 0)) for t in tables) for k in ROW_COUNTERS}}
+            "rss_bytes_sum": sum(rss), **{k: sum(int(t.get(k, 0)) for t in tables) for k in ROW_COUNTERS},
+            "wal_log_bytes": max((int(s.get("wal_log_bytes", 0)) for s in shard_stats), default=0)}
 
 
 class Timeline:

@@ -52,10 +52,12 @@ def test_a_killed_shard_restarted_on_its_state_directory_lost_nothing_acknowledg
     assert stats["wal_replayed"] == 29
 
 
-def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(tmp_path):
+@pytest.mark.parametrize("wal_max", [None, "256KiB"])
+def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(tmp_path, wal_max):
     """`het train --ps-wal`: the shard is killed (-9) mid-job; the launcher starts it again on
     its address from its log, the workers re-send what it had not answered, and at s = 0 with
-    SGD the final rows equal an uninterrupted run's: no update lost or applied twice."""
+    SGD the final rows equal an uninterrupted run's: no update lost or applied twice. With
+    ``--ps-wal-max`` the kill comes after the log was rebased, a few records past its base."""
     import json
     import os
     import random
@@ -69,15 +71,19 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
     runs = {}
     for name in ("straight", "killed"):
         logs, ckpt = tmp_path / name, tmp_path / f"{name}-ckpt"
-        launcher = subprocess.Popen([sys.executable, "-m", "het", "train", *common, "--log-dir", str(logs),
+        bound = ["--ps-wal-max", wal_max] if wal_max and name == "killed" else []
+        launcher = subprocess.Popen([sys.executable, "-m", "het", "train", *common, *bound, "--log-dir", str(logs),
                                      "--checkpoint", str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
         try:
             if name == "killed":  # at a random point of the job: after 20 to 80 of its ~120 pushes
                 at, deadline = random.randint(20, 80), time.monotonic() + 300
-                while time.monotonic() < deadline and launcher.poll() is None and (
-                        not (logs / "pids.json").exists() or sum(1 for _ in wal.read_log(str(logs / "ps-0" / "wal"))) < at):
+                base = logs / "ps-0" / "wal" / "base.pt"  # with wal_max: the log was rebased (read no log the
+                while time.monotonic() < deadline and launcher.poll() is None and (  # shard may cut meanwhile)
+                        not (logs / "pids.json").exists() or (not base.exists() if wal_max else
+                                                              sum(1 for _ in wal.read_log(str(logs / "ps-0" / "wal"))) < at)):
                     time.sleep(0.02)
+                time.sleep(random.uniform(0, 0.3) if wal_max else 0)
                 os.kill(json.load(open(logs / "pids.json"))["PS shard 0"], 9)
             out, err = launcher.communicate(timeout=600)
         finally:
@@ -132,3 +138,16 @@ def test_a_second_shard_on_a_held_state_directory_refuses_to_start_in_one_line(t
         client = PSClient.connect([first.address])  # the first serves on, its log its own
         pushes(client, range(1, 3))
         client.close()
+
+
+@pytest.mark.slow
+def test_the_default_jobs_log_stays_under_twice_wal_max_over_1000_steps(tmp_path):
+    """`het train --ps-wal --ps-wal-max 64MiB`: the log (and the one set aside while a base is
+    written) sampled every second never holds more than 128 MiB; about 1.3 GB pass through it."""
+    from jobs import het
+
+    summary = het("train", "--steps", "1000", "--ps-wal", "--ps-wal-max", "64MiB", "--ps-stats-every", "1",
+                  "--json", "--quiet", "--log-dir", str(tmp_path))
+    sizes = [e["wal_log_bytes"] for e in summary["timeline"]]
+    assert len(sizes) >= 20 and max(sizes) <= 128 << 20, sizes
+    assert summary["steps"] == 1000 and summary["auc"] > 0.78

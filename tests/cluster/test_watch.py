@@ -79,7 +79,7 @@ def test_a_jobs_tensorboard_has_every_scalar_every_ten_steps(tmp_path):
                "cache/drift", "bytes_per_sample/sparse_pull", "bytes_per_sample/sparse_push",
                "bytes_per_sample/sync", "bytes_per_sample/dense", "time/wait_ps_s", "time/allreduce_s",
                "time/compute_s", "ps/rows", "ps/rows_in_memory", "ps/rows_on_disk", "ps/disk_bytes",
-               "ps/rss_bytes"}
+               "ps/rss_bytes", "ps/wal_log_bytes"}
     assert trained <= tags, trained - tags
     for tag in trained - {"cache/drift"}:  # drift: at the points where some row was refreshed
         assert [e.step for e in events.Scalars(tag)] == list(range(10, 61, 10)), tag

@@ -66,6 +66,63 @@ def test_a_shard_dropped_without_a_save_recovers_every_acknowledged_push(tmp_pat
     assert same(state(third), expected)
 
 
+RECORD = 16 + 100 + 12 * (8 + 12 + 8)  # a push's record: header, meta (about), keys, grads, counts
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_log_past_wal_max_becomes_a_base_and_a_kill_still_loses_nothing(tmp_path, optimizer):
+    """Each base written in the background is waited for here, so the bound is exact."""
+    rng = np.random.default_rng(1)
+    cfg = ShardConfig((table(optimizer),), wal_max=5 * RECORD)
+    first = Shard(cfg, state_dir=str(tmp_path), wal=True, fsync_s=10.0)
+    sizes = []
+    for step in range(1, 40):
+        push(first, rng, step)
+        first.state.settle()
+        sizes.append(first.stats_dict()["wal_log_bytes"])
+    assert max(sizes) <= 6 * RECORD and first.stats_dict()["wal_rebases"] >= 5
+    assert not os.path.exists(tmp_path / "wal" / "log.old")
+    expected = state(first)
+    killed(first)
+    second = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(second), expected) and second.stats["wal_replayed"] < 7  # the base held the rest
+    killed(second)
+
+
+def test_a_base_that_never_landed_leaves_its_log_aside_and_nothing_is_lost(tmp_path, monkeypatch):
+    """The child writing a base dies (as when the shard is killed meanwhile): the log set aside
+    stays, is replayed after the older base, and the next rebase is written whole."""
+    from het.ps.store import state as state_module
+
+    def dies(path, stores, header):
+        pid = os.fork()
+        if pid == 0:
+            os._exit(1)
+        return pid
+
+    rng = np.random.default_rng(2)
+    cfg = ShardConfig((table("adagrad"),), wal_max=5 * RECORD)
+    first = Shard(cfg, state_dir=str(tmp_path), wal=True, fsync_s=10.0)
+    monkeypatch.setattr(state_module, "_write_in_child", dies)
+    for step in range(1, 8):
+        push(first, rng, step)
+        first.state.settle()
+    assert os.path.exists(tmp_path / "wal" / "log.old") and first.stats_dict()["wal_rebases_failed"] == 1
+    expected = state(first)
+    killed(first)
+    second = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(second), expected) and second.stats["wal_replayed"] == 7
+    assert any("set aside" in note for note in second.state.notes)
+    assert not os.path.exists(tmp_path / "wal" / "log.old")  # in a base at start
+    monkeypatch.undo()
+    for step in range(8, 30):  # and on, in the background again
+        push(second, rng, step)
+        second.state.settle()
+    expected = state(second)
+    killed(second)
+    assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)
+
+
 def test_a_torn_record_at_the_end_was_never_acknowledged_and_is_skipped(tmp_path):
     rng = np.random.default_rng(1)
     cfg = ShardConfig((table("adagrad"),))

@@ -18,10 +18,13 @@ is read back against its checksums before a row of it is trusted.
 from __future__ import annotations
 
 import os
+import signal
+from collections import Counter
 from collections.abc import Callable
 
 from het import files
 from het.lock import DirectoryLock
+from het.process import die_with_parent
 from het.ps.store import saves, wal
 from het.ps.store.wal import WriteAheadLog
 
@@ -56,6 +59,8 @@ class StateDirectory:
         self.logged, self.fsync_s, self.recover_prefix = log, fsync_s, recover_prefix
         self.log: WriteAheadLog | None = None
         self._after = 0  # the last push the log's base holds
+        self._writer: int | None = None  # the pid of the child writing a base in the background
+        self.rebases = Counter(wal_rebases=0, wal_rebases_failed=0)
 
     def resolve(self, name: str, write: bool) -> str:
         """The file a SAVE or LOAD request names (:func:`het.ps.store.saves.resolve`)."""
@@ -87,13 +92,22 @@ class StateDirectory:
         if not self.logged:
             return 0
         directory = os.path.join(self.root, "wal")
-        found = wal.scan(directory, self._after)
+        replayed = 0
+        if os.path.exists(os.path.join(directory, wal.OLD)):  # a base was being written when the shard ended
+            replayed = self._replay(directory, wal.OLD, push, final=False)
+        return replayed + self._replay(directory, "log", push, final=True)
+
+    def _replay(self, directory: str, name: str, push, final: bool) -> int:
+        found = wal.scan(directory, self._after, name)
         if found.problem is not None and not found.torn and not self.recover_prefix:
             raise ValueError(f"{found.problem}: the pushes from there may have been acknowledged, so the shard "
                              f"refuses to start; `het serve --wal-recover-prefix` recovers the {found.records} "
                              f"records before byte {found.end} and drops the rest")
+        if not final and found.problem is not None and not self.recover_prefix:  # it was on disk before set aside
+            raise ValueError(f"{found.problem}: refusing to start; `het serve --wal-recover-prefix` recovers the "
+                             f"{found.records} records before byte {found.end} and drops the rest")
         replayed = 0
-        for record in wal.read_log(directory, self._after, found.end):
+        for record in wal.read_log(directory, self._after, found.end, name):
             session = (record["session"], record["seq"]) if record.get("session") else None
             try:
                 push(record["table"], record["keys"], record["grads"], record["counts"], record["step"],
@@ -106,31 +120,106 @@ class StateDirectory:
         elif found.problem is not None:
             self.notes.append(f"recovered the {found.records} records before byte {found.end} and dropped the rest "
                               f"(--wal-recover-prefix): {found.problem}")
-        self.log = WriteAheadLog(directory, self.fsync_s, max(self._after, found.last_lsn), valid_bytes=found.end)
+        if final:
+            self.log = WriteAheadLog(directory, self.fsync_s, max(self._after, found.last_lsn), valid_bytes=found.end)
+        else:
+            self.notes.append(f"replayed {replayed} pushes of {found.path}, set aside while a base was written")
+        self._after = max(self._after, found.last_lsn)
         return replayed
+
+    @property
+    def old_log(self) -> bool:
+        """Whether a log set aside (``log.old``) waits for a base that holds it."""
+        return self.root is not None and os.path.exists(os.path.join(self.root, "wal", wal.OLD))
+
+    def rebase(self, stores: dict, header: dict, background: bool = False) -> None:
+        """Write ``stores`` as they are as the log's base and start the log afresh: what keeps
+        the log under a bound (``wal_max``). A crash between the two replays nothing twice: the
+        base names its last push. ``background``: the log is set aside (``log.old``) and a child
+        process writes the base from a copy-on-write image of this one, while the shard serves
+        on; :meth:`settle` removes ``log.old`` once the base holds it (one child at a time: a
+        call while one writes does nothing)."""
+        if self.settle(block=False) is not None:
+            return
+        self.rebases["wal_rebases"] += 1
+        if not background or self.old_log:  # a base that failed in the background: this one in the foreground
+            saves.write(self._base(), stores, {**header, "wal_lsn": self._lsn()})
+            self.log.truncate()
+            self._drop_old_log()
+            return
+        header = {**header, "wal_lsn": self._lsn()}
+        self.log.rotate()
+        self._writer = _write_in_child(self._base(), stores, header)
+
+    def bound_log(self, most: int, stores: dict, header: Callable[[], dict], background: bool) -> None:
+        """After a push: a base written in the background looked after, and a log past ``most``
+        bytes rebased (:meth:`rebase`; ``header()``: the save's header). When the base before
+        is still being written, the shard waits for it: the log and the one set aside stay
+        under ``2 * most`` bytes (and a push) together."""
+        self.settle(block=False)
+        if self.log.size > most:
+            self.settle(block=True)
+            self.rebase(stores, header(), background)
+
+    def settle(self, block: bool = True) -> int | None:
+        """The child writing a base: None once none is (its log set aside removed if it wrote
+        the base; counted in ``wal_rebases_failed`` if not), else its pid (``block``: wait)."""
+        if self._writer is None:
+            return None
+        pid, status = os.waitpid(self._writer, 0 if block else os.WNOHANG)
+        if pid == 0:
+            return self._writer
+        self._writer = None
+        if os.waitstatus_to_exitcode(status) == 0:
+            self._drop_old_log()
+        else:  # the log set aside stays, and is replayed after the base before it; the next rebase is whole
+            self.rebases["wal_rebases_failed"] += 1
+        return None
+
+    def stats(self) -> dict:
+        """With a log: its counters (:class:`WriteAheadLog`), the rebases, and the bytes of log on
+        disk (``wal_log_bytes``: the log, and the one set aside while a base is written)."""
+        if self.log is None:
+            return {}
+        directory = os.path.join(self.root, "wal")
+        on_disk = sum(os.path.getsize(os.path.join(directory, name)) for name in ("log", wal.OLD)
+                      if os.path.exists(os.path.join(directory, name)))
+        return {**self.log.stats, **self.rebases, "wal_log_bytes": on_disk}
+
+    def _drop_old_log(self) -> None:
+        old = os.path.join(self.root, "wal", wal.OLD)
+        if os.path.exists(old):
+            os.unlink(old)
+            files.fsync_directory(os.path.dirname(old))
 
     # -- saves ------------------------------------------------------------------------------
     def save(self, path: str, stores: dict, header: dict) -> None:
         """Write a save of ``stores`` at ``path`` (:func:`het.ps.store.saves.write`); with a
         log, it becomes the log's base and the log starts afresh."""
+        self.settle()  # a base written in the background must not land over this one
         saves.write(path, stores, {**header, "wal_lsn": self._lsn()})
         if self.log is not None:
             saves.link_save(path, self._base())  # no copy: the save's own files, whatever becomes of their names
             self.log.truncate()  # a crash between the two replays nothing twice: the base names its last push
+            self._drop_old_log()
 
     def load(self, path: str, stores: dict, index: int, num_shards: int) -> dict:
         """Load the save at ``path`` into ``stores`` (checked whole first; refused whole); with
         a log, the state loaded is written as its base and the log starts afresh. The save's
         header."""
+        self.settle()
         header = saves.read(path, stores, index, num_shards)
         if self.log is not None:
             kept = {k: header[k] for k in ("index", "num_shards", "applied") if k in header}
             saves.write(self._base(), stores, {**kept, "wal_lsn": self._lsn()})
             self.log.truncate()
+            self._drop_old_log()
         return header
 
     def close(self) -> None:
-        """A clean stop: the log forced to disk and closed, the directory let go."""
+        """A clean stop: a base being written finished, the log forced to disk and closed, the
+        directory let go."""
+        self.settle()
         if self.log is not None:
             self.log.close()
             self.log = None
@@ -151,3 +240,23 @@ class StateDirectory:
 
     def _lsn(self) -> int:
         return self.log.lsn if self.log is not None else 0
+
+
+def _write_in_child(path: str, stores: dict, header: dict) -> int:
+    """Fork a child that writes the save of ``stores`` at ``path`` and exits (0: written); its
+    pid. The child sees the tables as they are at the fork, whatever the shard changes after,
+    touches nothing but the save's files, and dies with the shard (a shard killed must not
+    have a stale base land after its successor started)."""
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the shard's handlers
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != 1:
+            saves.write(path, stores, header)
+            code = 0
+    finally:
+        os._exit(code)

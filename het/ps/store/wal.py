@@ -54,6 +54,7 @@ from het import files
 
 _HEAD = struct.Struct("<4sIIII")
 MAGIC = b"HWL2"
+OLD = "log.old"  # a log set aside while its base is written in the background
 
 
 @dataclass
@@ -93,7 +94,8 @@ class WriteAheadLog:
             os.ftruncate(self.fd, valid_bytes)  # new records follow the last intact one, not what was after it
             os.fsync(self.fd)
         self._synced = time.monotonic()
-        self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0}
+        # wal_log_bytes: the log's size now (what wal_max bounds); wal_bytes: all ever written
+        self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0, "wal_log_bytes": os.fstat(self.fd).st_size}
 
     def append(self, table: str, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int,
                session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -115,6 +117,7 @@ class WriteAheadLog:
             raise OSError(f"write-ahead log: wrote {written} of {len(record)} bytes")
         self.stats["wal_records"] += 1
         self.stats["wal_bytes"] += len(record)
+        self.stats["wal_log_bytes"] += len(record)
         if time.monotonic() - self._synced >= self.fsync_s:
             self.sync()
         return self.lsn
@@ -124,21 +127,40 @@ class WriteAheadLog:
         self._synced = time.monotonic()
         self.stats["wal_fsyncs"] += 1
 
+    def rotate(self) -> None:
+        """Set the log aside as ``log.old`` (on disk first) and go on in a new, empty ``log``:
+        what a base written in the background (:meth:`het.ps.store.state.StateDirectory.rebase`)
+        replaces; recovery reads ``log.old`` before ``log``."""
+        os.fsync(self.fd)
+        os.close(self.fd)
+        path = os.path.join(self.directory, "log")
+        os.rename(path, os.path.join(self.directory, OLD))
+        self.fd = files.open_own(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        files.fsync_directory(self.directory)
+        self._synced = time.monotonic()
+        self.stats["wal_log_bytes"] = 0
+
     def truncate(self) -> None:
         """Start the log afresh (a save holds everything logged so far); numbers go on."""
         os.ftruncate(self.fd, 0)
         self.sync()
+        self.stats["wal_log_bytes"] = 0
+
+    @property
+    def size(self) -> int:
+        """Bytes in the log now."""
+        return self.stats["wal_log_bytes"]
 
     def close(self) -> None:
         os.fsync(self.fd)
         os.close(self.fd)
 
 
-def scan(directory: str, after: int = 0) -> Scan:
-    """The intact prefix of ``directory/log`` and what follows it (see the module). ``after``:
+def scan(directory: str, after: int = 0, name: str = "log") -> Scan:
+    """The intact prefix of ``directory/name`` and what follows it (see the module). ``after``:
     the last push the log's base holds; a log whose first record is numbered past ``after + 1``
     misses pushes, which is damage too."""
-    path = os.path.join(directory, "log")
+    path = os.path.join(directory, name)
     found = Scan(path)
     with _mapped(path) as data:
         found.size = len(data)
@@ -207,11 +229,11 @@ def _record_at(data, pos: int):
     return _HEAD.size + body_len, meta, meta_len
 
 
-def read_log(directory: str, after: int = 0, end: int | None = None) -> Iterator[dict]:
-    """The records of ``directory/log`` past ``after``, in order, up to byte ``end`` (None: up
+def read_log(directory: str, after: int = 0, end: int | None = None, name: str = "log") -> Iterator[dict]:
+    """The records of ``directory/name`` past ``after``, in order, up to byte ``end`` (None: up
     to the first one that is not intact): ``{"lsn", "table", "step", "keys", "grads",
     "counts", "sq"}`` (``sq`` None when the push carried none)."""
-    path = os.path.join(directory, "log")
+    path = os.path.join(directory, name)
     with _mapped(path) as data:
         pos, stop = 0, len(data) if end is None else end
         while pos < stop:
