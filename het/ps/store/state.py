@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import signal
+import warnings
 from collections import Counter
 from collections.abc import Callable
 
@@ -246,8 +247,12 @@ def _write_in_child(path: str, stores: dict, header: dict) -> int:
     """Fork a child that writes the save of ``stores`` at ``path`` and exits (0: written); its
     pid. The child sees the tables as they are at the fork, whatever the shard changes after,
     touches nothing but the save's files, and dies with the shard (a shard killed must not
-    have a stale base land after its successor started)."""
-    pid = os.fork()
+    have a stale base land after its successor started). Python 3.12 warns of any fork in a
+    process with threads (ZeroMQ's I/O threads here): the child takes no lock another thread
+    may hold, writing files only, so the warning is silenced."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        pid = os.fork()
     if pid:
         return pid
     code = 1
