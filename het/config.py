@@ -285,8 +285,8 @@ class ShardConfig:
     page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
                             "after its reply", aliases=("--prefetch",))
     wal_max: int | None = setting(None, "with a write-ahead log: past this many bytes of log (e.g. 64MiB) the shard "
-                                  "writes its tables as the log's base and starts the log afresh (none: the log "
-                                  "grows until a save)", kind="size")
+                                  "starts the log afresh while a forked child writes its tables as the log's "
+                                  "base (none: the log grows until a save)", kind="size")
     session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
                                     "dedup entries); a forgotten one's requests are refused")
 
