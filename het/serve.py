@@ -59,6 +59,10 @@ def add_parser(sub) -> None:
     s.add_argument("--metrics-port", type=int, default=None, metavar="P", help="serve Prometheus' text format at "
                    "http://HOST:P/metrics, HOST the one --bind names (0: any free port; the address is printed): "
                    "requests by op, latency, refusals by reason, rows, memory, disk, log bytes, sessions")
+    s.add_argument("--supervise", nargs="?", type=int, const=-1, default=None, metavar="N",
+                   help="run the shard as a child and start it again on the same address whenever it dies, up "
+                        "to N times (no N: always); with --wal on the same --state-dir nothing acknowledged is "
+                        "lost and clients re-send the rest (shards under torchrun)")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
     groups = {"shard": s.add_argument_group("the shard"),
               "table": s.add_argument_group("every --table (the dynamic ones' settings apply to dynamic tables)")}
@@ -101,10 +105,20 @@ def shard_config(args: argparse.Namespace) -> ShardConfig:
 
 def cmd_serve(args) -> None:
     import os
+    import sys
 
     import torch
 
     from het.ps.wire.auth import load_secret
+
+    if args.supervise is not None:
+        if not args.wal:
+            raise ValueError("--supervise needs --wal (and --state-dir): a shard restarted without its log "
+                             "would come back empty")
+        from het.ps.server import supervise
+
+        raise SystemExit(supervise(_without_supervise(sys.argv[2:]), args.bind,
+                                   None if args.supervise < 0 else args.supervise))
 
     threads = args.threads if args.threads is not None else int(os.environ.get("OMP_NUM_THREADS") or 1)
     if threads < 1:
@@ -123,3 +137,25 @@ def _table(text: str) -> tuple[str, int | None, int]:
         raise argparse.ArgumentTypeError(f"expected NAME:ROWS:DIM or NAME:dynamic:DIM, e.g. user:1000000:128, "
                                          f"got {text!r}")
     return parts[0], None if parts[1] == "dynamic" else int(parts[1]), int(parts[2])
+
+
+def _without_supervise(argv: list[str]) -> list[str]:
+    """``het serve``'s arguments less ``--supervise [N]`` and ``--bind ADDRESS`` (the
+    supervisor gives the child its own).
+
+    Example:
+        >>> _without_supervise(["--table", "t:8:4", "--supervise", "3", "--bind", "127.0.0.1:0", "--wal"])
+        ['--table', 't:8:4', '--wal']
+        >>> _without_supervise(["--supervise", "--wal", "--bind=127.0.0.1:5555"])
+        ['--wal']
+    """
+    out, skip = [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if arg == "--bind" or (arg == "--supervise" and i + 1 < len(argv) and argv[i + 1].isdigit()):
+            skip = True
+        elif arg != "--supervise" and not arg.startswith(("--bind=", "--supervise=")):
+            out.append(arg)
+    return out

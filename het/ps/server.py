@@ -288,3 +288,41 @@ def _child_env(secret: bytes | None) -> dict:
 def _cfg_dict(cfg: ShardConfig) -> dict:
     """Every field of ``cfg`` as JSON takes it (:meth:`ShardConfig.from_dict` reads it back)."""
     return {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)} | {"tables": [t.to_dict() for t in cfg.tables]}
+
+
+def supervise(argv: list[str], bind: str, restarts: int | None, backoff_s: float = 1.0) -> int:
+    """``het serve --supervise``: run ``het serve ARGV --bind BIND`` as a child and start it
+    again on the same address (the port it got, when ``bind`` asked for any) whenever it dies
+    of anything but a clean stop, up to ``restarts`` times (None: always). With ``--wal`` on the
+    same state directory, a restarted shard has every push it acknowledged and its clients
+    re-send the rest. SIGTERM and SIGINT reach the shard, which stops cleanly, and end the
+    supervisor; the shard dies with it. The child's exit code at the end."""
+    stopping = threading.Event()
+    child: list[subprocess.Popen] = []
+
+    def forward(signum, frame):
+        stopping.set()
+        if child and child[0].poll() is None:
+            child[0].send_signal(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, forward)
+    done = 0
+    while True:
+        proc = subprocess.Popen([sys.executable, "-m", "het", "serve", *argv, "--bind", bind], stdout=subprocess.PIPE,
+                                text=True, preexec_fn=die_with_parent)
+        child[:] = [proc]
+        for line in proc.stdout:  # the shard's lines, passed on; its address fixes the port for restarts
+            print(line, end="", flush=True)
+            if " listening on " in line:
+                bind = line.rsplit(" ", 1)[1].strip().removeprefix("tcp://")
+        code = proc.wait()
+        if stopping.is_set() or code == 0 or (restarts is not None and done >= restarts):
+            return code
+        done += 1
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"het serve: the shard {how}; restarting it on {bind} (restart {done}"
+              f"{'' if restarts is None else f' of {restarts}'})", flush=True)
+        stopping.wait(backoff_s)
+        if stopping.is_set():
+            return code

@@ -151,3 +151,44 @@ def test_the_default_jobs_log_stays_under_twice_wal_max_over_1000_steps(tmp_path
     sizes = [e["wal_log_bytes"] for e in summary["timeline"]]
     assert len(sizes) >= 20 and max(sizes) <= 128 << 20, sizes
     assert summary["steps"] == 1000 and summary["auc"] > 0.78
+
+
+def test_a_supervised_shard_killed_comes_back_on_its_address_and_loses_nothing(tmp_path):
+    """`het serve --wal --supervise`: the shard is killed (-9); the supervisor starts it again on
+    the same address and state directory, the client re-sends what it had not answered, and
+    the rows equal those of a shard that never died. SIGTERM ends supervisor and shard."""
+    import json
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from het.ps.server import ServerThread
+
+    state = tmp_path / "state"
+    supervisor = subprocess.Popen([sys.executable, "-m", "het", "serve", "--table", "t:500:4", "--optimizer", "adam",
+                                   "--lr", "0.01", "--state-dir", str(state), "--wal", "--supervise", "2",
+                                   "--bind", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
+    try:
+        address = supervisor.stdout.readline().rsplit(" ", 1)[1].strip()
+        client = PSClient.connect([address], reconnect_s=60)
+        pushes(client, range(1, 15))
+        first = json.loads((state / "lock").read_text())["pid"]
+        os.kill(first, signal.SIGKILL)
+        pushes(client, range(15, 30))  # the first of them waits for the shard to come back
+        rows = client.wait(client.pull("t", torch.arange(500)))
+        assert client.stats()[0]["wal_replayed"] >= 14
+        assert json.loads((state / "lock").read_text())["pid"] != first
+        client.close()
+        supervisor.send_signal(signal.SIGTERM)
+        out, _ = supervisor.communicate(timeout=60)
+    finally:
+        if supervisor.poll() is None:
+            supervisor.kill()
+    assert supervisor.returncode == 0 and "restarting it on 127.0.0.1:" in out and "restart 1 of 2" in out
+    with ServerThread(CFG) as reference:
+        client = PSClient.connect([reference.address])
+        pushes(client, range(1, 30))
+        expected = client.wait(client.pull("t", torch.arange(500)))
+        client.close()
+    assert torch.equal(rows[0], expected[0]) and torch.equal(rows[1], expected[1])
