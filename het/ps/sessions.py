@@ -48,10 +48,13 @@ class Sessions:
         """Why a decoded request is refused unread (None: it is not): a forgotten session's, or
         one :class:`checks.Freshness` refuses. Idle sessions are forgotten as their time comes."""
         if self.seen.due():
-            for session in self.seen.forget_idle():
+            gone = self.seen.forget_idle()
+            for session in gone:
                 self.freshness.sessions.pop(session, None)
                 self.applied.pop(session, None)
-                self.counts["sessions_forgotten"] += 1
+            if gone:  # a dict keeps its table when emptied: copies give the memory back
+                self.freshness.sessions, self.applied = dict(self.freshness.sessions), dict(self.applied)
+                self.counts["sessions_forgotten"] += len(gone)
         session = msg.meta.get("session")
         if isinstance(session, str):
             try:
@@ -128,6 +131,8 @@ class Seen:
             gone.append(session)
         for session in gone:
             del self._last[session]
+        if gone:
+            self._last = dict(self._last)
             self._forgotten[self._next] = _hash(session)
             self._next = (self._next + 1) % len(self._forgotten)
             self._count = min(self._count + 1, len(self._forgotten))
