@@ -131,11 +131,11 @@ class Seen:
             gone.append(session)
         for session in gone:
             del self._last[session]
-        if gone:
-            self._last = dict(self._last)
             self._forgotten[self._next] = _hash(session)
             self._next = (self._next + 1) % len(self._forgotten)
             self._count = min(self._count + 1, len(self._forgotten))
+        if gone:  # a dict keeps its table when emptied: a copy gives the memory back
+            self._last = dict(self._last)
         return gone
 
 
