@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import secrets
+import shutil
 import sys
 
 from het.config import parse_bytes
@@ -69,6 +70,9 @@ def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
 
 
 def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, on_failure) -> dict:
+    if cfg.resume is None:  # a job from its start: a log an earlier job left in the directory is not its own
+        for i in range(cfg.servers):
+            shutil.rmtree(os.path.join(log_dir, f"ps-{i}", "wal"), ignore_errors=True)
     if cfg.ps_encrypt and secret is None:  # CURVE's keys derive from a shared secret: one for this job
         secret = secrets.token_hex(16).encode()
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],

@@ -192,3 +192,14 @@ def test_a_supervised_shard_killed_comes_back_on_its_address_and_loses_nothing(t
         expected = client.wait(client.pull("t", torch.arange(500)))
         client.close()
     assert torch.equal(rows[0], expected[0]) and torch.equal(rows[1], expected[1])
+
+
+def test_a_job_run_again_in_its_log_directory_starts_from_fresh_rows(tmp_path):
+    """`het train --ps-wal --log-dir D` twice: the second job's shard does not replay the first's
+    log (a job not resuming starts from the initial rows), so one worker gives the same AUC."""
+    from jobs import het
+
+    job = ["train", "--steps", "20", "--workers", "1", "--dim", "8", "--batch", "64", "--synthetic-cap", "2000",
+           "--eval-samples", "2048", "--ps-wal", "--json", "--quiet", "--log-dir", str(tmp_path)]
+    first, second = het(*job), het(*job)
+    assert second["auc"] == first["auc"]
