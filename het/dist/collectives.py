@@ -2,8 +2,28 @@
 
 from __future__ import annotations
 
+import datetime
+import os
+
 import torch
 import torch.distributed as dist
+
+
+def local_device() -> torch.device:
+    """This rank's device: the GPU of its LOCAL_RANK where there is one, else the CPU (also when
+    this machine has fewer GPUs than local workers)."""
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if torch.cuda.is_available() and local < torch.cuda.device_count():
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def join_group(world: int, device: torch.device) -> None:
+    """Join the job's process group (torchrun's environment), unless alone or joined already."""
+    if world > 1 and not dist.is_initialized():
+        # a peer that died must not hang the others for gloo's default 30 minutes
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
 
 
 def barrier(world: int) -> None:

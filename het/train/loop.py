@@ -5,7 +5,6 @@ cluster launcher (het.dist.launch) alike: rank and world size come from the envi
 from __future__ import annotations
 
 import contextlib
-import datetime
 import gc
 import math
 import os
@@ -19,7 +18,7 @@ from tqdm import tqdm
 
 from het.choices import Mode, Optimizer
 from het.config import CacheConfig
-from het.dist.collectives import barrier, gather
+from het.dist.collectives import barrier, gather, join_group, local_device
 from het.dist.dense import AllReduceDense, DenseSync, PSDense
 from het.nn.embedding import Embedding
 from het.ps.client import PSClient
@@ -102,6 +101,7 @@ class Worker:
         # rank 0 alone asks the shards how they fare: the summary's timeline, the bar's rows on disk
         timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
                             self.cfg.batch * self.world, start)
+        barrier(self.world)  # every rank's clock starts together: the time limit and samples/s are the job's
         start_time = time.perf_counter()
         batch = self.upcoming.batch(start, end=steps) if start < steps else None
         loss = math.nan
@@ -139,8 +139,8 @@ class Worker:
         self.flush_bytes += self.embedding.traffic["sparse_push"] - before
 
     def _stop_requested(self, elapsed_s: float) -> bool:
-        """Whether every rank stops after this step: SIGTERM reached one (``stop``), or training
-        ran past ``cfg.time_limit_s`` on one (``out_of_time``, then set on every rank)."""
+        """Whether every rank stops after this step: SIGTERM reached one (``stop``), or training ran
+        past ``cfg.time_limit_s`` on one (``out_of_time``, then set on every rank)."""
         limit = self.cfg.time_limit_s
         out_of_time = limit is not None and elapsed_s >= limit
         if self.world == 1:
@@ -239,8 +239,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     """Train as one rank (rank and world from torchrun's environment variables); rank 0
     returns the job's summary, the other ranks None."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    device = _device()
-    _join_group(world, device)
+    device = local_device()
+    join_group(world, device)
     # with write-ahead logs a shard that dies is started again in place: wait for it, re-send
     client = PSClient.connect(addresses, timeout_s=timeout_s, secret=secret, lazy_init=cfg.lazy_init,
                               reconnect_s=120.0 if cfg.ps_wal else 0.0, encrypt=cfg.ps_encrypt)
@@ -291,12 +291,6 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _join_group(world: int, device: torch.device) -> None:
-    if world > 1 and not dist.is_initialized():
-        # a peer that died must not hang the others for gloo's default 30 minutes
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=datetime.timedelta(seconds=600))
 
 
 def _exit_if_stopped(worker: Worker, start: int) -> None:
@@ -390,11 +384,3 @@ def _say(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
     except OSError:
         pass
-
-
-def _device() -> torch.device:
-    local = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.cuda.is_available() and local < torch.cuda.device_count():
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")  # also when this machine has fewer GPUs than local workers
