@@ -24,7 +24,7 @@ from het import files
 from het.config import TableConfig
 from het.export.lazy import LazyTensor, TorchFile
 from het.ps.store.disk import read_saved
-from het.ps.store.saves import check_format, table_dir
+from het.ps.store.saves import check_format, check_shards_here, table_dir
 from het.train.checkpoint import FORMAT as WORKER_FORMAT, read_checked_json
 
 PIECE_BYTES = 32 << 20  # rows read at once from a save
@@ -72,6 +72,7 @@ class Checkpoint:
         self.config, self.step, self.model_state = state["config"], int(state["step"]), state["model"]
         self.evaluation = _read_json(os.path.join(path, "evaluation.json"))
         self.published = state.get("published")  # a base of het train --publish: its version and time
+        check_shards_here(path, state)
         self.shards = self._open_shards(os.path.join(path, "ps"))
         self.num_shards = len(self.shards)
         first = self.shards[0].obj["tables"]
@@ -163,3 +164,4 @@ def _what(path: str) -> str:
     if not os.path.exists(path):
         return "nothing"
     return "a file" if os.path.isfile(path) else "something else"
+

@@ -209,10 +209,13 @@ class PSClient:
             self.load_named(tag)
         return [os.path.join(directory, saves.shard_name(i)) for i in range(self.num_shards)]
 
-    def save_named(self, name: str) -> list[str]:
-        """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory."""
-        return [m.meta["path"] for m in self.link.broadcast(Op.SAVE, lambda i: {"path": f"{name}/{saves.shard_name(i)}"},
-                                                        timeout_s=None)]  # a big table takes its time
+    def save_named(self, name: str, drop: str | None = None) -> list[str]:
+        """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory, then
+        removes the save named ``drop`` there, if any (what the new one replaces)."""
+        def meta(i: int) -> dict:
+            return {"path": f"{name}/{saves.shard_name(i)}", **({"drop": f"{drop}/{saves.shard_name(i)}"} if drop else {})}
+
+        return [m.meta["path"] for m in self.link.broadcast(Op.SAVE, meta, timeout_s=None)]  # a big table takes its time
 
     def load_named(self, name: str) -> list[str]:
         """Every shard loads ``name/shard-<i>.pt`` from its own state directory."""
@@ -221,6 +224,11 @@ class PSClient:
 
     def _tag(self, what: str) -> str:
         return f"{what}-{self.link.session[:12]}-{self.link.next_id()}"
+
+    def sees_state_dirs(self) -> bool:
+        """Whether every shard's state directory is on a filesystem this process sees."""
+        return all(d is not None and os.path.isdir(d) for d in (m.meta["shard"].get("state_dir")
+                                                                 for m in self.link.broadcast(Op.INFO)))
 
     def _state_dirs(self) -> list[str]:
         dirs = [m.meta["shard"].get("state_dir") for m in self.link.broadcast(Op.INFO)]

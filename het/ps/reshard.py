@@ -26,7 +26,7 @@ from het import files
 from het.config import TableConfig
 from het.ps import partition
 from het.ps.store import optim
-from het.ps.store.saves import SAVE_FORMAT, check_format, rows_dir
+from het.ps.store.saves import SAVE_FORMAT, check_format, check_shards_here, rows_dir
 from het.ps.store.disk import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
@@ -62,6 +62,7 @@ def reshard_checkpoint(src: str, dst: str, num_shards: int) -> list[str]:
         raise ValueError(f"{dst} is not empty: reshard writes into a new directory")
     files.check_zip(worker)
     state = torch.load(worker, weights_only=False, map_location="cpu")
+    check_shards_here(src, state)
     paths = reshard(os.path.join(src, "ps"), os.path.join(dst, "ps"), num_shards)
     state["config"] = {**state["config"], "servers": num_shards}
     files.write_file(os.path.join(dst, "worker.pt"), lambda f: torch.save(state, f))

@@ -206,8 +206,10 @@ class Shard:
                 return {"applied": 0, "staged": part[0]}
         return {"applied": self._apply(checked, session)}
 
-    def _on_save(self, meta: dict, arrays: list):  # a name inside the state directory, checked before anything is written
+    def _on_save(self, meta: dict, arrays: list):  # names inside the state directory, checked before anything is written
+        drop = self.state.resolve(checks.path(meta, "drop"), write=True) if "drop" in meta else None
         self.save(self.state.resolve(checks.path(meta), write=True))
+        self.state.drop(drop)  # an earlier save the new one replaces (a checkpoint kept by the shards)
         return {"path": meta["path"]}, []
 
     def _on_load(self, meta: dict, arrays: list):
@@ -379,11 +381,9 @@ class Shard:
         self.sessions.restore(header.get("applied", {}))
 
     def stats_dict(self) -> dict:
-        """Counters, and per table its stored rows and bytes (``tables``); the process's
-        resident memory now and at its peak (``rss_bytes``, ``peak_rss_bytes``), its CPU seconds
-        so far, every thread's (ZeroMQ's I/O thread too: ``process_cpu_s``); its torch threads
-        (``threads``). The process is the one serving the shard: ``het serve``'s, or the caller's
-        for a shard in a thread or in process."""
+        """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het
+        serve``'s, or the caller's for a shard in a thread) resident memory now and at its peak,
+        CPU seconds of every thread (ZeroMQ's too: ``process_cpu_s``) and torch threads."""
         return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started, index=self.cfg.index,
                     process_cpu_s=time.process_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),

@@ -4,6 +4,13 @@ and its optimizer, and the data position, under one directory::
     DIR/ps/shard-<i>.pt   written by each shard
     DIR/worker.pt         dense model, dense optimizer, step, config (from rank 0)
 
+With ``ps_saves_local``, or when rank 0 does not see the shards' state directories (machines
+that share no storage), each shard keeps its save in its own state directory instead, as
+``checkpoints/step-<N>-<id>/shard-<i>.pt``, and ``worker.pt`` names it (``ps_named``); a shard
+keeps the saves of the last two checkpoints (each save removes the one before the previous).
+Resuming then needs the shards on those state directories; ``het export`` and ``het reshard``
+need the saves copied into ``DIR/ps/``.
+
 written as ``DIR.tmp-STEP``, forced to disk whole, and swapped in; what an interrupted save
 leaves goes at the next save or job start (:func:`remove_stale`). Every file in it carries
 checksums (the saves and ``worker.pt`` are zip files with a CRC-32 a member,
@@ -42,7 +49,7 @@ def save(worker, directory: str, step: int) -> None:
         tmp, old = f"{final}.tmp-{step}", f"{final}.old-{step}"
         remove_stale(final)
         shutil.rmtree(tmp, ignore_errors=True)
-        write(worker, tmp, step)
+        write(worker, tmp, step, replaces=final)
         files.fsync_tree(tmp)  # every file of it on disk before it takes the name
         if os.path.exists(final):
             os.replace(final, old)
@@ -52,16 +59,37 @@ def save(worker, directory: str, step: int) -> None:
     barrier(worker.world)
 
 
-def write(worker, directory: str, step: int, **extra) -> None:
+def write(worker, directory: str, step: int, replaces: str | None = None, **extra) -> None:
     """Write the shards' saves and the dense model into the new directory ``directory`` as
     they are now (rank 0; :func:`save` flushes the caches first, a publication of the PS's rows
-    does not). ``extra``: more entries of ``worker.pt`` (a publication's version and time)."""
+    does not). ``replaces``: the checkpoint this one takes the place of, when it is one (then
+    the shards may keep their saves: module docs). ``extra``: more entries of ``worker.pt`` (a
+    publication's version and time)."""
     os.makedirs(directory)
-    worker.client.save(os.path.join(directory, "ps"))
+    if replaces is not None and (worker.cfg.ps_saves_local or not worker.client.sees_state_dirs()):
+        extra = {**extra, **_save_named(worker, replaces, step)}
+    else:
+        worker.client.save(os.path.join(directory, "ps"))
     state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
              "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
              "optimizer": worker.dense.state_dict(), **extra}
     files.write_file(os.path.join(directory, "worker.pt"), lambda f: torch.save(state, f))
+
+
+def _save_named(worker, replaces: str, step: int) -> dict:
+    """The shards save into their own state directories; what ``worker.pt`` records of it. The
+    checkpoint this one ``replaces`` keeps its saves; the one before it goes."""
+    current = _read_worker(replaces).get("ps_named") if os.path.isfile(os.path.join(replaces, "worker.pt")) else None
+    name = f"checkpoints/step-{step}-{worker.client.link.session[:8]}"
+    worker.client.save_named(name, drop=current and current.get("previous"))
+    return {"ps_named": {"name": name, "num_shards": worker.client.num_shards,
+                         "previous": current and current["name"]}}
+
+
+def _read_worker(directory: str) -> dict:
+    path = os.path.join(directory, "worker.pt")
+    files.check_zip(path)
+    return torch.load(path, weights_only=False, map_location="cpu")
 
 
 def record_evaluation(directory: str, step: int, metrics: dict) -> None:
@@ -127,11 +155,12 @@ def restore(worker, directory: str) -> int:
     """Load a checkpoint written by :func:`save`; returns the step to continue from."""
     check_resumable(directory, worker.client.num_shards if worker.rank == 0 else None)
     path = os.path.join(directory, "worker.pt")
-    files.check_zip(path)  # the shards check their own saves as they load them
-    state = torch.load(path, weights_only=False, map_location="cpu")
+    state = _read_worker(directory)  # the shards check their own saves as they load them
     if state.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
-    if worker.rank == 0:
+    if worker.rank == 0 and state.get("ps_named"):
+        worker.client.load_named(state["ps_named"]["name"])  # a shard without it refuses, naming it
+    elif worker.rank == 0:
         worker.client.load(os.path.abspath(os.path.join(directory, "ps")))
     missing, unexpected = worker.model.load_state_dict(state["model"], strict=False)
     if unexpected or any(not k.startswith("embedding.") for k in missing):
@@ -168,6 +197,13 @@ def check_resumable(directory: str, shards: int | None = None) -> None:
     path = os.path.join(directory, "worker.pt")
     if not os.path.isfile(path):
         raise ValueError(f"no checkpoint at {directory!r}: expected {path}")
+    named = _read_worker(directory).get("ps_named")
+    if named:
+        if shards is not None and named["num_shards"] != shards:
+            raise ValueError(f"{directory!r} was saved by {named['num_shards']} shards in their own state "
+                             f"directories ({named['name']}), and this job has {shards} servers: resume on "
+                             f"those shards, or copy their saves into {directory}/ps/ and `het reshard`")
+        return
     ps = os.path.join(directory, "ps")
     saved = sorted(int(m.group(1)) for m in map(re.compile(r"shard-(\d+)\.pt").fullmatch,
                                                  os.listdir(ps) if os.path.isdir(ps) else []) if m)

@@ -211,6 +211,10 @@ class TrainConfig:
     tensorboard_dir: str | None = setting(None, "write TensorBoard scalars here while training (a local cluster: "
                                           "RUN_DIR/tensorboard unless set)")
     tensorboard_every: int = setting(10, "steps between TensorBoard points (0: no TensorBoard)")
+    ps_saves_local: bool = setting(False, "checkpoints leave each shard's rows in its own state directory, "
+                                   "named in worker.pt: no storage shared between machines (chosen too when the "
+                                   "workers do not see the shards' directories); resuming needs those shards' "
+                                   "directories again")
     ps_stats_every: float = setting(10.0, "rank 0 asks the shards for their STATS every N seconds: the summary's "
                                     "timeline of rows, disk and RSS (0: never)")
     max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "

@@ -67,7 +67,7 @@ def test_unreachable_shard_times_out_naming_its_address():
 
 
 def test_a_stop_request_in_a_signal_handler_ends_a_wait_for_a_silent_shard():
-    """A worker blocked on a dead shard acts on SIGTERM (issue 11): its handler calls
+    """A worker blocked on a dead shard acts on SIGTERM: its handler calls
     stop_waiting, and the wait, which pyzmq would otherwise resume for the whole timeout, gives
     up within the grace. A live shard is still waited for after the request (the flush)."""
     server = ServerProcess(ShardConfig((TABLE,)))

@@ -1,4 +1,4 @@
-"""Any int64 is a key (issue 12, dynamic tables): the cache and its lookahead window treat
+"""Any int64 is a key (dynamic tables): the cache and its lookahead window treat
 negative keys, int64's extremes and the value an empty slot stores (EMPTY) like any other key."""
 
 import math

@@ -218,7 +218,7 @@ def test_server_process_passes_the_secret_in_the_environment_only(monkeypatch):
     assert _child_env(b"\xffk")[SECRET_ENV].encode("utf-8", "surrogateescape") == b"\xffk"
 
 
-# -- replay (issue 11, item 2) ------------------------------------------------------------------
+# -- replay -------------------------------------------------------------------------------
 
 class Recording:
     """A channel that keeps a copy of every request it carries (what an eavesdropper captures)."""

@@ -1,5 +1,6 @@
 """What interrupted checkpoint saves leave behind (``DIR.tmp-STEP``, ``DIR.old-STEP``) is removed
-at the next save and when a job starts (issue 11), unless it may be the newest checkpoint."""
+at the next save and when a job starts, unless it may be the newest checkpoint; checkpoints whose
+shards keep their own saves."""
 
 from types import SimpleNamespace
 
@@ -92,3 +93,28 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file_and_loads_nothing(tmp_p
     evaluation.write_text(evaluation.read_text().replace("0.75", "0.95"))
     with pytest.raises(ValueError, match="evaluation.json: does not match its checksum"):
         checkpoint.read_checked_json(evaluation.read_text(), str(evaluation))
+
+
+def test_a_worker_that_cannot_see_the_shards_directories_leaves_their_saves_with_them(tmp_path, monkeypatch):
+    """Machines sharing no storage: the checkpoint holds worker.pt naming the shards' own saves,
+    each shard keeps the last two, and a restore loads them back."""
+    import os
+
+    worker = fake_worker()
+    worker.embedding.resume_at = lambda step: None
+    worker.dense.load_state_dict = lambda state: None
+    state_dir = worker.client._state_dirs()[0]
+    monkeypatch.setattr(worker.client, "sees_state_dirs", lambda: False)
+    push = lambda: worker.client.wait(worker.client.push("t", torch.tensor([1]), torch.ones(1, 2),  # noqa: E731
+                                                         torch.ones(1, dtype=torch.int64)))
+    for step in (4, 8, 12):
+        push()
+        checkpoint.save(worker, str(tmp_path / "ck"), step)
+    assert sorted(os.listdir(tmp_path / "ck")) == ["worker.pt"]
+    named = torch.load(tmp_path / "ck" / "worker.pt", weights_only=False)["ps_named"]
+    kept = sorted(os.listdir(os.path.join(state_dir, "checkpoints")))
+    assert len(kept) == 2 and {named["name"], named["previous"]} == {f"checkpoints/{k}" for k in kept}
+    push()
+    assert worker.client.wait(worker.client.pull("t", torch.tensor([1])))[1].tolist() == [4]
+    assert checkpoint.restore(worker, str(tmp_path / "ck")) == 12
+    assert worker.client.wait(worker.client.pull("t", torch.tensor([1])))[1].tolist() == [3]

@@ -1,4 +1,4 @@
-"""A shard trusts nothing in a request (issue 11): every field is checked before anything
+"""A shard trusts nothing in a request: every field is checked before anything
 changes, values out of range are refused, types are strict, and a refusal leaves the rows,
 clocks, marks and optimizer state exactly as they were."""
 

@@ -252,3 +252,18 @@ def test_sync_clocks_and_indices_travel_as_narrow_as_they_fit():
     assert wide.sync_bytes == 2 * 1 + 2 * 8  # keys as steps, clocks as int64
     res = client.wait(wide)
     assert res.index.tolist() == [0, 1] and res.clocks.tolist() == [0, big]
+
+
+def test_a_save_removes_the_one_it_replaces_and_a_bad_name_to_drop_changes_nothing(tmp_path):
+    """SAVE with ``drop``: the new save is written, then the named earlier one (and its folder)
+    removed; a ``drop`` out of the state directory, or of the shard's own files, is refused before
+    anything is written; a name to drop that holds nothing is no error."""
+    shard = Shard(ShardConfig((TableConfig("t", rows=8, dim=2),)), state_dir=str(tmp_path))
+    save = lambda meta: shard.handle(Message(Op.SAVE, 1, meta))  # noqa: E731
+    assert save({"path": "a/shard-0.pt"}).status == 0 and save({"path": "b/shard-0.pt", "drop": "a/shard-0.pt"}).status == 0
+    assert not (tmp_path / "a").exists() and (tmp_path / "b" / "shard-0.pt").is_file()
+    for bad in ("../b/shard-0.pt", "wal/base.pt", "/etc/passwd"):
+        reply = save({"path": "c/shard-0.pt", "drop": bad})
+        assert reply.status != 0 and "refused path" in reply.meta["error"] and not (tmp_path / "c").exists()
+    assert save({"path": "c/shard-0.pt", "drop": "gone/shard-0.pt"}).status == 0 and (tmp_path / "b").exists()
+    shard.close()

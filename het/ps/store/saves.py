@@ -232,3 +232,12 @@ def local(index: int) -> str:
         _LOCAL_ROOT.append(tempfile.mkdtemp(prefix="het-local-shards-"))
         atexit.register(shutil.rmtree, _LOCAL_ROOT[0], True)
     return tempfile.mkdtemp(prefix=f"shard-{index}-", dir=_LOCAL_ROOT[0])
+
+
+def check_shards_here(path: str, state: dict) -> None:
+    """ValueError, saying what to do, for a checkpoint whose shards kept their saves in their own
+    state directories (``het train --ps-saves-local``) and whose ``ps/`` does not hold copies."""
+    named = state.get("ps_named")
+    if named and not os.path.isdir(os.path.join(path, "ps")):
+        raise ValueError(f"{path}: its PS rows stayed in each shard's state directory as {named['name']}/shard-<i>.pt "
+                         f"(het train --ps-saves-local): copy those {named['num_shards']} files into {path}/ps/ first")

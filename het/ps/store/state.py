@@ -204,6 +204,18 @@ class StateDirectory:
             self.log.truncate()  # a crash between the two replays nothing twice: the base names its last push
             self._drop_old_log()
 
+    def drop(self, path: str | None) -> None:
+        """Remove the save at ``path`` (:meth:`resolve`'d), its rows directories, and its folder
+        once empty; nothing when there is none (or ``path`` is None)."""
+        if path is None or not os.path.isfile(path) or path == self._base():
+            return
+        os.unlink(path)
+        saves.remove_other_rows(path, None)
+        folder = os.path.dirname(path)
+        if folder != self.root and not os.listdir(folder):
+            os.rmdir(folder)
+        files.fsync_directory(os.path.dirname(folder) if folder != self.root else folder)
+
     def load(self, path: str, stores: dict, index: int, num_shards: int) -> dict:
         """Load the save at ``path`` into ``stores`` (checked whole first; refused whole); with
         a log, the state loaded is written as its base and the log starts afresh. The save's

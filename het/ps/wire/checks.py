@@ -136,10 +136,10 @@ def limit(meta: dict, max_keys: int) -> int:
     return _int(meta, "limit", max_keys, 1, max_keys)
 
 
-def path(meta: dict) -> str:
-    value = meta.get("path")
+def path(meta: dict, key: str = "path") -> str:
+    value = meta.get(key)
     if not isinstance(value, str) or not value:
-        raise ValueError(f"expected a file path in meta['path'], got {value!r}")
+        raise ValueError(f"expected a file path in meta[{key!r}], got {value!r}")
     return value
 
 
