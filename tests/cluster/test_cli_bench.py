@@ -137,3 +137,11 @@ def test_bench_profile_refuses_zero_steps():
     out = subprocess.run([sys.executable, "-m", "het", "bench", "profile", "--steps", "0"], capture_output=True,
                          text=True, timeout=120)
     assert out.returncode != 0 and "steps >= 1" in out.stderr
+
+
+def test_bench_floor_times_the_plain_model_and_het_in_turn():
+    r = last_json(het("bench", "floor", "--steps", "10", "--warmup", "2", "--rounds", "1", "--dim", "8", "--batch",
+                      "64", "--synthetic-cap", "2000", "--json"))
+    assert r["steps"] == 10 and r["batch"] == 64 and len(r["floor_ms_per_step"]) == len(r["het_ms_per_step"]) == 1
+    assert r["floor_ms_per_step"][0] > 0 and r["het_ms_per_step"][0] > 0
+    assert r["median_ratio"] == pytest.approx(r["floor_ms_per_step"][0] / r["het_ms_per_step"][0])
