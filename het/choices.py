@@ -83,6 +83,15 @@ class PushDtype(Choice):
     BF16 = "bf16"
 
 
+class DenseCompression(Choice):
+    """How the dense AllReduce's gradients travel: float32, or halved to float16 or bfloat16 by
+    DDP's compression hooks (averaged in that precision, decompressed after)."""
+
+    NONE = "none"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
 class Mode(Choice):
     """What a training job puts where: ``het``, a PS with worker caches; ``hybrid``, a PS and
     no cache; ``ps``, the dense layers on the PS too (TF-PS)."""

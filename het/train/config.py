@@ -24,8 +24,8 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
-from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, Ids, LocalUpdate, Mode, Model, Optimizer, Policy,
-                         PushDtype)
+from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, LocalUpdate, Mode, Model, Optimizer,
+                         Policy, PushDtype)
 from het.config import parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
@@ -242,6 +242,8 @@ class TrainConfig:
                                "names into DRAM after replying, before the step that needs them")
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
+    dense_compression: DenseCompression = setting(DenseCompression.NONE, "how the dense AllReduce's gradients "
+                                                  "travel: fp16 or bf16 take half the bytes (DDP's hooks)")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)

@@ -395,3 +395,12 @@ def test_checkpoints_kept_by_the_shards_resume_with_nothing_shared(tmp_path):
     saved = tmp_path / "l2" / "ps-0" / b["ps_named"]["name"] / "shard-0.pt"
     rows_b = torch.load(saved, weights_only=True)["tables"]["embedding"]
     assert torch.allclose(rows_a["weight"], rows_b["weight"], atol=1e-5) and torch.equal(rows_a["clocks"], rows_b["clocks"])
+
+
+@pytest.mark.parametrize("compression", [pytest.param("fp16", marks=pytest.mark.slow), "bf16"])
+def test_a_compressed_dense_allreduce_halves_its_bytes_and_still_trains(tmp_path, compression):
+    job = ["train", "--steps", "40", "--workers", "2", *SMALL, "--json", "--quiet"]
+    plain = het(*job, "--log-dir", str(tmp_path / "plain"))
+    halved = het(*job, "--dense-compression", compression, "--log-dir", str(tmp_path / compression))
+    assert halved["bytes"]["dense"] * 2 == pytest.approx(plain["bytes"]["dense"], rel=1e-6)
+    assert abs(halved["auc"] - plain["auc"]) < 0.02 and halved["time_split"]["allreduce"] > 0
