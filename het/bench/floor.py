@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+import warnings
 
 import torch
 from torch import nn
@@ -64,6 +65,7 @@ def floor_model(cfg: TrainConfig):
 
     if cfg.is_graph:
         raise ValueError("het bench floor measures CTR models; GraphSAGE's sampling is not a plain model's step")
+    warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled")  # torch's, per step
     task = make_task(cfg)
     table = job_tables(cfg, task)[0]
     hashed = task.num_rows is None
