@@ -8,8 +8,9 @@ as het's initial rows, so at s = 0 with SGD the two train alike (tested). Hashed
 the hashing trick a plain model would use.
 
 Beside it, in turn for ``--rounds`` rounds, ``het train --workers 1`` of the same flags (its shard
-on the other core, as the default local job runs): each one's ms a step over ``--steps`` steps
-after ``--warmup``, and the ratio floor ms / het ms (1: het as fast as not distributing).
+on the other core, as the default local job runs): each one's ms a step over its ``--steps``
+steps from the first (het's: its training loop's ``wall_s``, start-up excluded, as the floor's),
+and the ratio floor ms / het ms (1: het as fast as not distributing).
 """
 
 from __future__ import annotations
@@ -91,44 +92,38 @@ def floor_model(cfg: TrainConfig):
     return task, model, step
 
 
-def floor_ms(cfg: TrainConfig, steps: int, warmup: int) -> float:
-    """The floor's ms a step over ``steps`` steps after ``warmup``, one thread."""
+def floor_ms(cfg: TrainConfig, steps: int) -> float:
+    """The floor's ms a step over its first ``steps`` steps, one thread (building the model and
+    its rows not counted)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         _, _, step = floor_model(cfg)
-        for i in range(warmup):
-            step(i)
         start = time.perf_counter()
-        for i in range(warmup, warmup + steps):
+        for i in range(steps):
             step(i)
         return (time.perf_counter() - start) / steps * 1000
     finally:
         torch.set_num_threads(threads)
 
 
-def het_ms(argv: list[str], steps: int, warmup: int) -> float:
-    """``het train --workers 1`` of ``argv``'s flags for ``warmup + steps`` steps: ms a step of its
-    training loop, the warm-up's share taken out by a second, warm-up-only job's (both in turn)."""
-    def run(n: int) -> dict:
-        out = subprocess.run([sys.executable, "-m", "het", "train", *argv, "--workers", "1", "--steps", str(n),
-                              "--eval-samples", "0", "--tensorboard-every", "0", "--json", "--quiet"],
-                             capture_output=True, text=True, timeout=3600)
-        if out.returncode:
-            raise RuntimeError(f"het train failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    whole = run(warmup + steps)["wall_s"]
-    start = run(warmup)["wall_s"] if warmup else 0.0
-    return (whole - start) / steps * 1000
+def het_ms(argv: list[str], steps: int) -> float:
+    """``het train --workers 1`` of ``argv``'s flags for ``steps`` steps: ms a step of its
+    training loop (its ``wall_s``: the steps and the final flush)."""
+    out = subprocess.run([sys.executable, "-m", "het", "train", *argv, "--workers", "1", "--steps", str(steps),
+                          "--eval-samples", "0", "--tensorboard-every", "0", "--json", "--quiet"],
+                         capture_output=True, text=True, timeout=3600)
+    if out.returncode:
+        raise RuntimeError(f"het train failed (exit {out.returncode}): {out.stderr.strip()[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])["wall_s"] / steps * 1000
 
 
-def run(cfg: TrainConfig, argv: list[str], steps: int = 400, warmup: int = 20, rounds: int = 3) -> dict:
+def run(cfg: TrainConfig, argv: list[str], steps: int = 400, rounds: int = 3) -> dict:
     """Floor and het, in turn, ``rounds`` times; each one's ms a step and their ratio."""
     floor, het = [], []
     for _ in range(rounds):
-        floor.append(floor_ms(cfg, steps, warmup))
-        het.append(het_ms(argv, steps, warmup))
+        floor.append(floor_ms(cfg, steps))
+        het.append(het_ms(argv, steps))
     ratios = [f / h for f, h in zip(floor, het)]
     return {"model": str(cfg.model), "ids": str(cfg.ids), "batch": cfg.batch, "dim": cfg.dim, "steps": steps,
             "floor_ms_per_step": floor, "het_ms_per_step": het, "ratio": ratios,
@@ -142,7 +137,6 @@ def add_parser(bsub) -> None:
     p = bsub.add_parser("floor", help="het with one worker against the same model on plain local nn.Embedding, "
                                       "one process: ms a step and their ratio")
     p.add_argument("--rounds", type=int, default=3, help="floor then het, this many times")
-    p.add_argument("--warmup", type=int, default=20, help="steps before the timed ones")
     add_config_flags(p, exclude=("workers", "checkpoint", "checkpoint_every", "resume", "export.dir", "export.every",
                                  "export.dtype", "publish.dir", "publish.every", "publish.base_every",
                                  "publish.keep"),
@@ -154,7 +148,7 @@ def add_parser(bsub) -> None:
 def _main(args) -> None:
     cfg = config_from_args(args)
     argv = _train_argv(sys.argv)
-    result = run(cfg, argv, cfg.steps, args.warmup, args.rounds)
+    result = run(cfg, argv, cfg.steps, args.rounds)
     if args.json:
         print(json.dumps(result, sort_keys=True))
         return
@@ -174,8 +168,8 @@ def _train_argv(argv: list[str]) -> list[str]:
     for arg in argv[3:]:
         if skip:
             skip = False
-        elif arg in ("--rounds", "--warmup", "--steps"):
+        elif arg in ("--rounds", "--steps"):
             skip = True
-        elif arg != "--json" and not arg.startswith(("--rounds=", "--warmup=", "--steps=")):
+        elif arg != "--json" and not arg.startswith(("--rounds=", "--steps=")):
             out.append(arg)
     return out

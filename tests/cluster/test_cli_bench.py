@@ -140,7 +140,7 @@ def test_bench_profile_refuses_zero_steps():
 
 
 def test_bench_floor_times_the_plain_model_and_het_in_turn():
-    r = last_json(het("bench", "floor", "--steps", "10", "--warmup", "2", "--rounds", "1", "--dim", "8", "--batch",
+    r = last_json(het("bench", "floor", "--steps", "10", "--rounds", "1", "--dim", "8", "--batch",
                       "64", "--synthetic-cap", "2000", "--json"))
     assert r["steps"] == 10 and r["batch"] == 64 and len(r["floor_ms_per_step"]) == len(r["het_ms_per_step"]) == 1
     assert r["floor_ms_per_step"][0] > 0 and r["het_ms_per_step"][0] > 0

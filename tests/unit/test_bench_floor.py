@@ -39,5 +39,5 @@ def test_hashed_ids_reach_a_table_of_the_datas_ids_by_modulo():
 
 
 def test_the_bench_passes_on_the_train_flags_only():
-    assert _train_argv(["het", "bench", "floor", "--warmup=3", "--model", "dcn", "--rounds", "1", "--json"]) == \
+    assert _train_argv(["het", "bench", "floor", "--steps=3", "--model", "dcn", "--rounds", "1", "--json"]) == \
         ["--model", "dcn"]
