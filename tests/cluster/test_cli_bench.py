@@ -139,6 +139,7 @@ def test_bench_profile_refuses_zero_steps():
     assert out.returncode != 0 and "steps >= 1" in out.stderr
 
 
+@pytest.mark.slow  # the floor's model: tests/unit/test_bench_floor.py
 def test_bench_floor_times_the_plain_model_and_het_in_turn():
     r = last_json(het("bench", "floor", "--steps", "10", "--rounds", "1", "--dim", "8", "--batch",
                       "64", "--synthetic-cap", "2000", "--json"))

@@ -397,7 +397,8 @@ def test_checkpoints_kept_by_the_shards_resume_with_nothing_shared(tmp_path):
     assert torch.allclose(rows_a["weight"], rows_b["weight"], atol=1e-5) and torch.equal(rows_a["clocks"], rows_b["clocks"])
 
 
-@pytest.mark.parametrize("compression", [pytest.param("fp16", marks=pytest.mark.slow), "bf16"])
+@pytest.mark.slow
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_a_compressed_dense_allreduce_halves_its_bytes_and_still_trains(tmp_path, compression):
     job = ["train", "--steps", "40", "--workers", "2", *SMALL, "--json", "--quiet"]
     plain = het(*job, "--log-dir", str(tmp_path / "plain"))
