@@ -312,6 +312,8 @@ def supervise(argv: list[str], bind: str, restarts: int | None, backoff_s: float
         proc = subprocess.Popen([sys.executable, "-m", "het", "serve", *argv, "--bind", bind], stdout=subprocess.PIPE,
                                 text=True, preexec_fn=die_with_parent)
         child[:] = [proc]
+        if stopping.is_set() and proc.poll() is None:  # a signal that came while it started
+            proc.send_signal(signal.SIGTERM)
         for line in proc.stdout:  # the shard's lines, passed on; its address fixes the port for restarts
             print(line, end="", flush=True)
             if " listening on " in line:

@@ -75,10 +75,11 @@ class Sessions:
         return False
 
     def restore(self, applied: dict[str, int]) -> None:
-        """The applied pushes a save or log recorded; their sessions count as seen now."""
+        """The applied pushes a save or log recorded; their sessions count as seen now (also one
+        forgotten since: the save says what it applied)."""
         self.applied = dict(applied)
         for session in self.applied:
-            self.seen(session)
+            self.seen.mark(session)
 
 
 class Seen:
@@ -113,6 +114,10 @@ class Seen:
             raise SessionExpired(f"session {session!r} was idle past {self.idle_s:g} s and forgotten by this shard; "
                                  f"its requests are refused (a re-sent push could apply twice): start a new session "
                                  f"(reconnect)")
+        self.mark(session)
+
+    def mark(self, session: str) -> None:
+        """``session`` seen now, whether forgotten before or not."""
         self._last.pop(session, None)  # to the end: the dict stays ordered by last sight
         self._last[session] = self._clock()
 

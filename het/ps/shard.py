@@ -208,7 +208,7 @@ class Shard:
 
     def _on_save(self, meta: dict, arrays: list):  # names inside the state directory, checked before anything is written
         drop = self.state.resolve(checks.path(meta, "drop"), write=True) if "drop" in meta else None
-        self.save(self.state.resolve(checks.path(meta), write=True))
+        self.save(checks.not_same(self.state.resolve(checks.path(meta), write=True), drop))
         self.state.drop(drop)  # an earlier save the new one replaces (a checkpoint kept by the shards)
         return {"path": meta["path"]}, []
 

@@ -72,6 +72,8 @@ def test_sessions_restored_from_a_save_are_forgotten_in_their_turn(tmp_path):
     clock.now = 11.0
     assert push(again, "b" * 16, 1, secret=None).status == OK
     assert again.sessions.applied == {"b" * 16: 1}
+    again.load(str(tmp_path / "s"))  # a save naming a session forgotten since loads, and it counts as seen
+    assert again.sessions.applied == {"a" * 16: 1} and push(again, "a" * 16, 2, secret=None).status == OK
     again.close()
 
 

@@ -266,4 +266,7 @@ def test_a_save_removes_the_one_it_replaces_and_a_bad_name_to_drop_changes_nothi
         reply = save({"path": "c/shard-0.pt", "drop": bad})
         assert reply.status != 0 and "refused path" in reply.meta["error"] and not (tmp_path / "c").exists()
     assert save({"path": "c/shard-0.pt", "drop": "gone/shard-0.pt"}).status == 0 and (tmp_path / "b").exists()
+    same = save({"path": "c/shard-0.pt", "drop": "c/shard-0.pt"})
+    assert same.status != 0 and "cannot drop the file it writes" in same.meta["error"]
+    assert (tmp_path / "c" / "shard-0.pt").is_file()
     shard.close()

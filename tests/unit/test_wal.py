@@ -305,3 +305,23 @@ def test_no_damage_to_the_log_puts_a_wrong_row_in_the_shard(tmp_path_factory, ho
     expected = state(s)
     killed(s)
     assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)
+
+
+def test_a_base_that_cannot_be_started_fails_no_push(tmp_path, monkeypatch):
+    """fork refused (no memory, say): the push that crossed the bound is still acknowledged, the
+    failure counted, and the log set aside is replayed as ever."""
+    from het.ps.store import state as state_module
+
+    def refused(path, stores, header):
+        raise OSError(12, "Cannot allocate memory")
+
+    rng = np.random.default_rng(3)
+    cfg = ShardConfig((table("sgd"),), wal_max=5 * RECORD)
+    first = Shard(cfg, state_dir=str(tmp_path), wal=True, fsync_s=10.0)
+    monkeypatch.setattr(state_module, "_write_in_child", refused)
+    for step in range(1, 10):
+        push(first, rng, step)  # asserts each is acknowledged
+    assert first.stats_dict()["wal_rebases_failed"] >= 1 and any("could not be written" in n for n in first.state.notes)
+    expected = state(first)
+    killed(first)
+    assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)

@@ -160,7 +160,11 @@ class StateDirectory:
         self.settle(block=False)
         if self.log.size > most:
             self.settle(block=True)
-            self.rebase(stores, header(), background)
+            try:
+                self.rebase(stores, header(), background)
+            except OSError as e:  # the push is applied and logged: a base not written now is written next time
+                self.rebases["wal_rebases_failed"] += 1
+                self.notes.append(f"a base of the log could not be written: {e}")
 
     def settle(self, block: bool = True) -> int | None:
         """The child writing a base: None once none is (its log set aside removed if it wrote
@@ -208,7 +212,7 @@ class StateDirectory:
         """Remove the save at ``path`` (:meth:`resolve`'d), its rows directories, and its folder
         once empty; nothing when there is none (or ``path`` is None)."""
         if path is None or not os.path.isfile(path) or path == self._base():
-            return
+            return  # (the shard refuses a SAVE that would drop its own new file before it writes)
         os.unlink(path)
         saves.remove_other_rows(path, None)
         folder = os.path.dirname(path)
@@ -262,6 +266,7 @@ def _write_in_child(path: str, stores: dict, header: dict) -> int:
     have a stale base land after its successor started). Python 3.12 warns of any fork in a
     process with threads (ZeroMQ's I/O threads here): the child takes no lock another thread
     may hold, writing files only, so the warning is silenced."""
+    parent = os.getpid()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
@@ -272,7 +277,10 @@ def _write_in_child(path: str, stores: dict, header: dict) -> int:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the shard's handlers
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         die_with_parent(signal.SIGKILL)
-        if os.getppid() != 1:
+        if os.getppid() == parent:  # not orphaned before the line above took hold
+            import torch
+
+            torch.set_num_threads(1)  # the shard's OpenMP pool did not survive the fork: run inline
             saves.write(path, stores, header)
             code = 0
     finally:

@@ -143,6 +143,13 @@ def path(meta: dict, key: str = "path") -> str:
     return value
 
 
+def not_same(path: str, drop: str | None) -> str:
+    """``path``, unless a SAVE would drop the very file it writes (ValueError)."""
+    if drop is not None and path == drop:
+        raise ValueError(f"a save cannot drop the file it writes ({path!r}): name an earlier one")
+    return path
+
+
 def session(meta: dict) -> tuple[str, int] | None:
     """A request's session and sequence number (how a shard applies a re-sent push at most
     once), or None when it names none."""
