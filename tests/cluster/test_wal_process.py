@@ -203,3 +203,17 @@ def test_a_job_run_again_in_its_log_directory_starts_from_fresh_rows(tmp_path):
            "--eval-samples", "2048", "--ps-wal", "--json", "--quiet", "--log-dir", str(tmp_path)]
     first, second = het(*job), het(*job)
     assert second["auc"] == first["auc"]
+
+
+def test_a_stats_request_to_a_restarted_shard_is_sent_again_not_refused(tmp_path):
+    """The first request after a shard came back is a STATS (a TensorBoard point, say): it names
+    the dead process's nonce, and is sent again to the new one, as pushes are."""
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as first:
+        address = first.address
+        client = PSClient.connect([address], reconnect_s=60)
+        pushes(client, range(1, 4))
+        kill(first)
+    with ServerProcess(CFG, bind=address.removeprefix("tcp://"), state_dir=str(tmp_path), wal=True):
+        stats = client.stats()[0]
+        assert stats["wal_replayed"] == 3
+        client.close()

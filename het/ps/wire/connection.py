@@ -92,13 +92,16 @@ class Connection:
 
     def broadcast(self, op: Op, meta=lambda i: {}, timeout_s: float | None | str = "default") -> list[Message]:
         """``op`` to every shard (``meta(i)``: shard i's meta), and their replies in shard order.
-        INFO names no nonce or session: it is how a client learns the nonces."""
+        INFO names no nonce or session: it is how a client learns the nonces. Any other is kept
+        until answered, as every request is: a shard restarted meanwhile gets it again."""
         rids = []
         for i, ch in enumerate(self.channels):
-            rid = self.next_id()
-            fresh = {"nonce": self.nonces[i], **self.fresh(i)} if op is not Op.INFO else {}
-            self._waiting[i].add(rid)
-            ch.send(encode(Message(op, rid, {**meta(i), **fresh}), self.secret))
+            if op is Op.INFO:
+                rid = self.next_id()
+                self._waiting[i].add(rid)
+                ch.send(encode(Message(op, rid, meta(i)), self.secret))
+            else:
+                rid = self.request(i, op, {**meta(i), **self.fresh(i)}, [])
             rids.append(rid)
         return [self.reply(i, rid, timeout_s) for i, rid in enumerate(rids)]
 
