@@ -56,10 +56,10 @@ def add_parser(sub) -> None:
                    help="torch threads of the shard's row operations (default: OMP_NUM_THREADS if set, else 1: "
                         "a request's operations are small, and idle pool threads spin on the cores ZeroMQ's "
                         "I/O threads need)")
-    s.add_argument("--metrics-port", type=int, default=None, metavar="P", help="serve Prometheus' text format at "
+    s.add_argument("--metrics-port", type=_port, default=None, metavar="P", help="serve Prometheus' text format at "
                    "http://HOST:P/metrics, HOST the one --bind names (0: any free port; the address is printed): "
                    "requests by op, latency, refusals by reason, rows, memory, disk, log bytes, sessions")
-    s.add_argument("--supervise", nargs="?", type=int, const=-1, default=None, metavar="N",
+    s.add_argument("--supervise", nargs="?", type=_restarts, const=-1, default=None, metavar="N",  # -1: always
                    help="run the shard as a child and start it again on the same address whenever it dies, up "
                         "to N times (no N: always); with --wal on the same --state-dir nothing acknowledged is "
                         "lost and clients re-send the rest (shards under torchrun)")
@@ -112,8 +112,8 @@ def cmd_serve(args) -> None:
     from het.ps.wire.auth import load_secret
 
     if args.supervise is not None:
-        if not args.wal:
-            raise ValueError("--supervise needs --wal (and --state-dir): a shard restarted without its log "
+        if not (args.wal and args.state_dir):
+            raise ValueError("--supervise needs --wal and --state-dir DIR: a shard restarted without its log "
                              "would come back empty")
         from het.ps.server import supervise
 
@@ -129,6 +129,18 @@ def cmd_serve(args) -> None:
         raise ValueError("--wal needs --state-dir DIR: the log lives there")
     run_foreground(cfg, args.bind, load_secret(args.secret_file), args.state_dir, args.wal, args.wal_fsync_s,
                    args.encrypt, args.wal_recover_prefix, args.metrics_port)
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port, 0 to 65535 (0: any free one), got {text!r}")
+    return int(text)
+
+
+def _restarts(text: str) -> int:
+    if not text.isdigit():
+        raise argparse.ArgumentTypeError(f"expected how many restarts at most, an integer >= 0, got {text!r}")
+    return int(text)
 
 
 def _table(text: str) -> tuple[str, int | None, int]:

@@ -295,8 +295,10 @@ def supervise(argv: list[str], bind: str, restarts: int | None, backoff_s: float
     again on the same address (the port it got, when ``bind`` asked for any) whenever it dies
     of anything but a clean stop, up to ``restarts`` times (None: always). With ``--wal`` on the
     same state directory, a restarted shard has every push it acknowledged and its clients
-    re-send the rest. SIGTERM and SIGINT reach the shard, which stops cleanly, and end the
-    supervisor; the shard dies with it. The child's exit code at the end."""
+    re-send the rest. A shard that ends before it ever listened (a flag it refuses, its port
+    taken) is not started again: that would fail the same way. SIGTERM and SIGINT reach the
+    shard, which stops cleanly, and end the supervisor; the shard dies with it. The child's
+    exit code at the end."""
     stopping = threading.Event()
     child: list[subprocess.Popen] = []
 
@@ -314,12 +316,13 @@ def supervise(argv: list[str], bind: str, restarts: int | None, backoff_s: float
         child[:] = [proc]
         if stopping.is_set() and proc.poll() is None:  # a signal that came while it started
             proc.send_signal(signal.SIGTERM)
+        listened = False
         for line in proc.stdout:  # the shard's lines, passed on; its address fixes the port for restarts
             print(line, end="", flush=True)
             if " listening on " in line:
-                bind = line.rsplit(" ", 1)[1].strip().removeprefix("tcp://")
+                bind, listened = line.rsplit(" ", 1)[1].strip().removeprefix("tcp://"), True
         code = proc.wait()
-        if stopping.is_set() or code == 0 or (restarts is not None and done >= restarts):
+        if stopping.is_set() or code == 0 or not listened or (restarts is not None and done >= restarts):
             return code
         done += 1
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"

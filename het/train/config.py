@@ -293,6 +293,11 @@ class TrainConfig:
             (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
             (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
             (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
+            (self.tensorboard_every >= 0, f"tensorboard_every must be >= 0 (steps; 0: none), got {self.tensorboard_every}"),
+            (self.ps_metrics_port is None or 0 <= self.ps_metrics_port <= 65535 - self.servers,
+             f"ps_metrics_port must be a port (0: free ones) leaving room for {self.servers} shards, "
+             f"got {self.ps_metrics_port}"),
+            (self.ps_wal_max is None or self.ps_wal, "ps_wal_max bounds the shards' log: it needs ps_wal"),
         ]
         for ok, message in checks:
             require(ok, message)

@@ -217,3 +217,33 @@ def test_a_stats_request_to_a_restarted_shard_is_sent_again_not_refused(tmp_path
         stats = client.stats()[0]
         assert stats["wal_replayed"] == 3
         client.close()
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--wal", "--supervise"], "--supervise needs --wal and --state-dir"),
+    (["--supervise", "-1"], "expected how many restarts at most"),
+    (["--metrics-port", "70000"], "expected a port, 0 to 65535"),
+])
+def test_het_serve_refuses_a_bad_supervise_or_metrics_flag_in_one_line(args, says):
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:8:4", *args], capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_a_supervised_shard_that_never_listened_is_not_started_again(tmp_path):
+    """Its port is taken: the same start would fail again, so the supervisor ends with its code."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "het", "serve", "--table", "t:8:4", "--state-dir", str(tmp_path),
+                              "--wal", "--supervise", "--bind", f"127.0.0.1:{port}"], capture_output=True, text=True,
+                             timeout=120)
+    assert out.returncode == 2 and "cannot listen on" in out.stderr and "restarting" not in out.stdout

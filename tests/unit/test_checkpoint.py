@@ -10,6 +10,7 @@ from het.config import TableConfig
 from het.ps.client import PSClient
 from het.train import checkpoint, local
 from het.train.config import TrainConfig
+from damage import flip_in_largest_member
 
 
 def fake_worker() -> SimpleNamespace:
@@ -55,20 +56,6 @@ def test_a_save_cut_between_its_two_renames_is_kept(tmp_path):
     assert leftovers(tmp_path) == ["ck.old-4", "ck.tmp-8"]
     interrupted(tmp_path, "ck2.tmp-2")  # a first save cut short: nothing whole to keep
     assert checkpoint.remove_stale(str(tmp_path / "ck2")) == [str(tmp_path / "ck2.tmp-2")]
-
-
-def flip_in_largest_member(path) -> None:
-    """A byte changed in the middle of the zip file's largest member (a table's rows)."""
-    import zipfile
-
-    from het.files import member_offset
-
-    with open(path, "rb") as f, zipfile.ZipFile(f) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
-        at = member_offset(f, info) + info.file_size // 2
-    data = bytearray(path.read_bytes())
-    data[at] ^= 0x01
-    path.write_bytes(bytes(data))
 
 
 def test_a_damaged_checkpoint_is_refused_naming_the_file_and_loads_nothing(tmp_path):

@@ -11,7 +11,8 @@ from het.train import local
 from het.train.config import TrainConfig
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
 
-EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"}}  # settings that need another
+EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"},  # settings that need another
+         "ps_wal_max": {"ps_wal": True}}
 
 
 def a_value(key, f, hint):
@@ -52,7 +53,7 @@ def test_every_setting_has_help_and_is_a_flag_and_a_toml_key(tmp_path):
         else:
             argv = ["train", flag_name(key), text]
         for k, v in extra.items():
-            argv += [flag_name(k), v]
+            argv += [flag_name(k)] if v is True else [flag_name(k), v]
         by_flag = config_from_args(cli.parser().parse_args(argv))
         head, _, leaf = key.rpartition(".")
         toml = tmp_path / "job.toml"

@@ -81,19 +81,13 @@ def test_reshard_refuses_an_incomplete_or_mixed_save_and_a_used_destination(tmp_
 
 
 def test_a_damaged_save_is_refused_naming_it_and_nothing_is_written(tmp_path):
-    import zipfile
-
-    from het.files import DamagedFile, member_offset
+    from damage import flip_in_largest_member
+    from het.files import DamagedFile
 
     client, _ = trained(2)
     client.save(str(tmp_path / "src"))
     save = tmp_path / "src" / "shard-1.pt"
-    with open(save, "rb") as f, zipfile.ZipFile(f) as z:
-        info = max(z.infolist(), key=lambda i: i.file_size)
-        at = member_offset(f, info) + info.file_size // 2
-    data = bytearray(save.read_bytes())
-    data[at] ^= 0x10
-    save.write_bytes(bytes(data))
+    flip_in_largest_member(save, 0x10)
     with pytest.raises(DamagedFile, match=rf"{save}: .*bytes .*damaged"):
         reshard(str(tmp_path / "src"), str(tmp_path / "dst"), 3)
     assert not (tmp_path / "dst").exists() or os.listdir(tmp_path / "dst") == []

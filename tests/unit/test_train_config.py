@@ -97,3 +97,15 @@ def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
     with pytest.raises(ValueError, match="ids 'hashed' applies to CTR data; graphsage reads a graph's node ids"):
         TrainConfig(model="graphsage", ids="hashed")
     assert TrainConfig(model="graphsage", admit_after=2).admit_after == 2
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"ps_wal_max": "64MiB"}, "ps_wal_max bounds the shards' log: it needs ps_wal"),
+    ({"ps_wal": True, "ps_wal_max": "0"}, "ps_wal_max must be > 0, got '0'"),
+    ({"ps_wal": True, "ps_wal_max": "lots"}, "ps_wal_max: "),
+    ({"tensorboard_every": -1}, "tensorboard_every must be >= 0"),
+    ({"ps_metrics_port": 65535, "servers": 2}, "ps_metrics_port must be a port .* room for 2 shards, got 65535"),
+])
+def test_watching_and_log_settings_out_of_range_are_refused_naming_them(settings, message):
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.load(None, settings, {})
