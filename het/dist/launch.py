@@ -59,7 +59,7 @@ class LocalCluster:
     def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
                  secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
                  encrypt: bool = False, on_failure=None, shard_options: dict | None = None,
-                 metrics_port: int | None = None):
+                 metrics_port: int | None = None, max_worker_restarts: int = 0):
         """``network``: an open :class:`het.bench.netns.EmulatedNetwork` with hosts ``ps<i>`` and
         ``worker<r>``; every process then runs in its own host's namespace (binding a shard
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
@@ -67,12 +67,14 @@ class LocalCluster:
         as soon as a process's death is seen, before the teardown (which waits for the others).
         ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...).
         ``metrics_port``: shard ``i`` serves its Prometheus metrics on port ``metrics_port + i``
-        (0: free ports), kept when it is restarted; their addresses are printed."""
+        (0: free ports), kept when it is restarted; their addresses are printed.
+        ``max_worker_restarts``: when a worker dies, the workers are started again, as torchrun's
+        agent does (het.train.rejoin), while the shards serve on, up to this many times."""
         self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
         self.encrypt, self.shard_options = encrypt, dict(shard_options or {})
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network, self.on_failure, self.metrics_port = network, on_failure, metrics_port
-        self.shard_restarts = 0
+        self.shard_restarts, self.max_worker_restarts, self.worker_restarts = 0, max_worker_restarts, 0
         self.servers: list[ServerProcess] = []
         self.workers: list[Role] = []
         os.makedirs(log_dir, exist_ok=True)
@@ -98,14 +100,12 @@ class LocalCluster:
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)
-            self._start_workers([s.address for s in self.servers], summary_path)
-            with open(os.path.join(self.log_dir, "pids.json"), "w") as f:
-                json.dump({w.name: w.proc.pid for w in self.workers}
-                          | {f"PS shard {i}": s.proc.pid for i, s in enumerate(self.servers)}, f)
+            self._start_workers(summary_path)
             try:
-                self._watch()
+                self._watch(summary_path)
             except ClusterError as e:
                 failed = True
+                e.worker_restarts = self.worker_restarts
                 if self.on_failure is not None:
                     self.on_failure(e)
                 raise
@@ -120,12 +120,17 @@ class LocalCluster:
     def _popen(self, host: str):
         return functools.partial(self.network.popen, host) if self.network is not None else subprocess.Popen
 
-    def _start_workers(self, addresses: list[str], summary_path: str) -> None:
-        port = free_port() if self.network is None else 29500  # worker0's namespace is empty
+    def _start_workers(self, summary_path: str) -> None:
+        """Every worker, as the generation ``worker_restarts`` of the group (torchrun's
+        environment: its restart count and the most restarts allowed), and ``pids.json``."""
+        addresses = [s.address for s in self.servers]
+        # worker0's namespace is empty; a port per generation: the old store may linger a moment
+        port = free_port() if self.network is None else 29500 + self.worker_restarts
         for rank in range(self.num_workers):
             env = dict(os.environ, **self.threads_env, RANK=str(rank), LOCAL_RANK=str(rank),
                        WORLD_SIZE=str(self.num_workers), MASTER_ADDR=self._ip("worker0"), MASTER_PORT=str(port),
-                       PYTHONUNBUFFERED="1")
+                       PYTHONUNBUFFERED="1", TORCHELASTIC_RESTART_COUNT=str(self.worker_restarts),
+                       TORCHELASTIC_MAX_RESTARTS=str(self.max_worker_restarts), TORCHELASTIC_RUN_ID="local")
             if self.network is not None:
                 env["GLOO_SOCKET_IFNAME"] = "eth0"  # advertise the namespace's link, not the hostname's 127.0.0.1
             if self.secret:
@@ -133,7 +138,8 @@ class LocalCluster:
             cmd = [sys.executable, "-m", "het", "train", "--ps", ",".join(addresses), *self.worker_args]
             if rank == 0:
                 cmd += ["--summary", summary_path]
-            log = os.path.join(self.log_dir, f"worker-{rank}.log")
+            again = f".rejoin-{self.worker_restarts}" if self.worker_restarts else ""
+            log = os.path.join(self.log_dir, f"worker-{rank}{again}.log")
             open(log, "w").close()
             out = open(log, "a")  # appended to by the child's stdout and by the tee of its stderr
             tee = rank == 0 and self.progress
@@ -143,13 +149,19 @@ class LocalCluster:
             if tee:  # rank 0's progress bar reaches the terminal and its log
                 threading.Thread(target=_tee, args=(proc.stderr, log), daemon=True).start()
             self.workers.append(Role(f"worker {rank}", proc, log))
+        with open(os.path.join(self.log_dir, "pids.json"), "w") as f:
+            json.dump({w.name: w.proc.pid for w in self.workers}
+                      | {f"PS shard {i}": s.proc.pid for i, s in enumerate(self.servers)}, f)
 
-    def _watch(self, poll_s: float = 0.2) -> None:
+    def _watch(self, summary_path: str, poll_s: float = 0.2) -> None:
         while True:
             for role in self.workers + [Role(f"PS shard {i}", s.proc, s.log_path) for i, s in enumerate(self.servers)]:
                 code = role.proc.poll()
                 if code not in (None, 0) and role.name.startswith("PS") and self.wal:
                     self._restart_shard(int(role.name.rsplit(" ", 1)[1]), code)  # its log holds every push
+                elif code not in (None, 0) and role in self.workers and self.worker_restarts < self.max_worker_restarts:
+                    self._rejoin(role, code, summary_path)
+                    break
                 elif code not in (None, 0) or (code == 0 and role.name.startswith("PS")):
                     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
                     raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}; stopping the job. "
@@ -157,6 +169,29 @@ class LocalCluster:
             if all(w.proc.poll() == 0 for w in self.workers):
                 return
             time.sleep(poll_s)
+
+    def _rejoin(self, dead: Role, code: int, summary_path: str, grace_s: float = 60.0) -> None:
+        """A worker died: the others, their collectives broken, flush their caches and leave
+        (het.train.rejoin); then the group starts again, the shards untouched."""
+        how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        print(f"het train: {dead.name} (pid {dead.proc.pid}) {how}; the workers re-form while the shards serve on "
+              f"(worker restart {self.worker_restarts + 1} of {self.max_worker_restarts}). Its log: {dead.log}",
+              file=sys.stderr, flush=True)
+        deadline = time.monotonic() + grace_s
+        for w in self.workers:
+            try:
+                w.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # not in a collective: asked to stop, as torchrun's agent does
+                w.proc.send_signal(signal.SIGTERM)
+        for w in self.workers:
+            try:
+                w.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                w.proc.kill()
+                w.proc.wait()
+        self.worker_restarts += 1
+        self.workers = []
+        self._start_workers(summary_path)
 
     def _restart_shard(self, i: int, code: int) -> None:
         """Start shard ``i`` again on its address and state directory: it recovers its last save

@@ -215,6 +215,12 @@ class Embedding(nn.Module):
         for out in self._outbox.values():
             out.step = step
 
+    def pending_updates(self) -> int:
+        """Row updates this worker made and has not pushed (in its caches and its outbox): what
+        its death would lose."""
+        cached = sum(int(cache.updates.sum()) for cache in self.caches.values())
+        return cached + sum(int(part.counts.sum()) for out in self._outbox.values() for part in out.parts)
+
     def push_due(self) -> None:
         """Push the rows due now (``u > s``) and wait until the PS applied them, instead of
         sending them with the next sync: synchronous training puts a barrier after this."""

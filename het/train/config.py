@@ -217,8 +217,15 @@ class TrainConfig:
                                    "directories again")
     ps_stats_every: float = setting(10.0, "rank 0 asks the shards for their STATS every N seconds: the summary's "
                                     "timeline of rows, disk and RSS (0: never)")
-    max_restarts: int = setting(0, "local cluster: when a process dies, restart the job from its latest "
-                                "checkpoint, up to N times (a checkpoint every tenth of the steps unless set)")
+    max_restarts: int = setting(0, "local cluster: a worker that dies is started again and the workers re-formed "
+                                "while the shards serve on; a shard that dies without ps_wal restarts the job "
+                                "from its latest checkpoint (one every tenth of the steps unless set); N of "
+                                "these at most")
+    rejoin_dir: str | None = setting(None, "where this machine keeps its workers' dense snapshots and unpushed "
+                                     "counts for rejoining (a local cluster: RUN_DIR/rejoin; torchrun: "
+                                     "$TMPDIR/het-rejoin-<user>-<run id>)")
+    dense_snapshot_s: float = setting(30.0, "with restarts: seconds between rank 0's dense snapshots, what a group "
+                                      "with no surviving worker rejoins from")
     prefetch: bool = setting(True, "send the next step's sync while this step computes")
     lazy_init: bool = setting(True, "rows no push touched are built by the worker from the seed, not pulled")
     ids: Ids = setting(Ids.ENCODED, "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
@@ -284,6 +291,7 @@ class TrainConfig:
             (self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
+            (self.dense_snapshot_s > 0, f"dense_snapshot_s must be > 0, got {self.dense_snapshot_s}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),
              f"export and publish apply to CTR models; {self.model} is not exported"),

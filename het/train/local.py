@@ -20,25 +20,32 @@ from het.train.tasks import job_tables
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
               network=None, on_failure=None) -> dict:
     """Train ``cfg`` on ``cfg.servers`` shard and ``cfg.workers`` worker processes of this
-    machine (inside ``network``'s namespaces when given); rank 0's summary. When a process
-    dies, ``on_failure`` gets the :class:`het.dist.launch.ClusterError` at once, before the
-    teardown, and the job is stopped and, up to ``cfg.max_restarts`` times, started again from
-    its latest checkpoint (or from where it started, before the first); the summary then
-    counts ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
+    machine (inside ``network``'s namespaces when given); rank 0's summary. Up to
+    ``cfg.max_restarts`` times in all: a worker that dies is started again and the workers
+    re-formed while the shards serve on (het.train.rejoin; the summary counts
+    ``worker_restarts`` and ``updates_lost``); any other death (a shard's, unless ``ps_wal``
+    restarts it in place) gives ``on_failure`` the :class:`het.dist.launch.ClusterError` at
+    once, before the teardown, and the job is stopped and started again from its latest
+    checkpoint (or from where it started, before the first); the summary then counts
+    ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     cfg = with_restart_checkpoints(cfg, log_dir)
+    if cfg.max_restarts and not cfg.rejoin_dir:
+        cfg = dataclasses.replace(cfg, rejoin_dir=os.path.join(log_dir, "rejoin"))
     if cfg.tensorboard_every and not cfg.tensorboard_dir:
         cfg = dataclasses.replace(cfg, tensorboard_dir=os.path.join(log_dir, "tensorboard"))
     check_job(cfg)
     if cfg.checkpoint:  # what interrupted saves of an earlier job left beside it
         checkpoint.remove_stale(cfg.checkpoint)
-    first, restarts = cfg, []
+    first, restarts, rejoins = cfg, [], 0
     while True:
         try:
-            summary = _run_once(cfg, log_dir, secret, progress, network, on_failure)
+            summary = _run_once(cfg, log_dir, secret, progress, network, on_failure,
+                                cfg.max_restarts - len(restarts) - rejoins)
         except ClusterError as e:
-            if len(restarts) >= cfg.max_restarts:
+            rejoins += getattr(e, "worker_restarts", 0)
+            if len(restarts) + rejoins >= cfg.max_restarts:
                 raise
             step = checkpoint.saved_step(cfg.checkpoint)
             cfg = dataclasses.replace(cfg, resume=cfg.checkpoint if step is not None else first.resume)
@@ -48,6 +55,7 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
             print(f"{said}het train: restart {len(restarts)} of {cfg.max_restarts}: from {where}",
                   file=sys.stderr, flush=True)
             continue
+        summary["worker_restarts"] = rejoins + summary.get("worker_restarts", 0)
         if restarts:
             # the job's steps, not the last run's (a time limit stopped it at stopped_at_step)
             summary.update(steps=summary.get("stopped_at_step", cfg.steps),
@@ -69,7 +77,8 @@ def with_restart_checkpoints(cfg: TrainConfig, log_dir: str) -> TrainConfig:
                                checkpoint_every=min(1000, max(1, cfg.steps // 10)))
 
 
-def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, on_failure) -> dict:
+def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, on_failure,
+              max_worker_restarts: int) -> dict:
     if cfg.resume is None:  # a job from its start: a log an earlier job left in the directory is not its own
         for i in range(cfg.servers):
             shutil.rmtree(os.path.join(log_dir, f"ps-{i}", "wal"), ignore_errors=True)
@@ -77,7 +86,8 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
         secret = secrets.token_hex(16).encode()
     cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
-                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg), metrics_port=cfg.ps_metrics_port)
+                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg), metrics_port=cfg.ps_metrics_port,
+                           max_worker_restarts=max_worker_restarts)
     return cluster.run()
 
 

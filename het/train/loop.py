@@ -27,6 +27,7 @@ from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.board import Board
 from het.train.exports import Outputs
+from het.train.rejoin import Rejoin, directory as rejoin_directory
 from het.train.tasks import EMBEDDING_TABLE, make_task
 from het.train.timeline import Timeline, disk_postfix
 
@@ -247,16 +248,16 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     board = None
     try:
         worker = Worker(cfg, client, rank, world, device)
-        start = 0
-        if cfg.resume:
-            start = checkpoint.restore(worker, cfg.resume)
+        rejoin = Rejoin(worker, rejoin_directory(cfg.rejoin_dir), cfg.dense_snapshot_s)  # a group re-formed
+        start = rejoin.begin(lambda: checkpoint.restore(worker, cfg.resume) if cfg.resume else 0)
         selector = _Selector(worker, cfg.graph.eval_every)
         board = Board(worker, cfg.tensorboard_dir, cfg.tensorboard_every)
         curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples,
                        board.evaluation)
         outputs = Outputs(worker, cfg)  # exports and publications while it trains
-        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve, board) if h]
-        with _stop_on_sigterm(worker):  # stop at the next step boundary, flush, then exit 143
+        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve, board, rejoin) if h]
+        # SIGTERM: stop at the next step boundary, flush, exit 143; a peer's death: flush, exit for a rejoin
+        with _stop_on_sigterm(worker), rejoin.guard(lambda: start + worker.step_count):
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         _exit_if_stopped(worker, start)
         steps = worker.step_count  # cfg.steps - start, or fewer when the time limit stopped training
@@ -277,7 +278,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
                 summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
             if worker.out_of_time:
                 summary["stopped_at_step"] = start + steps
-            summary.update(written)
+            summary.update(written, **rejoin.summary(start, steps))
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
         # exit ("terminate called without an active exception", seen once in 31 local jobs)
