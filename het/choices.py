@@ -84,12 +84,14 @@ class PushDtype(Choice):
 
 
 class DenseCompression(Choice):
-    """How the dense AllReduce's gradients travel: float32, or halved to float16 or bfloat16 by
-    DDP's compression hooks (averaged in that precision, decompressed after)."""
+    """How the dense AllReduce's gradients travel: float32; halved to float16 or bfloat16 by
+    DDP's compression hooks (averaged in that precision, decompressed after); or PowerSGD's
+    low-rank factors (DDP's PowerSGD hook, with error feedback)."""
 
     NONE = "none"
     FP16 = "fp16"
     BF16 = "bf16"
+    POWERSGD = "powersgd"
 
 
 class Mode(Choice):

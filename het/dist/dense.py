@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
 from het.choices import DenseCompression
 from het.config import OptimizerConfig, TableConfig
@@ -63,10 +63,18 @@ class AllReduceDense:
     there is more than one worker), timing its AllReduce. Modes ``het`` and ``hybrid``."""
 
     def __init__(self, model: nn.Module, world: int, device: torch.device, optimizer: type[torch.optim.Optimizer],
-                 compression: DenseCompression = DenseCompression.NONE, **optimizer_args):
+                 compression: DenseCompression = DenseCompression.NONE, powersgd_rank: int = 4,
+                 powersgd_start: int = 10, **optimizer_args):
+        """``powersgd_rank``: the rank of PowerSGD's factors; ``powersgd_start``: the steps of
+        plain AllReduce before PowerSGD starts (its error feedback needs a start)."""
         self.world, self.compression = world, DenseCompression(compression)
         self.allreduce_s = 0.0
         self.steps = 0
+        self.sent = 0  # under PowerSGD, the elements AllReduced so far (factors and uncompressed tensors)
+        self.powersgd = None
+        if self.compression is DenseCompression.POWERSGD and world > 1:
+            self.powersgd = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=powersgd_rank,
+                                                        start_powerSGD_iter=max(2, powersgd_start))
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.numel = sum(p.numel() for p in self.params)
         self.optimizer = optimizer(self.params, **optimizer_args)
@@ -87,7 +95,10 @@ class AllReduceDense:
         self.steps += 1
 
     def counters(self) -> dict:
-        return {"dense": self.bytes_per_step() * self.steps, "wait_ps_s": 0.0, "allreduce_s": self.allreduce_s}
+        dense = self.bytes_per_step() * self.steps
+        if self.powersgd is not None:  # what the factors and the uncompressed tensors moved
+            dense = int(2 * (self.world - 1) / self.world * self.sent * 4)
+        return {"dense": dense, "wait_ps_s": 0.0, "allreduce_s": self.allreduce_s}
 
     def state_dict(self) -> dict:
         return self.optimizer.state_dict()
@@ -99,15 +110,20 @@ class AllReduceDense:
     def bytes_per_step(self) -> int:
         """Bytes one worker sends in a ring AllReduce of the dense gradients: 2 (W - 1) / W of them,
         4 bytes each, or 2 compressed."""
-        width = 4 if self.compression is DenseCompression.NONE else 2
+        width = 2 if self.compression in (DenseCompression.FP16, DenseCompression.BF16) else 4
         return int(2 * (self.world - 1) / self.world * self.numel * width)
 
 
 def _timed_allreduce(state: AllReduceDense, bucket):
     """DDP's communication hook: the bucket averaged over the ranks (compressed on the wire by
-    DDP's own fp16 or bf16 hook when the job asks), its time counted."""
+    DDP's own fp16, bf16 or PowerSGD hook when the job asks), its time counted."""
     start = time.perf_counter()
-    if state.compression is DenseCompression.NONE:
+    if state.powersgd is not None:
+        compressed = state.powersgd.total_numel_after_compression
+        fut = powerSGD_hook.powerSGD_hook(state.powersgd, bucket)
+        # before PowerSGD starts the bucket goes whole; after, its factors and small tensors
+        state.sent += (state.powersgd.total_numel_after_compression - compressed) or bucket.buffer().numel()
+    elif state.compression in (DenseCompression.NONE, DenseCompression.POWERSGD):
         fut = dist.all_reduce(bucket.buffer().div_(state.world), async_op=True).get_future()
     else:
         hook = default_hooks.fp16_compress_hook if state.compression is DenseCompression.FP16 else \

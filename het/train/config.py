@@ -250,7 +250,9 @@ class TrainConfig:
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     dense_compression: DenseCompression = setting(DenseCompression.NONE, "how the dense AllReduce's gradients "
-                                                  "travel: fp16 or bf16 take half the bytes (DDP's hooks)")
+                                                  "travel: fp16 or bf16 take half the bytes, powersgd low-rank "
+                                                  "factors with error feedback (DDP's hooks)")
+    powersgd_rank: int = setting(4, "with dense_compression powersgd: the rank of its factors")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
@@ -291,6 +293,7 @@ class TrainConfig:
             (self.eval_samples >= 0, f"eval_samples must be >= 0, got {self.eval_samples}"),
             (self.checkpoint_every >= 0, f"checkpoint_every must be >= 0, got {self.checkpoint_every}"),
             (self.max_restarts >= 0, f"max_restarts must be >= 0, got {self.max_restarts}"),
+            (self.powersgd_rank >= 1, f"powersgd_rank must be >= 1, got {self.powersgd_rank}"),
             (self.dense_snapshot_s > 0, f"dense_snapshot_s must be > 0, got {self.dense_snapshot_s}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),

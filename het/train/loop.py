@@ -79,7 +79,8 @@ class Worker:
         # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum)
         optimizer = TORCH_OPTIMIZERS[self.cfg.dense_optimizer or Optimizer(self.cfg.optimizer.removeprefix("rowwise_"))]
         return AllReduceDense(self.model, self.world, self.device, optimizer, self.cfg.dense_compression,
-                              lr=self.cfg.dense_lr, weight_decay=self.cfg.weight_decay)
+                              powersgd_rank=self.cfg.powersgd_rank, lr=self.cfg.dense_lr,
+                              weight_decay=self.cfg.weight_decay)
 
     def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""

@@ -405,3 +405,13 @@ def test_a_compressed_dense_allreduce_halves_its_bytes_and_still_trains(tmp_path
     halved = het(*job, "--dense-compression", compression, "--log-dir", str(tmp_path / compression))
     assert halved["bytes"]["dense"] * 2 == pytest.approx(plain["bytes"]["dense"], rel=1e-6)
     assert abs(halved["auc"] - plain["auc"]) < 0.02 and halved["time_split"]["allreduce"] > 0
+
+
+@pytest.mark.slow
+def test_powersgd_sends_low_rank_factors_and_still_trains(tmp_path):
+    job = ["train", "--steps", "60", "--workers", "2", *SMALL, "--json", "--quiet"]
+    plain = het(*job, "--log-dir", str(tmp_path / "plain"))
+    low = het(*job, "--dense-compression", "powersgd", "--log-dir", str(tmp_path / "powersgd"))
+    # 10 steps whole, then rank-4 factors of the 2-D gradients and the biases whole
+    assert plain["bytes"]["dense"] / 3 > low["bytes"]["dense"] > plain["bytes"]["dense"] / 6 / 10
+    assert abs(low["auc"] - plain["auc"]) < 0.02 and low["time_split"]["allreduce"] > 0

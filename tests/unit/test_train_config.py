@@ -104,6 +104,8 @@ def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
     ({"ps_wal": True, "ps_wal_max": "0"}, "ps_wal_max must be > 0, got '0'"),
     ({"ps_wal": True, "ps_wal_max": "lots"}, "ps_wal_max: "),
     ({"tensorboard_every": -1}, "tensorboard_every must be >= 0"),
+    ({"powersgd_rank": 0}, "powersgd_rank must be >= 1"),
+    ({"dense_snapshot_s": 0}, "dense_snapshot_s must be > 0"),
     ({"ps_metrics_port": 65535, "servers": 2}, "ps_metrics_port must be a port .* room for 2 shards, got 65535"),
 ])
 def test_watching_and_log_settings_out_of_range_are_refused_naming_them(settings, message):
