@@ -155,7 +155,8 @@ class LocalCluster:
 
     def _watch(self, summary_path: str, poll_s: float = 0.2) -> None:
         while True:
-            for role in self.workers + [Role(f"PS shard {i}", s.proc, s.log_path) for i, s in enumerate(self.servers)]:
+            # shards first: a worker that failed because a shard died is not a worker to restart
+            for role in [Role(f"PS shard {i}", s.proc, s.log_path) for i, s in enumerate(self.servers)] + self.workers:
                 code = role.proc.poll()
                 if code not in (None, 0) and role.name.startswith("PS") and self.wal:
                     self._restart_shard(int(role.name.rsplit(" ", 1)[1]), code)  # its log holds every push
@@ -189,6 +190,11 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 w.proc.kill()
                 w.proc.wait()
+        for i, s in enumerate(self.servers):
+            if not s.alive() and not self.wal:  # the workers died of it: the job stops (and restarts)
+                code = s.proc.poll()
+                raise ClusterError(f"PS shard {i} (pid {s.proc.pid}) exited with code {code}; stopping the job. "
+                                   f"Its log: {s.log_path}")
         self.worker_restarts += 1
         self.workers = []
         self._start_workers(summary_path)
