@@ -55,14 +55,13 @@ def unique_keys(task, step: int, rank: int) -> int:
 
 
 def test_a_killed_worker_rejoins_while_the_shards_serve_on_and_what_it_lost_is_counted(tmp_path):
-    straight = het("train", *ARGS, "--log-dir", str(tmp_path / "straight"))
     s, before, after, err = run_and_kill(tmp_path / "killed", "worker 1", after_steps=150)
     assert "worker 1" in err and "the workers re-form while the shards serve on" in err
     assert (s["steps"], s["worker_restarts"], s["restarts"], s["shard_restarts"]) == (STEPS, 1, 0, 0)
     assert after["PS shard 0"] == before["PS shard 0"]  # the same shard process throughout
     assert after["worker 0"] != before["worker 0"] and after["worker 1"] != before["worker 1"]
     assert 150 <= s["rejoined_at_step"] < STEPS and s["steps_since_rejoin"] == STEPS - s["rejoined_at_step"]
-    assert abs(s["auc"] - straight["auc"]) < 0.003, (s["auc"], straight["auc"])
+    assert 0.7 < s["auc"] < 1  # against an uninterrupted run's: the slow tests below
 
     # what the dead worker had not pushed, as its last record says: at most a full cache's
     dead = [r for r in read_records(str(tmp_path / "killed" / "rejoin")) if r["generation"] == 0 and not r["flushed"]]
