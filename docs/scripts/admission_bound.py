@@ -1,9 +1,9 @@
 """How many rows admission can save on a job's data: the keys seen in at least N worker-steps.
 
 A key is admitted once pushes touched it in N worker-steps, so with ``--admit-after N`` a
-dynamic table stores at least the keys that N or more (step, rank) batches hold, whatever the
-cache does (the count-min sketch can only admit a few more). This script counts them exactly
-for the default CTR job (2 workers, 1,000 steps of 512 samples), or for the job the flags name:
+dynamic table stores about the keys that N or more (step, rank) batches hold, whatever the cache
+does: fewer where a key's N sightings lie further apart than the sketch's aging window, a few
+more that its collisions admit early. This script counts them exactly for the default CTR job (2 workers, 1,000 steps of 512 samples), or for the job the flags name:
 
     .venv/bin/python docs/scripts/admission_bound.py [--steps 1000] [--workers 2]
 """

@@ -3,11 +3,18 @@
 A count-min sketch (Cormode and Muthukrishnan) with conservative update: ``depth`` rows of
 saturating uint8 counters, a key counted in one counter per row chosen by a mixing hash, its
 count the least of them. Memory is fixed whatever the number of keys (``depth * width`` bytes,
-4 MiB by default) and reported. A count is never below the truth; collisions can only raise it,
-so a key may be admitted early, never late. With about ``m`` keys in the sketch at once, a key
+4 MiB by default) and reported. Between two halvings (below) a count is never below the truth;
+collisions can only raise it, so a key may be admitted early, never late. With about ``m`` keys in the sketch at once, a key
 seen once reads as seen twice with probability near ``(1 - exp(-m / width)) ** depth``: 2% at
 m = width / 2. Conservative update (raise only the counters that hold the minimum) keeps it
 lower. Counts saturate at 255, the largest ``admit_after``.
+
+The sketch ages, as TinyLFU's does: every ``width / 2`` sightings recorded, every counter is
+halved. Without it a long run's distinct keys (10^8 of them, most seen once) would fill every
+counter and admit keys on their first sighting; with it the counters hold about the last
+``width / 2`` sightings, so the early-admission rate stays near the 2% above however long the
+run, and a key must gather its ``admit_after`` sightings within about that window (a key seen
+that often was never in doubt).
 
 This is DeepRec's counter filter with bounded memory: an exact counter per key would grow
 with the number of distinct keys, most of which appear once.
@@ -43,6 +50,9 @@ class SightingSketch:
                              f"got depth {depth} and {counters} counters")
         self.width = counters // depth
         self.counts = torch.zeros(depth, self.width, dtype=torch.uint8)
+        self.period = max(1, self.width // 2)  # sightings between two halvings
+        self.since = 0  # sightings recorded since the last halving
+        self.agings = 0
 
     @property
     def nbytes(self) -> int:
@@ -72,10 +82,19 @@ class SightingSketch:
         seen = flat[pos].long()  # (depth, n)
         after = (seen.min(0).values + counts).clamp_(max=255)  # (n,)
         raised = torch.maximum(seen, after.expand_as(seen))  # conservative update: none goes past `after`
-        return after, lambda: flat.scatter_reduce_(0, pos.flatten(), raised.flatten().to(torch.uint8), "amax")
+
+        def record() -> None:
+            flat.scatter_reduce_(0, pos.flatten(), raised.flatten().to(torch.uint8), "amax")
+            self.since += int(counts.sum())
+            while self.since >= self.period:
+                self.counts.bitwise_right_shift_(1)
+                self.since -= self.period
+                self.agings += 1
+
+        return after, record
 
     def state_dict(self) -> dict:
-        return {"counts": self.counts}
+        return {"counts": self.counts, "since": torch.tensor(self.since)}
 
     def load_state_dict(self, state: dict) -> None:
         counts = state["counts"]
@@ -83,3 +102,4 @@ class SightingSketch:
             raise ValueError(f"admission sketch: expected uint8 {tuple(self.counts.shape)}, got "
                              f"{counts.dtype} {tuple(counts.shape)}")
         self.counts = counts.clone()
+        self.since = int(state.get("since", 0))
