@@ -96,7 +96,9 @@ class EmbeddingCache:
         self.rule = local_rule(opt.name, cfg.local_update if cfg.local_lr is None else "sgd")
         width = {"sgd": 0, "row": 1, "full": d}[self.rule]
         self.acc = memory.zeros(n, width, device=dev)
-        self.sq = memory.zeros(n, width, device=dev)  # the pending steps' squared gradients, summed
+        # the pending steps' squared gradients, summed; under Adam, whose copies take SGD steps,
+        # the row's mean all the same: its pushes carry them, and the shard takes their steps apart
+        self.sq = memory.zeros(n, 1 if opt.name == "adam" else width, device=dev)
         self.lr, self.eps = opt.lr, opt.eps or 0.0
         # a copy whose own updates are the server's (SGD at the table's lr; Adagrad followed
         # from its whole state: row-wise Adagrad's float a row, or "full") counts them as seen
@@ -112,7 +114,8 @@ class EmbeddingCache:
 
     def _choose_step(self) -> None:
         """The step's operations, native (het.native, on CPU) or the reference, chosen once."""
-        self.native = self._native_asked and het_native.usable(self.rows)
+        # the native passes keep squares only beside an accumulator (Adagrad followed)
+        self.native = self._native_asked and het_native.usable(self.rows) and self.sq.shape == self.acc.shape
         self._ops = NativeStep(self) if self.native else TorchStep(self)
 
     def to(self, device) -> "EmbeddingCache":
@@ -232,9 +235,9 @@ class EmbeddingCache:
         make it stale; only other workers' updates do (and if a dynamic table drops the push,
         the copy is then ahead of the shard and refreshed: het.staleness.must_refresh)."""
         out = Rows(self.keys.index_select(0, slots), self.pending.index_select(0, slots),
-                   self.updates.index_select(0, slots), None if self.rule == "sgd" else self.sq.index_select(0, slots))
-        if self.rule != "sgd":
-            if stay:  # the accumulator as the server's will be once the push lands
+                   self.updates.index_select(0, slots), None if not self.sq.shape[1] else self.sq.index_select(0, slots))
+        if self.sq.shape[1]:
+            if stay and self.rule != "sgd":  # the accumulator as the server's will be once the push lands
                 self.acc.index_add_(0, slots, out.sq)
             self.sq.index_fill_(0, slots, 0)
         if stay and self.own_seen:
@@ -254,7 +257,7 @@ class EmbeddingCache:
         return Rows(torch.empty(0, dtype=torch.int64, device=self.device),
                     torch.empty(0, self.table.dim, device=self.device),
                     torch.empty(0, dtype=torch.int64, device=self.device),
-                    None if self.rule == "sgd" else torch.empty(0, self.acc.shape[1], device=self.device))
+                    None if not self.sq.shape[1] else torch.empty(0, self.sq.shape[1], device=self.device))
 
     # -- reporting --------------------------------------------------------------------------
     def stats(self) -> dict:

@@ -197,6 +197,8 @@ class TorchStep:
         if c.rule == "sgd":
             c.rows.index_add_(0, s, g * -c.local_lr)
             c.pending.index_add_(0, s, g)
+            if c.sq.shape[1]:  # Adam's squares, pushed with the rows
+                c.sq.index_add_(0, s, self._squares(g))
         else:  # the copy is the synced row moved by the server's step for the pending sum
             acc, before, sq, u = (t.index_select(0, s) for t in (c.acc, c.pending, c.sq, c.updates))
             after, sq_after = before + g, sq + self._squares(g)
@@ -209,7 +211,7 @@ class TorchStep:
         if not all_live:
             gone = ~live
             out.append(Rows(plan.keys[gone], grads[gone], torch.ones_like(plan.keys[gone]),
-                            None if c.rule == "sgd" else self._squares(grads[gone])))
+                            self._squares(grads[gone]) if c.sq.shape[1] else None))
         return out[0] if len(out) == 1 else Rows.cat(out)
 
     def _server_step(self, acc: torch.Tensor, pending: torch.Tensor, sq: torch.Tensor,
@@ -224,4 +226,4 @@ class TorchStep:
     def _squares(self, grads: torch.Tensor) -> torch.Tensor:
         """What one step of ``grads`` adds to the accumulator: per row or per coordinate."""
         sq = grads * grads
-        return sq.mean(1, keepdim=True) if self.cache.acc.shape[1] == 1 else sq
+        return sq.mean(1, keepdim=True) if self.cache.sq.shape[1] == 1 else sq

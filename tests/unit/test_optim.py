@@ -180,3 +180,63 @@ def test_the_write_ahead_log_keeps_a_pushs_squares(tmp_path):
     first, second = wal.read_log(str(tmp_path))
     assert np.array_equal(first["sq"], sq) and first["counts"].tolist() == [4, 4]
     assert second["sq"] is None
+
+
+@pytest.mark.parametrize("start", [1, 500])
+def test_an_adam_push_of_many_steps_with_their_squares_moves_the_row_as_those_steps_would(start):
+    """100 steps pushed as one sum with their squares (HET's push at s = 99) move a row as 100
+    sequential SparseAdam steps do, bias correction included (from step 1 and from step 500),
+    and leave the same moments; without the squares the push is one Adam step of the sum, as
+    it always was; a row of one step is exactly Adam's."""
+    cfg = TableConfig("t", rows=2, dim=4, optimizer=OptimizerConfig("adam", lr=0.01))
+    g = torch.tensor([[0.01, -0.02, 0.03, 0.001]])
+    sequential, summed, plain, one_step = (FixedRows(cfg, 0, 1) for _ in range(4))
+    begin = sequential.weight.clone()
+    for i in range(100):
+        sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), start + i)
+    both, counts = torch.tensor([0, 1]), torch.tensor([100, 1])
+    squares = torch.cat([100 * g * g, g * g]).mean(1, keepdim=True)
+    summed.push(both, torch.cat([100 * g, g]), counts, start + 99, sq=squares)
+    assert torch.allclose(summed.weight[0] - begin[0], sequential.weight[0] - begin[0], rtol=5e-3)  # within 0.5%
+    for name in ("exp_avg", "exp_avg_sq"):
+        assert torch.allclose(summed.optimizer.state[name][0], sequential.optimizer.state[name][0], rtol=1e-4)
+    plain.push(both, torch.cat([100 * g, g]), counts, start + 99)
+    assert float((plain.weight[0] - begin[0]).norm()) < 0.05 * float((sequential.weight[0] - begin[0]).norm())
+    one_step.push(torch.tensor([1]), g.clone(), torch.tensor([1]), start + 99)
+    assert torch.equal(summed.weight[1], one_step.weight[1]) and torch.equal(plain.weight[1], one_step.weight[1])
+
+
+def test_an_adam_tables_cache_pushes_squares_and_lands_on_sparse_adams_rows():
+    """One worker, staleness 100, a loss linear in the rows (so every step's gradient is the
+    same whatever the copies hold): the cache pushes each row's 12 steps once, with their
+    squares, and the shard's rows after the flush are SparseAdam's after 12 steps."""
+    table = TableConfig("embedding", rows=20, dim=8, optimizer=OptimizerConfig("adam", lr=0.01))
+    emb = Embedding(tables=table, client=PSClient.local([table]), cache=CacheConfig(capacity=20, staleness=100, ways=4))
+    reference = torch.nn.Embedding(20, 8, sparse=True)
+    with torch.no_grad():
+        reference.weight.copy_(emb.read(torch.arange(20)))
+    adam = torch.optim.SparseAdam(reference.parameters(), lr=0.01)
+    weights = torch.randn(6, 8, generator=torch.Generator().manual_seed(3))
+    keys = torch.tensor([1, 4, 7, 9, 12, 15])
+    for _ in range(12):
+        (emb(keys) * weights).sum().backward()
+        adam.zero_grad()
+        (reference(keys) * weights).sum().backward()
+        adam.step()
+    cache = emb.caches["embedding"]
+    assert cache.sq.shape == (cache.slots, 1) and not cache.native  # the reference pass keeps the squares
+    assert torch.allclose(emb.read(keys), reference.weight[keys].detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_an_adam_push_of_rows_of_few_and_many_steps_is_taken_whole():
+    """Rows of 2 to 150 steps in one push, duplicates among them: every row moves, none is
+    refused, and a row of u steps moves about u times a row of one."""
+    cfg = TableConfig("t", rows=8, dim=4, optimizer=OptimizerConfig("adam", lr=0.01))
+    t = FixedRows(cfg, 0, 1)
+    begin = t.weight.clone()
+    keys, counts = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([2, 5, 9, 150, 1])
+    grads = counts[:, None].float() * torch.tensor([[0.01, -0.02, 0.03, 0.001]])
+    t.push(keys, grads, counts, 400, sq=(grads * grads / counts[:, None]).mean(1, keepdim=True))
+    moved = (t.weight - begin).norm(dim=1)
+    assert bool((moved[:4] > 0).all()) and float(moved[4:].sum()) == 0
+    assert moved[3] / moved[0] == pytest.approx(151 / 2, rel=0.2)

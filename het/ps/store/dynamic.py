@@ -172,11 +172,11 @@ class DynamicRows:
         new = (slots < 0).nonzero().flatten()
         weight, state, meta, packed = self._rows_for(unique, slots, new)
         meta[:, CLOCK].index_add_(0, inverse, counts)
-        several = sq is not None and self.optimizer.followed and bool((counts > 1).any())
+        several = self.optimizer.takes_steps(counts, sq)
         if self.optimizer.accepts_duplicates:
             self.optimizer.apply(weight, inverse, grads, step, state)
         elif len(unique) != len(at):  # duplicates summed first, in the order a fixed table sums them
-            pushed = optim.Pushed(*(sum_rows(v, inverse, len(unique)) for v in (counts, sq))) if several else None
+            pushed = optim.Pushed(sum_rows(counts, inverse, len(unique)), None if sq is None else sum_rows(sq, inverse, len(unique))) if several else None
             grads = sum_rows(grads, inverse, len(unique))
             self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state, pushed)
         else:

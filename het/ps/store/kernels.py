@@ -90,14 +90,14 @@ class TorchPush:
     def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                  sq: torch.Tensor | None) -> None:
         rows, inverse = torch.unique(local, return_inverse=True)
-        several = sq is not None and t.optimizer.followed and bool((counts > 1).any())
+        several = t.optimizer.takes_steps(counts, sq)
         before = _snapshot(t, rows)
         t.clocks.index_add_(0, local, counts)
         t.touched.index_fill_(0, local, True)
         if t.optimizer.accepts_duplicates:
             t.optimizer.apply(t.weight, local, grads, step)
         elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
-            pushed = optim.Pushed(*(sum_rows(v, inverse, len(rows)) for v in (counts, sq))) if several else None
+            pushed = optim.Pushed(sum_rows(counts, inverse, len(rows)), None if sq is None else sum_rows(sq, inverse, len(rows))) if several else None
             t.optimizer.apply(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
         else:
             t.optimizer.apply(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
@@ -133,6 +133,8 @@ class NativePush:
     def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                  sq: torch.Tensor | None) -> None:
         opt = t.optimizer
+        if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's steps of a push taken apart: torch's
+            return TorchPush()(t, local, grads, counts, step, sq)
         if opt.accepts_duplicates:  # SGD: no unique needed
             rows, at, inverse, steps = local, torch.arange(len(local)), torch.arange(len(local)), counts
             sq = None

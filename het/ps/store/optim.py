@@ -29,6 +29,13 @@ class SparseOptimizer:
     state_names: tuple[str, ...] = ()
     accepts_duplicates = False  # True: `apply` may get repeated rows (summed), no coalescing needed
     followed = False  # True: `local_state` gives what a worker's cache follows this optimizer with
+    takes_squares = False  # True: given their squares, a push's rows of several steps take them apart
+
+    def takes_steps(self, counts: torch.Tensor, sq: torch.Tensor | None) -> bool:
+        """Whether a push goes to ``apply`` with :class:`Pushed`: it carries the squares ``sq``
+        of the steps its rows sum, some row sums several (``counts``), and this optimizer takes
+        them apart (Adagrad, Adam)."""
+        return (self.followed or self.takes_squares) and sq is not None and bool((counts > 1).any())
 
     def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int):
         self.cfg = cfg
@@ -73,9 +80,10 @@ class SparseOptimizer:
 class Pushed:
     """What a push of summed gradients says of the steps it sums, for an Adagrad table:
     ``counts`` (n,), the steps of each row, and ``sq`` (n, 1) or (n, D), the sum of their
-    squared gradients (the mean over the row, or per coordinate). With them Adagrad takes
-    the steps' worth of its rule (:func:`adagrad_factor`) instead of one step of their sum,
-    whose square overstates the accumulator by up to the number of steps."""
+    squared gradients (the mean over the row, or per coordinate). With them Adagrad takes the
+    steps' worth of its rule (:func:`adagrad_factor`) instead of one step of their sum, whose
+    square overstates the accumulator by up to the number of steps; Adam takes the steps
+    (:func:`_adam_steps`) instead of one step worth about one."""
 
     counts: torch.Tensor
     sq: torch.Tensor
@@ -146,10 +154,16 @@ class RowWiseAdagrad(SparseOptimizer):
 
 class Adam(SparseOptimizer):
     state_names = ("exp_avg", "exp_avg_sq")
+    takes_squares = True
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
         b1, b2 = self.cfg.betas
         m, v = (state or self.state)["exp_avg"], (state or self.state)["exp_avg_sq"]
+        if pushed is not None:  # rows of several steps take them; the others one step, as always
+            many = pushed.counts > 1
+            _adam_steps(weight, m, v, rows[many], grads[many], pushed.counts[many], pushed.sq[many],
+                        max(int(step), 1), self.cfg)
+            rows, grads = rows[~many], grads[~many]
         old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
         new_m = old_m.add_((grads - old_m).mul_(1 - b1))  # old + (1 - b1) (g - old), as SparseAdam
         new_v = old_v.add_((grads * grads - old_v).mul_(1 - b2))
@@ -158,6 +172,57 @@ class Adam(SparseOptimizer):
         step = max(int(step), 1)
         step_size = self.cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
+
+
+ADAM_POINTS = 8  # a push's first steps taken one by one, and the runs the rest is taken in
+
+
+def _adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
+    """``counts`` (>= 2) lazy Adam steps of each row, their gradients summed in ``grads`` and
+    their squares in ``sq`` ((n, 1): the row's mean, shared over its coordinates as the mean
+    gradient's squares are; or (n, D)), the last at ``step``. Each step is taken with the mean
+    gradient ``g = grads / u`` and the mean square ``sq / u``: the moments after them are
+    exact for such steps (``m_u = b1^u m_0 + (1 - b1^u) g``, ``v`` alike); the row's move, the
+    sum of the steps' bias-corrected ``m_k / (sqrt(v_k) + eps)``, is taken step by step for the
+    first ADAM_POINTS steps and over ADAM_POINTS runs of the rest, each at its middle step times
+    its length (exact up to ADAM_POINTS steps).
+
+    Pushed as one step, a sum of ``u`` steps moves a row about one step's worth, not ``u``
+    (HET's loss under Adam); taken apart with the mean gradient's square for ``v``, the noise
+    the steps averaged out is lost and the row moves too far: the squares are what make it
+    right. The powers come from tables built in Python, so a row gets the same bits whatever
+    else a push holds (torch's vectorised pow differs in a tensor's tail)."""
+    b1, b2 = cfg.betas
+    old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
+    top = int(counts.max())
+    p1 = torch.tensor([b1 ** i for i in range(top + 1)], dtype=grads.dtype)
+    p2 = torch.tensor([b2 ** i for i in range(top + 1)], dtype=grads.dtype)
+    # the bias-corrected step size of step `step - top + i`, i in 0..top
+    sizes = torch.tensor([cfg.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                          for t in (max(step - top + i, 1) for i in range(top + 1))], dtype=grads.dtype)
+    u = counts[:, None]
+    g = grads / u.to(grads.dtype)
+    gsq, per_step = g * g, sq / u.to(grads.dtype)
+    if sq.shape[1] == 1:  # the steps' mean square, shared over the coordinates as the mean gradient's
+        mean = gsq.mean(1, keepdim=True)
+        gsq = torch.where(mean > 0, gsq * (per_step / mean.clamp(min=1e-30)), per_step.expand_as(gsq))
+    else:
+        gsq = per_step
+    move = torch.zeros_like(g)
+    rest = (u - ADAM_POINTS).clamp(min=0)  # the steps after the first ADAM_POINTS, where moments settle
+    for j in range(2 * ADAM_POINTS):
+        if j < ADAM_POINTS:  # the first steps one by one: the moments move most there
+            first, end = torch.full_like(u, j).clamp(max=u), torch.full_like(u, j + 1).clamp(max=u)
+        else:  # the rest in runs, each at its middle step
+            i = j - ADAM_POINTS
+            first, end = ADAM_POINTS + rest * i // ADAM_POINTS, ADAM_POINTS + rest * (i + 1) // ADAM_POINTS
+        k = torch.minimum((first + (end - first + 1) // 2).clamp(min=1), u)  # a run of none weighs 0
+        mk = p1[k] * old_m + (1 - p1[k]) * g
+        vk = p2[k] * old_v + (1 - p2[k]) * gsq
+        move += (end - first).to(g.dtype) * sizes[top - u + k] * mk / (vk.sqrt() + cfg.eps)
+    m.index_copy_(0, rows, p1[u] * old_m + (1 - p1[u]) * g)
+    v.index_copy_(0, rows, p2[u] * old_v + (1 - p2[u]) * gsq)
+    weight.index_add_(0, rows, move, alpha=-1.0)
 
 
 def sums_several_steps(pushed: Pushed | None) -> bool:
