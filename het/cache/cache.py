@@ -114,8 +114,7 @@ class EmbeddingCache:
 
     def _choose_step(self) -> None:
         """The step's operations, native (het.native, on CPU) or the reference, chosen once."""
-        # the native passes keep squares only beside an accumulator (Adagrad followed)
-        self.native = self._native_asked and het_native.usable(self.rows) and self.sq.shape == self.acc.shape
+        self.native = self._native_asked and het_native.usable(self.rows)
         self._ops = NativeStep(self) if self.native else TorchStep(self)
 
     def to(self, device) -> "EmbeddingCache":

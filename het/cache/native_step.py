@@ -40,7 +40,7 @@ class NativeStep:
             c.counters["evictions"] += evictions
             c.counters["writebacks"] += len(wb_keys)
             c.counters["pushed_rows"] += len(wb_keys)
-        return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts, None if c.rule == "sgd" else wb_sq))
+        return Plan(keys, slot, hit, clocks, Rows(wb_keys, wb_grads, wb_counts, wb_sq if c.sq.shape[1] else None))
 
     def fill(self, plan: Plan, index: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor,
              state: torch.Tensor | None) -> torch.Tensor:
@@ -63,4 +63,4 @@ class NativeStep:
             plan.keys, plan.slot, grads.contiguous(), c.keys, c.held, c.rows, c.pending, c.clock,
             c.updates, c.local_lr, float(c.bound), c.own_seen, c.clear_clock, c.acc, c.sq, c.lr, c.eps)
         c.counters["pushed_rows"] += int(due)
-        return Rows(keys, g, counts, None if c.rule == "sgd" else sq)
+        return Rows(keys, g, counts, sq if c.sq.shape[1] else None)

@@ -135,7 +135,9 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   check(acc, torch::kFloat32, "acc");
   check(sq, torch::kFloat32, "sq");
   const int64_t n = keys.numel(), D = rows.size(1), W = acc.dim() == 2 ? acc.size(1) : 0;
-  TORCH_CHECK(sq.sizes() == acc.sizes(), "sq: expected the shape of acc, ", acc.sizes(), ", got ", sq.sizes());
+  const int64_t Q = sq.dim() == 2 ? sq.size(1) : 0;  // squares: beside the accumulator, or a row's alone (Adam)
+  TORCH_CHECK(sq.sizes() == acc.sizes() || (W == 0 && Q == 1 && sq.size(0) == rows.size(0)),
+              "sq: expected the shape of acc, ", acc.sizes(), ", or (", rows.size(0), ", 1), got ", sq.sizes());
   TORCH_CHECK(grads.size(0) == n && (n == 0 || grads.size(1) == D), "grads: expected (", n, ", ", D, "), got ",
               grads.sizes());
   TORCH_CHECK(W == 0 || ((W == 1 || W == D) && acc.size(0) == rows.size(0)), "acc: expected (", rows.size(0),
@@ -152,7 +154,7 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   float* ac = W ? acc.data_ptr<float>() : nullptr;
   const float nlr = float(-local_lr);
   const Follow follow{float(lr), float(eps), W, D};
-  float* q = W ? sq.data_ptr<float>() : nullptr;
+  float* q = Q ? sq.data_ptr<float>() : nullptr;
   std::vector<uint8_t> live(n);
   at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {  // distinct keys: distinct slots
     std::vector<float> before(W ? D : 0), after(W ? D : 0);
@@ -197,6 +199,7 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
           rt[d] += step;
           pt[d] += gi[d];
         }
+        if (Q) q[t] += sum_squares(gi, D) / float(D);  // Adam's: pushed with the row
       }
       u[t] += 1;
     }
@@ -209,11 +212,11 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
   auto out_keys = torch::empty({due + gone}, keys.options());
   auto out_grads = torch::empty({due + gone, D}, grads.options());
   auto out_counts = torch::empty({due + gone}, keys.options());
-  auto out_sq = torch::zeros({due + gone, W}, grads.options());
+  auto out_sq = torch::zeros({due + gone, Q}, grads.options());
   int64_t* ok = out_keys.data_ptr<int64_t>();
   float* og = out_grads.data_ptr<float>();
   int64_t* oc = out_counts.data_ptr<int64_t>();
-  float* osq = W ? out_sq.data_ptr<float>() : nullptr;
+  float* osq = Q ? out_sq.data_ptr<float>() : nullptr;
   int64_t a = 0, b = due;  // rows taken first, then the gradients of keys without a slot
   for (int64_t i = 0; i < n; ++i) {
     if (!live[i]) {
@@ -221,6 +224,7 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
       oc[b] = 1;
       std::copy(g + i * D, g + (i + 1) * D, og + b * D);
       if (W) follow.add_squares(osq + b * W, g + i * D);
+      else if (Q) osq[b] = sum_squares(g + i * D, D) / float(D);
       ++b;
       continue;
     }
@@ -228,10 +232,10 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
     if (!(double(u[t]) > bound)) continue;
     ok[a] = tk[t];
     oc[a] = u[t];
-    if (W) {  // the squares travel with the push; the accumulator is as the server's will be
+    if (Q) {  // the squares travel with the push; an accumulator is as the server's will be
       for (int64_t w = 0; w < W; ++w) ac[t * W + w] += q[t * W + w];
-      std::copy(q + t * W, q + (t + 1) * W, osq + a * W);
-      std::fill(q + t * W, q + (t + 1) * W, 0.0f);
+      std::copy(q + t * Q, q + (t + 1) * Q, osq + a * Q);
+      std::fill(q + t * Q, q + (t + 1) * Q, 0.0f);
     }
     std::copy(p + t * D, p + (t + 1) * D, og + a * D);
     std::fill(p + t * D, p + (t + 1) * D, 0.0f);

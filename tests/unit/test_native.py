@@ -87,15 +87,13 @@ def step_both(fast, ref, keys, gen, dim, announce=None):
        ways=st.sampled_from([1, 4, 8, 32]), policy=st.sampled_from(["lru", "lfu"]),
        bound=st.sampled_from([0, 1, 3, math.inf]), lookahead=st.sampled_from([0, 1, 3]),
        optimizer=st.sampled_from([("sgd", None), ("sgd", 0.05), ("adagrad", None), ("adagrad", "full"),
-                                  ("adagrad", "sgd"), ("rowwise_adagrad", None)]),
+                                  ("adagrad", "sgd"), ("rowwise_adagrad", None), ("adam", None)]),
        dynamic=st.booleans(), key_space=st.sampled_from([50, 400, 1 << 62]))
 def test_the_native_step_equals_the_reference_bit_for_bit(seed, capacity, ways, policy, bound, lookahead,
                                                          optimizer, dynamic, key_space):
     """Random key streams (raw int64 ids included), capacities, ways, policies, bounds,
     lookahead windows and optimizers (SGD's exact local rule, the others', a dynamic table's
-    admission): every plan, filled row, push, slot tensor and counter is identical. (An Adam
-    table's cache sums its rows' squares beside no accumulator, which the native passes do not
-    keep: it runs the reference.)"""
+    admission): every plan, filled row, push, slot tensor and counter is identical."""
     gen = torch.Generator().manual_seed(seed)
     name, rule = optimizer  # the SGD table's second element: a local lr off the table's
     local_lr = rule if isinstance(rule, float) else None
