@@ -1,6 +1,7 @@
 // het's native core as one Python extension module: the operators of the files beside this one.
 #include <torch/extension.h>
 
+#include "key_index.h"
 #include "ops.h"
 #include "window.h"
 
@@ -27,4 +28,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("next_use", &Window::next_use)
       .def("clear", &Window::clear)
       .def("__len__", &Window::size);
+  pybind11::class_<KeyIndex>(m, "KeyIndex")
+      .def(pybind11::init<>())
+      .def("lookup", &KeyIndex::lookup)
+      .def("insert", &KeyIndex::insert)
+      .def("remove", &KeyIndex::remove)
+      .def("keys_of", &KeyIndex::keys_of)
+      .def("items", &KeyIndex::items)
+      .def("buckets", &KeyIndex::buckets)
+      .def("deleted", &KeyIndex::deleted)
+      .def("rebuilds", &KeyIndex::rebuilds)
+      .def("nbytes", &KeyIndex::nbytes)
+      .def("__len__", &KeyIndex::size);
 }

@@ -74,9 +74,11 @@ def test_bench_ps_reports_both_bandwidths():
                            "--curve", "--dynamic"))
     assert result["rows_per_s"] > 0 and result["bytes_per_s"] > 0 and result["zmq_bytes_per_s"] > 0
     assert 0 < result["curve_fraction"] == result["zmq_curve_bytes_per_s"] / result["zmq_bytes_per_s"]
-    # the dynamic shard held every row (a key, a clock, a last step and an index entry beside each)
+    # the dynamic shard held every row, and beside each its clock and last step (8 B), its key (8 B)
+    # and the index's share: 16 B in the reference's runs, 5 B a bucket in the native hash table
     assert result["dynamic_fraction"] == result["dynamic_rows_per_s"] / result["rows_per_s"] > 0
-    assert result["dynamic_shard_bytes"] == 2000 * (4 * 128 + 24 + 16)
+    besides = result["dynamic_shard_bytes"] / 2000 - 4 * 128
+    assert 16 + 5 < besides <= 32, besides
     # where a step goes: the shard's handling and the client's waits are parts of the step
     assert 0 < result["shard_busy_ms_per_step"] < result["ms_per_step"]
     assert 0 < result["wait_pull_ms_per_step"] + result["wait_push_ms_per_step"] < result["ms_per_step"]

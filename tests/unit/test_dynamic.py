@@ -8,7 +8,8 @@ from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.store.chunks import Chunks
-from het.ps.store.index import KeyIndex
+from het import native
+from het.ps.store.index import KeyIndex, NativeKeyIndex
 from het.ps.wire.protocol import Message, Op
 from het.ps.shard import Shard
 from het.ps.initial import initial_rows
@@ -204,12 +205,20 @@ def test_the_write_ahead_log_replays_a_dynamic_table(tmp_path):
     assert again.tables["t"].stats() == s.tables["t"].stats()
 
 
+INDEXES = [pytest.param(KeyIndex, id="reference"),
+           pytest.param(NativeKeyIndex, id="native",
+                        marks=pytest.mark.skipif(native.ops is None, reason="the native core is not built"))]
+
+
+@pytest.mark.parametrize("make", INDEXES)
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["insert", "remove", "lookup"]),
-                          st.lists(st.integers(INT64.min, INT64.max) | st.integers(-5, 5), max_size=30)),
-                max_size=40))
-def test_the_key_index_is_a_dictionary(ops):
-    index, truth, slot = KeyIndex(), {}, 0
+@given(ops=st.lists(st.tuples(st.sampled_from(["insert", "remove", "lookup"]),
+                              st.lists(st.integers(INT64.min, INT64.max) | st.integers(-5, 5), max_size=30)),
+                    max_size=40))
+def test_the_key_index_is_a_dictionary(make, ops):
+    """Inserts, removes and lookups, freed slots reused as a table reuses them: each index
+    answers as a dictionary does, key -> slot and slot -> key."""
+    index, truth, free, used = make(), {}, [], 0
     import het.ps.store.index as module
 
     old = module.MIN_RECENT
@@ -219,21 +228,71 @@ def test_the_key_index_is_a_dictionary(ops):
             keys = list(dict.fromkeys(keys))
             if op == "insert":
                 new = [k for k in keys if k not in truth]
-                index.insert(torch.tensor(new, dtype=torch.int64), torch.arange(slot, slot + len(new)))
-                truth.update({k: slot + i for i, k in enumerate(new)})
-                slot += len(new)
+                slots = [free.pop() if free else (used := used + 1) - 1 for _ in new]
+                index.insert(torch.tensor(new, dtype=torch.int64), torch.tensor(slots, dtype=torch.int64))
+                truth.update(zip(new, slots))
             elif op == "remove":
                 held = [k for k in keys if k in truth]
                 index.remove(torch.tensor(held, dtype=torch.int64))
-                for k in held:
-                    del truth[k]
+                free += [truth.pop(k) for k in held]
             got = index.lookup(torch.tensor(keys, dtype=torch.int64)).tolist()
             assert got == [truth.get(k, -1) for k in keys]
             assert len(index) == len(truth)
+            slots = list(truth.values())
+            assert index.keys_of(torch.tensor(slots, dtype=torch.int64)).tolist() == list(truth)
     finally:
         module.MIN_RECENT = old
     keys, slots = index.items()
     assert dict(zip(keys.tolist(), slots.tolist())) == truth
+    assert keys.tolist() == sorted(truth)
+
+
+@pytest.mark.skipif(native.ops is None, reason="the native core is not built")
+def test_the_native_index_answers_as_the_reference_through_rebuilds():
+    """200,000 keys in batches, half removed, their slots given to new keys: several rebuilds
+    (growth, tombstones, shrinking) on the way, and the two indexes agree on every call."""
+    rng = np.random.default_rng(1)
+    ref, nat = KeyIndex(), NativeKeyIndex()
+    keys = torch.from_numpy(np.unique(rng.integers(INT64.min, INT64.max, 250_000)))[:200_000]
+    keys = keys[torch.from_numpy(rng.permutation(len(keys)))]
+    for part in torch.split(torch.arange(len(keys)), 7_000):
+        for index in (ref, nat):
+            index.insert(keys[part], part)
+    gone = torch.from_numpy(rng.choice(len(keys), 100_000, replace=False))
+    for index in (ref, nat):
+        index.remove(keys[gone])
+    fresh = torch.from_numpy(np.setdiff1d(rng.integers(INT64.min, INT64.max, 60_000), keys.numpy()))
+    for index in (ref, nat):
+        index.insert(fresh, gone[:len(fresh)])
+    probe = torch.cat([keys, fresh, torch.tensor([0, -1, INT64.min, INT64.max])])
+    assert torch.equal(ref.lookup(probe), nat.lookup(probe))
+    assert len(ref) == len(nat) == 100_000 + len(fresh)
+    held = ref.lookup(probe)
+    held = held[held >= 0]
+    assert torch.equal(ref.keys_of(held), nat.keys_of(held))
+    assert all(torch.equal(a, b) for a, b in zip(ref.items(), nat.items()))
+    assert nat.merges >= 3 and 0.25 <= nat.load <= 0.875
+    with pytest.raises(RuntimeError, match="is held already"):
+        nat.insert(fresh[:1], torch.tensor([999_999]))
+    with pytest.raises(RuntimeError, match="is not held"):
+        nat.remove(keys[gone[:1]])
+
+
+def test_clocks_past_32_bits_widen_the_meta_and_survive_a_save(tmp_path):
+    """Clock and last step are held in 32 bits until one outgrows them: then in 64, exact."""
+    s = shard(None)
+    push(s, [5, 6], np.ones((2, 4)), counts=[3, 1], step=7)
+    assert s.tables["t"].meta.dtype == torch.int32
+    push(s, [5, 5], np.ones((2, 4)), counts=[2**31, 2**31], step=2**31 + 5)
+    table = s.tables["t"]
+    assert table.meta.dtype == torch.int64
+    assert table.clocks_of(table.locate(torch.tensor([5, 6, 7]))).tolist() == [2**32 + 3, 1, 0]
+    saved = table.state_dict()
+    assert saved["last_step"].tolist() == [2**31 + 5, 7]
+    again = shard(None).tables["t"]
+    again.load_state_dict(saved)
+    assert again.meta.dtype == torch.int64
+    assert again.clocks_of(again.locate(torch.tensor([5, 6]))).tolist() == [2**32 + 3, 1]
 
 
 @settings(max_examples=40, deadline=None)

@@ -48,6 +48,11 @@ class Chunks:
             self.starts = torch.cat([self.starts, torch.tensor([self.capacity])])
             self.capacity += size
 
+    def widen(self, dtype: torch.dtype) -> None:
+        """Hold every slot in ``dtype`` (a wider one) from here on; the slots keep their values."""
+        self.parts = [p.to(dtype) for p in self.parts]
+        self.dtype = dtype
+
     def truncate(self, rows: int) -> None:
         """Free the chunks that hold only slots ``rows`` and past (their memory goes back)."""
         while self.parts and int(self.starts[-1]) >= rows:

@@ -4,9 +4,12 @@ A row no push has changed is its initial value, a pure function of the table's s
 (:func:`het.ps.initial.initial_rows`), which a client builds itself ("lazy rows"): so the shard
 stores nothing for it, and its memory follows the rows training touched, not the id space.
 
-- **Index**: key -> slot (:class:`het.ps.store.index.KeyIndex`, sorted runs, vectorised).
-- **Storage**: rows, optimizer state and ``(key, clock, last step)`` per slot, in chunks that
-  grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused.
+- **Index**: key -> slot and slot -> key (:mod:`het.ps.store.index`: native, a hash table of
+  16 + 5 / load bytes a key; the reference, sorted runs).
+- **Storage**: rows, optimizer state and ``(clock, last step)`` per slot, in chunks that
+  grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused. Clock and last step are
+  32-bit until one of them outgrows that, when the whole column pair widens to 64 bits once: 8
+  bytes a row, where a step count or a row's updates past 2^31 would need 16.
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
   worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.store.admission.SightingSketch`).
   Until then reads give its initial row, its gradients are dropped and counted
@@ -36,12 +39,13 @@ from het.ps.initial import initial_rows
 from het.ps.store import optim
 from het.ps.store.admission import SightingSketch
 from het.ps.store.chunks import Chunks
-from het.ps.store.index import KeyIndex
+from het.ps.store import index as key_index
 from het.ps.store.optim import rows_problem, sum_rows
 from het.ps.store.records import MemoryRows
 from het.ps.store.tiers import TieredRows
 
-KEY, CLOCK, LAST = 0, 1, 2  # the columns of a slot's meta
+CLOCK, LAST = 0, 1  # the columns of a slot's meta
+NARROW = torch.iinfo(torch.int32).max  # meta held in int32 up to this
 BUDGET_SLACK = 32  # past max_rows, rows are evicted down to max_rows - max_rows // BUDGET_SLACK
 
 
@@ -75,8 +79,8 @@ class DynamicRows:
         # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.store.tiers)
         self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
                       else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
-        self.meta = Chunks(3, torch.int64)  # key, clock, last step that updated it (-1: a free slot)
-        self.keys = KeyIndex()
+        self.meta = Chunks(2, torch.int32)  # clock, last step that updated it (-1: a free slot)
+        self.keys = key_index.make()
         self.free = torch.empty(0, dtype=torch.int64)
         self.used = 0  # slots handed out at least once
         self.sketch = SightingSketch(cfg.admit_counters) if cfg.admit_after > 1 else None
@@ -99,7 +103,7 @@ class DynamicRows:
         clocks = torch.zeros(len(at), dtype=torch.int64)
         stored = (at[:, 1] >= 0).nonzero().flatten()
         if len(stored):
-            clocks[stored] = self.meta.gather(at[stored, 1])[:, CLOCK]
+            clocks[stored] = self.meta.gather(at[stored, 1])[:, CLOCK].long()
         return clocks
 
     def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
@@ -185,12 +189,14 @@ class DynamicRows:
         if problem:  # nothing was written yet
             raise ValueError(problem)
         meta[:, LAST].clamp_(min=int(step))
+        if self.meta.dtype != torch.int64 and int(meta.max()) > NARROW:
+            self.meta.widen(torch.int64)
         if len(new):
             slots[new] = self._alloc(len(new))
             self.keys.insert(unique[new], slots[new])
             self.counters["admitted"] += len(new)
         self.store.scatter(slots, weight, packed if self.state_names else None)
-        self.meta.scatter(slots, meta)
+        self.meta.scatter(slots, meta.to(self.meta.dtype))
 
     def _rows_for(self, keys, slots, new):
         """Copies of the rows, state (views into one packed tensor) and meta of ``keys``: stored
@@ -199,10 +205,10 @@ class DynamicRows:
         n, dim = len(keys), self.cfg.dim
         weight = torch.empty(n, dim)
         packed = torch.empty(n, self.state_width)
-        meta = torch.empty(n, 3, dtype=torch.int64)
+        meta = torch.empty(n, 2, dtype=torch.int64)
         if len(stored):
             weight[stored], state = self.store.gather(slots[stored])
-            meta[stored] = self.meta.gather(slots[stored])
+            meta[stored] = self.meta.gather(slots[stored]).long()
             if state is not None:
                 packed[stored] = state
         if len(new):
@@ -210,7 +216,7 @@ class DynamicRows:
             fresh = self.optimizer.initial_state(len(new), dim)
             if fresh:
                 packed[new] = torch.cat([fresh[name] for name in self.state_names], 1)
-            meta[new] = torch.stack([keys[new], torch.zeros_like(new), torch.zeros_like(new)], 1)
+            meta[new] = 0
         # views: the optimizer updates them in place, so `packed` is written back as it is
         state = {name: packed[:, lo:hi] for name, lo, hi in self.state_spans}
         return weight, state, meta, packed
@@ -227,10 +233,11 @@ class DynamicRows:
 
     def _remove(self, slots: torch.Tensor, counter: str) -> None:
         """Forget the rows at ``slots``: they read as their initial value again."""
-        meta = self.meta.gather(slots)
-        self.keys.remove(meta[:, KEY].contiguous())
+        keys = self.keys.keys_of(slots)
+        self.keys.remove(keys)
         if self.on_remove is not None:
-            self.on_remove(meta[:, KEY])
+            self.on_remove(keys)
+        meta = self.meta.gather(slots)
         meta[:, LAST] = -1
         self.meta.scatter(slots, meta)
         self.store.release(slots)
@@ -257,7 +264,7 @@ class DynamicRows:
             return
         excess = len(self.keys) - budget + budget // BUDGET_SLACK
         last = self._last_steps()
-        last[last < 0] = torch.iinfo(torch.int64).max  # free slots are never chosen
+        last[last < 0] = torch.iinfo(last.dtype).max  # free slots are never chosen
         self._remove(torch.topk(last, excess, largest=False).indices, "evicted")
 
     # -- state ------------------------------------------------------------------------------
@@ -289,7 +296,7 @@ class DynamicRows:
         """Keys, rows, clocks, optimizer state, admission and counters. With a disk tier and
         ``rows_dir``, the rows stay in the tier's files, linked into ``rows_dir`` (``disk``)."""
         keys, slots = self.keys.items()
-        meta = self.meta.gather(slots)
+        meta = self.meta.gather(slots).long()
         out = {"config": self.cfg.to_dict(), "keys": keys.clone(), "clocks": meta[:, CLOCK].clone(),
                "last_step": meta[:, LAST].clone(),
                "sketch": self.sketch.state_dict() if self.sketch is not None else None,
@@ -329,7 +336,10 @@ class DynamicRows:
         keys = saved["keys"]
         slots = self._alloc(len(keys))
         self.keys.insert(keys, slots)
-        self.meta.scatter(slots, torch.stack([keys, saved["clocks"], saved["last_step"]], 1))
+        meta = torch.stack([saved["clocks"], saved["last_step"]], 1).long()
+        if len(meta) and int(meta.max()) > NARROW:
+            self.meta.widen(torch.int64)
+        self.meta.scatter(slots, meta.to(self.meta.dtype))
         if "disk" in saved:  # a tiered save: its files linked in, or read into memory
             self.store.load(slots, saved["disk"], rows_dir)
         else:

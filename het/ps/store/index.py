@@ -1,18 +1,27 @@
-"""A dynamic table's index: int64 key -> storage slot, on whole tensors of keys.
+"""A dynamic table's index: int64 key -> storage slot, and each slot's key, on whole tensors of keys.
 
-Two sorted runs, as a log-structured merge with two levels: a large ``main`` run and a small
+:func:`make` gives the native index (``het/native/key_index.h``: a hash table of 4-byte slots
+and 1-byte controls over a slot -> key array, 16 + 5 / load bytes a key, load 0.65 to 0.875) where
+the native core is built, and :class:`KeyIndex`, its reference, elsewhere. Both answer the same
+calls with the same slots; :meth:`items` is sorted by key in both.
+
+The reference: two sorted runs, as a log-structured merge with two levels: a large ``main`` run and a small
 ``recent`` run that takes the inserts. A lookup is a binary search in each (``torch.searchsorted``,
 one call per run for the whole batch); an insert sorts the small run again; when it has grown
 past a fraction of the large one the two are merged (one linear pass), so an insert costs
 amortised ``O(log n)`` and there is no per-key Python anywhere. A removed key keeps its place in
 its run with slot -1 (a tombstone) until the next merge drops it.
 
-Memory: 16 bytes per key (key and slot, int64), plus the tombstones not yet merged away.
+Memory: 16 bytes per key (key and slot, int64), plus the tombstones not yet merged away, and 8
+bytes a slot for the slot -> key array.
 """
 
 from __future__ import annotations
 
 import torch
+
+from het import native
+from het.ps.store.chunks import Chunks
 
 MIN_RECENT = 1 << 14  # the recent run merges into main past max(MIN_RECENT, len(main) >> RECENT_SHIFT)
 RECENT_SHIFT = 4
@@ -27,14 +36,16 @@ class KeyIndex:
         >>> index.lookup(torch.tensor([-3, 5, 2**62])).tolist()
         [1, -1, 2]
         >>> index.remove(torch.tensor([-3]))
-        >>> index.lookup(torch.tensor([-3, 7])).tolist(), len(index)
-        ([-1, 0], 2)
+        >>> index.lookup(torch.tensor([-3, 7])).tolist(), len(index), index.keys_of(torch.tensor([2])).tolist()
+        ([-1, 0], 2, [4611686018427387904])
     """
 
     def __init__(self):
         empty = torch.empty(0, dtype=torch.int64)
         self.main_keys, self.main_slots = empty, empty
         self.recent_keys, self.recent_slots = empty, empty
+        self.slot_keys = Chunks(1, torch.int64)
+        self.slots_used = 0  # 1 + the largest slot given a key
         self.live = 0
         self.merges = 0  # of the recent run into main: when large scratch arrays were freed
 
@@ -43,7 +54,17 @@ class KeyIndex:
 
     @property
     def nbytes(self) -> int:
-        return 8 * (len(self.main_keys) + len(self.main_slots) + len(self.recent_keys) + len(self.recent_slots))
+        runs = len(self.main_keys) + len(self.main_slots) + len(self.recent_keys) + len(self.recent_slots)
+        return 8 * runs + self.slot_keys.nbytes(self.slots_used)
+
+    @property
+    def load(self) -> float:
+        """Live keys over the entries the runs hold (tombstones are the rest)."""
+        return self.live / max(1, len(self.main_keys) + len(self.recent_keys))
+
+    def keys_of(self, slots: torch.Tensor) -> torch.Tensor:
+        """The key of each slot (each one held). Shape: (n,) -> (n,)."""
+        return self.slot_keys.gather(slots)[:, 0]
 
     def lookup(self, keys: torch.Tensor) -> torch.Tensor:
         """The slot of each key, -1 where the index holds none. Shape: (n,) -> (n,)."""
@@ -58,6 +79,9 @@ class KeyIndex:
         """Add ``keys`` (unique, none of them held) at ``slots``."""
         if not len(keys):
             return
+        self.slots_used = max(self.slots_used, int(slots.max()) + 1)
+        self.slot_keys.grow_to(self.slots_used)
+        self.slot_keys.scatter(slots, keys[:, None])
         held = self.recent_slots >= 0  # the recent run's tombstones go now: a key is in a run once
         k, order = torch.sort(torch.cat([self.recent_keys[held], keys]))
         self.recent_keys, self.recent_slots = k, torch.cat([self.recent_slots[held], slots])[order]
@@ -100,6 +124,51 @@ class KeyIndex:
             keys, slots = keys[live], slots[live]
         self.main_keys, self.main_slots = keys, slots
         self.recent_keys = self.recent_slots = torch.empty(0, dtype=torch.int64)
+
+
+class NativeKeyIndex:
+    """:class:`KeyIndex`'s calls on the native index (``het/native/key_index.h``)."""
+
+    def __init__(self):
+        self._index = native.ops.KeyIndex()
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def nbytes(self) -> int:
+        return self._index.nbytes()
+
+    @property
+    def load(self) -> float:
+        """Live keys over buckets (deleted ones, until the next rebuild, are load too)."""
+        return len(self._index) / self._index.buckets()
+
+    @property
+    def merges(self) -> int:
+        return self._index.rebuilds()  # when a table of every key was freed
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        return self._index.lookup(keys.contiguous())
+
+    def insert(self, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        self._index.insert(keys.contiguous(), slots.contiguous())
+
+    def remove(self, keys: torch.Tensor) -> None:
+        self._index.remove(keys.contiguous())
+
+    def keys_of(self, slots: torch.Tensor) -> torch.Tensor:
+        return self._index.keys_of(slots.contiguous())
+
+    def items(self) -> tuple[torch.Tensor, torch.Tensor]:
+        keys, slots = self._index.items()
+        keys, order = torch.sort(keys)
+        return keys, slots[order]
+
+
+def make() -> KeyIndex | NativeKeyIndex:
+    """The native index where the native core is built, else the reference."""
+    return NativeKeyIndex() if native.usable() else KeyIndex()
 
 
 def _find(run_keys: torch.Tensor, run_slots: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
