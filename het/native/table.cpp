@@ -32,33 +32,116 @@ static torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
   return torch::from_blob(values, {m, D}, torch::kFloat32).sqrt();
 }
 
-// table_push's SGD in place, in one pass over the gradients in order (duplicates one after
-// another): each row's old value, clock and mark are kept aside before it changes, the new
-// value checked as it is written (rows prefetched ahead); if any value is not finite or a clock
-// would pass max_clock, every row is put back, last change first. The same floats as the
-// general path, without reading the rows twice.
-static int64_t sgd_push_in_place(float* w, int64_t* ck, bool* tc, const int64_t* r, const int64_t* a, const float* g,
-                                 const int64_t* cn, int64_t n, int64_t D, float nlr, int64_t max_clock) {
+namespace {
+
+// Where a push's rows live. A fixed table: one weight tensor, one tensor a state, a clock and a
+// mark a row. A dynamic table (het/ps/store/chunks.py): slots in chunks, a slot's optimizer
+// state packed after one another in one record of another chunk list, and its meta (clock, last
+// step) two integers of a third, 32-bit until het widens them to 64. The push below reads and
+// writes rows only through these, so both tables take the same floats.
+struct FlatStore {
+  float* w;
+  std::vector<float*> st;
+  int64_t* ck;
+  bool* tc;
+  int64_t D;
+  float* row(int64_t r) const { return w + r * D; }
+  float* state(int i, int64_t r) const { return st[size_t(i)] + r * D; }
+  int64_t clock(int64_t r) const { return ck[r]; }
+  int64_t limit(int64_t max_clock) const { return max_clock; }
+  struct Undo {
+    int64_t clock;
+    bool mark;
+  };
+  Undo undo(int64_t r) const { return {ck[r], tc[r]}; }
+  void restore(int64_t r, Undo u) const { ck[r] = u.clock, tc[r] = u.mark; }
+  void prefetch_meta(int64_t r) const { __builtin_prefetch(ck + r, 1, 3), __builtin_prefetch(tc + r, 1, 3); }
+  void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
+};
+
+struct ChunkStore {
+  std::vector<float*> w, st;
+  std::vector<void*> meta;
+  bool wide;             // meta in int64 (else int32)
+  int64_t bits;          // log2 of the first chunk's slots
+  bool fixed;            // every chunk that size (else each as large as all before it)
+  int64_t D, SW, S, step;
+  // chunk c holds slots [start(c), start(c) + size(c))
+  std::pair<size_t, int64_t> locate(int64_t r) const {
+    const uint64_t q = uint64_t(r) >> bits;
+    if (fixed) return {size_t(q), r - int64_t(q << bits)};
+    if (q == 0) return {0, r};
+    const int c = 64 - __builtin_clzll(q);  // q in [2^(c-1), 2^c): chunk c starts at first << (c - 1)
+    return {size_t(c), r - (int64_t(1) << (bits + c - 1))};
+  }
+  float* row(int64_t r) const {
+    auto [c, o] = locate(r);
+    return w[c] + o * D;
+  }
+  float* state(int i, int64_t r) const {
+    auto [c, o] = locate(r);
+    return st[c] + o * SW + i * D;
+  }
+  int64_t get(int64_t r, int col) const {
+    auto [c, o] = locate(r);
+    return wide ? static_cast<int64_t*>(meta[c])[o * 2 + col] : static_cast<int32_t*>(meta[c])[o * 2 + col];
+  }
+  void set(int64_t r, int col, int64_t v) const {
+    auto [c, o] = locate(r);
+    if (wide) static_cast<int64_t*>(meta[c])[o * 2 + col] = v;
+    else static_cast<int32_t*>(meta[c])[o * 2 + col] = int32_t(v);
+  }
+  int64_t clock(int64_t r) const { return get(r, 0); }
+  int64_t limit(int64_t max_clock) const {
+    return wide ? max_clock : std::min<int64_t>(max_clock, std::numeric_limits<int32_t>::max());
+  }
+  struct Undo {
+    int64_t clock, last;
+  };
+  Undo undo(int64_t r) const { return {get(r, 0), get(r, 1)}; }
+  void restore(int64_t r, Undo u) const { set(r, 0, u.clock), set(r, 1, u.last); }
+  void prefetch_meta(int64_t r) const {
+    auto [c, o] = locate(r);
+    __builtin_prefetch(static_cast<char*>(meta[c]) + o * (wide ? 16 : 8), 1, 3);
+  }
+  void written(int64_t r, int64_t clock) const {  // the last step that updated it: the largest named
+    set(r, 0, clock);
+    set(r, 1, std::max(get(r, 1), step));
+  }
+};
+
+// A push's failure, as table_push returns it; 101: a clock would pass what the store's meta
+// holds (32 bits), not max_clock: the caller widens it and pushes again.
+int64_t clock_failure(int64_t clock, int64_t max_clock, int64_t limit) {
+  return clock > max_clock ? 100 : clock > limit ? 101 : 0;
+}
+
+// SGD in place, in one pass over the gradients in order (duplicates one after another): each
+// row's old value and meta are kept aside before it changes, the new value checked as it is
+// written (rows prefetched ahead); if any value is not finite or a clock would pass max_clock,
+// every row is put back, last change first. The same floats as the general path, without
+// reading the rows twice.
+template <typename Store>
+int64_t sgd_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g, const int64_t* cn,
+                          int64_t n, int64_t D, float nlr, int64_t max_clock) {
   constexpr uint32_t kExponent = 0x7f800000u;
   thread_local std::vector<float> undo;
-  thread_local std::vector<int64_t> undo_clock;
-  thread_local std::vector<uint8_t> undo_mark;
+  thread_local std::vector<typename Store::Undo> undo_meta;
   if (undo.size() < size_t(n * D)) undo.resize(size_t(n * D));
-  if (undo_clock.size() < size_t(n)) undo_clock.resize(size_t(n)), undo_mark.resize(size_t(n));
-  int64_t failed = 0, done = 0;
-  bool clock_failed = false;
+  if (undo_meta.size() < size_t(n)) undo_meta.resize(size_t(n));
+  const int64_t limit = t.limit(max_clock);
+  int64_t failed = 0, done = 0, clock_failed = 0;
   for (; done < n && !failed; ++done) {
     const int64_t i = done;
     if (i + kAhead < n) {
-      prefetch(w + r[a[i + kAhead]] * D, D * 4, true);
-      prefetch(ck + r[a[i + kAhead]], 8, true);
+      prefetch(t.row(r[a[i + kAhead]]), D * 4, true);
+      t.prefetch_meta(r[a[i + kAhead]]);
     }
     const int64_t row = r[a[i]];
-    float* wi = w + row * D;
+    float* wi = t.row(row);
     const float* gi = g + i * D;
     std::copy(wi, wi + D, undo.data() + i * D);
-    undo_clock[i] = ck[row];
-    undo_mark[i] = tc[row];
+    undo_meta[size_t(i)] = t.undo(row);
     uint32_t bad = 0;
     for (int64_t d = 0; d < D; ++d) {
       const float step = gi[d] * nlr;
@@ -68,46 +151,41 @@ static int64_t sgd_push_in_place(float* w, int64_t* ck, bool* tc, const int64_t*
       bad |= uint32_t((bits & kExponent) == kExponent);
       wi[d] = after;
     }
-    ck[row] += cn[i];
-    tc[row] = true;
+    const int64_t clock = t.clock(row) + cn[i];
+    const int64_t why = clock_failure(clock, max_clock, limit);
+    if (!why) t.written(row, clock);
     if (bad) failed = 1;  // a row's failure stops the pass, and names the push's (as the general path)
-    else if (ck[row] > max_clock) clock_failed = true;
+    else clock_failed = std::max(clock_failed, why);
   }
-  if (!failed && clock_failed) failed = 100;
+  if (!failed && clock_failed) failed = clock_failed;
   if (failed) {
     for (int64_t i = done - 1; i >= 0; --i) {  // put back, last change first: duplicates end at their first value
       const int64_t row = r[a[i]];
-      std::copy(undo.data() + i * D, undo.data() + (i + 1) * D, w + row * D);
-      ck[row] = undo_clock[i];
-      tc[row] = undo_mark[i] != 0;
+      std::copy(undo.data() + i * D, undo.data() + (i + 1) * D, t.row(row));
+      t.restore(row, undo_meta[size_t(i)]);
     }
   }
   return failed;
 }
 
-// FixedRows.push for a fixed table, all or nothing: the new rows and optimizer state of the
-// unique `rows` are computed aside and checked first (every value finite, no clock past
-// max_clock), and written only if they pass. `at` gives each gradient's place in `rows`, and
-// `inverse` each count's. SGD applies the gradients in order, duplicates one after another;
-// Adagrad and Adam take one gradient per row (duplicates summed by the caller). The floats follow
-// het.ps.store.optim's tensor ops: torch's index_add_(alpha) is a fused multiply-add (its kernel:
-// vec::fmadd), and square roots are torch's. Returns 0, or what failed: 1 rows, 2 + i state i,
-// 100 a clock.
-int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
-                   torch::Tensor clocks, torch::Tensor touched, torch::Tensor rows, torch::Tensor at,
-                   torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
-                   double beta1, double beta2, double step_size, int64_t max_clock, torch::Tensor steps,
-                   torch::Tensor sq) {
-  check(weight, torch::kFloat32, "weight");
-  for (auto& t : state) check(t, torch::kFloat32, "optimizer state");
-  check(clocks, torch::kInt64, "clocks");
-  check(touched, torch::kBool, "touched");
+// A push, all or nothing: the new rows and optimizer state of the unique `rows` are computed
+// aside and checked first (every value finite, no clock past max_clock), and written only if
+// they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD applies
+// the gradients in order, duplicates one after another; Adagrad and Adam take one gradient per
+// row (duplicates summed by the caller). The floats follow het.ps.store.optim's tensor ops:
+// torch's index_add_(alpha) is a fused multiply-add (its kernel: vec::fmadd), and square roots
+// are torch's. Returns 0, or what failed: 1 rows, 2 + i state i, 100 a clock, 101 the meta's width.
+template <typename Store>
+int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor rows, torch::Tensor at,
+                  torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
+                  double beta1, double beta2, double step_size, int64_t max_clock, torch::Tensor steps,
+                  torch::Tensor sq) {
   check(rows, torch::kInt64, "rows");
   check(at, torch::kInt64, "at");
   check(inverse, torch::kInt64, "inverse");
   check(grads, torch::kFloat32, "grads");
   check(counts, torch::kInt64, "counts");
-  const int64_t m = rows.numel(), n = at.numel(), D = weight.size(1);
+  const int64_t m = rows.numel(), n = at.numel(), D = t.D;
   TORCH_CHECK(grads.size(0) == n && (n == 0 || grads.size(1) == D), "grads: expected (", n, ", ", D, "), got ",
               grads.sizes());
   TORCH_CHECK(counts.numel() == inverse.numel(), "counts: expected ", inverse.numel(), ", got ", counts.numel());
@@ -116,15 +194,9 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
   const int64_t* inv = inverse.data_ptr<int64_t>();
   const float* g = grads.data_ptr<float>();
   const int64_t* cn = counts.data_ptr<int64_t>();
-  float* w = weight.data_ptr<float>();
-  int64_t* ck = clocks.data_ptr<int64_t>();
-  bool* tc = touched.data_ptr<bool>();
-  const int S = int(state.size());
   if (kind == "sgd" && S == 0 && inverse.numel() == n) {
-    return sgd_push_in_place(w, ck, tc, r, a, g, cn, n, D, float(-lr), max_clock);
+    return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
   }
-  std::vector<float*> st(S);
-  for (int i = 0; i < S; ++i) st[i] = state[i].data_ptr<float>();
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh
   // megabyte-sized block a push costs page faults) and not zero-filled: every value is copied
   // in below, the rows prefetched ahead (random rows' latency is the cost of a push).
@@ -134,13 +206,16 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
   float* ns = nw + m * D;
   for (int64_t j = 0; j < m; ++j) {
     if (j + kAhead < m) {
-      prefetch(w + r[j + kAhead] * D, D * 4, true);
-      prefetch(ck + r[j + kAhead], 8, true);
-      prefetch(tc + r[j + kAhead], 1, true);
-      for (int i = 0; i < S; ++i) prefetch(st[i] + r[j + kAhead] * D, D * 4, true);
+      prefetch(t.row(r[j + kAhead]), D * 4, true);
+      t.prefetch_meta(r[j + kAhead]);
+      for (int i = 0; i < S; ++i) prefetch(t.state(i, r[j + kAhead]), D * 4, true);
     }
-    std::copy(w + r[j] * D, w + (r[j] + 1) * D, nw + j * D);
-    for (int i = 0; i < S; ++i) std::copy(st[i] + r[j] * D, st[i] + (r[j] + 1) * D, ns + (i * m + j) * D);
+    const float* wj = t.row(r[j]);
+    std::copy(wj, wj + D, nw + j * D);
+    for (int i = 0; i < S; ++i) {
+      const float* sj = t.state(i, r[j]);
+      std::copy(sj, sj + D, ns + (i * m + j) * D);
+    }
   }
   const float flr = float(lr), nlr = float(-lr), feps = float(eps);
   if (kind == "sgd") {
@@ -234,16 +309,79 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
     if (!all_finite(ns + int64_t(i) * m * D, m * D)) return 2 + i;
   }
   std::vector<int64_t> nc(m);
-  for (int64_t j = 0; j < m; ++j) nc[j] = ck[r[j]];
+  for (int64_t j = 0; j < m; ++j) nc[j] = t.clock(r[j]);
   for (int64_t i = 0; i < inverse.numel(); ++i) nc[inv[i]] += cn[i];
-  for (int64_t j = 0; j < m; ++j) if (nc[j] > max_clock) return 100;
+  const int64_t limit = t.limit(max_clock);
+  int64_t why = 0;
+  for (int64_t j = 0; j < m && why != 100; ++j) why = std::max(why, clock_failure(nc[j], max_clock, limit));
+  if (why) return why;
   for (int64_t j = 0; j < m; ++j) {  // all checked: write
-    std::copy(nw + j * D, nw + (j + 1) * D, w + r[j] * D);
-    for (int i = 0; i < S; ++i) std::copy(ns + (i * m + j) * D, ns + (i * m + j + 1) * D, st[i] + r[j] * D);
-    ck[r[j]] = nc[j];
-    tc[r[j]] = true;
+    std::copy(nw + j * D, nw + (j + 1) * D, t.row(r[j]));
+    for (int i = 0; i < S; ++i) std::copy(ns + (i * m + j) * D, ns + (i * m + j + 1) * D, t.state(i, r[j]));
+    t.written(r[j], nc[j]);
   }
   return 0;
+}
+
+}  // namespace
+
+// FixedRows.push for a fixed table (push_rows above).
+int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
+                   torch::Tensor clocks, torch::Tensor touched, torch::Tensor rows, torch::Tensor at,
+                   torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
+                   double beta1, double beta2, double step_size, int64_t max_clock, torch::Tensor steps,
+                   torch::Tensor sq) {
+  check(weight, torch::kFloat32, "weight");
+  for (auto& t : state) check(t, torch::kFloat32, "optimizer state");
+  check(clocks, torch::kInt64, "clocks");
+  check(touched, torch::kBool, "touched");
+  FlatStore t{weight.data_ptr<float>(), {}, clocks.data_ptr<int64_t>(), touched.data_ptr<bool>(), weight.size(1)};
+  for (auto& s : state) t.st.push_back(s.data_ptr<float>());
+  return push_rows(t, int(state.size()), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size,
+                   max_clock, steps, sq);
+}
+
+// DynamicRows.push for a dynamic table's stored slots (push_rows above), its storage in chunks
+// (het.ps.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim), `state` (the states
+// packed, S of dim each; none without state) and `meta` (clock, last step: int32, or int64 once
+// widened) chunk by chunk. Each written slot's last step becomes at least `step`.
+int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, std::vector<torch::Tensor> state,
+                   std::vector<torch::Tensor> meta, int64_t bits, bool fixed, int64_t S, int64_t step,
+                   torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
+                   torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
+                   int64_t max_clock, torch::Tensor steps, torch::Tensor sq) {
+  TORCH_CHECK(!weight.empty() && meta.size() == weight.size() && (state.empty() || state.size() == weight.size()),
+              "chunks: expected as many weight, meta (and state) chunks, got ", weight.size(), ", ", meta.size(),
+              ", ", state.size());
+  const bool wide = meta[0].scalar_type() == torch::kInt64;
+  ChunkStore t{{}, {}, {}, wide, bits, fixed, weight[0].size(1), S * weight[0].size(1), S, step};
+  int64_t capacity = 0;
+  for (size_t c = 0; c < weight.size(); ++c) {
+    check(weight[c], torch::kFloat32, "weight chunk");
+    check(meta[c], wide ? torch::kInt64 : torch::kInt32, "meta chunk");
+    const int64_t size = weight[c].size(0);
+    const int64_t expected = int64_t(1) << (bits + ((fixed || c == 0) ? 0 : int64_t(c) - 1));
+    TORCH_CHECK(size == expected, "weight chunk ", c, ": expected ", expected, " slots (first 2^", bits, "), got ",
+                size);
+    TORCH_CHECK(meta[c].size(0) == size && meta[c].size(1) == 2, "meta chunk: expected (", size, ", 2), got ",
+                meta[c].sizes());
+    t.w.push_back(weight[c].data_ptr<float>());
+    t.meta.push_back(meta[c].data_ptr());
+    if (!state.empty()) {
+      check(state[c], torch::kFloat32, "state chunk");
+      TORCH_CHECK(state[c].size(0) == size && state[c].size(1) == t.SW, "state chunk: expected (", size, ", ",
+                  t.SW, "), got ", state[c].sizes());
+      t.st.push_back(state[c].data_ptr<float>());
+    }
+    capacity += size;
+  }
+  TORCH_CHECK(state.empty() == (S == 0), "state: expected chunks for ", S, " states");
+  check(rows, torch::kInt64, "rows");
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t j = 0; j < rows.numel(); ++j)
+    TORCH_CHECK(r[j] >= 0 && r[j] < capacity, "slot ", r[j], " out of range [0, ", capacity, ")");
+  return push_rows(t, int(S), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size, max_clock,
+                   steps, sq);
 }
 
 // weight[idx] as numpy's take or index_select gives it, into `out` (n, D): each row copied

@@ -57,6 +57,39 @@ def test_a_dynamic_table_with_admit_after_1_is_bit_for_bit_a_fixed_one(opt):
     assert dynamic.stats_dict()["tables"]["t"]["rows"] == int(fixed.tables["t"].touched.sum())
 
 
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
+def test_the_native_push_over_many_chunks_and_a_refused_one_match_the_tensor_path(opt, monkeypatch):
+    """Chunks of 8 slots (so a push spans a dozen of them): the native push and het's tensor
+    push give the same rows, state and meta, and a push that would overflow leaves both as they
+    were, its new keys unstored."""
+    if native.ops is None:
+        pytest.skip("the native core is not built")
+    monkeypatch.setattr(Chunks.__init__, "__defaults__", (8, False))
+    rng = np.random.default_rng(3)
+    fast, slow = shard(None, optimizer=opt), shard(None, optimizer=opt)
+    slow.tables["t"].native = False
+    assert fast.tables["t"].native and len(fast.tables["t"].meta.parts) == 0
+    for step in range(1, 30):
+        keys = rng.integers(0, 300, size=rng.integers(1, 80))
+        grads = rng.normal(size=(len(keys), 4))
+        counts = rng.integers(0, 3, size=len(keys))
+        for s in (fast, slow):
+            push(s, keys, grads, counts, step)
+    bad, keys = np.full((5, 4), 3e38, np.float32), np.array([7, 7, 7, 7, 10**12])  # key 7's sum overflows
+    for s in (fast, slow):
+        reply = s.handle(Message(Op.PUSH, 1, {"table": "t", "step": 30}, [keys, bad, np.ones(5, np.int64)]))
+        assert "non-finite" in reply.meta["error"]
+    a, b = fast.tables["t"], slow.tables["t"]
+    assert len(a.meta.parts) > 5 and a.stats()["rows"] == b.stats()["rows"]
+    keys = torch.from_numpy(np.sort(a.keys.items()[0].numpy()))
+    assert torch.equal(keys, torch.from_numpy(np.sort(b.keys.items()[0].numpy()))) and 10**12 not in keys.tolist()
+    sa, sb = a.locate(keys)[:, 1], b.locate(keys)[:, 1]
+    assert torch.equal(a.store.weight.gather(sa), b.store.weight.gather(sb))
+    assert torch.equal(a.meta.gather(sa), b.meta.gather(sb))
+    if a.store.state is not None:
+        assert torch.equal(a.store.state.gather(sa), b.store.state.gather(sb))
+
+
 def test_any_int64_key_is_a_key_and_untouched_rows_are_not_stored():
     s = shard(None)
     keys = np.array([INT64.min, -1, 0, -(2 ** 63) + 1, INT64.max, 2 ** 40], dtype=np.int64)

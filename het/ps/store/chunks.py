@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from het import native
+
 FIRST = 1 << 18
 
 
@@ -82,13 +84,20 @@ class Chunks:
             return torch.empty(0, self.width, dtype=self.dtype)
         out = None
         for part, pos, local in self._groups(slots):
-            rows = part.numpy().take(local.numpy(), axis=0)
+            rows = self._take(part, local)
             if pos is None:
                 return torch.from_numpy(rows)
             if out is None:
                 out = np.empty((len(slots), self.width), dtype=rows.dtype)
             out[pos.numpy()] = rows
         return torch.from_numpy(out)
+
+    def _take(self, part: torch.Tensor, local: torch.Tensor) -> np.ndarray:
+        if native.ops is not None and self.dtype == torch.float32:  # rows prefetched ahead: random rows wait on latency
+            rows = torch.empty(len(local), self.width)
+            native.ops.gather_rows(part, local.contiguous(), rows)
+            return rows.numpy()
+        return part.numpy().take(local.numpy(), axis=0)
 
     def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``rows`` at ``slots`` (unique). Shape: (n,), (n, width)."""

@@ -36,7 +36,8 @@ import torch
 from het.config import TableConfig
 from het.ps import partition
 from het.ps.initial import initial_rows
-from het.ps.store import optim
+from het import native
+from het.ps.store import kernels, optim
 from het.ps.store.admission import SightingSketch
 from het.ps.store.chunks import Chunks
 from het.ps.store import index as key_index
@@ -87,6 +88,11 @@ class DynamicRows:
         self.counters = Counter(admitted=0, refused_updates=0, expired=0, evicted=0)
         self.step = 0  # the largest step a push named
         self._expiry_checked = 0
+        # pushes in one native pass over the chunks (kernels.native_push_args), where the rows
+        # are all in memory and each state is a row's width, as a fixed table's native push
+        self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
+                       and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
+                       and all(widths[n] == cfg.dim for n in self.state_names))
 
     # -- keys -------------------------------------------------------------------------------
     def check_keys(self, keys: torch.Tensor) -> str:
@@ -112,19 +118,26 @@ class DynamicRows:
         rows = self.store.gather_weight(at[stored, 1])
         if lazy:
             return [rows.numpy(), (~stored).to(torch.uint8).numpy()], len(rows)
-        out = torch.from_numpy(initial_rows(self.cfg, at[:, 0].numpy()))
+        if len(rows) == len(at):  # every row stored: no initial rows to make
+            return [rows.numpy()], len(at)
+        out = torch.empty(len(at), self.cfg.dim)
         out[stored] = rows
+        missing = (~stored).nonzero().flatten()
+        out[missing] = torch.from_numpy(initial_rows(self.cfg, at[missing, 0].numpy()))
         return [out.numpy()], len(at)
 
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
         """As :meth:`FixedRows.local_state`: a row not stored has its initial state."""
         stored = (at[:, 1] >= 0).nonzero().flatten()
-        packed = torch.empty(len(at), self.state_width)
-        fresh = self.optimizer.initial_state(len(at), self.cfg.dim)
-        if fresh:
-            packed[:] = torch.cat([fresh[name] for name in self.state_names], 1)
-        if len(stored):
-            packed[stored] = self.store.gather(at[stored, 1])[1]
+        if len(stored) == len(at):  # every row stored: no initial state to make
+            packed = self.store.gather_state(at[:, 1]) if self.state_names else torch.empty(len(at), 0)
+        else:
+            packed = torch.empty(len(at), self.state_width)
+            fresh = self.optimizer.initial_state(len(at), self.cfg.dim)
+            if fresh:
+                packed[:] = torch.cat([fresh[name] for name in self.state_names], 1)
+            if len(stored):
+                packed[stored] = self.store.gather(at[stored, 1])[1]
         state = {name: packed[:, lo:hi] for name, lo, hi in self.state_spans}
         return self.optimizer.local_state(state, full).contiguous().numpy()
 
@@ -171,6 +184,9 @@ class DynamicRows:
         return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep], record_and_count
 
     def _apply(self, at, grads, counts, step, sq=None) -> None:
+        opt = self.optimizer
+        if self.native and not (opt.takes_squares and opt.takes_steps(counts, sq)):
+            return self._apply_native(at, grads, counts, step, sq)
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
@@ -197,6 +213,40 @@ class DynamicRows:
             self.counters["admitted"] += len(new)
         self.store.scatter(slots, weight, packed if self.state_names else None)
         self.meta.scatter(slots, meta.to(self.meta.dtype))
+
+    def _apply_native(self, at, grads, counts, step, sq) -> None:
+        """:meth:`_apply` in one native pass over the stored rows (``native.ops.chunk_push``):
+        new keys are given slots with their initial rows first, and lose them if the push fails."""
+        slots = at[:, 1].clone()
+        missing = (slots < 0).nonzero().flatten()
+        new_keys = new_slots = None
+        if len(missing):
+            new_keys = torch.unique(at[missing, 0])
+            new_slots = self._alloc(len(new_keys))
+            self.keys.insert(new_keys, new_slots)
+            fresh = self.optimizer.initial_state(len(new_keys), self.cfg.dim)
+            self.store.scatter(new_slots, torch.from_numpy(initial_rows(self.cfg, new_keys.numpy())),
+                               torch.cat([fresh[n] for n in self.state_names], 1) if fresh else None)
+            self.meta.scatter(new_slots, torch.zeros(len(new_slots), 2, dtype=self.meta.dtype))
+            slots[missing] = self.keys.lookup(at[missing, 0])
+        if int(step) > NARROW and self.meta.dtype != torch.int64:
+            self.meta.widen(torch.int64)
+        kind, args = kernels.native_push_args(self.optimizer, slots, grads, counts, step, sq)
+        store = self.store
+        while True:
+            failed = native.ops.chunk_push(kind, store.weight.parts, store.state.parts if store.state is not None else [],
+                                           self.meta.parts, store.weight.first.bit_length() - 1, False,
+                                           len(self.state_names), int(step), *args)
+            if failed != 101:
+                break
+            self.meta.widen(torch.int64)  # a clock outgrew 32 bits: nothing was written
+        if failed and new_keys is not None:  # the new keys' slots go back
+            self.keys.remove(new_keys)
+            self.meta.scatter(new_slots, torch.full((len(new_slots), 2), -1, dtype=self.meta.dtype))
+            self.free = torch.cat([self.free, new_slots])
+        kernels.raise_push_failure(failed, self.optimizer)
+        if new_keys is not None:
+            self.counters["admitted"] += len(new_keys)
 
     def _rows_for(self, keys, slots, new):
         """Copies of the rows, state (views into one packed tensor) and meta of ``keys``: stored

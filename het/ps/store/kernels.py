@@ -135,32 +135,46 @@ class NativePush:
         opt = t.optimizer
         if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's steps of a push taken apart: torch's
             return TorchPush()(t, local, grads, counts, step, sq)
-        if opt.accepts_duplicates:  # SGD: no unique needed
-            rows, at, inverse, steps = local, torch.arange(len(local)), torch.arange(len(local)), counts
-            sq = None
-        else:
-            rows, inverse = torch.unique(local, return_inverse=True)
-            at, steps = inverse, counts
-            sq = sq if sq is not None and opt.followed and bool((counts > 1).any()) else None
-            if len(rows) != len(local):  # one gradient a row: duplicates summed first
-                grads, at = sum_rows(grads, inverse, len(rows)), torch.arange(len(rows))
-                if sq is not None:  # the steps and their squares summed as the gradients are
-                    steps, sq = sum_rows(counts, inverse, len(rows)), sum_rows(sq, inverse, len(rows))
-        cfg, step = opt.cfg, max(int(step), 1)
-        b1, b2 = cfg.betas
-        step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
-        failed = native.ops.table_push(
-            cfg.name if sq is None else "adagrad_steps", t.weight, [opt.state[n] for n in opt.state_names], t.clocks,
-            t.touched, rows, at.contiguous(), inverse.contiguous(), grads.contiguous(), counts.contiguous(), cfg.lr,
-            cfg.eps or 0.0, b1, b2, step_size, limits.MAX_CLOCK,
-            torch.empty(0, dtype=torch.int64) if sq is None else steps.contiguous(),
-            torch.empty(0, 1) if sq is None else sq.float().contiguous())
-        if failed == 1:
-            raise ValueError("the update would make rows non-finite (overflow)")
-        if failed == 100:
-            raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
-        if failed:
-            raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
+        kind, args = native_push_args(opt, local, grads, counts, step, sq)
+        failed = native.ops.table_push(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks, t.touched,
+                                       *args)
+        raise_push_failure(failed, opt)
+
+
+def native_push_args(opt, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                     sq: torch.Tensor | None) -> tuple[str, list]:
+    """The native push's kind and its arguments after the storage (``rows`` ... ``sq``): the
+    unique rows of ``local`` and where each gradient and count goes, duplicates summed where the
+    optimizer takes one gradient a row."""
+    if opt.accepts_duplicates:  # SGD: no unique needed
+        rows, at, inverse, steps = local, torch.arange(len(local)), torch.arange(len(local)), counts
+        sq = None
+    else:
+        rows, inverse = native.unique_inverse(local)
+        at, steps = inverse, counts
+        sq = sq if sq is not None and opt.followed and bool((counts > 1).any()) else None
+        if len(rows) != len(local):  # one gradient a row: duplicates summed first
+            grads, at = sum_rows(grads, inverse, len(rows)), torch.arange(len(rows))
+            if sq is not None:  # the steps and their squares summed as the gradients are
+                steps, sq = sum_rows(counts, inverse, len(rows)), sum_rows(sq, inverse, len(rows))
+    cfg, step = opt.cfg, max(int(step), 1)
+    b1, b2 = cfg.betas
+    step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
+    return (cfg.name if sq is None else "adagrad_steps",
+            [rows.contiguous(), at.contiguous(), inverse.contiguous(), grads.contiguous(), counts.contiguous(), cfg.lr,
+             cfg.eps or 0.0, b1, b2, step_size, limits.MAX_CLOCK,
+             torch.empty(0, dtype=torch.int64) if sq is None else steps.contiguous(),
+             torch.empty(0, 1) if sq is None else sq.float().contiguous()])
+
+
+def raise_push_failure(failed: int, opt) -> None:
+    """The error a native push's result names (0: none)."""
+    if failed == 1:
+        raise ValueError("the update would make rows non-finite (overflow)")
+    if failed == 100:
+        raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
+    if failed:
+        raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
 
 
 class TorchReplies:

@@ -32,6 +32,9 @@ class MemoryRows:
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
 
+    def gather_state(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.state.gather(slots)
+
     def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
         self.weight.scatter(slots, weight)
         if self.state is not None:

@@ -88,6 +88,9 @@ class TieredRows:
         records = self._records(slots)
         return records[:, :self.dim], records[:, self.dim:] if self.width > self.dim else None
 
+    def gather_state(self, slots: torch.Tensor) -> torch.Tensor:
+        return self._records(slots)[:, self.dim:].contiguous()
+
     def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
         """Write the rows of ``slots`` (unique): their records on disk are stale from now."""
         records = weight if state is None else torch.cat([weight, state], 1)
