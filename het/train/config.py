@@ -36,6 +36,9 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES, MODELS = Mode.values(), Model.values()
+# a worker cache slot's bytes besides its floats (het.cache.cache.EmbeddingCache): the key,
+# six 64-bit clocks and counters, two flags; rounded up
+CACHE_SLOT_BYTES = 64
 CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
@@ -166,6 +169,8 @@ class TrainConfig:
         'cora'
         >>> TrainConfig(mode="hybrid").cache_rows_for(1000), TrainConfig(cache_frac=0.2).cache_rows_for(1000)
         (0, 200)
+        >>> TrainConfig(dim=64).cache_rows_for(10**9)  # a tenth of 10^9 ids: more than 2 GiB of cache
+        1973790
     """
 
     model: Model = setting(Model.WDL, "the model: CTR models take Criteo-like data, graphsage a graph")
@@ -187,6 +192,9 @@ class TrainConfig:
     weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
+    cache_memory: str = setting("2GiB", "the most a worker's cache of cache_frac rows may take (at "
+                                f"{CACHE_SLOT_BYTES} B + 16 B a float of dim a row, an upper bound); an "
+                                "explicit cache_rows is not capped", kind="size")
     policy: Policy = setting(Policy.LFU, "the cache's replacement policy")
     lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within "
                                     "them (0: off)")  # by default: 16,384 samples' worth (Samples)
@@ -268,7 +276,7 @@ class TrainConfig:
         for name, value in MODEL_DEFAULTS[self.model].items():  # in samples: steps at the batch, once checked
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value.steps(self.batch) if self.batch > 0 else 0)
-        for name in ("ps_memory", "ps_wal_max"):
+        for name in ("ps_memory", "ps_wal_max", "cache_memory"):
             try:
                 value = parse_bytes(getattr(self, name)) if getattr(self, name) is not None else None
             except ValueError as e:
@@ -340,7 +348,13 @@ class TrainConfig:
             return 0
         if self.cache_rows is not None:
             return min(self.cache_rows, table_rows)
-        return int(self.cache_frac * table_rows)
+        return min(int(self.cache_frac * table_rows), parse_bytes(self.cache_memory) // self.cache_slot_bytes)
+
+    @property
+    def cache_slot_bytes(self) -> int:
+        """At most what a cache slot takes: its row and pending gradient, a followed optimizer's
+        state and squares (at most dim floats each), its key, clock and counters."""
+        return CACHE_SLOT_BYTES + 16 * self.dim
 
     def to_dict(self) -> dict:
         """Plain data (JSON and TOML alike): nested configs as dicts, s = inf as ``"inf"``."""

@@ -111,3 +111,22 @@ def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
 def test_watching_and_log_settings_out_of_range_are_refused_naming_them(settings, message):
     with pytest.raises(ValueError, match=message):
         TrainConfig.load(None, settings, {})
+
+
+@pytest.mark.parametrize("optimizer,local_update", [("sgd", "sgd"), ("adagrad", "full"), ("adam", "row")])
+def test_a_cache_slot_takes_at_most_what_cache_memory_counts(optimizer, local_update):
+    """cache_memory caps a cache of cache_frac rows by cache_slot_bytes a slot: a real cache's
+    tensors, each optimizer's local update, stay within it; cache_rows is the user's to choose."""
+    import torch
+
+    from het.cache.cache import EmbeddingCache
+    from het.config import CacheConfig, OptimizerConfig, TableConfig
+
+    cfg = TrainConfig(dim=24, optimizer=optimizer, local_update=local_update, cache_memory="1MiB")
+    rows = cfg.cache_rows_for(10**9)
+    assert rows == (1 << 20) // cfg.cache_slot_bytes
+    cache = EmbeddingCache(TableConfig("t", rows=10**9, dim=24, optimizer=OptimizerConfig(optimizer, lr=0.1)),
+                           CacheConfig(capacity=rows, staleness=10, lookahead=4, local_update=local_update))
+    held = sum(v.nbytes for v in vars(cache).values() if isinstance(v, torch.Tensor))
+    assert rows * 8 * 24 < held <= 1 << 20  # at least its rows and pending gradients
+    assert TrainConfig(cache_rows=10**8, cache_memory="1MiB").cache_rows_for(10**9) == 10**8
