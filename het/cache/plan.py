@@ -30,6 +30,30 @@ class Rows:
         return Rows(torch.cat([p.keys for p in parts]), torch.cat([p.grads for p in parts]),
                     torch.cat([p.counts for p in parts]), sq)
 
+    def pieces(self, most: int) -> list["Rows"]:
+        """The rows in pieces of at most about ``most`` keys, ordered by key, a key's entries in
+        one piece in their order (so each piece is a push as the whole would have been); the
+        rows themselves when they fit.
+
+        Example:
+            >>> r = Rows(torch.tensor([5, 1, 5, 2]), torch.arange(4.).reshape(4, 1), torch.ones(4, dtype=torch.int64))
+            >>> [p.keys.tolist() for p in r.pieces(2)], r.pieces(2)[1].grads.flatten().tolist()
+            ([[1, 2], [5, 5]], [0.0, 2.0])
+        """
+        if len(self) <= most:
+            return [self]
+        keys, order = torch.sort(self.keys, stable=True)
+        starts = torch.ones(len(keys), dtype=torch.bool, device=keys.device)
+        starts[1:] = keys[1:] != keys[:-1]
+        first = starts.nonzero().flatten()  # where each key's entries begin
+        at = torch.searchsorted(first, torch.arange(most, len(keys), most, device=keys.device))
+        cuts = torch.unique(torch.cat([first[at[at < len(first)]], torch.tensor([0, len(keys)], device=keys.device)]))
+        cuts = cuts.tolist()  # a cut a piece: the entries' first key at or past each multiple of most
+        return [self._take(order[a:b]) for a, b in zip(cuts, cuts[1:])]
+
+    def _take(self, idx: torch.Tensor) -> "Rows":
+        return Rows(self.keys[idx], self.grads[idx], self.counts[idx], None if self.sq is None else self.sq[idx])
+
 
 @dataclass
 class Plan:

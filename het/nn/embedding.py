@@ -26,6 +26,9 @@ from het.ps.client import PSClient
 from het.ps.limits import check_finite
 from het.ps.wire.requests import check_keys
 
+# the most keys one push of a flush carries (Embedding._push): 65,536 rows of dim 128 are 32 MiB
+FLUSH_KEYS = 1 << 16
+
 
 @dataclass
 class _Pending:
@@ -247,13 +250,18 @@ class Embedding(nn.Module):
                     for name, cache in self.caches.items()})
 
     def _push(self, rows_by_table: dict) -> None:
+        """Push the rows and wait. Many rows (a flush of a whole cache) go as pushes of at most
+        :data:`FLUSH_KEYS` keys, two in flight: a shard applies a push whole, with scratch in
+        proportion to it, and under a memory budget (het.ps.shard) that is counted."""
         handles, self._early = self._early, []  # push_idle's, sent earlier
         for name, rows in rows_by_table.items():
             out = self._outbox[name]
             out.parts.clear()
-            if len(rows):
-                handles.append(self.client.push(name, rows.keys, rows.grads, rows.counts, step=max(out.step, 1),
-                                                sq=rows.sq, grad_dtype=self.push_dtype))
+            for piece in rows.pieces(FLUSH_KEYS) if len(rows) else ():
+                if len(handles) >= 2:
+                    self._wait(handles.pop(0))
+                handles.append(self.client.push(name, piece.keys, piece.grads, piece.counts, step=max(out.step, 1),
+                                                sq=piece.sq, grad_dtype=self.push_dtype))
                 self.traffic["sparse_push"] += handles[-1].push_bytes
         for h in handles:
             self._wait(h)

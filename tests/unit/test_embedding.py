@@ -325,3 +325,27 @@ def test_a_copy_that_follows_the_server_exactly_is_not_made_stale_by_its_own_pus
     with torch.no_grad():
         cached = emb(keys)
     assert torch.allclose(cached, emb.read(keys), rtol=0, atol=1e-6 if not refreshed else 1e-2)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
+def test_a_flush_in_pieces_leaves_the_rows_a_whole_one_does(optimizer, monkeypatch):
+    """A flush of more than FLUSH_KEYS rows goes as several pushes, a key's entries in one: the
+    shard's rows, bit for bit, and its clocks as one push leaves them."""
+    import het.nn.embedding as module
+
+    out = []
+    for most in (1 << 16, 5):
+        monkeypatch.setattr(module, "FLUSH_KEYS", most)
+        table = TableConfig("embedding", rows=64, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.05))
+        client = PSClient.local([table])
+        emb = Embedding(tables=table, client=client, cache=CacheConfig(capacity=48, staleness=1000))
+        g = torch.Generator().manual_seed(3)
+        for _ in range(6):
+            emb(torch.randint(0, 64, (10, 3), generator=g)).pow(2).sum().backward()
+        pushes = client.stats()[0].get("requests_push", 0)
+        emb.flush()
+        keys = torch.arange(64)
+        rows, clocks = client.wait(client.pull("embedding", keys))
+        out.append((rows, clocks, client.stats()[0].get("requests_push", 0) - pushes))
+    assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
+    assert out[0][2] == 1 and out[1][2] > 3  # whole, and in pieces
