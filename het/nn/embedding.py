@@ -26,8 +26,8 @@ from het.ps.client import PSClient
 from het.ps.limits import check_finite
 from het.ps.wire.requests import check_keys
 
-# the most keys one push of a flush carries (Embedding._push): 65,536 rows of dim 128 are 32 MiB
-FLUSH_KEYS = 1 << 16
+# the most keys one push of a flush carries (Embedding._push): 16,384 rows of dim 128 are 8 MiB
+FLUSH_KEYS = 1 << 14
 
 
 @dataclass

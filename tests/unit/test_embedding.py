@@ -334,7 +334,7 @@ def test_a_flush_in_pieces_leaves_the_rows_a_whole_one_does(optimizer, monkeypat
     import het.nn.embedding as module
 
     out = []
-    for most in (1 << 16, 5):
+    for most in (1 << 14, 5):
         monkeypatch.setattr(module, "FLUSH_KEYS", most)
         table = TableConfig("embedding", rows=64, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.05))
         client = PSClient.local([table])

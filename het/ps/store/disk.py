@@ -33,6 +33,7 @@ from het import files
 
 SEGMENT_BYTES = 128 << 20  # a segment's size on disk (the last one is written as it fills)
 CHECK_RECORDS = 1 << 16  # records read back at once when a whole segment is checked
+WRITE_RECORDS = 1 << 14  # records written with one pwrite at most (its block is a copy)
 _WEIGHT, _SALT, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0x2545F4914F6CDD1D), np.uint64(0xBF58476D1CE4E5B9)
 
 
@@ -107,7 +108,7 @@ class Segments:
         records = torch.arange(self.next, self.next + n)
         while done < n:
             seg, off = divmod(self.next, self.per_segment)
-            k = min(n - done, self.per_segment - off)
+            k = min(n - done, self.per_segment - off, WRITE_RECORDS)  # the block below is scratch: bounded
             f = self.files.get(seg) or self._open(seg)
             block = np.empty((k, self.width + 1), dtype=np.float32)
             block[:, :self.width] = rows[done:done + k]

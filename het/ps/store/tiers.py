@@ -38,6 +38,7 @@ POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on 
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
+WRITE_RECORDS = 1 << 14  # records gathered and written to disk at once when rows leave the pool
 
 
 class TieredRows:
@@ -259,9 +260,8 @@ class TieredRows:
         slots = self.slot_of[pos]
         place = self.place.gather(slots)
         unwritten = (place[:, REC] < 0).nonzero().flatten()  # changed since read: written now
-        if len(unwritten):
-            rows = self.pool.gather(pos[unwritten])
-            place[unwritten, REC] = self.disk.append(rows.numpy(), slots[unwritten])
+        for part in unwritten.split(WRITE_RECORDS):  # a batch at a time: the scratch stays small
+            place[part, REC] = self.disk.append(self.pool.gather(pos[part]).numpy(), slots[part])
         place[:, POS] = -1
         self.place.scatter(slots, place)
         self.slot_of[pos] = -1
