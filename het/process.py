@@ -29,3 +29,20 @@ def peak_rss_bytes() -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def release_freed_memory() -> None:
+    """Hand memory the allocator keeps after ``free`` back to the OS (glibc's ``malloc_trim``):
+    a request's scratch and an index's rebuild free large arrays, and glibc keeps those pages
+    resident for the next ones, in every thread's arena. A no-op where there is no glibc."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except OSError:
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM = None

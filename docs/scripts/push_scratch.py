@@ -1,6 +1,6 @@
 """What a push costs a shard under a memory budget besides the rows it changes: the peak RSS
 over the request's start, per key and in records (a row and its Adagrad state), for pushes of
-new keys into a dynamic table of dim 64 with a disk tier (het.ps.shard's SCRATCH_RECORDS).
+new keys into a dynamic table of dim 64 with a disk tier (het.ps.budget's SCRATCH_RECORDS).
 
     .venv/bin/python docs/scripts/push_scratch.py [--keys 65536] [--memory-mib 64] [--rounds 4]
 

@@ -24,8 +24,7 @@ import numpy as np
 import torch
 
 from het import native
-from het.process import rss_bytes
-from het.ps.store.dynamic import release_freed_memory
+from het.process import release_freed_memory, rss_bytes
 from het.ps.store.index import KeyIndex, NativeKeyIndex
 
 META_BYTES = 8  # DynamicRows' clock and last step a slot (int32 each)

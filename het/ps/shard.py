@@ -17,10 +17,10 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
+from het.ps.budget import Budget
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
-from het.ps.store.dynamic import release_freed_memory
 from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
@@ -30,10 +30,6 @@ from het.ps.wire.protocol import (AuthError, Message, Op, ProtocolError, StaleEr
                                   error_reply, frame_bytes, pack_marks, peek_request_id)
 from het.staleness import bound_from_wire, must_refresh
 
-# a push's scratch under a memory budget, in records (a row and its optimizer state) a key: the
-# arrays as they arrived, the rows and state gathered, the optimizer's temporaries, the records
-# written and those evicted for them (measured 8-10)
-SCRATCH_RECORDS = 10
 PAGE_IN_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
 
 
@@ -95,7 +91,7 @@ class Shard:
         # held before any table touches it: a second shard there would empty the first's disk tier
         self.state = StateDirectory(state_dir, wal, fsync_s, wal_recover_prefix)
         self.state_dir = self.state.root
-        self.scratch_keys = 0  # under a budget: the most keys a push applied carried (its scratch is reserved)
+        self.budget = None if cfg.memory is None else Budget(cfg.memory, self.stats)  # het.ps.budget
         try:
             self.tables: dict[str, RowStore] = open_stores(cfg, self.state_dir)
             self._fit_memory()
@@ -104,39 +100,12 @@ class Shard:
         except BaseException:  # refused to start: the directory is let go
             self.state.close()
             raise
-        self._rss_floor = self._trimmed_at = rss_bytes()  # under a budget: what the process holds besides it
+        if self.budget is not None:
+            self.budget.started()
 
-    def _fit_memory(self) -> None:
-        """Under a memory budget, give the tables with a DRAM pool what the budget leaves beside
-        everything held whatever the pools' sizes (fixed tables, indexes, clocks, sketches) and
-        the scratch of the largest push applied, in equal shares."""
-        if self.cfg.memory is None:
-            return
-        use = {name: t.dram_bytes() for name, t in self.tables.items()}
-        pooled = [name for name, (_, row_bytes) in use.items() if row_bytes]
-        share = max(0, self.cfg.memory - sum(held for held, _ in use.values()) - self.scratch_bytes) // len(pooled)
-        for name in pooled:
-            self.tables[name].size_pool(share // use[name][1])
-
-    @property
-    def scratch_bytes(self) -> int:
-        """What applying the largest push seen takes besides the rows it changes: about
-        :data:`SCRATCH_RECORDS` records a key (measured: ``python docs/scripts/push_scratch.py``),
-        at most half the budget (pushes larger than that go past it while they are applied)."""
-        width = max((t.dram_bytes()[1] for t in self.tables.values()), default=0)
-        return min(self.scratch_keys * width * SCRATCH_RECORDS, self.cfg.memory // 2)
-
-    def _keep_to_budget(self) -> None:
-        """Under a budget, hand the memory the allocator kept after a request's scratch was
-        freed back to the OS once the process holds more than the budget past what it held at
-        start (glibc keeps freed heap pages for reuse, in every thread's arena: left alone, a
-        shard's RSS grows past its account by gigabytes). A trim costs milliseconds, so it
-        waits for a sixteenth of the budget more than the last one left."""
-        rss = rss_bytes()
-        if rss > max(self._rss_floor + self.cfg.memory, self._trimmed_at + self.cfg.memory // 16):
-            release_freed_memory()
-            self._trimmed_at = rss_bytes()
-            self.stats["memory_trims"] += 1
+    def _fit_memory(self, pushed_keys: int = 0) -> None:
+        if self.budget is not None:
+            self.budget.fit(self.tables, pushed_keys)
 
     @property
     def page_in_pending(self) -> bool:
@@ -176,8 +145,8 @@ class Shard:
             else:
                 out = encode(self.handle(msg), self.secret)
         self.stats["bytes_out"] += frame_bytes(out)
-        if self.cfg.memory is not None:
-            self._keep_to_budget()
+        if self.budget is not None:
+            self.budget.keep()
         self.stats["busy_s"] += time.perf_counter() - start
         return out
 
@@ -316,8 +285,7 @@ class Shard:
         if c.table in self.changes:
             self.changes[c.table].add(c.keys)
         self.stats["rows_in"] += len(c.keys)
-        self.scratch_keys = max(self.scratch_keys, len(c.keys)) if self.cfg.memory is not None else 0
-        self._fit_memory()
+        self._fit_memory(len(c.keys))
         if self.wal is not None and self.cfg.wal_max is not None:  # a disk tier's files change under a child
             self.state.bound_log(self.cfg.wal_max, self.tables, self._header, background=self.cfg.memory is None)
         return len(c.keys)

@@ -84,7 +84,10 @@ def test_idle_rows_pushed_early_leave_the_ps_and_the_traffic_as_a_final_flush_wo
     assert torch.equal(rows, rows_late) and torch.equal(clocks, clocks_late)
     assert {k: stats[k] for k in ("hits", "misses", "pushed_rows")} == \
            {k: stats_late[k] for k in ("hits", "misses", "pushed_rows")}
-    for key in ("sparse_pull", "sparse_push", "sync"):
+    for key in ("sparse_pull", "sync"):
         assert early[key] == late[key], key
+    # the same rows pushed; a large final flush goes in pieces ordered by key, whose keys
+    # delta-code into fewer bytes than the idle pushes' (measured 760,621 against 872,155)
+    assert late["sparse_push"] <= early["sparse_push"] <= 1.25 * late["sparse_push"]
     # measured: 108,648 bytes against 1,417,788 (the rows the last step used, and the bypassed)
     assert 0 < early["flush_bytes"] < 0.5 * late["flush_bytes"], (early["flush_bytes"], late["flush_bytes"])

@@ -27,7 +27,6 @@ stores nothing for it, and its memory follows the rows training touched, not the
 
 from __future__ import annotations
 
-import ctypes
 from collections import Counter
 
 import numpy as np
@@ -44,6 +43,7 @@ from het.ps.store import index as key_index
 from het.ps.store.optim import rows_problem, sum_rows
 from het.ps.store.records import MemoryRows
 from het.ps.store.tiers import TieredRows
+from het.process import release_freed_memory
 
 CLOCK, LAST = 0, 1  # the columns of a slot's meta
 NARROW = torch.iinfo(torch.int32).max  # meta held in int32 up to this
@@ -186,7 +186,7 @@ class DynamicRows:
     def _apply(self, at, grads, counts, step, sq=None) -> None:
         opt = self.optimizer
         if self.native and not (opt.takes_squares and opt.takes_steps(counts, sq)):
-            return self._apply_native(at, grads, counts, step, sq)
+            return kernels.push_chunks(self, at, grads, counts, step, sq)
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
         slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
@@ -213,40 +213,6 @@ class DynamicRows:
             self.counters["admitted"] += len(new)
         self.store.scatter(slots, weight, packed if self.state_names else None)
         self.meta.scatter(slots, meta.to(self.meta.dtype))
-
-    def _apply_native(self, at, grads, counts, step, sq) -> None:
-        """:meth:`_apply` in one native pass over the stored rows (``native.ops.chunk_push``):
-        new keys are given slots with their initial rows first, and lose them if the push fails."""
-        slots = at[:, 1].clone()
-        missing = (slots < 0).nonzero().flatten()
-        new_keys = new_slots = None
-        if len(missing):
-            new_keys = torch.unique(at[missing, 0])
-            new_slots = self._alloc(len(new_keys))
-            self.keys.insert(new_keys, new_slots)
-            fresh = self.optimizer.initial_state(len(new_keys), self.cfg.dim)
-            self.store.scatter(new_slots, torch.from_numpy(initial_rows(self.cfg, new_keys.numpy())),
-                               torch.cat([fresh[n] for n in self.state_names], 1) if fresh else None)
-            self.meta.scatter(new_slots, torch.zeros(len(new_slots), 2, dtype=self.meta.dtype))
-            slots[missing] = self.keys.lookup(at[missing, 0])
-        if int(step) > NARROW and self.meta.dtype != torch.int64:
-            self.meta.widen(torch.int64)
-        kind, args = kernels.native_push_args(self.optimizer, slots, grads, counts, step, sq)
-        store = self.store
-        while True:
-            failed = native.ops.chunk_push(kind, store.weight.parts, store.state.parts if store.state is not None else [],
-                                           self.meta.parts, store.weight.first.bit_length() - 1, False,
-                                           len(self.state_names), int(step), *args)
-            if failed != 101:
-                break
-            self.meta.widen(torch.int64)  # a clock outgrew 32 bits: nothing was written
-        if failed and new_keys is not None:  # the new keys' slots go back
-            self.keys.remove(new_keys)
-            self.meta.scatter(new_slots, torch.full((len(new_slots), 2), -1, dtype=self.meta.dtype))
-            self.free = torch.cat([self.free, new_slots])
-        kernels.raise_push_failure(failed, self.optimizer)
-        if new_keys is not None:
-            self.counters["admitted"] += len(new_keys)
 
     def _rows_for(self, keys, slots, new):
         """Copies of the rows, state (views into one packed tensor) and meta of ``keys``: stored
@@ -403,23 +369,6 @@ class DynamicRows:
     def close(self) -> None:
         """Close the disk tier and remove its files (a save holds its own links to them)."""
         self.store.discard()
-
-
-def release_freed_memory() -> None:
-    """Hand memory the allocator keeps after ``free`` back to the OS (glibc's ``malloc_trim``):
-    a growing table's index merges free arrays of every key, and glibc would keep those pages
-    resident for the next ones. A no-op where there is no glibc."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
-        except OSError:
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM = None
 
 
 def _first_of(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:

@@ -19,6 +19,7 @@ import torch
 
 from het import native
 from het.ps import limits
+from het.ps.initial import initial_rows
 from het.ps.store import optim
 from het.ps.store.optim import rows_problem, sum_rows
 
@@ -175,6 +176,43 @@ def raise_push_failure(failed: int, opt) -> None:
         raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
     if failed:
         raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
+
+
+def push_chunks(table, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                sq: torch.Tensor | None) -> None:
+    """A dynamic table's push (:meth:`het.ps.store.dynamic.DynamicRows.push`, all in memory) in
+    one native pass over its chunks (``native.ops.chunk_push``): new keys are given slots with
+    their initial rows first, and lose them if the push fails."""
+    slots = at[:, 1].clone()
+    missing = (slots < 0).nonzero().flatten()
+    new_keys = new_slots = None
+    if len(missing):
+        new_keys = torch.unique(at[missing, 0])
+        new_slots = table._alloc(len(new_keys))
+        table.keys.insert(new_keys, new_slots)
+        fresh = table.optimizer.initial_state(len(new_keys), table.cfg.dim)
+        table.store.scatter(new_slots, torch.from_numpy(initial_rows(table.cfg, new_keys.numpy())),
+                           torch.cat([fresh[n] for n in table.state_names], 1) if fresh else None)
+        table.meta.scatter(new_slots, torch.zeros(len(new_slots), 2, dtype=table.meta.dtype))
+        slots[missing] = table.keys.lookup(at[missing, 0])
+    if int(step) > torch.iinfo(torch.int32).max and table.meta.dtype != torch.int64:
+        table.meta.widen(torch.int64)
+    kind, args = native_push_args(table.optimizer, slots, grads, counts, step, sq)
+    store = table.store
+    while True:
+        failed = native.ops.chunk_push(kind, store.weight.parts, store.state.parts if store.state is not None else [],
+                                       table.meta.parts, store.weight.first.bit_length() - 1, False,
+                                       len(table.state_names), int(step), *args)
+        if failed != 101:
+            break
+        table.meta.widen(torch.int64)  # a clock outgrew 32 bits: nothing was written
+    if failed and new_keys is not None:  # the new keys' slots go back
+        table.keys.remove(new_keys)
+        table.meta.scatter(new_slots, torch.full((len(new_slots), 2), -1, dtype=table.meta.dtype))
+        table.free = torch.cat([table.free, new_slots])
+    raise_push_failure(failed, table.optimizer)
+    if new_keys is not None:
+        table.counters["admitted"] += len(new_keys)
 
 
 class TorchReplies:

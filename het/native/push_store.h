@@ -1,0 +1,94 @@
+// Where a push's rows live (table.cpp's push_rows reads and writes rows only through these):
+// a fixed table's tensors, or a dynamic table's chunks (het/ps/store/chunks.py).
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <utility>
+#include <vector>
+
+namespace het_push {
+
+// Where a push's rows live. A fixed table: one weight tensor, one tensor a state, a clock and a
+// mark a row. A dynamic table (het/ps/store/chunks.py): slots in chunks, a slot's optimizer
+// state packed after one another in one record of another chunk list, and its meta (clock, last
+// step) two integers of a third, 32-bit until het widens them to 64. The push below reads and
+// writes rows only through these, so both tables take the same floats.
+struct FlatStore {
+  float* w;
+  std::vector<float*> st;
+  int64_t* ck;
+  bool* tc;
+  int64_t D;
+  float* row(int64_t r) const { return w + r * D; }
+  float* state(int i, int64_t r) const { return st[size_t(i)] + r * D; }
+  int64_t clock(int64_t r) const { return ck[r]; }
+  int64_t limit(int64_t max_clock) const { return max_clock; }
+  struct Undo {
+    int64_t clock;
+    bool mark;
+  };
+  Undo undo(int64_t r) const { return {ck[r], tc[r]}; }
+  void restore(int64_t r, Undo u) const { ck[r] = u.clock, tc[r] = u.mark; }
+  void prefetch_meta(int64_t r) const { __builtin_prefetch(ck + r, 1, 3), __builtin_prefetch(tc + r, 1, 3); }
+  void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
+};
+
+struct ChunkStore {
+  std::vector<float*> w, st;
+  std::vector<void*> meta;
+  bool wide;             // meta in int64 (else int32)
+  int64_t bits;          // log2 of the first chunk's slots
+  bool fixed;            // every chunk that size (else each as large as all before it)
+  int64_t D, SW, S, step;
+  // chunk c holds slots [start(c), start(c) + size(c))
+  std::pair<size_t, int64_t> locate(int64_t r) const {
+    const uint64_t q = uint64_t(r) >> bits;
+    if (fixed) return {size_t(q), r - int64_t(q << bits)};
+    if (q == 0) return {0, r};
+    const int c = 64 - __builtin_clzll(q);  // q in [2^(c-1), 2^c): chunk c starts at first << (c - 1)
+    return {size_t(c), r - (int64_t(1) << (bits + c - 1))};
+  }
+  float* row(int64_t r) const {
+    auto [c, o] = locate(r);
+    return w[c] + o * D;
+  }
+  float* state(int i, int64_t r) const {
+    auto [c, o] = locate(r);
+    return st[c] + o * SW + i * D;
+  }
+  int64_t get(int64_t r, int col) const {
+    auto [c, o] = locate(r);
+    return wide ? static_cast<int64_t*>(meta[c])[o * 2 + col] : static_cast<int32_t*>(meta[c])[o * 2 + col];
+  }
+  void set(int64_t r, int col, int64_t v) const {
+    auto [c, o] = locate(r);
+    if (wide) static_cast<int64_t*>(meta[c])[o * 2 + col] = v;
+    else static_cast<int32_t*>(meta[c])[o * 2 + col] = int32_t(v);
+  }
+  int64_t clock(int64_t r) const { return get(r, 0); }
+  int64_t limit(int64_t max_clock) const {
+    return wide ? max_clock : std::min<int64_t>(max_clock, std::numeric_limits<int32_t>::max());
+  }
+  struct Undo {
+    int64_t clock, last;
+  };
+  Undo undo(int64_t r) const { return {get(r, 0), get(r, 1)}; }
+  void restore(int64_t r, Undo u) const { set(r, 0, u.clock), set(r, 1, u.last); }
+  void prefetch_meta(int64_t r) const {
+    auto [c, o] = locate(r);
+    __builtin_prefetch(static_cast<char*>(meta[c]) + o * (wide ? 16 : 8), 1, 3);
+  }
+  void written(int64_t r, int64_t clock) const {  // the last step that updated it: the largest named
+    set(r, 0, clock);
+    set(r, 1, std::max(get(r, 1), step));
+  }
+};
+
+// A push's failure, as table_push returns it; 101: a clock would pass what the store's meta
+// holds (32 bits), not max_clock: the caller widens it and pushes again.
+int64_t clock_failure(int64_t clock, int64_t max_clock, int64_t limit) {
+  return clock > max_clock ? 100 : clock > limit ? 101 : 0;
+}
+
+}  // namespace het_push
