@@ -48,7 +48,7 @@ PS_ROOMS = (
     ("partition", "limits"),
     ("initial",),
     ("store", "wire"),
-    ("changes", "parts", "sessions", "metrics"),
+    ("changes", "parts", "sessions", "metrics", "budget"),
     ("shard",),
     ("client", "server", "reshard"),
 )
