@@ -94,9 +94,11 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
         raise
     if shard.state.lock is not None:
         shard.state.lock.note(address=endpoint.address)
-    stop = threading.Event()
+    # a list, not a threading.Event: a handler runs between two bytecodes of the main thread,
+    # perhaps inside Event.set of another signal's handler, whose lock it would wait on forever
+    stop: list[int] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda signum, _: stop.append(signum))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1`: every thread's stack to stderr
     print(f"het serve: shard {cfg.index}/{cfg.num_shards} listening on {endpoint.address}", flush=True)
     if secret is not None:  # a line of its own: ServerProcess reads the address off the end of the first
@@ -113,7 +115,7 @@ def run_foreground(cfg: ShardConfig, bind: str, secret: bytes | None = None, sta
     if shard.stats.get("wal_replayed"):
         print(f"het serve: recovered {shard.stats['wal_replayed']} logged pushes", flush=True)
     try:
-        serve(shard, endpoint, stop.is_set, metrics=metrics)
+        serve(shard, endpoint, lambda: bool(stop), metrics=metrics)
     finally:
         if metrics is not None:
             metrics.close()
