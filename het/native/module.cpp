@@ -19,6 +19,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("chunk_push", &chunk_push);
   m.def("gather_rows", &gather_rows);
   m.def("gather_touched", &gather_touched);
+  m.def("chunk_gather", &chunk_gather);
+  m.def("chunk_scatter", &chunk_scatter);
   m.def("cache_soon", &cache_soon);
   m.def("all_finite", &all_finite_op);
   m.def("index_lookup", &index_lookup);

@@ -45,6 +45,12 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
                                           torch::Tensor out);
 bool all_finite_op(torch::Tensor x);
 
+// A dynamic table's chunks (chunks.cpp)
+void chunk_gather(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,
+                  torch::Tensor out, bool missing);
+void chunk_scatter(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,
+                   torch::Tensor rows);
+
 // Initial rows and a lazy reply (rows.cpp)
 torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, double scale);
 std::vector<torch::Tensor> lazy_reply(torch::Tensor sent, torch::Tensor bits, torch::Tensor keys,

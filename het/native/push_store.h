@@ -87,7 +87,7 @@ struct ChunkStore {
 
 // A push's failure, as table_push returns it; 101: a clock would pass what the store's meta
 // holds (32 bits), not max_clock: the caller widens it and pushes again.
-int64_t clock_failure(int64_t clock, int64_t max_clock, int64_t limit) {
+inline int64_t clock_failure(int64_t clock, int64_t max_clock, int64_t limit) {
   return clock > max_clock ? 100 : clock > limit ? 101 : 0;
 }
 

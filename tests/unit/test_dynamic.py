@@ -328,17 +328,39 @@ def test_clocks_past_32_bits_widen_the_meta_and_survive_a_save(tmp_path):
     assert again.clocks_of(again.locate(torch.tensor([5, 6]))).tolist() == [2**32 + 3, 1]
 
 
-@settings(max_examples=40, deadline=None)
-@given(st.lists(st.integers(0, 3000), min_size=1, max_size=200, unique=True), st.integers(1, 64))
-def test_chunks_are_one_array(slots, first):
-    chunks, truth = Chunks(3, torch.float32, first=first), torch.zeros(3001, 3)
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 3000), min_size=1, max_size=200, unique=True), st.integers(1, 64),
+       st.sampled_from([torch.float32, torch.int32, torch.int64]), st.integers(1, 5), st.booleans(),
+       st.integers(0, 3))
+def test_chunks_are_one_array(slots, first, dtype, width, fixed, absent):
+    """Doubling or fixed-size chunks of any width and type read and write as one array: by het's
+    native pass where chunks hold 2^k slots, by per-chunk numpy elsewhere; a slot of -1 reads as
+    zeros only when asked for (``missing``)."""
+    chunks, truth = Chunks(width, dtype, first=first, fixed=fixed), torch.zeros(3001, width, dtype=dtype)
     chunks.grow_to(3001)
-    assert chunks.capacity >= 3001 and chunks.capacity < 2 * max(first, 3001)  # doubling: log2 chunks
+    if not fixed:
+        assert chunks.capacity >= 3001 and chunks.capacity < 2 * max(first, 3001)  # doubling: log2 chunks
     slots = torch.tensor(slots)
-    rows = torch.randn(len(slots), 3)
+    rows = (torch.randn(len(slots), width) * 1000).to(dtype)
     chunks.scatter(slots, rows)
     truth[slots] = rows
     assert torch.equal(chunks.gather(slots), truth[slots])
+    asked = torch.cat([slots, torch.full((absent,), -1)])[torch.randperm(len(slots) + absent)]
+    expected = torch.where((asked >= 0)[:, None], truth[asked.clamp(min=0)], torch.zeros((), dtype=dtype))
+    assert torch.equal(chunks.gather(asked, missing=True), expected)
+    out = torch.empty(len(asked), width, dtype=dtype)
+    assert chunks.gather(asked, missing=True, out=out) is out and torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("first", [8, 6])  # the native pass, the reference
+def test_chunks_refuse_slots_out_of_range(first):
+    chunks = Chunks(2, torch.int32, first=first)
+    chunks.grow_to(20)
+    for bad in ([-1], [chunks.capacity], [0, 2**40]):
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            chunks.gather(torch.tensor(bad))
+        with pytest.raises((IndexError, RuntimeError), match="out of"):
+            chunks.scatter(torch.tensor(bad), torch.zeros(len(bad), 2, dtype=torch.int32))
 
 
 def test_reshard_moves_a_dynamic_table_with_its_state(tmp_path):

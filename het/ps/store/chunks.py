@@ -64,6 +64,10 @@ class Chunks:
 
     def _groups(self, slots: torch.Tensor):
         """(chunk, positions in ``slots`` or None for all, slots within the chunk) per chunk touched."""
+        low, high = torch.aminmax(slots)
+        if int(low) < 0 or int(high) >= self.capacity:
+            bad = int(low) if int(low) < 0 else int(high)
+            raise IndexError(f"slot {bad} out of range [0, {self.capacity})")
         if len(self.parts) == 1:
             yield self.parts[0], None, slots
             return
@@ -76,15 +80,29 @@ class Chunks:
             elif len(pos):
                 yield part, pos, slots.index_select(0, pos) - int(self.starts[c])
 
-    def gather(self, slots: torch.Tensor) -> torch.Tensor:
-        """Rows at ``slots``. Shape: (n,) -> (n, width)."""
-        # numpy's take and fancy assignment copy whole rows at a time: about twice as fast here
-        # as torch's index_select / index_copy_ on CPU tensors (a shard's storage is on the CPU)
+    def gather(self, slots: torch.Tensor, missing: bool = False, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Rows at ``slots``; with ``missing``, a slot of -1 (a key not stored) gives a row of
+        zeros; into ``out`` where given (a reused buffer). Shape: (n,) -> (n, width)."""
         if not len(slots):
             return torch.empty(0, self.width, dtype=self.dtype)
+        if self._native:  # one pass, the chunk of a slot by bit arithmetic, rows ahead prefetched
+            out = torch.empty(len(slots), self.width, dtype=self.dtype) if out is None else out
+            native.ops.chunk_gather(self.parts, self._bits, self.fixed, slots.contiguous(), out, missing)
+            return out
+        if out is not None:
+            out[:] = self.gather(slots, missing)
+            return out
+        if missing:
+            out = torch.zeros(len(slots), self.width, dtype=self.dtype)
+            held = (slots >= 0).nonzero().flatten()
+            if len(held):
+                out[held] = self.gather(slots[held])
+            return out
+        # numpy's take and fancy assignment copy whole rows at a time: about twice as fast here
+        # as torch's index_select / index_copy_ on CPU tensors (a shard's storage is on the CPU)
         out = None
         for part, pos, local in self._groups(slots):
-            rows = self._take(part, local)
+            rows = part.numpy().take(local.numpy(), axis=0)
             if pos is None:
                 return torch.from_numpy(rows)
             if out is None:
@@ -92,20 +110,26 @@ class Chunks:
             out[pos.numpy()] = rows
         return torch.from_numpy(out)
 
-    def _take(self, part: torch.Tensor, local: torch.Tensor) -> np.ndarray:
-        if native.ops is not None and self.dtype == torch.float32:  # rows prefetched ahead: random rows wait on latency
-            rows = torch.empty(len(local), self.width)
-            native.ops.gather_rows(part, local.contiguous(), rows)
-            return rows.numpy()
-        return part.numpy().take(local.numpy(), axis=0)
-
     def scatter(self, slots: torch.Tensor, rows: torch.Tensor) -> None:
         """Write ``rows`` at ``slots`` (unique). Shape: (n,), (n, width)."""
         if not len(slots):
             return
+        if self._native:
+            native.ops.chunk_scatter(self.parts, self._bits, self.fixed, slots.contiguous(),
+                                     rows.to(self.dtype).contiguous())
+            return
         values = rows.numpy()
         for part, pos, local in self._groups(slots):
             part.numpy()[local.numpy()] = values if pos is None else values[pos.numpy()]
+
+    @property
+    def _native(self) -> bool:
+        """Whether reads and writes take the native pass (het.native built, chunks of 2^k slots)."""
+        return native.ops is not None and self.parts and self.first & (self.first - 1) == 0
+
+    @property
+    def _bits(self) -> int:
+        return self.first.bit_length() - 1
 
     def column(self, col: int, rows: int) -> torch.Tensor:
         """Column ``col`` of slots ``0 .. rows - 1``, as one tensor (a copy). Shape: (rows,)."""

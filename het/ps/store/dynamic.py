@@ -93,6 +93,8 @@ class DynamicRows:
         self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
                        and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
                        and all(widths[n] == cfg.dim for n in self.state_names))
+        # replies' rows gathered into reused buffers, as a fixed table's (a new one faults its pages in)
+        self._replies = kernels.ReplyBuffers(cfg.dim) if isinstance(self.store, MemoryRows) else None
 
     # -- keys -------------------------------------------------------------------------------
     def check_keys(self, keys: torch.Tensor) -> str:
@@ -106,19 +108,22 @@ class DynamicRows:
         return torch.stack([keys, self.keys.lookup(keys)], 1)
 
     def clocks_of(self, at: torch.Tensor) -> torch.Tensor:
-        clocks = torch.zeros(len(at), dtype=torch.int64)
-        stored = (at[:, 1] >= 0).nonzero().flatten()
-        if len(stored):
-            clocks[stored] = self.meta.gather(at[stored, 1])[:, CLOCK].long()
-        return clocks
+        return self.meta.gather(at[:, 1], missing=True)[:, CLOCK].long()  # not stored: clock 0
 
     def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
         """As :meth:`FixedRows.rows_to_send`: a row not stored is "untouched"."""
         stored = at[:, 1] >= 0
-        rows = self.store.gather_weight(at[stored, 1])
+        every = bool(stored.all())
+        slots = at[:, 1] if every else at[stored, 1]
+        if self._replies is not None and (lazy or every):
+            rows = self._replies.take(len(slots))
+            rows = self.store.gather_weight(slots, out=rows)
+            sent = self._replies.lend(rows.numpy())
+            return ([sent, (~stored).to(torch.uint8).numpy()] if lazy else [sent]), len(slots)
+        rows = self.store.gather_weight(slots)
         if lazy:
             return [rows.numpy(), (~stored).to(torch.uint8).numpy()], len(rows)
-        if len(rows) == len(at):  # every row stored: no initial rows to make
+        if every:  # no initial rows to make
             return [rows.numpy()], len(at)
         out = torch.empty(len(at), self.cfg.dim)
         out[stored] = rows

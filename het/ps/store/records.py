@@ -26,8 +26,8 @@ class MemoryRows:
             if c is not None:
                 c.grow_to(slots)
 
-    def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
-        return self.weight.gather(slots)
+    def gather_weight(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.weight.gather(slots, out=out)
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
