@@ -19,6 +19,7 @@ cannot take less than that CPU shared out over the cores.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import time
@@ -96,21 +97,38 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = 
 
 
 def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
-        optimizer: str = "sgd", curve: bool = False, dynamic: bool = False) -> dict:
+        optimizer: str = "sgd", curve: bool = False, dynamic: bool = False, rounds: int = 3) -> dict:
     """Pull + push ``batch`` random rows of ``dim`` floats through one shard process; with
     ``curve``, also raw ZeroMQ of the same sizes under CURVE (``zmq_curve_bytes_per_s``, and
     ``curve_fraction`` of the plain figure: what encrypting every frame would cost). With
     ``dynamic``, the same steps through a dynamic table whose keys are the same ids spread over
-    the whole int64 range (``dynamic_rows_per_s``, ``dynamic_fraction`` of the fixed figure).
-    Both tables first take one push of every row, so every pull reads stored rows."""
+    the whole int64 range, on a second shard, the two measured in turn for ``rounds`` rounds of
+    ``seconds`` each: ``dynamic_fraction`` is the median of the rounds' dynamic / fixed rows/s
+    (``dynamic_fractions``), as this machine's speed drifts over seconds. Both tables first take
+    one push of every row, so every pull reads stored rows."""
     opt = OptimizerConfig(optimizer, lr=0.01)
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(64)]
-    fixed = _measure(TableConfig("bench", rows=rows, dim=dim, optimizer=opt), batches, rows, seconds)
-    # a step's bytes each way as the PS run measured them, in one request and one reply
-    sizes = {"request_bytes": fixed.pop("sent_per_step"), "reply_bytes": fixed.pop("received_per_step")}
-    raw = raw_zmq(**sizes, seconds=seconds)
-    out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
+    spread = [mix(b) for b in batches]  # the same ids, as raw 64-bit keys
+    with contextlib.ExitStack() as stack:
+        fixed_shard = stack.enter_context(_Shard(TableConfig("bench", rows=rows, dim=dim, optimizer=opt), rows))
+        fixed = fixed_shard.measure(batches, seconds)
+        # a step's bytes each way as the PS run measured them, in one request and one reply
+        sizes = {"request_bytes": fixed.pop("sent_per_step"), "reply_bytes": fixed.pop("received_per_step")}
+        raw = raw_zmq(**sizes, seconds=seconds)
+        out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
+        if dynamic:
+            dyn_shard = stack.enter_context(_Shard(TableConfig("bench", rows=None, dim=dim, optimizer=opt), rows,
+                                                   ids=lambda k: mix(k)))
+            fractions = []
+            for r in range(max(1, rounds)):
+                f = fixed if r == 0 else fixed_shard.measure(batches, seconds)
+                d = dyn_shard.measure(spread, seconds)
+                fractions.append(d["rows_per_s"] / f["rows_per_s"])
+            d.pop("sent_per_step"), d.pop("received_per_step")
+            out.update({f"dynamic_{k}": v for k, v in d.items()})  # the last round's
+            out["dynamic_fractions"] = fractions
+            out["dynamic_fraction"] = float(np.median(fractions))
     out["ps_fraction"] = out["bytes_per_s"] / out["zmq_bytes_per_s"]
     # A step and a round trip move the same bytes, so ps_fraction is the round trip's time over
     # the step's. A step takes at least the CPU both processes spent on it shared out over the
@@ -119,13 +137,6 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     out["cpu_ms_per_step"] = out["client_cpu_ms_per_step"] + out["shard_cpu_ms_per_step"]
     out["zmq_cpu_ms_per_round_trip"] = out["zmq_client_cpu_ms_per_round_trip"] + out["zmq_echo_cpu_ms_per_round_trip"]
     out["cpu_bound_ps_fraction"] = out["zmq_ms_per_round_trip"] * out["cores"] / out["cpu_ms_per_step"]
-    if dynamic:
-        spread = [mix(b) for b in batches]  # the same ids, as raw 64-bit keys
-        d = _measure(TableConfig("bench", rows=None, dim=dim, optimizer=opt), spread, rows, seconds,
-                     ids=lambda k: mix(k))
-        d.pop("sent_per_step"), d.pop("received_per_step")
-        out.update({f"dynamic_{k}": v for k, v in d.items()})
-        out["dynamic_fraction"] = d["rows_per_s"] / fixed["rows_per_s"]
     if curve:
         secure = raw_zmq(**sizes, seconds=seconds, curve=True)
         out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
@@ -133,49 +144,68 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     return out
 
 
-def _measure(table: TableConfig, batches: list, rows: int, seconds: float, ids=lambda k: k) -> dict:
-    """Steps of one pull and one push of a batch of ``batches`` on a shard process holding
-    ``table``, after one push of every row (``ids``: the keys of rows ``0 .. rows - 1``)."""
-    batch, dim = len(batches[0]), table.dim
-    with ServerProcess(ShardConfig((table,))) as server:
-        client = PSClient.connect([server.address])
+class _Shard:
+    """A shard process holding ``table``, every row of it pushed once (``ids``: the keys of rows
+    ``0 .. rows - 1``), and a client of it; :meth:`measure` times steps on it."""
+
+    def __init__(self, table: TableConfig, rows: int, ids=lambda k: k):
+        self.table, self.rows, self.ids = table, rows, ids
+
+    def __enter__(self) -> "_Shard":
+        self.server = ServerProcess(ShardConfig((self.table,))).__enter__()
         try:
-            grads = torch.full((batch, dim), 1e-3)
-            counts = torch.ones(batch, dtype=torch.int64)
-            for lo in range(0, rows, batch):  # every row stored before the clock starts
-                keys = ids(torch.arange(lo, min(rows, lo + batch)))
-                client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
-            before = client.stats()[0]
-            busy0, shard_cpu0 = before.get("busy_s", 0.0), before["process_cpu_s"]
-            steps, waited_pull, waited_push = 0, 0.0, 0.0
-            t0, cpu0 = time.perf_counter(), time.process_time()
-            sent0, recv0 = client.bytes["sent"], client.bytes["received"]
-            pull = client.pull("bench", batches[0])
-            while time.perf_counter() - t0 < seconds or steps < 3:
-                keys = batches[steps % len(batches)]
-                w0 = time.perf_counter()
-                client.wait(pull)
-                w1 = time.perf_counter()
-                push = client.push("bench", keys, grads, counts)
-                # the next pull is in flight while this push is applied, as in training
-                pull = client.pull("bench", batches[(steps + 1) % len(batches)])
-                w2 = time.perf_counter()
-                client.wait(push)
-                waited_pull, waited_push = waited_pull + w1 - w0, waited_push + time.perf_counter() - w2
-                steps += 1
-            client.wait(pull)
-            elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-            sent, received = client.bytes["sent"] - sent0, client.bytes["received"] - recv0
-            shard = client.stats()[0]
+            self.client = PSClient.connect([self.server.address])
+        except BaseException:
+            self.server.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.client.close()
         finally:
-            client.close()
-    ms = 1e3 / steps  # where a step goes: the client's CPU (all its threads), the shard's handling, the waits
-    return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": (sent + received) / elapsed,
-            "sent_per_step": round(sent / steps), "received_per_step": round(received / steps),
-            "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
-            "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
-            "shard_cpu_ms_per_step": (shard["process_cpu_s"] - shard_cpu0) * ms,
-            "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}
+            self.server.__exit__(*exc)
+
+    def measure(self, batches: list, seconds: float) -> dict:
+        """Steps of one pull and one push of a batch of ``batches``, for ``seconds``; every row
+        is pushed once before the first."""
+        client, batch, dim, rows = self.client, len(batches[0]), self.table.dim, self.rows
+        grads = torch.full((batch, dim), 1e-3)
+        counts = torch.ones(batch, dtype=torch.int64)
+        if not getattr(self, "filled", False):  # every row stored before the clock starts
+            for lo in range(0, rows, batch):
+                keys = self.ids(torch.arange(lo, min(rows, lo + batch)))
+                client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
+            self.filled = True
+        before = client.stats()[0]
+        busy0, shard_cpu0 = before.get("busy_s", 0.0), before["process_cpu_s"]
+        steps, waited_pull, waited_push = 0, 0.0, 0.0
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        sent0, recv0 = client.bytes["sent"], client.bytes["received"]
+        pull = client.pull("bench", batches[0])
+        while time.perf_counter() - t0 < seconds or steps < 3:
+            keys = batches[steps % len(batches)]
+            w0 = time.perf_counter()
+            client.wait(pull)
+            w1 = time.perf_counter()
+            push = client.push("bench", keys, grads, counts)
+            # the next pull is in flight while this push is applied, as in training
+            pull = client.pull("bench", batches[(steps + 1) % len(batches)])
+            w2 = time.perf_counter()
+            client.wait(push)
+            waited_pull, waited_push = waited_pull + w1 - w0, waited_push + time.perf_counter() - w2
+            steps += 1
+        client.wait(pull)
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        sent, received = client.bytes["sent"] - sent0, client.bytes["received"] - recv0
+        shard = client.stats()[0]
+        ms = 1e3 / steps  # where a step goes: the client's CPU (all its threads), the shard's handling, the waits
+        return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": (sent + received) / elapsed,
+                "sent_per_step": round(sent / steps), "received_per_step": round(received / steps),
+                "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
+                "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
+                "shard_cpu_ms_per_step": (shard["process_cpu_s"] - shard_cpu0) * ms,
+                "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}
 
 
 def add_parser(bsub) -> None:
@@ -188,6 +218,7 @@ def add_parser(bsub) -> None:
     q.add_argument("--threads", type=int, default=1)
     q.add_argument("--curve", action="store_true", help="also raw ZeroMQ under CURVE encryption (its cost)")
     q.add_argument("--dynamic", action="store_true", help="also a dynamic table on the same ids as raw int64 keys")
+    q.add_argument("--rounds", type=int, default=3, help="with --dynamic: rounds of fixed and dynamic in turn")
     q.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad", "adam"), help="the tables' optimizer")
     q.add_argument("--json", action="store_true")
     q.set_defaults(func=_main)
@@ -198,7 +229,8 @@ def _main(args) -> None:
 
     torch.set_num_threads(args.threads)
     result = run(batch=args.batch, dim=args.dim, rows=args.rows, seconds=args.seconds, curve=args.curve,
-                 dynamic=args.dynamic, optimizer=args.optimizer)
+                 dynamic=args.dynamic, optimizer=args.optimizer,
+                 rounds=args.rounds)
     if args.json:
         print(json.dumps(result, sort_keys=True, default=str))
     else:
