@@ -83,6 +83,25 @@ class PushDtype(Choice):
     BF16 = "bf16"
 
 
+class RowDtype(Choice):
+    """How a shard stores a table's rows: float32, or in half the bytes as float16 (11
+    significant bits, values to 65504) or bfloat16 (8 bits, float32's range). Optimizer state
+    stays float32; updates are computed in float32 and rounded (:mod:`het.ps.halves`)."""
+
+    FP32 = "fp32"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RowRounding(Choice):
+    """How an updated half-precision row is rounded: ``stochastic`` (up or down with the
+    probabilities that make the expected value exact, as FBGEMM's half tables: updates smaller
+    than half a step still move a row on average) or to ``nearest``."""
+
+    STOCHASTIC = "stochastic"
+    NEAREST = "nearest"
+
+
 class DenseCompression(Choice):
     """How the dense AllReduce's gradients travel: float32; halved to float16 or bfloat16 by
     DDP's compression hooks (averaged in that precision, decompressed after); or PowerSGD's

@@ -13,7 +13,7 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from het.choices import Choice, LocalUpdate, Optimizer, Policy
+from het.choices import Choice, LocalUpdate, Optimizer, Policy, RowDtype, RowRounding
 from het.staleness import check_staleness
 
 
@@ -127,6 +127,10 @@ class TableConfig:
             reads as its initial value again); ``None``: never.
         max_rows: dynamic tables: the most rows one shard stores; past it the least recently
             updated rows are evicted; ``None``: no budget.
+        row_dtype: how shards store the rows: ``fp32``, or ``fp16`` / ``bf16`` in half the bytes
+            (optimizer state stays float32; a row's initial value and every update rounded to
+            it, :mod:`het.ps.halves`).
+        row_rounding: half-precision rows: ``stochastic`` or ``nearest`` rounding of updates.
 
     Example:
         >>> import json
@@ -152,6 +156,9 @@ class TableConfig:
     expire_after: int | None = setting(None, "dynamic tables: remove rows not updated for N steps (default: never)")
     max_rows: int | None = setting(None, "dynamic tables: rows this shard stores at most; the least recently "
                                    "updated go first (default: no budget)")
+    row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the rows: fp16 or bf16 take half the bytes "
+                                  "(optimizer state stays fp32)")
+    row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "half-precision rows: how an update is rounded")
 
     def __post_init__(self) -> None:
         _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
@@ -163,6 +170,9 @@ class TableConfig:
         _require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
+        object.__setattr__(self, "row_dtype", RowDtype.parse(self.row_dtype, f"table {self.name!r}: row_dtype"))
+        object.__setattr__(self, "row_rounding", RowRounding.parse(self.row_rounding,
+                                                                   f"table {self.name!r}: row_rounding"))
         _require(_is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
                  f"table {self.name!r}: admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
         _require(_is_int(self.admit_counters) and self.admit_counters >= 4,

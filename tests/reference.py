@@ -131,10 +131,12 @@ TORCH_OPTIMIZERS = {
 }
 
 
-def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1, ids=None):
+def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 50, seed: int = 1, ids=None,
+                       round_to: torch.dtype | None = None):
     """The same batches through ``emb`` (a het.Embedding) and nn.Embedding(sparse=True); the max
     abs row gap. ``ids`` (rows,): the key ``emb`` knows row ``i`` of the reference by (raw int64
-    ids for a dynamic table); default ``i``."""
+    ids for a dynamic table); default ``i``. ``round_to``: the reference's rows rounded to that
+    dtype (nearest) after every step, as a table stored in it rounds them."""
     ids = torch.arange(rows) if ids is None else ids
     ref = torch.nn.Embedding(rows, emb.tables["embedding"].dim, sparse=True)
     with torch.no_grad():
@@ -148,4 +150,7 @@ def train_side_by_side(emb, rows: int, optimizer: str, lr: float, steps: int = 5
         ref_opt.zero_grad()
         ((ref(keys) - target) ** 2).mean().backward()
         ref_opt.step()
+        if round_to is not None:
+            with torch.no_grad():
+                ref.weight.copy_(ref.weight.to(round_to).float())
     return float((emb.read(ids) - ref.weight.detach()).abs().max())

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from het import native
+from het.choices import RowDtype
+from het.ps.halves import DTYPES
 from het.config import TableConfig
 from het.ps import partition
 
@@ -50,7 +52,8 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
     dynamic table's negative or huge ids) that product wraps, and keys ``2^64 / dim`` apart
     would share their rows (with dim 4: key 0 and key -2^63); such a key is mixed first
     (:func:`het.ps.partition.mix`), so its row relates to no other key's by a simple rule.
-    Keys in that range (every fixed table's) are unaffected.
+    Keys in that range (every fixed table's) are unaffected. A table whose rows are stored in
+    half precision (``row_dtype``) gets each value rounded to the nearest one that holds.
 
     Shape: keys (n,) -> (n, table.dim) float32.
 
@@ -63,7 +66,10 @@ def initial_rows(table: TableConfig, keys: np.ndarray) -> np.ndarray:
         True
     """
     counters, salt = initial_counters(table, keys)
-    return _hash(counters, table.dim, salt, float(table.init_scale))
+    rows = _hash(counters, table.dim, salt, float(table.init_scale))
+    if table.row_dtype != RowDtype.FP32:  # rows stored in half: each value the nearest one it holds
+        rows = torch.from_numpy(rows).to(DTYPES[table.row_dtype]).float().numpy()
+    return rows
 
 
 def hash_rows(counters: np.ndarray, dim: int, salt: np.uint64, scale: float) -> np.ndarray:

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass
 
 from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, LocalUpdate, Mode, Model, Optimizer,
-                         Policy, PushDtype)
+                         Policy, PushDtype, RowDtype, RowRounding)
 from het.config import parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
@@ -255,6 +255,11 @@ class TrainConfig:
     ps_memory_policy: Policy = setting(Policy.LRU, "with ps_memory: which rows leave DRAM first")
     ps_page_in: bool = setting(True, "with ps_memory: a shard pages the rows on disk that a prefetched sync "
                                "names into DRAM after replying, before the step that needs them")
+    row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the embedding rows: fp16 or bf16 take half "
+                                  "the bytes (optimizer state stays fp32; updates rounded, see row_rounding); "
+                                  "not with ps_memory")
+    row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "with row_dtype fp16 or bf16: how an updated row "
+                                        "is rounded (stochastic: exact on average, as FBGEMM's; nearest)")
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     dense_compression: DenseCompression = setting(DenseCompression.NONE, "how the dense AllReduce's gradients "
@@ -317,6 +322,9 @@ class TrainConfig:
              f"ps_metrics_port must be a port (0: free ones) leaving room for {self.servers} shards, "
              f"got {self.ps_metrics_port}"),
             (self.ps_wal_max is None or self.ps_wal, "ps_wal_max bounds the shards' log: it needs ps_wal"),
+            (self.row_dtype == RowDtype.FP32 or self.ps_memory is None,
+             f"row_dtype {self.row_dtype} with ps_memory: a shard's disk tier stores float32 records; "
+             f"use row_dtype fp32 there"),
         ]
         for ok, message in checks:
             require(ok, message)

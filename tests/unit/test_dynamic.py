@@ -330,7 +330,7 @@ def test_clocks_past_32_bits_widen_the_meta_and_survive_a_save(tmp_path):
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.integers(0, 3000), min_size=1, max_size=200, unique=True), st.integers(1, 64),
-       st.sampled_from([torch.float32, torch.int32, torch.int64]), st.integers(1, 5), st.booleans(),
+       st.sampled_from([torch.float32, torch.int32, torch.int64, torch.float16, torch.bfloat16]), st.integers(1, 5), st.booleans(),
        st.integers(0, 3))
 def test_chunks_are_one_array(slots, first, dtype, width, fixed, absent):
     """Doubling or fixed-size chunks of any width and type read and write as one array: by het's

@@ -100,6 +100,14 @@ class Chunks:
             return out
         # numpy's take and fancy assignment copy whole rows at a time: about twice as fast here
         # as torch's index_select / index_copy_ on CPU tensors (a shard's storage is on the CPU)
+        if self.dtype == torch.bfloat16:  # numpy has no bfloat16: torch's ops
+            out = torch.empty(len(slots), self.width, dtype=self.dtype)
+            for part, pos, local in self._groups(slots):
+                rows = part.index_select(0, local)
+                if pos is None:
+                    return rows
+                out[pos] = rows
+            return out
         out = None
         for part, pos, local in self._groups(slots):
             rows = part.numpy().take(local.numpy(), axis=0)
@@ -117,6 +125,11 @@ class Chunks:
         if self._native:
             native.ops.chunk_scatter(self.parts, self._bits, self.fixed, slots.contiguous(),
                                      rows.to(self.dtype).contiguous())
+            return
+        rows = rows.to(self.dtype)
+        if self.dtype == torch.bfloat16:
+            for part, pos, local in self._groups(slots):
+                part.index_copy_(0, local, rows if pos is None else rows[pos])
             return
         values = rows.numpy()
         for part, pos, local in self._groups(slots):

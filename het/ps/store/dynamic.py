@@ -6,8 +6,8 @@ stores nothing for it, and its memory follows the rows training touched, not the
 
 - **Index**: key -> slot and slot -> key (:mod:`het.ps.store.index`: native, a hash table of
   16 + 5 / load bytes a key; the reference, sorted runs).
-- **Storage**: rows, optimizer state and ``(clock, last step)`` per slot, in chunks that
-  grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused. Clock and last step are
+- **Storage**: rows (float32, or half: ``row_dtype``, :mod:`het.ps.halves`), optimizer state
+  and ``(clock, last step)`` per slot, in chunks that grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused. Clock and last step are
   32-bit until one of them outgrows that, when the whole column pair widens to 64 bits once: 8
   bytes a row, where a step count or a row's updates past 2^31 would need 16.
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
-from het.ps import partition
+from het.ps import halves, partition
 from het.ps.initial import initial_rows
 from het import native
 from het.ps.store import kernels, optim
@@ -78,7 +78,11 @@ class DynamicRows:
         state_width = ends[-1]
         self.state_width = state_width
         # rows and optimizer state: all in memory, or under a budget with a disk tier (het.ps.store.tiers)
-        self.store = (MemoryRows(cfg.dim, state_width) if disk_dir is None
+        self.dtype = halves.torch_dtype(cfg.row_dtype)
+        if disk_dir is not None and self.dtype != torch.float32:
+            raise ValueError(f"table {cfg.name!r}: row_dtype {cfg.row_dtype} under a memory budget: the disk "
+                             f"tier stores float32 records (use row_dtype fp32 there)")
+        self.store = (MemoryRows(cfg.dim, state_width, self.dtype) if disk_dir is None
                       else TieredRows(cfg.dim, state_width, disk_dir, policy=policy))
         self.meta = Chunks(2, torch.int32)  # clock, last step that updated it (-1: a free slot)
         self.keys = key_index.make()
@@ -90,11 +94,12 @@ class DynamicRows:
         self._expiry_checked = 0
         # pushes in one native pass over the chunks (kernels.native_push_args), where the rows
         # are all in memory and each state is a row's width, as a fixed table's native push
-        self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
+        self.native = (native.ops is not None and isinstance(self.store, MemoryRows) and self.dtype == torch.float32
                        and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
                        and all(widths[n] == cfg.dim for n in self.state_names))
         # replies' rows gathered into reused buffers, as a fixed table's (a new one faults its pages in)
-        self._replies = kernels.ReplyBuffers(cfg.dim) if isinstance(self.store, MemoryRows) else None
+        self._replies = (kernels.ReplyBuffers(cfg.dim) if isinstance(self.store, MemoryRows)
+                         and self.dtype == torch.float32 else None)
 
     # -- keys -------------------------------------------------------------------------------
     def check_keys(self, keys: torch.Tensor) -> str:
@@ -209,6 +214,8 @@ class DynamicRows:
         problem = rows_problem(weight, state, meta[:, CLOCK])
         if problem:  # nothing was written yet
             raise ValueError(problem)
+        # rows stored in half: rounded (and refused if out of its range) before anything is written
+        weight = halves.round_rows(weight, self.dtype, self.cfg.row_rounding, halves.salts(unique, meta[:, CLOCK]))
         meta[:, LAST].clamp_(min=int(step))
         if self.meta.dtype != torch.int64 and int(meta.max()) > NARROW:
             self.meta.widen(torch.int64)

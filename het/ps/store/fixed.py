@@ -8,10 +8,11 @@ import torch
 from het import memory
 from het import native as het_native
 from het.config import TableConfig
-from het.ps import limits, partition
+from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
-from het.ps.store.kernels import NATIVE_OPTIMIZERS, NativePush, NativeReplies, TorchPush, TorchReplies
+from het.ps.store.kernels import (NATIVE_OPTIMIZERS, HalfPush, NativePush, NativeReplies, TorchPush, TorchReplies,
+                                  WidenedReplies)
 
 
 class FixedRows:
@@ -33,7 +34,8 @@ class FixedRows:
         self.cfg = cfg
         self.index, self.num_shards = index, num_shards
         n = partition.rows_on_shard(cfg.rows, index, num_shards)
-        self.weight = memory.empty(n, cfg.dim)  # big, read at random rows: on huge pages
+        self.dtype = halves.torch_dtype(cfg.row_dtype)  # float32, or half: half the bytes
+        self.weight = memory.empty(n, cfg.dim, dtype=self.dtype)  # big, read at random rows: on huge pages
         for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
             local = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
             keys = local * num_shards + index
@@ -45,7 +47,10 @@ class FixedRows:
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
         self.native = native and het_native.ops is not None
         self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
-        self._replies = NativeReplies(cfg.dim) if self.native else TorchReplies()
+        if self.dtype != torch.float32:  # half rows: pushed on float32 copies, rounded back; sent as float32
+            self._push, self._replies = HalfPush(self._push), WidenedReplies()
+        else:
+            self._replies = NativeReplies(cfg.dim) if self.native else TorchReplies()
 
     def check_keys(self, keys: torch.Tensor) -> str:
         S = self.num_shards
@@ -118,7 +123,7 @@ class FixedRows:
         check_optimizer_state(self.optimizer, saved["optimizer"], len(self.weight), path, name)
 
     def load_state_dict(self, saved: dict, rows_dir: str | None = None) -> None:
-        self.weight.copy_(saved["weight"])
+        self.weight.copy_(saved["weight"])  # rows saved in another precision: rounded to nearest
         self.clocks.copy_(saved["clocks"])
         # a save from before rows were marked touched: count every row as changed
         self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
@@ -127,7 +132,8 @@ class FixedRows:
     def stats(self) -> dict:
         """Rows held and their bytes (rows, optimizer state, clocks and marks)."""
         state = sum(v.numel() * v.element_size() for v in self.optimizer.state.values())
-        return {"rows": len(self.weight), "bytes": self.weight.numel() * 4 + state + self.clocks.numel() * 9}
+        return {"rows": len(self.weight), "bytes": self.weight.numel() * self.weight.element_size() + state
+                + self.clocks.numel() * 9}
 
 
 def check_optimizer_state(optimizer, saved: dict, rows: int, path: str, table: str) -> None:

@@ -11,6 +11,7 @@ made; property tests hold the two equal bit for bit (tests/unit/test_native.py).
 
 from __future__ import annotations
 
+import copy
 import math
 import weakref
 
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from het import native
-from het.ps import limits
+from het.ps import halves, limits
 from het.ps.initial import initial_rows
 from het.ps.store import optim
 from het.ps.store.optim import rows_problem, sum_rows
@@ -227,6 +228,53 @@ class TorchReplies:
         uint8, 1 where a row was left out."""
         marks = touched.index_select(0, local)
         return [self.gather(weight, local[marks]), (~marks).to(torch.uint8).numpy()]
+
+
+class WidenedReplies:
+    """A reply's rows from a table stored in half precision, widened to float32 (the wire's)."""
+
+    def gather(self, weight: torch.Tensor, local: torch.Tensor) -> np.ndarray:
+        return weight.index_select(0, local).float().numpy()
+
+    def gather_touched(self, weight: torch.Tensor, touched: torch.Tensor, local: torch.Tensor) -> list:
+        marks = touched.index_select(0, local)
+        return [self.gather(weight, local[marks]), (~marks).to(torch.uint8).numpy()]
+
+
+class HalfPush:
+    """The push of a table stored in half precision (:mod:`het.ps.halves`): the rows it reaches
+    copied to float32 with their clocks, marks and optimizer state, the float32 push (``push``,
+    native or torch) applied to the copies, and the rows rounded back. All or nothing as that
+    push: a failure, or a row that its dtype cannot hold, writes nothing."""
+
+    def __init__(self, push):
+        self.push = push
+
+    def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                 sq: torch.Tensor | None) -> None:
+        rows, inverse = torch.unique(local, return_inverse=True)
+        copies = _Copies(t, rows)
+        self.push(copies, inverse, grads, counts, step, sq)
+        weight = halves.round_rows(copies.weight, t.weight.dtype, t.cfg.row_rounding,
+                                   halves.salts(rows * t.num_shards + t.index, copies.clocks))
+        t.weight.index_copy_(0, rows, weight)
+        t.clocks.index_copy_(0, rows, copies.clocks)
+        t.touched.index_copy_(0, rows, copies.touched)
+        for n, v in copies.optimizer.state.items():
+            t.optimizer.state[n].index_copy_(0, rows, v)
+
+
+class _Copies:
+    """The rows ``rows`` of a fixed table ``t`` as a table of their own: float32 copies of the
+    weight, and copies of their clocks, marks and optimizer state (rows ``0 .. len(rows) - 1``)."""
+
+    def __init__(self, t, rows: torch.Tensor):
+        self.cfg = t.cfg
+        self.weight = t.weight.index_select(0, rows).float()
+        self.clocks = t.clocks.index_select(0, rows)
+        self.touched = t.touched.index_select(0, rows)
+        self.optimizer = copy.copy(t.optimizer)
+        self.optimizer.state = {n: v.index_select(0, rows) for n, v in t.optimizer.state.items()}
 
 
 class NativeReplies:

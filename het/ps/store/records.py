@@ -14,11 +14,12 @@ from het.ps.store.disk import read_saved
 
 
 class MemoryRows:
-    """Every record in memory (a shard without a budget): rows and state by slot."""
+    """Every record in memory (a shard without a budget): rows (float32, or stored in half and
+    read as float32) and state by slot."""
 
-    def __init__(self, dim: int, state_width: int):
+    def __init__(self, dim: int, state_width: int, dtype: torch.dtype = torch.float32):
         self.dim = dim
-        self.weight = Chunks(dim, torch.float32)
+        self.weight = Chunks(dim, dtype)
         self.state = Chunks(state_width, torch.float32) if state_width else None
 
     def grow_to(self, slots: int) -> None:
@@ -27,10 +28,13 @@ class MemoryRows:
                 c.grow_to(slots)
 
     def gather_weight(self, slots: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The rows of ``slots`` as float32 (into ``out``, float32 rows only)."""
+        if self.weight.dtype != torch.float32:
+            return self.weight.gather(slots).float()
         return self.weight.gather(slots, out=out)
 
     def gather(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self.weight.gather(slots), self.state.gather(slots) if self.state is not None else None
+        return self.gather_weight(slots), self.state.gather(slots) if self.state is not None else None
 
     def gather_state(self, slots: torch.Tensor) -> torch.Tensor:
         return self.state.gather(slots)

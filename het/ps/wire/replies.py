@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from het import native
+from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS
 from het.ps.wire.protocol import Op, PSError, array_bytes
@@ -140,7 +141,8 @@ class NativeParts(TorchParts):
     """:class:`TorchParts` in one native pass over the rows (het.native) where a lazy reply left
     rows to build, the same bits; the reference's checks alone where it left none (or where
     the state asked has another width than the table's initial state, which the shard refuses,
-    or the rows are not float32)."""
+    or the rows are not float32, or the table's rows are stored in half precision: its initial
+    rows are rounded to it, :func:`het.ps.initial.initial_rows`)."""
 
     def __call__(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
                  after: list, width: int | None):
@@ -148,7 +150,8 @@ class NativeParts(TorchParts):
         marks = _marks(after, n)
         built_n = 0 if marks is None else _count_bits(marks)
         init = torch.empty(0) if width is None or not built_n else initial_state(table, 1, width > 1)[0]
-        if not built_n or init.numel() != (width or 0) or rows.dtype != np.float32:
+        if (not built_n or init.numel() != (width or 0) or rows.dtype != np.float32
+                or table.row_dtype != RowDtype.FP32):  # rows stored in half: built rounded, by the reference
             return super().__call__(handle, table, positions, rows, clocks, state, after, width)
         sent_rows = _check_rows(table, rows, n, built_n).contiguous()
         sent_clocks = _check_clocks(clocks, n - built_n)

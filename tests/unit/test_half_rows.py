@@ -1,0 +1,142 @@
+"""Rows stored in half precision (``row_dtype`` fp16 / bf16): half the bytes on a shard, the
+same training as float32 to the rounding half precision allows, rounding replayed the same way."""
+
+import pytest
+import torch
+
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het.ps import halves
+from het.ps.initial import initial_rows
+from het.ps.store.dynamic import DynamicRows
+from het.ps.store.fixed import FixedRows
+from reference import train_side_by_side
+
+BITS = {"fp16": 11, "bf16": 8}  # significant bits: a value's step is |value| / 2^(bits - 1) at most
+
+
+def ulp(values: torch.Tensor, row_dtype: str) -> float:
+    """The largest gap between two neighbouring values of ``row_dtype`` below max |values|."""
+    return float(values.abs().max()) / 2 ** (BITS[row_dtype] - 1)
+
+
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_staleness_zero_with_nearest_rounding_matches_torch_embedding_rounded_each_step(
+        cluster_factory, row_dtype, optimizer, dynamic):
+    """nn.Embedding whose rows are rounded to the dtype after every step is what a half table
+    computes: the float32 update of the stored (rounded) row, rounded. The two agree to one step
+    of the dtype at the rows' size (a sum that lands on either side of a rounding boundary in
+    another order of additions rounds the other way, once)."""
+    rows, lr = 60, 0.05
+    table = TableConfig("embedding", rows=None if dynamic else rows, dim=8, row_dtype=row_dtype,
+                        row_rounding="nearest", optimizer=OptimizerConfig(optimizer, lr=lr))
+    cluster = cluster_factory([table], 2)
+    emb = Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=24, staleness=0, ways=8))
+    ids = torch.arange(rows) * (-7 if dynamic else 1)
+    gap = train_side_by_side(emb, rows, optimizer, lr, ids=ids, round_to=halves.torch_dtype(row_dtype))
+    assert gap <= ulp(emb.read(ids), row_dtype), gap
+
+
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+def test_staleness_zero_with_stochastic_rounding_stays_near_float32(cluster_factory, row_dtype):
+    """Against plain float32 nn.Embedding: each step's rounding moves a row by less than one step
+    of the dtype, unbiased, so 50 steps stay within a few steps of it (a random walk's sqrt(50))."""
+    rows, lr = 60, 0.05
+    table = TableConfig("embedding", rows=rows, dim=8, row_dtype=row_dtype, optimizer=OptimizerConfig("adagrad", lr=lr))
+    cluster = cluster_factory([table], 1)
+    emb = Embedding(tables=table, client=cluster.client(), cache=CacheConfig(capacity=24, staleness=0, ways=8))
+    gap = train_side_by_side(emb, rows, "adagrad", lr)
+    assert gap <= 8 * ulp(emb.read(torch.arange(rows)), row_dtype), gap
+
+
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+def test_a_half_table_holds_half_the_row_bytes_and_exact_initial_rows(row_dtype):
+    opt = OptimizerConfig("sgd", lr=0.1)
+    full = FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt), 0, 1)
+    half = FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt, row_dtype=row_dtype), 0, 1)
+    assert half.weight.dtype == halves.torch_dtype(row_dtype)
+    assert full.stats()["bytes"] - half.stats()["bytes"] == 1000 * 16 * 2  # the rows' bytes halved
+    # a client builds an untouched row as the shard holds it, bit for bit
+    cfg = half.cfg
+    built = torch.from_numpy(initial_rows(cfg, torch.arange(1000).numpy()))
+    assert torch.equal(built, half.weight.float())
+    assert float((built - full.weight).abs().max()) > 0  # rounded: not float32's values
+    dyn = DynamicRows(TableConfig("ids", rows=None, dim=16, optimizer=opt, row_dtype=row_dtype), 0, 1)
+    keys = torch.tensor([3, -5, 2 ** 60])
+    dyn.push(dyn.locate(keys), torch.ones(3, 16), torch.ones(3, dtype=torch.int64), step=1)
+    assert dyn.store.weight.dtype == halves.torch_dtype(row_dtype)
+    assert dyn.stats()["bytes"] == 3 * 16 * 2 + dyn.index_bytes()
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_stochastic_rounding_is_the_same_when_a_push_is_replayed(native):
+    """The rounding's random numbers come from (key, clock): the same pushes give the same bits
+    on another table (a log replayed after a restart), whichever push path runs."""
+    def run(native_path):
+        cfg = TableConfig("t", rows=40, dim=8, row_dtype="bf16", optimizer=OptimizerConfig("adagrad", lr=0.3))
+        t = FixedRows(cfg, 1, 2, native=native_path)
+        g = torch.Generator().manual_seed(3)
+        for step in range(1, 30):
+            local = torch.randint(0, 20, (25,), generator=g)
+            t.push(local, torch.randn(25, 8, generator=g), torch.ones(25, dtype=torch.int64), step)
+        return t.weight.clone(), t.optimizer.state["sum"].clone(), t.clocks.clone()
+
+    a, b = run(native), run(native)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    assert all(torch.equal(x, y) for x, y in zip(a, run(not native)))  # native and torch paths alike
+
+
+def test_stochastic_rounding_keeps_updates_nearest_rounding_loses():
+    """Many SGD updates each far below half a bf16 step of the row: nearest rounding never moves
+    the row; stochastic rounding moves it by their sum on average."""
+    updates, n = 400, 64
+    moved = {}
+    for rounding in ("nearest", "stochastic"):
+        cfg = TableConfig("t", rows=n, dim=4, row_dtype="bf16", row_rounding=rounding, init_scale=0.0,
+                          optimizer=OptimizerConfig("sgd", lr=1.0))
+        t = FixedRows(cfg, 0, 1)
+        t.weight.fill_(1.0)  # bf16's step at 1.0 is 2^-7; each update is 2^-12
+        for step in range(1, updates + 1):
+            t.push(torch.arange(n), torch.full((n, 4), -2.0 ** -12), torch.ones(n, dtype=torch.int64), step)
+        moved[rounding] = float(t.weight.float().mean()) - 1.0
+    assert moved["nearest"] == 0.0
+    assert abs(moved["stochastic"] - updates * 2.0 ** -12) < 0.1 * updates * 2.0 ** -12, moved
+
+
+def test_a_row_float16_cannot_hold_refuses_the_push_and_changes_nothing():
+    cfg = TableConfig("t", rows=10, dim=2, row_dtype="fp16", optimizer=OptimizerConfig("sgd", lr=1.0))
+    for t in (FixedRows(cfg, 0, 1), DynamicRows(TableConfig("d", rows=None, dim=2, row_dtype="fp16",
+                                                             optimizer=OptimizerConfig("sgd", lr=1.0)), 0, 1)):
+        at = t.locate(torch.tensor([1, 2]))
+        before = t.rows_to_send(at, False)[0][0].copy()
+        with pytest.raises(ValueError, match="does not fit float16"):
+            t.push(at, torch.tensor([[-1e5, 0.0], [1.0, 1.0]]), torch.ones(2, dtype=torch.int64), step=1)
+        assert (t.rows_to_send(t.locate(torch.tensor([1, 2])), False)[0][0] == before).all()
+        assert t.clocks_of(t.locate(torch.tensor([1, 2]))).tolist() == [0, 0]
+
+
+def test_saves_keep_half_rows_and_a_float32_save_loads_rounded(tmp_path):
+    opt = OptimizerConfig("adagrad", lr=0.1)
+    half_cfg = TableConfig("t", rows=50, dim=4, row_dtype="fp16", optimizer=opt)
+    t = FixedRows(half_cfg, 0, 1)
+    t.push(torch.arange(10), torch.randn(10, 4), torch.ones(10, dtype=torch.int64), step=1)
+    torch.save(t.state_dict(), tmp_path / "half.pt")
+    again = FixedRows(half_cfg, 0, 1)
+    again.load_state_dict(torch.load(tmp_path / "half.pt", weights_only=True))
+    assert torch.equal(again.weight, t.weight) and again.weight.dtype == torch.float16
+    full = FixedRows(TableConfig("t", rows=50, dim=4, optimizer=opt), 0, 1)
+    full.push(torch.arange(10), torch.randn(10, 4), torch.ones(10, dtype=torch.int64), step=1)
+    again.load_state_dict(full.state_dict())
+    assert torch.equal(again.weight, full.weight.half())
+
+
+def test_half_rows_refuse_a_memory_budget():
+    from het.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="row_dtype bf16 with ps_memory"):
+        TrainConfig(row_dtype="bf16", ps_memory="1GiB")
+    with pytest.raises(ValueError, match="disk tier stores float32"):
+        DynamicRows(TableConfig("d", rows=None, dim=4, row_dtype="fp16"), 0, 1, disk_dir="/nonexistent")
+    with pytest.raises(ValueError, match="row_dtype must be one of"):
+        TableConfig("t", rows=4, dim=4, row_dtype="fp8")
