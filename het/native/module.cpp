@@ -21,6 +21,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_touched", &gather_touched);
   m.def("chunk_gather", &chunk_gather);
   m.def("chunk_scatter", &chunk_scatter);
+  m.def("round_rows", &round_rows);
   m.def("cache_soon", &cache_soon);
   m.def("all_finite", &all_finite_op);
   m.def("index_lookup", &index_lookup);

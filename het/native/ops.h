@@ -45,6 +45,9 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
                                           torch::Tensor out);
 bool all_finite_op(torch::Tensor x);
 
+// Rows stored in half precision (halves.cpp)
+int64_t round_rows(torch::Tensor values, torch::Tensor out, torch::Tensor salts, bool stochastic);
+
 // A dynamic table's chunks (chunks.cpp)
 void chunk_gather(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,
                   torch::Tensor out, bool missing);

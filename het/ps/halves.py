@@ -13,15 +13,20 @@ Rounding an update:
   ignores updates below about 1e-4.
 - ``stochastic``: up or down with the probabilities that make the expected result the float32
   value (``P(up) = (x - down) / (up - down)``), as FBGEMM's half-precision tables do, so small
-  updates still move a row on average. The random number of each value is a hash of
-  ``(salt, column)`` where the salt is the row's key and its clock after the push: the same push
-  rounds the same way when a write-ahead log replays it, on any shard.
+  updates still move a row on average: 16 random bits added below the bits the dtype keeps, then
+  cut off (:func:`_stochastic`). The random bits of each value are a hash of ``(salt, column)``
+  where the salt is the row's key and its clock after the push: the same push rounds the same
+  way when a write-ahead log replays it, on any shard.
+
+The rounding runs in one native pass where het's native core is built, else in torch's ops
+(the reference): the same bits.
 """
 
 from __future__ import annotations
 
 import torch
 
+from het import native
 from het.choices import RowDtype, RowRounding
 from het.ps.partition import mix
 
@@ -56,21 +61,48 @@ def round_rows(values: torch.Tensor, dtype: torch.dtype, rounding, salt: torch.T
     if dtype == torch.float32:
         return values
     values = values.float()
-    near = values.to(dtype)
-    if RowRounding.parse(rounding, "row_rounding") == RowRounding.STOCHASTIC and values.numel():
-        n, d = values.shape
-        cols = torch.arange(d, dtype=torch.int64, device=values.device)
-        u = mix(salt.to(values.device)[:, None] * _FIELD + cols)  # (n, D) random bits
-        unit = ((u >> 40) & 0xFFFFFF).to(torch.float32) * (1.0 / (1 << 24))  # [0, 1), 24 bits
-        at = near.float()
-        gap = values - at  # from the nearest value toward the float32 one
-        other = torch.nextafter(near, torch.where(gap > 0, torch.inf, -torch.inf).to(dtype))
-        step = other.float() - at  # same sign as gap, never 0 where gap is not
-        p = torch.where(gap != 0, gap / torch.where(step != 0, step, 1.0), 0.0)
-        near = torch.where(unit < p, other, near)
+    stochastic = RowRounding.parse(rounding, "row_rounding") == RowRounding.STOCHASTIC
+    if native.ops is not None and values.device.type == "cpu" and values.dim() == 2:  # one pass, the same bits
+        out = torch.empty(values.shape, dtype=dtype)
+        bad = native.ops.round_rows(values.contiguous(), out, salt.contiguous() if stochastic else torch.empty(0, dtype=torch.int64),
+                                    stochastic)
+        if bad >= 0:
+            _refuse(float(values.flatten()[bad]), dtype)
+        return out
+    if stochastic and values.numel():
+        near = _stochastic(values, dtype, salt)
+    else:
+        near = values.to(dtype)
     bad = torch.isinf(near) & torch.isfinite(values)
     if bool(bad.any()):
-        v = float(values[bad][0])
-        raise ValueError(f"a row value {v:g} does not fit {str(dtype).removeprefix('torch.')} (its largest is "
-                         f"{torch.finfo(dtype).max:g}): the push is refused")
+        _refuse(float(values[bad][0]), dtype)
     return near
+
+
+def _stochastic(values: torch.Tensor, dtype: torch.dtype, salt: torch.Tensor) -> torch.Tensor:
+    """Stochastic rounding by float32's bits: random bits added below the ones ``dtype`` keeps,
+    then those cut off, so a value goes up with probability (its distance from the value below) /
+    (the step). bfloat16 keeps float32's top 16 bits everywhere; float16 its top 13 of the
+    mantissa where its values are normal (2^-14 and up); below, its steps are 2^-24 whatever
+    the exponent, and the value is rounded by that step with the same probability.
+    Each value's 16 random bits: a quarter of ``mix(salt * FIELD + column // 4)``."""
+    n, d = values.shape
+    cols = torch.arange(d, dtype=torch.int64, device=values.device)
+    u = mix(salt.to(values.device)[:, None] * _FIELD + cols // 4)
+    r = (u >> (16 * (cols % 4))) & 0xFFFF  # (n, D) 16 random bits
+    bits = values.view(torch.int32).to(torch.int64)
+    if dtype == torch.bfloat16:
+        return ((bits + r) & ~0xFFFF).to(torch.int32).view(torch.float32).to(dtype)
+    out = ((bits + (r & 0x1FFF)) & ~0x1FFF).to(torch.int32).view(torch.float32)
+    tiny = values.abs() < 2.0 ** -14  # float16's subnormals: a fixed step of 2^-24
+    if bool(tiny.any()):
+        scaled = values[tiny].double() * 2.0 ** 24  # exact
+        low = scaled.floor()
+        unit = r[tiny].double() / 65536.0
+        out[tiny] = ((low + (unit < scaled - low).double()) * 2.0 ** -24).float()
+    return out.to(dtype)
+
+
+def _refuse(value: float, dtype: torch.dtype) -> None:
+    raise ValueError(f"a row value {value:g} does not fit {str(dtype).removeprefix('torch.')} (its largest is "
+                     f"{torch.finfo(dtype).max:g}): the push is refused")

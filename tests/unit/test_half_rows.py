@@ -4,7 +4,7 @@ same training as float32 to the rounding half precision allows, rounding replaye
 import pytest
 import torch
 
-from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
+from het import CacheConfig, Embedding, OptimizerConfig, TableConfig, native
 from het.ps import halves
 from het.ps.initial import initial_rows
 from het.ps.store.dynamic import DynamicRows
@@ -140,3 +140,21 @@ def test_half_rows_refuse_a_memory_budget():
         DynamicRows(TableConfig("d", rows=None, dim=4, row_dtype="fp16"), 0, 1, disk_dir="/nonexistent")
     with pytest.raises(ValueError, match="row_dtype must be one of"):
         TableConfig("t", rows=4, dim=4, row_dtype="fp8")
+
+
+@pytest.mark.skipif(native.ops is None, reason="het's native core is not built")
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_the_native_rounding_gives_the_references_bits(rounding, monkeypatch):
+    """Values over 11 orders of magnitude (float16's subnormals, bfloat16's full range), zeros of
+    both signs, values far past a float16 step: the same 16 bits either way."""
+    g = torch.Generator().manual_seed(5)
+    values = torch.randn(2000, 64, generator=g) * torch.logspace(-8, 3, 64)
+    values[0, :2] = torch.tensor([0.0, -0.0])
+    salts = torch.randint(-2 ** 62, 2 ** 62, (2000,), generator=g)
+    for dtype in (torch.float16, torch.bfloat16):
+        fast = halves.round_rows(values, dtype, rounding, salts)
+        with monkeypatch.context() as m:
+            m.setattr(native, "ops", None)
+            slow = halves.round_rows(values, dtype, rounding, salts)
+        assert fast.dtype == slow.dtype == dtype
+        assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
