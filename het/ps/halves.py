@@ -24,6 +24,7 @@ The rounding runs in one native pass where het's native core is built, else in t
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from het import native
@@ -37,6 +38,17 @@ _FIELD = 0x9E3779B97F4A7C15 - (1 << 64)  # golden ratio, as an int64
 def torch_dtype(row_dtype) -> torch.dtype:
     """The torch dtype a table's rows are stored in."""
     return DTYPES[RowDtype.parse(row_dtype, "row_dtype")]
+
+
+def as_bits(rows: torch.Tensor) -> np.ndarray:
+    """Half-precision rows as the wire carries them: their bits, int16 (numpy has no bfloat16).
+    Shape: (n, D) -> (n, D)."""
+    return rows.contiguous().view(torch.int16).numpy()
+
+
+def from_bits(bits: torch.Tensor, row_dtype) -> torch.Tensor:
+    """:func:`as_bits`' rows of a table of ``row_dtype`` as float32 (exact). Shape: (n, D) -> (n, D)."""
+    return bits.view(torch_dtype(row_dtype)).float()
 
 
 def salts(keys: torch.Tensor, clocks: torch.Tensor) -> torch.Tensor:

@@ -239,7 +239,7 @@ class Shard:
         touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`RowStore.rows_to_send`)."""
         t, keys = self._table_keys(table, keys)
         at = t.locate(keys)
-        rows, sent = t.rows_to_send(at, lazy)
+        rows, sent = t.rows_to_send(at, lazy, half=True)
         self._count_rows(sent, len(at))
         return [rows[0], narrow(t.clocks_of(_sent(at, rows, sent))).numpy(), *pack_marks(rows[1:])]
 
@@ -310,7 +310,7 @@ class Shard:
         server = t.clocks_of(at)
         sent = torch.from_numpy(widen(clocks, "clocks"))
         index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
-        rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy)
+        rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy, half=True)
         self._count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         pageable = t.pageable(at) if self.cfg.page_in else None

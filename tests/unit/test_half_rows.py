@@ -1,6 +1,7 @@
 """Rows stored in half precision (``row_dtype`` fp16 / bf16): half the bytes on a shard, the
 same training as float32 to the rounding half precision allows, rounding replayed the same way."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -158,3 +159,31 @@ def test_the_native_rounding_gives_the_references_bits(rounding, monkeypatch):
             slow = halves.round_rows(values, dtype, rounding, salts)
         assert fast.dtype == slow.dtype == dtype
         assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
+
+
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("rows", [400, None])  # fixed, dynamic
+def test_pulls_and_syncs_carry_half_rows_in_half_the_bytes(cluster_factory, row_dtype, rows):
+    """A half table's rows travel as their 16 bits and arrive as the float32 values the shard
+    holds; a follower's read of changed rows (CHANGED) still gets float32."""
+    received = {}
+    for dtype in ("fp32", row_dtype):
+        table = TableConfig("t", rows=rows, dim=32, row_dtype=dtype, optimizer=OptimizerConfig("adagrad", lr=0.1))
+        client = cluster_factory([table], 1).client()
+        keys = torch.arange(300) * (1 if rows else -3)
+        client.wait(client.push("t", keys, torch.randn(300, 32), torch.ones(300, dtype=torch.int64)))
+        before = client.bytes["received"]
+        pulled, clocks = client.wait(client.pull("t", keys))
+        received[dtype] = client.bytes["received"] - before
+        assert pulled.dtype == torch.float32 and clocks.tolist() == [1] * 300
+        if dtype != "fp32":
+            stored = halves.round_rows(pulled, halves.torch_dtype(dtype), "nearest")
+            assert torch.equal(stored.float(), pulled)  # values the dtype holds, exactly
+            synced = client.wait(client.sync("t", keys, torch.zeros(300, dtype=torch.int64), bound=0))
+            assert torch.equal(synced.rows, pulled)
+            list(client.changed("t"))  # starts the shard's record of changes
+            client.wait(client.push("t", keys[:5], torch.randn(5, 32), torch.ones(5, dtype=torch.int64)))
+            (changed_keys, changed, _), = list(client.changed("t"))
+            after, _ = client.wait(client.pull("t", torch.from_numpy(changed_keys)))
+            assert changed.dtype == np.float32 and np.array_equal(changed, after.numpy())
+    assert received[row_dtype] < 0.55 * received["fp32"], received

@@ -115,11 +115,14 @@ class DynamicRows:
     def clocks_of(self, at: torch.Tensor) -> torch.Tensor:
         return self.meta.gather(at[:, 1], missing=True)[:, CLOCK].long()  # not stored: clock 0
 
-    def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
+    def rows_to_send(self, at: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
         """As :meth:`FixedRows.rows_to_send`: a row not stored is "untouched"."""
         stored = at[:, 1] >= 0
         every = bool(stored.all())
         slots = at[:, 1] if every else at[stored, 1]
+        if half and self.dtype != torch.float32 and (lazy or every):  # the rows' bits as stored
+            bits = halves.as_bits(self.store.weight.gather(slots))
+            return ([bits, (~stored).to(torch.uint8).numpy()] if lazy else [bits]), len(slots)
         if self._replies is not None and (lazy or every):
             rows = self._replies.take(len(slots))
             rows = self.store.gather_weight(slots, out=rows)

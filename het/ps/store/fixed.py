@@ -12,7 +12,7 @@ from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
 from het.ps.store.kernels import (NATIVE_OPTIMIZERS, HalfPush, NativePush, NativeReplies, TorchPush, TorchReplies,
-                                  WidenedReplies)
+                                  HALF_REPLIES, WidenedReplies)
 
 
 class FixedRows:
@@ -74,14 +74,15 @@ class FixedRows:
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         self._push(self, local, grads, counts, step, sq)
 
-    def rows_to_send(self, local: torch.Tensor, lazy: bool) -> tuple[list, int]:
+    def rows_to_send(self, local: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
         """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
         ``[rows of the touched ones, built (n,) uint8]`` where ``built`` marks the untouched
         rows left out (the client builds them with :func:`het.ps.initial.initial_rows`); and
-        how many rows were sent."""
+        how many rows were sent. ``half``: rows stored in half precision go as their bits."""
+        replies = self._replies if not half or self.dtype == torch.float32 else HALF_REPLIES
         if not lazy:
-            return [self._replies.gather(self.weight, local)], len(local)
-        arrays = self._replies.gather_touched(self.weight, self.touched, local)
+            return [replies.gather(self.weight, local)], len(local)
+        arrays = replies.gather_touched(self.weight, self.touched, local)
         return arrays, len(arrays[0])
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:

@@ -231,7 +231,8 @@ class TorchReplies:
 
 
 class WidenedReplies:
-    """A reply's rows from a table stored in half precision, widened to float32 (the wire's)."""
+    """A reply's rows from a table stored in half precision, widened to float32 (a reader that
+    takes float32 rows only)."""
 
     def gather(self, weight: torch.Tensor, local: torch.Tensor) -> np.ndarray:
         return weight.index_select(0, local).float().numpy()
@@ -239,6 +240,16 @@ class WidenedReplies:
     def gather_touched(self, weight: torch.Tensor, touched: torch.Tensor, local: torch.Tensor) -> list:
         marks = touched.index_select(0, local)
         return [self.gather(weight, local[marks]), (~marks).to(torch.uint8).numpy()]
+
+
+class HalfReplies(WidenedReplies):
+    """A reply's rows from a table stored in half precision as they are stored: their bits."""
+
+    def gather(self, weight: torch.Tensor, local: torch.Tensor) -> np.ndarray:
+        return halves.as_bits(weight.index_select(0, local))
+
+
+HALF_REPLIES = HalfReplies()
 
 
 class HalfPush:

@@ -46,10 +46,11 @@ class RowStore(Protocol):
     def clocks_of(self, at: torch.Tensor) -> torch.Tensor:
         """The rows' clocks (0 for a row never pushed). Shape: -> (n,)."""
 
-    def rows_to_send(self, at: torch.Tensor, lazy: bool) -> tuple[list, int]:
+    def rows_to_send(self, at: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
         """A reply's arrays for the rows ``at``: ``[rows]``, or with ``lazy`` ``[rows of the
         touched ones, built (n,) uint8]`` (1: untouched, left for the client to build); and
-        how many rows were sent."""
+        how many rows were sent. Rows are float32, or with ``half``, where the table stores
+        them in half precision, their 16 bits as int16 (:func:`het.ps.halves.as_bits`)."""
 
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows with

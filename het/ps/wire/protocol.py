@@ -50,7 +50,9 @@ holds only its rows of several steps (``counts > 1``, in order): Adagrad takes a
 step by its gradient's square, which the shard has (a shard also takes ``sq`` for every row).
 Gradients travel as float32, or with ``grads: "bf16"`` in the meta as bfloat16 (the upper 16 bits
 of each float32, rounded to nearest even; sent as int16 bits): half the bytes of a push, about
-three significant digits per value.
+three significant digits per value. The rows of a table stored in half precision
+(``TableConfig.row_dtype`` fp16 or bf16) travel in PULL and SYNC replies as their 16 bits (int16),
+which the client widens to float32 exactly; CHANGED replies carry float32.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key

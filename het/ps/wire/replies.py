@@ -13,6 +13,7 @@ from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS
 from het.ps.wire.protocol import Op, PSError, array_bytes
+from het.ps import halves
 from het.ps.initial import initial_rows, initial_salt, initial_state
 
 
@@ -189,8 +190,15 @@ def _count_bits(marks: np.ndarray) -> int:
 
 
 def _check_rows(table: TableConfig, sent, n: int, built_n: int) -> torch.Tensor:
-    """A reply's rows sent, for its ``n`` rows of which it marks ``built_n`` built."""
+    """A reply's rows sent, for its ``n`` rows of which it marks ``built_n`` built: float32, or
+    the bits of a half-precision table's rows (int16), widened."""
+    half = table.row_dtype != RowDtype.FP32
+    if sent.dtype != (np.int16 if half else np.float32):
+        raise PSError(f"a reply's rows: expected {'int16 (the bits of ' + str(table.row_dtype) + ' rows)' if half else 'float32'} "
+                      f"for table {table.name!r}, got {sent.dtype}")
     sent = torch.from_numpy(sent)
+    if half:
+        sent = halves.from_bits(sent, table.row_dtype)
     if sent.dim() != 2 or sent.shape[1] != table.dim:
         raise PSError(f"a reply's rows: expected (k, {table.dim}) for table {table.name!r}, got shape "
                       f"{tuple(sent.shape)}")
