@@ -29,21 +29,28 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
                                         torch::Tensor acc, torch::Tensor sq, double lr, double eps);
 std::vector<torch::Tensor> unique_inverse(torch::Tensor keys);  // unique.cpp
 
-// A fixed table on the shard (table.cpp)
+// A table's push on the shard (table.cpp)
 int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
                    torch::Tensor clocks, torch::Tensor touched, torch::Tensor rows, torch::Tensor at,
                    torch::Tensor inverse, torch::Tensor grads, torch::Tensor counts, double lr, double eps,
                    double beta1, double beta2, double step_size, int64_t max_clock, torch::Tensor steps,
                    torch::Tensor sq);
+int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
+                        torch::Tensor clocks, torch::Tensor touched, bool stochastic, int64_t shards, int64_t index,
+                        torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
+                        torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
+                        int64_t max_clock, torch::Tensor steps, torch::Tensor sq);
 int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, std::vector<torch::Tensor> state,
                    std::vector<torch::Tensor> meta, int64_t bits, bool fixed, int64_t S, int64_t step,
                    torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
                    torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
                    int64_t max_clock, torch::Tensor steps, torch::Tensor sq);
+bool all_finite_op(torch::Tensor x);
+
+// A reply's rows on the shard (replies.cpp)
 void gather_rows(torch::Tensor weight, torch::Tensor idx, torch::Tensor out);
 std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx,
                                           torch::Tensor out);
-bool all_finite_op(torch::Tensor x);
 
 // Rows stored in half precision (halves.cpp)
 int64_t round_rows(torch::Tensor values, torch::Tensor out, torch::Tensor salts, bool stochastic);

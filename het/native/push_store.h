@@ -7,6 +7,8 @@
 #include <utility>
 #include <vector>
 
+#include "halves.h"
+
 namespace het_push {
 
 // Where a push's rows live. A fixed table: one weight tensor, one tensor a state, a clock and a
@@ -15,12 +17,15 @@ namespace het_push {
 // step) two integers of a third, 32-bit until het widens them to 64. The push below reads and
 // writes rows only through these, so both tables take the same floats.
 struct FlatStore {
+  static constexpr bool kFloat = true;  // rows are float32: SGD may push in place
   float* w;
   std::vector<float*> st;
   int64_t* ck;
   bool* tc;
   int64_t D;
   float* row(int64_t r) const { return w + r * D; }
+  const void* row_at(int64_t r) const { return w + r * D; }
+  void load_row(int64_t r, float* dst) const { std::copy(w + r * D, w + (r + 1) * D, dst); }
   float* state(int i, int64_t r) const { return st[size_t(i)] + r * D; }
   int64_t clock(int64_t r) const { return ck[r]; }
   int64_t limit(int64_t max_clock) const { return max_clock; }
@@ -35,6 +40,7 @@ struct FlatStore {
 };
 
 struct ChunkStore {
+  static constexpr bool kFloat = true;
   std::vector<float*> w, st;
   std::vector<void*> meta;
   bool wide;             // meta in int64 (else int32)
@@ -52,6 +58,11 @@ struct ChunkStore {
   float* row(int64_t r) const {
     auto [c, o] = locate(r);
     return w[c] + o * D;
+  }
+  const void* row_at(int64_t r) const { return row(r); }
+  void load_row(int64_t r, float* dst) const {
+    const float* src = row(r);
+    std::copy(src, src + D, dst);
   }
   float* state(int i, int64_t r) const {
     auto [c, o] = locate(r);
@@ -85,8 +96,40 @@ struct ChunkStore {
   }
 };
 
+// A fixed table whose rows are stored in half precision (H: c10::Half or c10::BFloat16; their
+// bits here): a push reads each row widened to float32, computes as for a float32 table, and
+// writes it rounded (het/ps/halves.py: stochastically by the row's key and new clock, or to
+// nearest). Key of local row r: r * shards + index.
+template <typename H>
+struct HalfStore {
+  static constexpr bool kFloat = false;
+  uint16_t* w;
+  std::vector<float*> st;
+  int64_t* ck;
+  bool* tc;
+  int64_t D, shards, index;
+  bool stochastic;
+  const void* row_at(int64_t r) const { return w + r * D; }
+  void load_row(int64_t r, float* dst) const {
+    const uint16_t* src = w + r * D;
+    for (int64_t d = 0; d < D; ++d) dst[d] = het_halves::widen<H>(src[d]);
+  }
+  // row r rounded from `values` into out (D); -1, or a column its dtype cannot hold
+  int64_t round(int64_t r, int64_t clock, const float* values, uint16_t* out) const {
+    const int64_t salt = stochastic ? het_halves::salt_of(r * shards + index, clock) : 0;
+    return het_halves::round_row<H>(values, out, salt, D, stochastic);
+  }
+  void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, w + r * D); }
+  float* state(int i, int64_t r) const { return st[size_t(i)] + r * D; }
+  int64_t clock(int64_t r) const { return ck[r]; }
+  int64_t limit(int64_t max_clock) const { return max_clock; }
+  void prefetch_meta(int64_t r) const { __builtin_prefetch(ck + r, 1, 3), __builtin_prefetch(tc + r, 1, 3); }
+  void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
+};
+
 // A push's failure, as table_push returns it; 101: a clock would pass what the store's meta
-// holds (32 bits), not max_clock: the caller widens it and pushes again.
+// holds (32 bits), not max_clock: the caller widens it and pushes again; 102: a row value its
+// half-precision dtype cannot hold.
 inline int64_t clock_failure(int64_t clock, int64_t max_clock, int64_t limit) {
   return clock > max_clock ? 100 : clock > limit ? 101 : 0;
 }

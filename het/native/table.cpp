@@ -1,5 +1,5 @@
-// A table's push (fixed or dynamic) and a reply's rows on the shard (het/ps/store/kernels.py), and the
-// finiteness check of het/ps/limits.py.
+// A table's push (fixed, fixed in half precision, or dynamic) on the shard (het/ps/store/kernels.py),
+// and the finiteness check of het/ps/limits.py.
 #include "adagrad.h"
 #include "ops.h"
 #include "push_store.h"
@@ -117,8 +117,10 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   const int64_t* inv = inverse.data_ptr<int64_t>();
   const float* g = grads.data_ptr<float>();
   const int64_t* cn = counts.data_ptr<int64_t>();
-  if (kind == "sgd" && S == 0 && inverse.numel() == n) {
-    return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
+  if constexpr (Store::kFloat) {
+    if (kind == "sgd" && S == 0 && inverse.numel() == n) {
+      return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
+    }
   }
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh
   // megabyte-sized block a push costs page faults) and not zero-filled: every value is copied
@@ -129,12 +131,11 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   float* ns = nw + m * D;
   for (int64_t j = 0; j < m; ++j) {
     if (j + kAhead < m) {
-      prefetch(t.row(r[j + kAhead]), D * 4, true);
+      prefetch(t.row_at(r[j + kAhead]), D * (Store::kFloat ? 4 : 2), true);
       t.prefetch_meta(r[j + kAhead]);
       for (int i = 0; i < S; ++i) prefetch(t.state(i, r[j + kAhead]), D * 4, true);
     }
-    const float* wj = t.row(r[j]);
-    std::copy(wj, wj + D, nw + j * D);
+    t.load_row(r[j], nw + j * D);
     for (int i = 0; i < S; ++i) {
       const float* sj = t.state(i, r[j]);
       std::copy(sj, sj + D, ns + (i * m + j) * D);
@@ -238,8 +239,16 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   int64_t why = 0;
   for (int64_t j = 0; j < m && why != 100; ++j) why = std::max(why, clock_failure(nc[j], max_clock, limit));
   if (why) return why;
+  if constexpr (!Store::kFloat) {  // half rows: all rounded, and each checked to fit, before any is written
+    thread_local std::vector<uint16_t> bits;
+    if (bits.size() < size_t(m * D)) bits.resize(size_t(m * D));
+    for (int64_t j = 0; j < m; ++j) {
+      if (t.round(r[j], nc[j], nw + j * D, bits.data() + j * D) >= 0) return 102;
+    }
+    for (int64_t j = 0; j < m; ++j) t.store_row(r[j], bits.data() + j * D);
+  }
   for (int64_t j = 0; j < m; ++j) {  // all checked: write
-    std::copy(nw + j * D, nw + (j + 1) * D, t.row(r[j]));
+    if constexpr (Store::kFloat) std::copy(nw + j * D, nw + (j + 1) * D, t.row(r[j]));
     for (int i = 0; i < S; ++i) std::copy(ns + (i * m + j) * D, ns + (i * m + j + 1) * D, t.state(i, r[j]));
     t.written(r[j], nc[j]);
   }
@@ -262,6 +271,34 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
   for (auto& s : state) t.st.push_back(s.data_ptr<float>());
   return push_rows(t, int(state.size()), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size,
                    max_clock, steps, sq);
+}
+
+// FixedRows.push for a fixed table whose rows are stored in half precision (het/ps/halves.py):
+// `weight` float16 or bfloat16, the rest as table_push; a row is rounded stochastically by its
+// key (local row * shards + index) and new clock, or to nearest.
+int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
+                        torch::Tensor clocks, torch::Tensor touched, bool stochastic, int64_t shards, int64_t index,
+                        torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
+                        torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
+                        int64_t max_clock, torch::Tensor steps, torch::Tensor sq) {
+  const bool fp16 = weight.scalar_type() == torch::kHalf;
+  check(weight, fp16 ? torch::kHalf : torch::kBFloat16, "weight");
+  for (auto& t : state) check(t, torch::kFloat32, "optimizer state");
+  check(clocks, torch::kInt64, "clocks");
+  check(touched, torch::kBool, "touched");
+  auto* w = static_cast<uint16_t*>(weight.data_ptr());
+  std::vector<float*> st;
+  for (auto& s : state) st.push_back(s.data_ptr<float>());
+  auto run = [&](const auto& t) {
+    return push_rows(t, int(state.size()), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2,
+                     step_size, max_clock, steps, sq);
+  };
+  if (fp16) {
+    return run(het_push::HalfStore<c10::Half>{w, st, clocks.data_ptr<int64_t>(), touched.data_ptr<bool>(),
+                                              weight.size(1), shards, index, stochastic});
+  }
+  return run(het_push::HalfStore<c10::BFloat16>{w, st, clocks.data_ptr<int64_t>(), touched.data_ptr<bool>(),
+                                                weight.size(1), shards, index, stochastic});
 }
 
 // DynamicRows.push for a dynamic table's stored slots (push_rows above), its storage in chunks
@@ -305,67 +342,4 @@ int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, s
     TORCH_CHECK(r[j] >= 0 && r[j] < capacity, "slot ", r[j], " out of range [0, ", capacity, ")");
   return push_rows(t, int(S), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size, max_clock,
                    steps, sq);
-}
-
-// weight[idx] as numpy's take or index_select gives it, into `out` (n, D): each row copied
-// whole, the rows kAhead ahead prefetched, as a gather of random rows waits on their latency.
-// Every index is checked against the table's rows first.
-void gather_rows(torch::Tensor weight, torch::Tensor idx, torch::Tensor out) {
-  check(weight, torch::kFloat32, "weight");
-  check(idx, torch::kInt64, "idx");
-  check(out, torch::kFloat32, "out");
-  const int64_t n = idx.numel(), D = weight.size(1), rows = weight.size(0);
-  TORCH_CHECK(out.dim() == 2 && out.size(0) == n && out.size(1) == D, "out: expected (", n, ", ", D, "), got ",
-              out.sizes());
-  const int64_t* k = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(k[i] >= 0 && k[i] < rows, "row ", k[i], " out of range [0, ", rows, ")");
-  const float* w = weight.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) {
-      if (i + kAhead < e) prefetch(w + k[i + kAhead] * D, D * 4, false);
-      std::copy(w + k[i] * D, w + (k[i] + 1) * D, o + i * D);
-    }
-  });
-}
-
-// A lazy reply's rows (het.ps.store.fixed.FixedRows.rows_to_send): the rows idx whose `touched` mark
-// is set, in order, and `built` (n,) uint8, 1 where a row was left for the client to build.
-// The rows go into `out`'s first rows (at least n of dim D: a reused reply buffer), or into a new
-// tensor when `out` is empty; the rows written are returned.
-std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx,
-                                          torch::Tensor out) {
-  check(weight, torch::kFloat32, "weight");
-  check(touched, torch::kBool, "touched");
-  check(idx, torch::kInt64, "idx");
-  const int64_t n = idx.numel(), D = weight.size(1), rows = weight.size(0);
-  TORCH_CHECK(touched.numel() == rows, "touched: expected ", rows, " marks, got ", touched.numel());
-  const int64_t* k = idx.data_ptr<int64_t>();
-  const bool* tc = touched.data_ptr<bool>();
-  auto built_t = torch::empty({n}, idx.options().dtype(torch::kUInt8));
-  uint8_t* built = built_t.data_ptr<uint8_t>();
-  int64_t sent = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK(k[i] >= 0 && k[i] < rows, "row ", k[i], " out of range [0, ", rows, ")");
-    built[i] = !tc[k[i]];
-    sent += !built[i];
-  }
-  if (out.numel() == 0) {
-    out = torch::empty({sent, D}, weight.options());
-  } else {
-    check(out, torch::kFloat32, "out");
-    TORCH_CHECK(out.dim() == 2 && out.size(0) >= sent && out.size(1) == D, "out: expected at least (", sent, ", ",
-                D, "), got ", out.sizes());
-    out = out.narrow(0, 0, sent);
-  }
-  const float* w = weight.data_ptr<float>();
-  float* o = out.data_ptr<float>();
-  std::vector<int64_t> from;
-  from.reserve(size_t(sent));
-  for (int64_t i = 0; i < n; ++i) if (!built[i]) from.push_back(k[i]);
-  for (int64_t j = 0; j < sent; ++j) {
-    if (j + kAhead < sent) prefetch(w + from[j + kAhead] * D, D * 4, false);
-    std::copy(w + from[j] * D, w + (from[j] + 1) * D, o + j * D);
-  }
-  return {out, built_t};
 }

@@ -187,3 +187,36 @@ def test_pulls_and_syncs_carry_half_rows_in_half_the_bytes(cluster_factory, row_
             after, _ = client.wait(client.pull("t", torch.from_numpy(changed_keys)))
             assert changed.dtype == np.float32 and np.array_equal(changed, after.numpy())
     assert received[row_dtype] < 0.55 * received["fp32"], received
+
+
+@pytest.mark.skipif(native.ops is None, reason="het's native core is not built")
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
+def test_the_native_half_push_gives_the_float32_push_rounded_bit_for_bit(row_dtype, optimizer, rounding):
+    """The native push on half rows (each widened as read, rounded as written) against the
+    reference: torch's push on float32 copies of the rows, rounded back; duplicates, several
+    shards' keys and a refused push included."""
+    from het.ps.store.kernels import HalfPush, NativeHalfPush, TorchPush
+
+    def table():
+        cfg = TableConfig("t", rows=90, dim=8, row_dtype=row_dtype, row_rounding=rounding,
+                          optimizer=OptimizerConfig(optimizer, lr=0.2))
+        return FixedRows(cfg, 2, 3)
+
+    fast, slow = table(), table()
+    assert isinstance(fast._push, NativeHalfPush)
+    slow._push = HalfPush(TorchPush())
+    g = torch.Generator().manual_seed(11)
+    for step in range(1, 25):
+        local = torch.randint(0, 30, (40,), generator=g)
+        grads, counts = torch.randn(40, 8, generator=g), torch.randint(1, 3, (40,), generator=g)
+        for t in (fast, slow):
+            t.push(local, grads.clone(), counts, step)
+    for t in (fast, slow):  # refused: a value past float16's range, or infinite
+        with pytest.raises(ValueError):
+            t.push(torch.tensor([1, 2]), torch.tensor([[-1e38] * 8, [1.0] * 8]) * 1e3, torch.ones(2, dtype=torch.int64), 30)
+    assert torch.equal(fast.weight.view(torch.int16), slow.weight.view(torch.int16))
+    assert torch.equal(fast.clocks, slow.clocks) and torch.equal(fast.touched, slow.touched)
+    for n in fast.optimizer.state_names:
+        assert torch.equal(fast.optimizer.state[n], slow.optimizer.state[n])

@@ -12,7 +12,7 @@ from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
 from het.ps.store.kernels import (NATIVE_OPTIMIZERS, HalfPush, NativePush, NativeReplies, TorchPush, TorchReplies,
-                                  HALF_REPLIES, WidenedReplies)
+                                  HALF_REPLIES, NativeHalfPush, WidenedReplies)
 
 
 class FixedRows:
@@ -47,8 +47,9 @@ class FixedRows:
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
         self.native = native and het_native.ops is not None
         self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
-        if self.dtype != torch.float32:  # half rows: pushed on float32 copies, rounded back; sent as float32
-            self._push, self._replies = HalfPush(self._push), WidenedReplies()
+        if self.dtype != torch.float32:  # half rows: widened to float32 to push, rounded back
+            native_half = isinstance(self._push, NativePush)
+            self._push, self._replies = (NativeHalfPush() if native_half else HalfPush(self._push)), WidenedReplies()
         else:
             self._replies = NativeReplies(cfg.dim) if self.native else TorchReplies()
 

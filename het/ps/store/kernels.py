@@ -143,6 +143,28 @@ class NativePush:
         raise_push_failure(failed, opt)
 
 
+class NativeHalfPush:
+    """:class:`HalfPush` of a float32 push in one native call (``native.ops.table_push_half``):
+    each row widened as it is read, rounded as it is written, the same bits."""
+
+    def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                 sq: torch.Tensor | None) -> None:
+        opt = t.optimizer
+        if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's steps of a push taken apart: torch's
+            return HalfPush(TorchPush())(t, local, grads, counts, step, sq)
+        kind, args = native_push_args(opt, local, grads, counts, step, sq)
+        if opt.accepts_duplicates:  # SGD: each row once (its gradients added in order), not pushed in place
+            rows, inverse = native.unique_inverse(local)
+            args[:3] = [rows.contiguous(), inverse.contiguous(), inverse.contiguous()]
+        failed = native.ops.table_push_half(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks,
+                                            t.touched, t.cfg.row_rounding == "stochastic", t.num_shards, t.index,
+                                            *args)
+        if failed == 102:
+            raise ValueError(f"a row value does not fit {str(t.weight.dtype).removeprefix('torch.')} (its largest is "
+                             f"{torch.finfo(t.weight.dtype).max:g}): the push is refused")
+        raise_push_failure(failed, opt)
+
+
 def native_push_args(opt, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                      sq: torch.Tensor | None) -> tuple[str, list]:
     """The native push's kind and its arguments after the storage (``rows`` ... ``sq``): the
