@@ -20,6 +20,7 @@ def main() -> None:
             d = json.loads(out.strip().splitlines()[-1])
             ps = d["ps"]
             print(json.dumps({"row_dtype": dtype, "seed": int(seed), "auc": round(d["auc"], 5),
+                              "sparse_bytes_per_sample": round(d["sparse_bytes_per_sample"]),
                               "samples_per_s": round(d["samples_per_s"]), "ps_bytes": ps["bytes"],
                               "rows": ps["rows"], "peak_rss_bytes": ps["peak_rss_bytes"]}), flush=True)
 
