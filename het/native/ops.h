@@ -52,6 +52,10 @@ void gather_rows(torch::Tensor weight, torch::Tensor idx, torch::Tensor out);
 std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx,
                                           torch::Tensor out);
 
+// A disk tier's reads (records.cpp)
+void read_records(torch::Tensor fds, torch::Tensor offsets, int64_t record_bytes, torch::Tensor out,
+                  int64_t threads);
+
 // Rows stored in half precision (halves.cpp)
 int64_t round_rows(torch::Tensor values, torch::Tensor out, torch::Tensor salts, bool stochastic);
 

@@ -225,3 +225,27 @@ def test_reshard_reads_the_disk_tier_of_every_shard(tmp_path):
     assert torch.equal(a["weight"][order_a], b["weight"][order_b])
     for name in a["optimizer"]:
         assert torch.equal(a["optimizer"][name][order_a], b["optimizer"][name][order_b])
+
+
+@pytest.mark.parametrize("reader", ["native", "mapped"])
+def test_segment_reads_in_parallel_match_the_map_and_refuse_damage(tmp_path, reader, monkeypatch):
+    """Thousands of records over several segments read back as written, in any order, by the
+    native parallel reads and by the map; a record changed on disk is refused naming its file."""
+    from het import native
+    from het.files import DamagedFile
+
+    if reader == "mapped":
+        monkeypatch.setattr(native, "ops", None)
+    elif native.ops is None:
+        pytest.skip("het's native core is not built")
+    s = Segments(str(tmp_path / "seg"), width=5, segment_bytes=24 * 1000)  # 1,000 records a segment
+    rows = np.random.default_rng(0).random((5000, 5), dtype=np.float32)
+    recs = s.append(rows, torch.arange(5000))
+    order = torch.randperm(5000)
+    assert np.array_equal(s.read(recs[order]), rows[order.numpy()])
+    victim = s.files[3]  # record 3,456 = segment 3, offset 456
+    os.pwrite(victim.fd, np.float32([9.0]).tobytes(), 456 * 24 + 4)
+    with pytest.raises(DamagedFile, match=r"seg-000003\.rows: record 456 "):
+        s.read(recs[order])
+    assert np.array_equal(s.read(recs[:3000]), rows[:3000])  # the others still read
+    s.close()

@@ -12,9 +12,11 @@ copies the disk tier. Segments whose records are mostly garbage are rewritten by
 (:meth:`het.ps.store.tiers.TieredRows.compact`), then unlinked (a save's links keep their data).
 
 - **Writes** are one ``os.pwrite`` of a contiguous buffer per segment a batch reaches.
-- **Reads** map each segment read-only (``MADV_RANDOM``: no read-ahead for random rows) and take
-  the batch's records with one ``numpy.take`` per segment touched; then ``MADV_DONTNEED`` drops
-  the mapped pages from the process (its RSS), while the kernel's page cache may keep them.
+- **Reads** are one ``pread`` a record, several threads at once (het's native core: a random
+  read of a record not in the page cache waits on the disk, and threads keep several in flight;
+  the segments are opened ``POSIX_FADV_RANDOM``, no read-ahead). Without the native core, each
+  segment is mapped read-only (``MADV_RANDOM``) and its records taken with one ``numpy.take``;
+  then ``MADV_DONTNEED`` drops the mapped pages from the process's RSS.
 - **Memory**: per record its owner's slot (int32), to find the live records of a segment.
 
 Measured against a row file written in place, LMDB and RocksDB in docs/RESULTS.md ("Disk tier:
@@ -29,11 +31,12 @@ import os
 import numpy as np
 import torch
 
-from het import files
+from het import files, native
 
 SEGMENT_BYTES = 128 << 20  # a segment's size on disk (the last one is written as it fills)
 CHECK_RECORDS = 1 << 16  # records read back at once when a whole segment is checked
 WRITE_RECORDS = 1 << 14  # records written with one pwrite at most (its block is a copy)
+READ_THREADS = 16  # reads in flight at once (het/native/records.cpp): random reads of cold records wait on the disk
 _WEIGHT, _SALT, _MIX = np.uint64(0x9E3779B97F4A7C15), np.uint64(0x2545F4914F6CDD1D), np.uint64(0xBF58476D1CE4E5B9)
 
 
@@ -126,6 +129,25 @@ class Segments:
     def read(self, records: torch.Tensor) -> np.ndarray:
         """The rows of ``records``, each checked (DamagedFile for one that does not match).
         Shape: (n,) -> (n, width)."""
+        if native.ops is None or not len(records):
+            return self._read_mapped(records)
+        seg = records // self.per_segment
+        local = (records - seg * self.per_segment).numpy()
+        segs, inverse = torch.unique(seg, return_inverse=True)
+        fds = torch.tensor([self.files[s].fd for s in segs.tolist()], dtype=torch.int32)[inverse]
+        got = torch.empty(len(records), self.width + 1)
+        native.ops.read_records(fds, torch.from_numpy(local * self.record_bytes), self.record_bytes, got,
+                                READ_THREADS)
+        got = got.numpy()
+        self.reads += len(records)
+        bad = np.flatnonzero(checks(got[:, :-1], local) != got[:, -1].view(np.uint32))
+        if len(bad):  # named by the first damaged record's segment
+            first = int(bad[0])
+            verify(got[first:first + 1], local[first:first + 1], self.files[int(seg[first])].path)
+        return got[:, :-1]
+
+    def _read_mapped(self, records: torch.Tensor) -> np.ndarray:
+        """:meth:`read` through each segment's read-only map (het's native core not built)."""
         out = np.empty((len(records), self.width), dtype=np.float32)
         if not len(records):
             return out
@@ -140,7 +162,6 @@ class Segments:
             out[pos] = verify(got, local[pos], f.path)
         self.reads += len(records)
         return out
-
 
     def kill(self, records: torch.Tensor) -> None:
         """Mark ``records`` (unique, live) garbage: rows written again or forgotten."""
@@ -240,6 +261,7 @@ class _Segment:
     def __init__(self, path: str, per_segment: int, record_bytes: int, width: int):
         self.path, self.width = path, width
         self.fd = files.open_own(path, os.O_RDWR | os.O_CREAT)
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # random records: read-ahead would waste the disk
         self.size = per_segment * record_bytes
         if os.fstat(self.fd).st_size < self.size:
             os.ftruncate(self.fd, self.size)  # sparse: blocks are allocated as records are written
