@@ -23,7 +23,9 @@ import numpy as np
 
 from het.files import member_offset
 
+BFLOAT16 = np.dtype(np.uint16, metadata={"bfloat16": True})  # numpy has none: its bits, marked
 _STORAGES = {"FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
+             "BFloat16Storage": BFLOAT16,
              "LongStorage": np.int64, "IntStorage": np.int32, "ShortStorage": np.int16, "CharStorage": np.int8,
              "ByteStorage": np.uint8, "BoolStorage": np.bool_}
 
@@ -58,6 +60,13 @@ class LazyTensor:
     def rows(self, lo: int, hi: int) -> np.ndarray:
         """A copy of rows ``lo .. hi - 1`` (of the first dimension)."""
         return np.array(self.array()[lo:hi])
+
+    def float_rows(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo .. hi - 1`` as float32: float16's and bfloat16's widened (exact)."""
+        rows = self.array()[lo:hi]
+        if self.dtype.metadata and self.dtype.metadata.get("bfloat16"):
+            return (rows.astype(np.uint32) << 16).view(np.float32)
+        return rows.astype(np.float32)
 
     def numpy(self) -> np.ndarray:
         """A copy of every value (for the small arrays only)."""

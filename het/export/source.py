@@ -109,7 +109,7 @@ class Checkpoint:
                 weight = _tensor(saved, "weight", shard.path)
                 for lo in range(0, len(weight), per):
                     hi = min(len(weight), lo + per)
-                    yield np.arange(lo, hi, dtype=np.int64) * self.num_shards + i, weight.rows(lo, hi)
+                    yield np.arange(lo, hi, dtype=np.int64) * self.num_shards + i, weight.float_rows(lo, hi)
                     shard.drop_pages()
 
     def _dynamic_pieces(self, shard: TorchFile, saved: dict, cfg: TableConfig, per: int):
@@ -125,7 +125,7 @@ class Checkpoint:
         weight = _tensor(saved, "weight", shard.path)
         for lo in range(0, len(keys), per):
             hi = min(len(keys), lo + per)
-            yield keys.rows(lo, hi), weight.rows(lo, hi)
+            yield keys.rows(lo, hi), weight.float_rows(lo, hi)
             shard.drop_pages()
 
     def stored_keys(self, name: str) -> np.ndarray:

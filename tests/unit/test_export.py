@@ -49,8 +49,8 @@ SLOW = [(m, k, s) for m in ("wdl", "deepfm", "dcn", "dlrm") for k, s in (("fixed
         if (m, k, s) not in FAST]
 
 
-def check_reproduces_training(tmp_path, model, kind, shards):
-    cfg, options = job(model, kind)
+def check_reproduces_training(tmp_path, model, kind, shards, **settings):
+    cfg, options = job(model, kind, **settings)
     ckpt, out, metrics, (labels, reference) = trained_export(cfg, 25, str(tmp_path), servers=shards,
                                                              shard_options=options, scores=True)
     s = predict(out, "synthetic-criteo", out=str(tmp_path / "scores.parquet"))
@@ -69,6 +69,13 @@ def test_fp32_export_reproduces_training(tmp_path, model, kind, shards):
     out, manifest = check_reproduces_training(tmp_path, model, kind, shards)
     if kind == "tiered":  # the rows came from the disk tier's segment files, linked beside the save
         assert any("rows-" in name for name in os.listdir(os.path.join(manifest["checkpoint"], "ps")))
+
+
+@pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("kind", ["fixed", "dynamic"])
+def test_an_export_of_rows_stored_in_half_reproduces_training(tmp_path, row_dtype, kind):
+    """The shards' half rows are saved as they are; the export widens them exactly."""
+    check_reproduces_training(tmp_path, "wdl", kind, 1, row_dtype=row_dtype)
 
 
 @pytest.mark.slow
