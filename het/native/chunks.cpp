@@ -35,6 +35,18 @@ Parts parts_of(const std::vector<torch::Tensor>& parts, int64_t bits, bool fixed
   return p;
 }
 
+// The slots, checked: one a row of `rows` (contiguous, of the chunks' type), each in [low, capacity).
+const int64_t* checked_slots(const torch::Tensor& slots, const torch::Tensor& rows, const Parts& p, int64_t low) {
+  check(slots, torch::kInt64, "slots");
+  check(rows, rows.scalar_type(), "rows");
+  const int64_t n = slots.numel();
+  TORCH_CHECK(rows.size(0) == n, "rows: expected ", n, ", got ", rows.size(0));
+  const int64_t* s = slots.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i)
+    TORCH_CHECK(s[i] >= low && s[i] < p.capacity, "slot ", s[i], " out of range [", low, ", ", p.capacity, ")");
+  return s;
+}
+
 inline char* slot_ptr(const Parts& p, int64_t slot) {
   auto [c, o] = p.at.locate(slot);
   return p.base[c] + o * p.row_bytes;
@@ -57,15 +69,9 @@ void gather_each(const Parts& p, const int64_t* s, int64_t n, char* o) {
 // stored), which is otherwise out of range.
 void chunk_gather(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,
                   torch::Tensor out, bool missing) {
-  check(slots, torch::kInt64, "slots");
-  check(out, out.scalar_type(), "out");
   const Parts p = parts_of(parts, bits, fixed, out);
   const int64_t n = slots.numel();
-  TORCH_CHECK(out.size(0) == n, "out: expected ", n, " rows, got ", out.size(0));
-  const int64_t* s = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(s[i] >= -int64_t(missing) && s[i] < p.capacity, "slot ", s[i], " out of range [",
-                -int64_t(missing), ", ", p.capacity, ")");
+  const int64_t* s = checked_slots(slots, out, p, missing ? -1 : 0);
   char* o = static_cast<char*>(out.data_ptr());
   // a row of a known small size copies as one load and store (meta: 8 or 16 bytes a slot)
   switch (p.row_bytes) {
@@ -78,14 +84,9 @@ void chunk_gather(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, to
 // The row at slots[i] = rows[i] (slots unique and stored: each in [0, capacity)).
 void chunk_scatter(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,
                    torch::Tensor rows) {
-  check(slots, torch::kInt64, "slots");
-  check(rows, rows.scalar_type(), "rows");
   const Parts p = parts_of(parts, bits, fixed, rows);
   const int64_t n = slots.numel();
-  TORCH_CHECK(rows.size(0) == n, "rows: expected ", n, " rows, got ", rows.size(0));
-  const int64_t* s = slots.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i)
-    TORCH_CHECK(s[i] >= 0 && s[i] < p.capacity, "slot ", s[i], " out of range [0, ", p.capacity, ")");
+  const int64_t* s = checked_slots(slots, rows, p, 0);
   const char* r = static_cast<const char*>(rows.data_ptr());
   const int64_t B = p.row_bytes;
   for (int64_t i = 0; i < n; ++i) {
