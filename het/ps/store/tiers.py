@@ -39,6 +39,7 @@ BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
 WRITE_RECORDS = 1 << 14  # records gathered and written to disk at once when rows leave the pool
+COMPACT_RECORDS = 1 << 15  # live records a request's compaction moves at most (past one segment): ~0.5 s of cold reads
 
 
 class TieredRows:
@@ -271,16 +272,23 @@ class TieredRows:
     def _compact_if_sparse(self) -> None:
         if self.disk.dead > max(self.disk.live, self.disk.per_segment):
             try:
-                self.compact()
+                self.compact(COMPACT_RECORDS)
             except files.DamagedFile:  # a segment left as it is: its damaged record is refused when read
                 self.counters["compactions_stopped"] += 1
 
-    def compact(self) -> None:
+    def compact(self, most: int | None = None) -> None:
         """Rewrite the live records of the segments with the most garbage, until about half
-        the garbage is gone, and drop those segments. A row in memory whose record is there
-        loses it instead (it is written when it leaves)."""
+        the garbage is gone or ``most`` live records were moved (past one segment; None: no
+        bound), and drop those segments. A row in memory whose record is there loses it instead
+        (it is written when it leaves). Bounded, as it runs inside a request: unbounded, the
+        first compaction of a 42M-row tier would move millions of records at once, minutes in
+        which a job takes the shard for dead; the rest waits for the next requests."""
+        moved = 0
         for seg in self.disk.sparse_segments(self.disk.dead // 2):
+            if most is not None and moved >= most:
+                break
             records, slots = self.disk.live_records(seg)
+            moved += len(records)
             place = self.place.gather(slots)
             hot = place[:, POS] >= 0
             place[hot, REC] = -1
