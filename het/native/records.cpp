@@ -1,8 +1,8 @@
 // A disk tier's reads (het/ps/store/disk.py): records at byte offsets of segment files, read
 // with pread by several threads at once. A random read of a record not in the page cache waits
-// on the disk; threads keep several in flight (measured on this project's VM: 15.8k records/s
-// through a read-only map, 20k by one thread of pread, 72k by 16), and a read in the page cache
-// is a copy, without the map's page fault and the unmapping after.
+// on the disk; threads keep several in flight (`python docs/scripts/tier_reads.py`, docs/RESULTS.md:
+// 4-5x the records/s of a read-only map with 16), and a read in the page cache is a copy, without
+// the map's page fault and the unmapping after.
 #include "common.h"
 #include "ops.h"
 
