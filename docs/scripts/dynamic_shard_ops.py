@@ -1,8 +1,8 @@
 """A shard's pull and push of 4,096 rows of dim 128, in-process: a fixed table against a dynamic
-one holding the same 200,000 ids as raw int64 keys (both fully stored first). One thread; the
-milliseconds of each, per call:
+one holding the same 200,000 ids as raw int64 keys (both fully stored first), their rows in
+``--row-dtype``. One thread; the milliseconds of each, per call:
 
-    .venv/bin/python docs/scripts/dynamic_shard_ops.py [--optimizer sgd] [--seconds 2]
+    .venv/bin/python docs/scripts/dynamic_shard_ops.py [--optimizer sgd] [--row-dtype fp32] [--seconds 2]
 """
 
 import argparse
@@ -20,6 +20,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adagrad", "adam"))
     p.add_argument("--seconds", type=float, default=2.0)
+    p.add_argument("--row-dtype", default="fp32", choices=("fp32", "fp16", "bf16"))
     args = p.parse_args()
     torch.set_num_threads(1)
     rows, batch, dim = 200_000, 4096, 128
@@ -27,7 +28,8 @@ def main() -> None:
     batches = [torch.randperm(rows, generator=rng)[:batch] for _ in range(16)]
     grads, counts = np.full((batch, dim), 1e-3, np.float32), np.ones(batch, np.int64)
     for name, size, ids in (("fixed", rows, lambda k: k), ("dynamic", None, mix)):
-        table = TableConfig("b", rows=size, dim=dim, optimizer=OptimizerConfig(args.optimizer, lr=0.01))
+        table = TableConfig("b", rows=size, dim=dim, optimizer=OptimizerConfig(args.optimizer, lr=0.01),
+                            row_dtype=args.row_dtype)
         shard = Shard(ShardConfig((table,)))
         for lo in range(0, rows, batch):  # every row stored
             keys = ids(torch.arange(lo, min(rows, lo + batch))).numpy()

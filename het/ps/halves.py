@@ -79,7 +79,7 @@ def round_rows(values: torch.Tensor, dtype: torch.dtype, rounding, salt: torch.T
         bad = native.ops.round_rows(values.contiguous(), out, salt.contiguous() if stochastic else torch.empty(0, dtype=torch.int64),
                                     stochastic)
         if bad >= 0:
-            _refuse(float(values.flatten()[bad]), dtype)
+            refuse(dtype, float(values.flatten()[bad]))
         return out
     if stochastic and values.numel():
         near = _stochastic(values, dtype, salt)
@@ -87,7 +87,7 @@ def round_rows(values: torch.Tensor, dtype: torch.dtype, rounding, salt: torch.T
         near = values.to(dtype)
     bad = torch.isinf(near) & torch.isfinite(values)
     if bool(bad.any()):
-        _refuse(float(values[bad][0]), dtype)
+        refuse(dtype, float(values[bad][0]))
     return near
 
 
@@ -115,6 +115,9 @@ def _stochastic(values: torch.Tensor, dtype: torch.dtype, salt: torch.Tensor) ->
     return out.to(dtype)
 
 
-def _refuse(value: float, dtype: torch.dtype) -> None:
-    raise ValueError(f"a row value {value:g} does not fit {str(dtype).removeprefix('torch.')} (its largest is "
+def refuse(dtype: torch.dtype, value: float | None = None) -> None:
+    """Raise the ValueError of a push refused for a row value (``value`` where known) that
+    ``dtype`` cannot hold."""
+    what = "a row value" if value is None else f"a row value {value:g}"
+    raise ValueError(f"{what} does not fit {str(dtype).removeprefix('torch.')} (its largest is "
                      f"{torch.finfo(dtype).max:g}): the push is refused")

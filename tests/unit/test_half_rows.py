@@ -220,3 +220,22 @@ def test_the_native_half_push_gives_the_float32_push_rounded_bit_for_bit(row_dty
     assert torch.equal(fast.clocks, slow.clocks) and torch.equal(fast.touched, slow.touched)
     for n in fast.optimizer.state_names:
         assert torch.equal(fast.optimizer.state[n], slow.optimizer.state[n])
+
+
+@pytest.mark.parametrize("lazy", [True, False])
+def test_a_half_dynamic_tables_reply_with_keys_not_stored_arrives_exact(cluster_factory, lazy):
+    """Keys never pushed beside stored ones, lazy or not: the client gets the shard's rows and the
+    initial rows as the shard would hold them, from 16-bit replies."""
+    table = TableConfig("t", rows=None, dim=8, row_dtype="bf16", optimizer=OptimizerConfig("sgd", lr=0.5))
+    client = cluster_factory([table], 1).client()
+    client.lazy_init = lazy
+    stored = torch.tensor([3, -9, 2 ** 40])
+    client.wait(client.push("t", stored, torch.ones(3, 8), torch.ones(3, dtype=torch.int64)))
+    keys = torch.cat([stored, torch.tensor([11, -12])])
+    rows, clocks = client.wait(client.pull("t", keys))
+    assert clocks.tolist() == [1, 1, 1, 0, 0]
+    initial = torch.from_numpy(initial_rows(table, keys.numpy()))
+    assert torch.equal(rows[3:], initial[3:])
+    expected = halves.round_rows(initial[:3] - 0.5, torch.bfloat16, "stochastic",
+                                 halves.salts(stored, torch.ones(3, dtype=torch.int64))).float()
+    assert torch.equal(rows[:3], expected)

@@ -7,8 +7,8 @@ stores nothing for it, and its memory follows the rows training touched, not the
 - **Index**: key -> slot and slot -> key (:mod:`het.ps.store.index`: native, a hash table of
   16 + 5 / load bytes a key; the reference, sorted runs).
 - **Storage**: rows (float32, or half: ``row_dtype``, :mod:`het.ps.halves`), optimizer state
-  and ``(clock, last step)`` per slot, in chunks that grow (:class:`het.ps.store.chunks.Chunks`); freed slots are reused. Clock and last step are
-  32-bit until one of them outgrows that, when the whole column pair widens to 64 bits once: 8
+  and ``(clock, last step)`` per slot, in chunks that grow (:class:`het.ps.store.chunks.Chunks`);
+  freed slots are reused. Clock and last step are 32-bit until one of them outgrows that, when the whole column pair widens to 64 bits once: 8
   bytes a row, where a step count or a row's updates past 2^31 would need 16.
 - **Admission** (``admit_after = N``): a key gets a slot once pushes touched it in N
   worker-steps (the pushes' ``counts`` summed, in :class:`het.ps.store.admission.SightingSketch`).
@@ -137,6 +137,8 @@ class DynamicRows:
         out[stored] = rows
         missing = (~stored).nonzero().flatten()
         out[missing] = torch.from_numpy(initial_rows(self.cfg, at[missing, 0].numpy()))
+        if half and self.dtype != torch.float32:  # every value one the dtype holds: exact in its bits
+            return [halves.as_bits(out.to(self.dtype))], len(at)
         return [out.numpy()], len(at)
 
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:

@@ -160,8 +160,7 @@ class NativeHalfPush:
                                             t.touched, t.cfg.row_rounding == "stochastic", t.num_shards, t.index,
                                             *args)
         if failed == 102:
-            raise ValueError(f"a row value does not fit {str(t.weight.dtype).removeprefix('torch.')} (its largest is "
-                             f"{torch.finfo(t.weight.dtype).max:g}): the push is refused")
+            halves.refuse(t.weight.dtype)
         raise_push_failure(failed, opt)
 
 
