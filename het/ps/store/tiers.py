@@ -35,11 +35,12 @@ from het.ps.store.chunks import Chunks
 from het.ps.store.disk import SEGMENT_BYTES, Segments, read_saved
 
 POS, REC = 0, 1  # the columns of a slot's place: position in memory, record on disk
+NARROW = torch.iinfo(torch.int32).max  # places held in int32 up to this
 BLOCK = 1 << 13  # pool positions per chunk: the pool grows and shrinks by whole chunks
 SHRINK_SLACK = 32  # a pool that must shrink goes 1/32 below, so that small shrinks to come cost nothing
 EVICT_SHARE = 16  # room made at once: what the batch needs plus 1/16 of the pool
 WRITE_RECORDS = 1 << 14  # records gathered and written to disk at once when rows leave the pool
-COMPACT_RECORDS = 1 << 15  # live records a request's compaction moves at most (past one segment): ~0.5 s of cold reads
+COMPACT_RECORDS = 1 << 15  # live records a request's compaction moves at most, WRITE_RECORDS at a time: ~0.5 s of cold reads
 
 
 class TieredRows:
@@ -63,7 +64,7 @@ class TieredRows:
         if policy not in POLICIES:
             raise ValueError(f"memory policy must be one of {POLICIES}, got {policy!r}")
         self.dim, self.width, self.policy = dim, dim + state_width, policy
-        self.place = Chunks(2, torch.int64)  # per slot: POS, REC
+        self.place = Chunks(2, torch.int32)  # per slot: POS, REC; 64-bit once a record number outgrows 32
         self.pool = Chunks(self.width, torch.float32, first=BLOCK, fixed=True)
         self.slot_of = torch.empty(0, dtype=torch.int64)  # per position: its slot (-1: free)
         self.score = torch.empty(0, dtype=torch.int64)  # per position: last use (lru) or uses (lfu)
@@ -80,7 +81,7 @@ class TieredRows:
         if slots > self.slots:
             self.place.grow_to(slots)
             new = torch.arange(self.slots, slots)
-            self.place.scatter(new, torch.full((len(new), 2), -1, dtype=torch.int64))
+            self._set_place(new, torch.full((len(new), 2), -1, dtype=torch.int64))
             self.slots = slots
 
     def gather_weight(self, slots: torch.Tensor) -> torch.Tensor:
@@ -96,7 +97,7 @@ class TieredRows:
     def scatter(self, slots: torch.Tensor, weight: torch.Tensor, state: torch.Tensor | None) -> None:
         """Write the rows of ``slots`` (unique): their records on disk are stale from now."""
         records = weight if state is None else torch.cat([weight, state], 1)
-        place = self.place.gather(slots)
+        place = self._place(slots)
         stale = place[:, REC] >= 0
         self.disk.kill(place[stale, REC])
         place[:, REC] = -1
@@ -104,7 +105,7 @@ class TieredRows:
         if len(hot):
             self.pool.scatter(place[hot, POS], records[hot])
             self._touch(place[hot, POS])
-        self.place.scatter(slots, place)
+        self._set_place(slots, place)
         cold = (place[:, POS] < 0).nonzero().flatten()
         if len(cold):
             self._bring_in(slots[cold], records[cold], place[cold, REC], pinned=place[hot, POS])
@@ -112,12 +113,12 @@ class TieredRows:
 
     def release(self, slots: torch.Tensor) -> None:
         """Forget the rows of ``slots``: their positions and records are free."""
-        place = self.place.gather(slots)
+        place = self._place(slots)
         pos = place[place[:, POS] >= 0, POS]
         self.slot_of[pos] = -1
         self.free = torch.cat([self.free, pos])
         self.disk.kill(place[place[:, REC] >= 0, REC])
-        self.place.scatter(slots, torch.full_like(place, -1))
+        self._set_place(slots, torch.full_like(place, -1))
 
     def pageable(self, slots: torch.Tensor) -> torch.Tensor:
         """The rows :meth:`page_in` may bring in: any of ``slots`` may be on disk."""
@@ -127,7 +128,7 @@ class TieredRows:
         """Bring the rows of ``slots`` on disk into memory (ahead of a request that needs them);
         how many came."""
         slots = torch.unique(slots)
-        place = self.place.gather(slots)
+        place = self._place(slots)
         cold = ((place[:, POS] < 0) & (place[:, REC] >= 0)).nonzero().flatten()
         if len(cold):
             records = torch.from_numpy(self.disk.read(place[cold, REC]))
@@ -161,11 +162,11 @@ class TieredRows:
     def nbytes(self, used: int) -> int:
         """DRAM held: the slots' places, the pool (positions handed out), its per-position
         arrays and the disk tier's record owners."""
-        return 16 * used + (4 * self.width + 16) * self.high + 8 * len(self.free) + self.disk.memory_bytes
+        return self.fixed_bytes(used) + (4 * self.width + 16) * self.high
 
     def fixed_bytes(self, used: int) -> int:
         """DRAM held besides the pool's positions: the slots' places, free positions, owners."""
-        return 16 * used + 8 * len(self.free) + self.disk.memory_bytes
+        return self.place.nbytes(used) + 8 * len(self.free) + self.disk.memory_bytes
 
     def position_bytes(self) -> int:
         """DRAM one more position in the pool costs."""
@@ -186,9 +187,20 @@ class TieredRows:
             os.unlink(os.path.join(self.disk.directory, name))
 
     # -- moving rows ------------------------------------------------------------------------
+    def _place(self, slots: torch.Tensor) -> torch.Tensor:
+        """The places of ``slots`` as int64. Shape: (n,) -> (n, 2)."""
+        return self.place.gather(slots).long()
+
+    def _set_place(self, slots: torch.Tensor, place: torch.Tensor) -> None:
+        """Set the places of ``slots``; the whole column pair widens to 64 bits, once, when a
+        value outgrows 32 (a disk tier past 2^31 records: a terabyte of rows on one shard)."""
+        if self.place.dtype == torch.int32 and len(place) and int(place.max()) > NARROW:
+            self.place.widen(torch.int64)
+        self.place.scatter(slots, place.to(self.place.dtype))
+
     def _records(self, slots: torch.Tensor) -> torch.Tensor:
         """The records of ``slots`` (stored ones); those on disk come into memory."""
-        place = self.place.gather(slots)
+        place = self._place(slots)
         hot = place[:, POS] >= 0
         if bool(hot.all()):
             self._touch(place[:, POS])
@@ -218,13 +230,13 @@ class TieredRows:
             self.pool.scatter(pos, records[:fit])
             self.slot_of[pos] = slots[:fit]
             self.score[pos] = self.tick if self.policy == "lru" else 1
-            self.place.scatter(slots[:fit], torch.stack([pos, disk_records[:fit]], 1))
+            self._set_place(slots[:fit], torch.stack([pos, disk_records[:fit]], 1))
         if fit < len(slots):
             rest, recs = slots[fit:], disk_records[fit:]
             unwritten = (recs < 0).nonzero().flatten()
             if len(unwritten):
                 new = self.disk.append(records[fit:][unwritten].numpy(), rest[unwritten])
-                self.place.scatter(rest[unwritten], torch.stack([torch.full_like(new, -1), new], 1))
+                self._set_place(rest[unwritten], torch.stack([torch.full_like(new, -1), new], 1))
 
     def _positions(self, n: int) -> torch.Tensor:
         reused = self.free[len(self.free) - min(n, len(self.free)):]
@@ -259,12 +271,12 @@ class TieredRows:
         if not len(pos):
             return
         slots = self.slot_of[pos]
-        place = self.place.gather(slots)
+        place = self._place(slots)
         unwritten = (place[:, REC] < 0).nonzero().flatten()  # changed since read: written now
         for part in unwritten.split(WRITE_RECORDS):  # a batch at a time: the scratch stays small
             place[part, REC] = self.disk.append(self.pool.gather(pos[part]).numpy(), slots[part])
         place[:, POS] = -1
-        self.place.scatter(slots, place)
+        self._set_place(slots, place)
         self.slot_of[pos] = -1
         self.free = torch.cat([self.free, pos])
         self.counters["evicted_to_disk"] += len(pos)
@@ -277,27 +289,33 @@ class TieredRows:
                 self.counters["compactions_stopped"] += 1
 
     def compact(self, most: int | None = None) -> None:
-        """Rewrite the live records of the segments with the most garbage, until about half
-        the garbage is gone or ``most`` live records were moved (past one segment; None: no
-        bound), and drop those segments. A row in memory whose record is there loses it instead
-        (it is written when it leaves). Bounded, as it runs inside a request: unbounded, the
-        first compaction of a 42M-row tier would move millions of records at once, minutes in
-        which a job takes the shard for dead; the rest waits for the next requests."""
+        """Move the live records of the segments with the most garbage to the end of the tier,
+        :data:`WRITE_RECORDS` at a time, until about half the garbage is gone or ``most`` were
+        moved (None: no bound), and drop each segment left with none. A row in memory whose
+        record is there loses it instead (it is written when it leaves). Bounded in time, as it
+        runs inside a request (unbounded, the first compaction of a 42M-row tier moved millions
+        of records at once, minutes in which a job took the shard for dead), and in memory (a
+        whole segment's live records at once were hundreds of MB of scratch past the budget);
+        a segment left part moved is taken up again by the next requests."""
         moved = 0
         for seg in self.disk.sparse_segments(self.disk.dead // 2):
+            records, slots = self.disk.live_records(seg)
+            for part in torch.arange(len(records)).split(WRITE_RECORDS):
+                if most is not None and moved >= most:
+                    break
+                place = self._place(slots[part])
+                hot = place[:, POS] >= 0
+                place[hot, REC] = -1
+                cold = (~hot).nonzero().flatten()
+                if len(cold):
+                    place[cold, REC] = self.disk.append(self.disk.read(records[part][cold]), slots[part][cold])
+                self.disk.kill(records[part])
+                self._set_place(slots[part], place)
+                moved += len(part)
+            if self.disk.files[seg].live == 0:
+                self.disk.drop(seg)
             if most is not None and moved >= most:
                 break
-            records, slots = self.disk.live_records(seg)
-            moved += len(records)
-            place = self.place.gather(slots)
-            hot = place[:, POS] >= 0
-            place[hot, REC] = -1
-            cold = (~hot).nonzero().flatten()
-            if len(cold):
-                # moved, not killed: dropping the segment below takes them off its count
-                place[cold, REC] = self.disk.append(self.disk.read(records[cold]), slots[cold])
-            self.place.scatter(slots, place)
-            self.disk.drop(seg)
         self.counters["compactions"] += 1
 
     # -- persistence ------------------------------------------------------------------------
@@ -305,18 +323,18 @@ class TieredRows:
         """Write every row in memory without a current record to disk (they stay in memory)."""
         pos = (self.slot_of[:self.high] >= 0).nonzero().flatten()
         slots = self.slot_of[pos]
-        place = self.place.gather(slots)
+        place = self._place(slots)
         unwritten = (place[:, REC] < 0).nonzero().flatten()
         if len(unwritten):
             rows = self.pool.gather(pos[unwritten])
             place[unwritten, REC] = self.disk.append(rows.numpy(), slots[unwritten])
-            self.place.scatter(slots, place)
+            self._set_place(slots, place)
 
     def save(self, slots: torch.Tensor, directory: str) -> dict:
         """Link the disk tier into ``directory``, every row in memory written first; what a save
         holds to find the rows of ``slots`` there again (:meth:`load`)."""
         self.flush()
-        return {"records": self.place.gather(slots)[:, REC].clone(), "segments": self.disk.link_into(directory),
+        return {"records": self._place(slots)[:, REC].clone(), "segments": self.disk.link_into(directory),
                 "per_segment": self.disk.per_segment, "width": self.width, "checks": True}
 
     def load(self, slots: torch.Tensor, saved: dict, directory: str) -> None:
@@ -338,11 +356,11 @@ class TieredRows:
             owners = np.full(int(off[mine].max()) + 1 if len(mine) else 0, -1, dtype=np.int32)
             owners[off[mine].numpy()] = slots[mine].numpy()
             new[mine] = self.disk.adopt(os.path.join(directory, name), owners) * per + off[mine]
-        self.place.scatter(slots, torch.stack([torch.full_like(new, -1), new], 1))
+        self._set_place(slots, torch.stack([torch.full_like(new, -1), new], 1))
 
     def peek(self, slots: torch.Tensor) -> torch.Tensor:
         """The records of ``slots``, none of them moved. Shape: (n,) -> (n, width)."""
-        place = self.place.gather(slots)
+        place = self._place(slots)
         out = torch.empty(len(slots), self.width)
         hot = place[:, POS] >= 0
         out[hot] = self.pool.gather(place[hot, POS])
