@@ -302,3 +302,42 @@ def test_places_are_32_bit_until_a_record_number_outgrows_them(tmp_path, monkeyp
     assert widths[0] == torch.int32 and widths[-1] == torch.int64  # records passed 300 on the way
     assert int(t._place(torch.arange(100))[:, tiers.REC].max()) > 300
     t.close()
+
+
+def test_full_segments_keep_their_owners_on_disk_and_a_damaged_side_file_is_refused(tmp_path):
+    """DRAM holds the owners of the segment being written only; a full one's are in its checked
+    side file, which compaction reads back (a record live where its owner's place names it). A
+    damaged side file refuses compaction of its segment, which is not offered again; every row
+    reads as written."""
+    from het import files
+
+    t = TieredRows(dim=3, state_width=0, directory=str(tmp_path / "tier"), capacity=8, segment_bytes=16 * 32)
+    t.grow_to(400)
+    truth = torch.randn(400, 3)
+    t.scatter(torch.arange(400), truth, None)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(30):
+        slots = torch.randperm(400, generator=g)[:50]
+        truth[slots] = torch.randn(50, 3, generator=g)
+        t.scatter(slots, truth[slots], None)
+    current = t.disk.next // t.disk.per_segment
+    assert t.counters["compactions"] > 0 and len(t.disk.files) > 3
+    assert t.disk.memory_bytes <= 4 * 2 * t.disk.per_segment  # the open segment's owners, nothing a stored row
+    for s, f in t.disk.files.items():
+        assert os.path.exists(f.owners_path) == (s != current)
+    assert torch.equal(t.gather_weight(torch.arange(400)), truth)
+
+    t.disk.dead += 10_000  # garbage enough that any segment with some is offered
+    victim = t.disk.sparse_segments(1)[0]
+    path = t.disk.files[victim].owners_path
+    with open(path, "r+b") as f:  # one byte of the owners changed
+        f.seek(70)
+        b = f.read(1)
+        f.seek(70)
+        f.write(bytes([b[0] ^ 0xFF]))
+    with pytest.raises(files.DamagedFile, match="owners"):
+        t.compact()
+    assert victim not in t.disk.sparse_segments(10 ** 9) and victim in t.disk.files
+    t.disk.dead -= 10_000
+    assert torch.equal(t.gather_weight(torch.arange(400)), truth)
+    t.close()

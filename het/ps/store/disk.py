@@ -17,7 +17,12 @@ copies the disk tier. Segments whose records are mostly garbage are rewritten by
   the segments are opened ``POSIX_FADV_RANDOM``, no read-ahead). Without the native core, each
   segment is mapped read-only (``MADV_RANDOM``) and its records taken with one ``numpy.take``;
   then ``MADV_DONTNEED`` drops the mapped pages from the process's RSS.
-- **Memory**: per record its owner's slot (int32), to find the live records of a segment.
+- **Memory**: per segment a count of its live records; the slot that wrote each record (its
+  owner, int32) only while its segment is written. A full segment's owners go to a checked side
+  file (``seg-N.owners``, :mod:`het.arrayfile`), read again when the segment is compacted: there a
+  record is live when its owner's place still names it (:meth:`het.ps.store.tiers.TieredRows.compact`).
+  So a stored row costs its place and nothing per record, garbage included (4 bytes a record
+  were ~8 a row at the tier's one dead record a live one).
 
 Measured against a row file written in place, LMDB and RocksDB in docs/RESULTS.md ("Disk tier:
 candidate stores").
@@ -31,7 +36,7 @@ import os
 import numpy as np
 import torch
 
-from het import files, native
+from het import arrayfile, files, native
 
 SEGMENT_BYTES = 128 << 20  # a segment's size on disk (the last one is written as it fills)
 CHECK_RECORDS = 1 << 16  # records read back at once when a whole segment is checked
@@ -120,6 +125,8 @@ class Segments:
             f.own(off, owners[done:done + k].numpy())
             f.live += k
             f.written = off + k
+            if f.written == self.per_segment:  # full: its owners leave DRAM for their side file
+                f.close_owners()
             self.next += k
             done += k
         self.live += n
@@ -171,9 +178,7 @@ class Segments:
         local = (records - seg * self.per_segment).numpy()
         segs, counts = torch.unique(seg, return_counts=True)
         for s, c in zip(segs.tolist(), counts.tolist()):
-            f = self.files[s]
-            f.owners[local[(seg == s).numpy()]] = -1
-            f.live -= c
+            self.files[s].live -= c
         self.live -= len(records)
         self.dead += len(records)
 
@@ -182,7 +187,7 @@ class Segments:
         """Closed segments with the most garbage, until they hold ``want`` dead records (the
         current one, still filling, is never chosen)."""
         current = self.next // self.per_segment
-        closed = sorted((f.live - f.written, s) for s, f in self.files.items() if s != current)
+        closed = sorted((f.live - f.written, s) for s, f in self.files.items() if s != current and not f.unreadable)
         chosen, dead = [], 0
         for neg_dead, s in closed:
             if dead >= want or neg_dead == 0:
@@ -191,11 +196,18 @@ class Segments:
             dead -= neg_dead
         return chosen
 
-    def live_records(self, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """A segment's live records and their owners."""
+    def owned_records(self, seg: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A segment's records and the slot that wrote each (live or not: a record is live when
+        its owner's place still names it), read from its side file when the segment is full;
+        DamagedFile when that file is (the segment is not offered for compaction again)."""
         f = self.files[seg]
-        offs = np.flatnonzero(f.owners[:f.written] >= 0)
-        return torch.from_numpy(offs + seg * self.per_segment), torch.from_numpy(f.owners[offs].astype(np.int64))
+        try:
+            owners = f.read_owners()
+        except files.DamagedFile:
+            f.unreadable = True
+            raise
+        offs = np.flatnonzero(owners >= 0)
+        return torch.from_numpy(offs + seg * self.per_segment), torch.from_numpy(owners[offs].astype(np.int64))
 
     def drop(self, seg: int) -> None:
         """Forget a segment whose live records were moved: its file is unlinked (a save that
@@ -205,6 +217,8 @@ class Segments:
         self.dead -= f.written - f.live
         f.close()
         os.unlink(f.path)
+        if os.path.lexists(f.owners_path):
+            os.unlink(f.owners_path)
 
     def link_into(self, directory: str) -> dict[int, str]:
         """Hard-link every segment into ``directory`` (copied where links are impossible);
@@ -223,6 +237,7 @@ class Segments:
         f = self._open(seg, source=path)
         f.own(0, owners)
         f.written, f.live = len(owners), int((owners >= 0).sum())
+        f.close_owners()
         self.next = (seg + 1) * self.per_segment
         self.live += f.live
         self.dead += f.written - f.live
@@ -235,7 +250,7 @@ class Segments:
 
     @property
     def memory_bytes(self) -> int:
-        """DRAM this tier holds: the owners of every segment's records."""
+        """DRAM this tier holds: the owners of the records of the segments still written."""
         return sum(4 * len(f.owners) for f in self.files.values())
 
     def close(self) -> None:
@@ -245,8 +260,9 @@ class Segments:
 
     def _open(self, seg: int, source: str | None = None) -> "_Segment":
         path = os.path.join(self.directory, f"seg-{seg:06d}.rows")
-        if os.path.lexists(path):  # never written through: a save may hold a link to it
-            os.unlink(path)
+        for old in (path, _owners_path(path)):
+            if os.path.lexists(old):  # never written through: a save may hold a link to it
+                os.unlink(old)
         if source is not None:
             files.link_or_copy(source, path)
         f = _Segment(path, self.per_segment, self.record_bytes, self.width + 1)
@@ -254,12 +270,18 @@ class Segments:
         return f
 
 
+def _owners_path(path: str) -> str:
+    return path[:-len(".rows")] + ".owners"
+
+
 class _Segment:
     """One segment file: its descriptor, its read-only map (made on the first read), and the
-    owner of each record (-1: garbage or not written). ``width``: a record's words."""
+    owner of each record (-1: not written; garbage keeps its owner), in DRAM while the segment
+    is written, then in its side file. ``width``: a record's words."""
 
     def __init__(self, path: str, per_segment: int, record_bytes: int, width: int):
-        self.path, self.width = path, width
+        self.path, self.width, self.owners_path = path, width, _owners_path(path)
+        self.unreadable = False  # its side file was damaged: never compacted
         self.fd = files.open_own(path, os.O_RDWR | os.O_CREAT)
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)  # random records: read-ahead would waste the disk
         self.size = per_segment * record_bytes
@@ -267,6 +289,7 @@ class _Segment:
             os.ftruncate(self.fd, self.size)  # sparse: blocks are allocated as records are written
         self.owners = np.empty(0, dtype=np.int32)  # grows as records are written
         self.written = self.live = 0
+        self.closed = False  # full: its owners in the side file
         self._map: mmap.mmap | None = None
         self._rows: np.ndarray | None = None
 
@@ -278,6 +301,23 @@ class _Segment:
             grown[:len(self.owners)] = self.owners
             self.owners = grown
         self.owners[offset:end] = owners
+
+    def close_owners(self) -> None:
+        """Write the owners to the side file (checked, fsynced, renamed into place) and free them."""
+        arrayfile.write(self.owners_path, {"owners": self.owners[:self.written]}, {"segment": self.path})
+        self.owners = np.empty(0, dtype=np.int32)
+        self.closed = True
+
+    def read_owners(self) -> np.ndarray:
+        """The owner of each record written (from the side file once the segment is full)."""
+        if not self.closed:
+            return self.owners[:self.written]
+        _, arrays = arrayfile.read(self.owners_path)
+        owners = arrays["owners"]
+        if owners.dtype != np.int32 or len(owners) != self.written:
+            raise files.DamagedFile(f"{self.owners_path}: expected {self.written} int32 owners, "
+                                    f"got {len(owners)} {owners.dtype}")
+        return owners
 
     def rows(self) -> np.ndarray:
         if self._rows is None:

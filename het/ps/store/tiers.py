@@ -161,11 +161,11 @@ class TieredRows:
 
     def nbytes(self, used: int) -> int:
         """DRAM held: the slots' places, the pool (positions handed out), its per-position
-        arrays and the disk tier's record owners."""
+        arrays and the owners of the records of the segment being written."""
         return self.fixed_bytes(used) + (4 * self.width + 16) * self.high
 
     def fixed_bytes(self, used: int) -> int:
-        """DRAM held besides the pool's positions: the slots' places, free positions, owners."""
+        """DRAM held besides the pool's positions: the slots' places, free positions, the open segment's owners."""
         return self.place.nbytes(used) + 8 * len(self.free) + self.disk.memory_bytes
 
     def position_bytes(self) -> int:
@@ -299,7 +299,9 @@ class TieredRows:
         a segment left part moved is taken up again by the next requests."""
         moved = 0
         for seg in self.disk.sparse_segments(self.disk.dead // 2):
-            records, slots = self.disk.live_records(seg)
+            records, slots = self.disk.owned_records(seg)
+            live = (self._place(slots)[:, REC] == records).nonzero().flatten()  # its owner's place names it
+            records, slots = records[live], slots[live]
             for part in torch.arange(len(records)).split(WRITE_RECORDS):
                 if most is not None and moved >= most:
                     break
