@@ -151,8 +151,8 @@ class PSClient:
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
                   step: int = 1, grad_dtype: str = "f32", state: str | None = None,
                   sq: torch.Tensor | None = None) -> Handle:
-        """A push and a sync in one message per shard (more past the shards' ``max_keys``, the
-        pushes first); the push is applied first. ``state``: as :meth:`sync`'s; ``sq``: as
+        """A push and a sync in one message per shard (more past the shards' ``max_keys``, or
+        a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied first. ``state``: as :meth:`sync`'s; ``sq``: as
         :meth:`push`'s."""
         cfg = table_of(self.tables, table)
         push_keys, sync_keys = check_keys(cfg, push_keys).reshape(-1), check_keys(cfg, sync_keys).reshape(-1)
@@ -165,7 +165,8 @@ class PSClient:
                 **_state_meta(state), **({} if sq is None else {"sq": True})}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device, keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
-            messages = push_sync_parts(push_parts[shard], sync_part, self.max_keys)
+            messages = push_sync_parts(push_parts[shard], sync_part, self.max_keys,
+                                       sync_keys=self._part_keys(table, len(sync_part)))
             pushes = sum(1 for q, _ in messages if len(q))  # the push's parts come first
             for i, (q, p) in enumerate(messages):
                 if len(p) or len(q):

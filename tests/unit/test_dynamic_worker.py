@@ -121,6 +121,33 @@ def test_big_pulls_and_pushes_travel_in_parts_in_flight_together_and_give_what_o
     assert len(push.parts) == 4 and client.wait(push) == len(keys)
 
 
+def test_a_push_sync_of_many_keys_syncs_them_in_parts_and_gives_what_one_message_gives(monkeypatch):
+    """A push_sync whose sync names many keys (an evaluation's, its cache bound 0) sends them in
+    requests of about PART_BYTES of rows, after its push: a shard builds one part's reply at a
+    time, its scratch bounded by the part; the rows and clocks are those of one message."""
+    import het.ps.client as client_module
+
+    keys = torch.arange(-3000, 3000) * 7919
+    grads = torch.randn(100, DIM, generator=torch.Generator().manual_seed(4))
+    counts = torch.ones(100, dtype=torch.int64)
+    clocks = torch.full((len(keys),), -1, dtype=torch.int64)  # all misses: every row comes back
+    results = []
+    for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
+        monkeypatch.setattr(client_module, "PART_BYTES", part_bytes)
+        _, connect = shards([table()], 2)
+        client = connect()
+        both = client.push_sync("ids", keys[:100], grads, counts, keys, clocks, bound=0)
+        sizes = [len(p) for _, _, p in both.parts]
+        got = client.wait(both)
+        results.append((got.index, got.rows, got.clocks))
+        if part_bytes:
+            assert len(both.parts) == 2, sizes  # one request a shard
+        else:
+            assert len(both.parts) >= 6 and max(sizes) == 1024 and sum(sizes) == len(keys), sizes
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    assert results[0][0].tolist() == list(range(len(keys))) and int(results[0][2][:100].min()) == 1
+
 def test_initial_rows_of_negative_and_huge_keys_are_sane_and_deterministic():
     t = TableConfig("ids", rows=None, dim=16, init_scale=0.1)
     keys = np.array([EMPTY, LO, HI, 0, 1, -2, 2**62, -(2**62), 2**60, -(2**60)], dtype=np.int64)

@@ -171,8 +171,10 @@ def cut(positions: torch.Tensor, max_keys: int) -> list[torch.Tensor]:
     return [positions[lo:lo + max_keys] for lo in range(0, len(positions), max_keys)]
 
 
-def push_sync_parts(push: torch.Tensor, sync: torch.Tensor, max_keys: int) -> list[tuple]:
-    """One shard's push and sync positions in messages of at most ``max_keys`` keys each, every
+def push_sync_parts(push: torch.Tensor, sync: torch.Tensor, max_keys: int, sync_keys: int | None = None) -> list[tuple]:
+    """One shard's push and sync positions in messages of at most ``max_keys`` keys each, and
+    at most ``sync_keys`` synced keys each (a sync of many keys, as an evaluation's, travels in
+    parts whose replies a shard builds one at a time, with scratch in proportion to each), every
     push before any sync: a shard applies a client's requests in order, so no sync of this
     push_sync reads a row before its push is applied. ``[(push (k,), sync (m,)), ...]``.
 
@@ -181,7 +183,10 @@ def push_sync_parts(push: torch.Tensor, sync: torch.Tensor, max_keys: int) -> li
         [([0, 1], []), ([2], [0, 1]), ([], [2])]
         >>> [(q.tolist(), p.tolist()) for q, p in push_sync_parts(torch.arange(2), torch.arange(1), 2)]
         [([0, 1], [0])]
+        >>> [(q.tolist(), p.tolist()) for q, p in push_sync_parts(torch.arange(1), torch.arange(5), 4, sync_keys=2)]
+        [([0], [0, 1]), ([], [2, 3]), ([], [4])]
     """
-    pushes, syncs = cut(push, max_keys) or [push[:0]], cut(sync, max_keys) or [sync[:0]]
+    pushes = cut(push, max_keys) or [push[:0]]
+    syncs = cut(sync, min(max_keys, sync_keys or max_keys)) or [sync[:0]]
     return ([(q, sync[:0]) for q in pushes[:-1]] + [(pushes[-1], syncs[0])]
             + [(push[:0], p) for p in syncs[1:]])
