@@ -88,31 +88,48 @@ def test_requests_cut_to_max_keys_give_what_uncut_ones_give(max_keys):
     assert results[0][2].tolist() == list(range(len(keys)))  # every row changed by the push it rode with
 
 
+KEYS_6000 = torch.arange(-3000, 3000) * 7919
+
+
+def _whole_then_in_parts(monkeypatch, requests) -> tuple:
+    """``requests(client)`` -> (a handle, its result), run with parts of PART_BYTES (one request
+    a shard) and of the floor (1,024 keys) on two shards of 6,000 keys: the handle's parts
+    counted, the two results equal; the first."""
+    import het.ps.client as client_module
+
+    results = []
+    for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
+        monkeypatch.setattr(client_module, "PART_BYTES", part_bytes)
+        _, connect = shards([table()], 2)
+        handle, result = requests(connect())
+        sizes = [len(p) for _, _, p in handle.parts]
+        if part_bytes:
+            assert len(handle.parts) == 2, sizes  # one request a shard
+        else:
+            assert len(handle.parts) >= 6 and max(sizes) == 1024 and sum(sizes) == len(KEYS_6000), sizes
+        results.append(result)
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+    return results[0]
+
+
 def test_big_pulls_and_pushes_travel_in_parts_in_flight_together_and_give_what_one_message_gives(monkeypatch):
     """A flush's push or a bulk pull of many rows goes in requests of about PART_BYTES of rows
     (at least 1,024 keys), all sent before any is waited for; the rows are those of whole ones."""
     import het.ps.client as client_module
 
-    keys = torch.arange(-3000, 3000) * 7919
+    keys = KEYS_6000
     grads = torch.randn(len(keys), DIM, generator=torch.Generator().manual_seed(2))
     counts = torch.ones(len(keys), dtype=torch.int64)
-    results = []
-    for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
-        monkeypatch.setattr(client_module, "PART_BYTES", part_bytes)
-        _, connect = shards([table()], 2)
-        client = connect()
+
+    def push_then_pull(client):
         push = client.push("ids", keys, grads, counts)
         pull = client.pull("ids", keys.flip(0))  # in flight beside the push's parts, after them
-        sizes = [len(p) for _, _, p in push.parts]
         assert client.wait(push) == len(keys)
-        results.append(client.wait(pull))
-        if part_bytes:
-            assert len(push.parts) == 2, sizes  # one request a shard
-        else:
-            assert len(push.parts) >= 6 and max(sizes) == 1024 and sum(sizes) == len(keys), sizes
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
-    assert torch.equal(results[0][1], torch.ones(len(keys), dtype=torch.int64))
+        return push, client.wait(pull)
+
+    rows, clocks = _whole_then_in_parts(monkeypatch, push_then_pull)
+    assert torch.equal(clocks, torch.ones(len(keys), dtype=torch.int64))
     # never more than MAX_PARTS requests to a shard: bigger parts instead
     monkeypatch.setattr(client_module, "MAX_PARTS", 2)
     _, connect = shards([table()], 2)
@@ -125,28 +142,19 @@ def test_a_push_sync_of_many_keys_syncs_them_in_parts_and_gives_what_one_message
     """A push_sync whose sync names many keys (an evaluation's, its cache bound 0) sends them in
     requests of about PART_BYTES of rows, after its push: a shard builds one part's reply at a
     time, its scratch bounded by the part; the rows and clocks are those of one message."""
-    import het.ps.client as client_module
-
-    keys = torch.arange(-3000, 3000) * 7919
+    keys = KEYS_6000
     grads = torch.randn(100, DIM, generator=torch.Generator().manual_seed(4))
     counts = torch.ones(100, dtype=torch.int64)
     clocks = torch.full((len(keys),), -1, dtype=torch.int64)  # all misses: every row comes back
-    results = []
-    for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
-        monkeypatch.setattr(client_module, "PART_BYTES", part_bytes)
-        _, connect = shards([table()], 2)
-        client = connect()
+
+    def push_sync(client):
         both = client.push_sync("ids", keys[:100], grads, counts, keys, clocks, bound=0)
-        sizes = [len(p) for _, _, p in both.parts]
         got = client.wait(both)
-        results.append((got.index, got.rows, got.clocks))
-        if part_bytes:
-            assert len(both.parts) == 2, sizes  # one request a shard
-        else:
-            assert len(both.parts) >= 6 and max(sizes) == 1024 and sum(sizes) == len(keys), sizes
-    for a, b in zip(*results):
-        assert torch.equal(a, b)
-    assert results[0][0].tolist() == list(range(len(keys))) and int(results[0][2][:100].min()) == 1
+        return both, (got.index, got.rows, got.clocks)
+
+    index, _, got_clocks = _whole_then_in_parts(monkeypatch, push_sync)
+    assert index.tolist() == list(range(len(keys))) and int(got_clocks[:100].min()) == 1
+
 
 def test_initial_rows_of_negative_and_huge_keys_are_sane_and_deterministic():
     t = TableConfig("ids", rows=None, dim=16, init_scale=0.1)
