@@ -152,8 +152,8 @@ class PSClient:
                   step: int = 1, grad_dtype: str = "f32", state: str | None = None,
                   sq: torch.Tensor | None = None) -> Handle:
         """A push and a sync in one message per shard (more past the shards' ``max_keys``, or
-        a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied first. ``state``: as :meth:`sync`'s; ``sq``: as
-        :meth:`push`'s."""
+        a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied
+        first. ``state``: as :meth:`sync`'s; ``sq``: as :meth:`push`'s."""
         cfg = table_of(self.tables, table)
         push_keys, sync_keys = check_keys(cfg, push_keys).reshape(-1), check_keys(cfg, sync_keys).reshape(-1)
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)

@@ -21,8 +21,8 @@ copies the disk tier. Segments whose records are mostly garbage are rewritten by
   owner, int32) only while its segment is written. A full segment's owners go to a checked side
   file (``seg-N.owners``, :mod:`het.arrayfile`), read again when the segment is compacted: there a
   record is live when its owner's place still names it (:meth:`het.ps.store.tiers.TieredRows.compact`).
-  So a stored row costs its place and nothing per record, garbage included (4 bytes a record
-  were ~8 a row at the tier's one dead record a live one).
+  So a stored row costs its place and nothing per record, garbage included (owners in DRAM
+  would cost 4 bytes a record: ~8 a row, with the tier's one dead record a live one).
 
 Measured against a row file written in place, LMDB and RocksDB in docs/RESULTS.md ("Disk tier:
 candidate stores").

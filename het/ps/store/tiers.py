@@ -292,11 +292,11 @@ class TieredRows:
         """Move the live records of the segments with the most garbage to the end of the tier,
         :data:`WRITE_RECORDS` at a time, until about half the garbage is gone or ``most`` were
         moved (None: no bound), and drop each segment left with none. A row in memory whose
-        record is there loses it instead (it is written when it leaves). Bounded in time, as it
-        runs inside a request (unbounded, the first compaction of a 42M-row tier moved millions
-        of records at once, minutes in which a job took the shard for dead), and in memory (a
-        whole segment's live records at once were hundreds of MB of scratch past the budget);
-        a segment left part moved is taken up again by the next requests."""
+        record is there loses it instead (it is written when it leaves). Bounded, as it runs
+        inside a request: in time (a 42M-row tier's garbage is millions of records, minutes of
+        cold reads in which a job would take the shard for dead) and in memory (a whole
+        segment's live records at once are hundreds of MB of scratch past the budget); a
+        segment left part moved is taken up again by the next requests."""
         moved = 0
         for seg in self.disk.sparse_segments(self.disk.dead // 2):
             records, slots = self.disk.owned_records(seg)
