@@ -15,6 +15,13 @@ the shard's handling of requests (its ``busy_s``, wall time); ``wait_pull_ms_per
 ``zmq_echo_cpu_ms_per_round_trip``. ``cpu_bound_ps_fraction``: the most ``ps_fraction`` that
 ``cores`` allow, given the CPU the two processes spent a step (``cpu_ms_per_step``): a step
 cannot take less than that CPU shared out over the cores.
+
+What the step's CPU is beside raw ZeroMQ's: ``cpu_over_zmq``, ``cpu_ms_per_step`` over
+``zmq_cpu_ms_per_round_trip``; and the same messages as a step's, a pull's request and reply then
+a push's, each of its own bytes, in the same run: ``zmq_pull_push_cpu_ms_per_step`` (raw ZeroMQ
+with a PS that costs nothing but its messages) and ``cpu_over_zmq_pull_push``. Of each process's
+CPU, the thread that makes or answers the requests (``*_main_cpu_*``: het's own work, or the raw
+run's loop); the rest is ZeroMQ's I/O thread moving the bytes.
 """
 
 from __future__ import annotations
@@ -34,37 +41,53 @@ from het.ps.partition import mix
 from het.ps.server import ServerProcess
 
 
-def _echo(address_queue, reply_bytes: int, server_secret: bytes | None = None) -> None:
-    """A ROUTER that answers every request with ``reply_bytes`` bytes, until told 'stop'; with a
-    CURVE ``server_secret`` key, over ZeroMQ's CURVE security (encrypted, authenticated)."""
+def _echo(address_queue, reply_bytes: list, server_secret: bytes | None = None) -> None:
+    """A ROUTER that answers a request tagged ``i`` with ``reply_bytes[i]`` bytes, until told
+    'stop'; with a CURVE ``server_secret`` key, over ZeroMQ's CURVE security (encrypted,
+    authenticated)."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     if server_secret is not None:
         sock.curve_server = True
         sock.curve_secretkey = server_secret
     port = sock.bind_to_random_port("tcp://127.0.0.1")
     address_queue.put(f"tcp://127.0.0.1:{port}")
-    payload = np.zeros(reply_bytes, dtype=np.uint8)
-    cpu0 = time.process_time()
+    payloads = [np.zeros(n, dtype=np.uint8) for n in reply_bytes]
+    cpu0, main0 = time.process_time(), time.thread_time()
     while True:
         peer, *frames = sock.recv_multipart(copy=False)
         if bytes(frames[0]) == b"start":  # the clock starts: CPU seconds from here on
-            cpu0 = time.process_time()
+            cpu0, main0 = time.process_time(), time.thread_time()
             sock.send_multipart([peer, b"go"])
             continue
-        if bytes(frames[0]) == b"stop":  # the echo's CPU seconds since "start", every thread's
-            sock.send_multipart([peer, str(time.process_time() - cpu0).encode()])
+        if bytes(frames[0]) == b"stop":  # the echo's CPU seconds since "start": every thread's, this one's
+            sock.send_multipart([peer, f"{time.process_time() - cpu0} {time.thread_time() - main0}".encode()])
             break
-        sock.send_multipart([peer, payload], copy=False)
+        sock.send_multipart([peer, payloads[int(bytes(frames[0]))]], copy=False)
     sock.close(linger=1000)
 
 
 def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = False) -> dict:
     """Round trips of ``request_bytes`` out and ``reply_bytes`` back over a DEALER socket; with
     ``curve``, over ZeroMQ's CURVE security (every frame encrypted and authenticated)."""
+    r = _exchanges([(request_bytes, reply_bytes)], seconds, curve)
+    ms = 1e3 / r["rounds"]
+    return {"zmq_bytes_per_s": r["moved"] / r["elapsed"], "zmq_round_trips": r["rounds"],
+            "zmq_ms_per_round_trip": r["elapsed"] * ms, "zmq_client_cpu_ms_per_round_trip": r["cpu"] * ms,
+            "zmq_echo_cpu_ms_per_round_trip": r["echo_cpu"] * ms,
+            "zmq_client_main_cpu_ms_per_round_trip": r["main_cpu"] * ms,
+            "zmq_echo_main_cpu_ms_per_round_trip": r["echo_main_cpu"] * ms}
+
+
+def _exchanges(sizes: list, seconds: float, curve: bool = False) -> dict:
+    """Rounds of the exchanges ``sizes`` ``[(request bytes, reply bytes), ...]`` in turn, two
+    requests in flight, as the PS loop keeps them, for ``seconds``: the ``rounds``, the seconds
+    (``elapsed``), the CPU seconds of this process and of the echo, every thread's (``cpu``,
+    ``echo_cpu``) and the one making or answering requests' (``main_cpu``, ``echo_main_cpu``),
+    and the bytes ``moved``."""
     server_public, server_secret = zmq.curve_keypair() if curve else (None, None)
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_echo, args=(q, reply_bytes, server_secret), daemon=True)
+    proc = ctx.Process(target=_echo, args=(q, [rep for _, rep in sizes], server_secret), daemon=True)
     proc.start()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     if curve:
@@ -72,28 +95,28 @@ def raw_zmq(request_bytes: int, reply_bytes: int, seconds: float, curve: bool = 
         sock.curve_serverkey = server_public
     try:
         sock.connect(q.get(timeout=60))
-        payload = np.ones(request_bytes, dtype=np.uint8)
+        requests = [[str(i).encode(), np.ones(req, dtype=np.uint8)] for i, (req, _) in enumerate(sizes)]
         sock.send(b"start")
         sock.recv()
-        moved, rounds, t0, cpu0 = 0, 0, time.perf_counter(), time.process_time()
-        sock.send_multipart([b"x", payload], copy=False)
-        while time.perf_counter() - t0 < seconds or rounds < 3:
-            sock.send_multipart([b"x", payload], copy=False)  # two in flight, as the PS loop keeps
+        moved, sent, replies, t0, cpu0, main0 = 0, 1, 0, time.perf_counter(), time.process_time(), time.thread_time()
+        sock.send_multipart(requests[0], copy=False)
+        while time.perf_counter() - t0 < seconds or replies < 3 * len(sizes) or replies % len(sizes):
+            sock.send_multipart(requests[sent % len(sizes)], copy=False)
+            sent += 1
             frames = sock.recv_multipart(copy=False)
-            moved += 1 + request_bytes + len(frames[0].buffer)
-            rounds += 1
+            moved += len(requests[replies % len(sizes)][0]) + sizes[replies % len(sizes)][0] + len(frames[0].buffer)
+            replies += 1
         sock.recv_multipart(copy=False)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        elapsed, cpu, main_cpu = time.perf_counter() - t0, time.process_time() - cpu0, time.thread_time() - main0
         sock.send(b"stop")
-        echo_cpu = float(sock.recv())
+        echo_cpu, echo_main_cpu = map(float, sock.recv().split())
     finally:
         sock.close(linger=0)
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    ms = 1e3 / rounds
-    return {"zmq_bytes_per_s": moved / elapsed, "zmq_round_trips": rounds, "zmq_ms_per_round_trip": elapsed * ms,
-            "zmq_client_cpu_ms_per_round_trip": cpu * ms, "zmq_echo_cpu_ms_per_round_trip": echo_cpu * ms}
+    return {"rounds": replies // len(sizes), "elapsed": elapsed, "cpu": cpu, "echo_cpu": echo_cpu,
+            "main_cpu": main_cpu, "echo_main_cpu": echo_main_cpu, "moved": moved}
 
 
 def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float = 5.0,
@@ -116,6 +139,8 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
         # a step's bytes each way as the PS run measured them, in one request and one reply
         sizes = {"request_bytes": fixed.pop("sent_per_step"), "reply_bytes": fixed.pop("received_per_step")}
         raw = raw_zmq(**sizes, seconds=seconds)
+        two = _exchanges(fixed.pop("exchanges"), seconds)  # the step's own messages
+        raw["zmq_pull_push_cpu_ms_per_step"] = (two["cpu"] + two["echo_cpu"]) * 1e3 / two["rounds"]
         out = {"bench": "ps", "batch": batch, "dim": dim, "rows": rows, "optimizer": optimizer, **fixed, **raw}
         if dynamic:
             dyn_shard = stack.enter_context(_Shard(TableConfig("bench", rows=None, dim=dim, optimizer=opt), rows,
@@ -125,7 +150,7 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
                 f = fixed if r == 0 else fixed_shard.measure(batches, seconds)
                 d = dyn_shard.measure(spread, seconds)
                 fractions.append(d["rows_per_s"] / f["rows_per_s"])
-            d.pop("sent_per_step"), d.pop("received_per_step")
+            d.pop("sent_per_step"), d.pop("received_per_step"), d.pop("exchanges")
             out.update({f"dynamic_{k}": v for k, v in d.items()})  # the last round's
             out["dynamic_fractions"] = fractions
             out["dynamic_fraction"] = float(np.median(fractions))
@@ -137,6 +162,8 @@ def run(batch: int = 4096, dim: int = 128, rows: int = 200_000, seconds: float =
     out["cpu_ms_per_step"] = out["client_cpu_ms_per_step"] + out["shard_cpu_ms_per_step"]
     out["zmq_cpu_ms_per_round_trip"] = out["zmq_client_cpu_ms_per_round_trip"] + out["zmq_echo_cpu_ms_per_round_trip"]
     out["cpu_bound_ps_fraction"] = out["zmq_ms_per_round_trip"] * out["cores"] / out["cpu_ms_per_step"]
+    out["cpu_over_zmq"] = out["cpu_ms_per_step"] / out["zmq_cpu_ms_per_round_trip"]
+    out["cpu_over_zmq_pull_push"] = out["cpu_ms_per_step"] / out["zmq_pull_push_cpu_ms_per_step"]
     if curve:
         secure = raw_zmq(**sizes, seconds=seconds, curve=True)
         out["zmq_curve_bytes_per_s"] = secure["zmq_bytes_per_s"]
@@ -177,10 +204,15 @@ class _Shard:
                 keys = self.ids(torch.arange(lo, min(rows, lo + batch)))
                 client.wait(client.push("bench", keys, grads[:len(keys)], counts[:len(keys)]))
             self.filled = True
+        exchanges = []  # a pull's bytes each way, then a push's
+        for send in (lambda: client.pull("bench", batches[0]), lambda: client.push("bench", batches[0], grads, counts)):
+            sent0, recv0 = client.bytes["sent"], client.bytes["received"]
+            client.wait(send())
+            exchanges.append((client.bytes["sent"] - sent0, client.bytes["received"] - recv0))
         before = client.stats()[0]
-        busy0, shard_cpu0 = before.get("busy_s", 0.0), before["process_cpu_s"]
+        busy0, shard_cpu0, shard_main0 = before.get("busy_s", 0.0), before["process_cpu_s"], before["thread_cpu_s"]
         steps, waited_pull, waited_push = 0, 0.0, 0.0
-        t0, cpu0 = time.perf_counter(), time.process_time()
+        t0, cpu0, main0 = time.perf_counter(), time.process_time(), time.thread_time()
         sent0, recv0 = client.bytes["sent"], client.bytes["received"]
         pull = client.pull("bench", batches[0])
         while time.perf_counter() - t0 < seconds or steps < 3:
@@ -196,15 +228,17 @@ class _Shard:
             waited_pull, waited_push = waited_pull + w1 - w0, waited_push + time.perf_counter() - w2
             steps += 1
         client.wait(pull)
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - cpu0
+        elapsed, cpu, main = time.perf_counter() - t0, time.process_time() - cpu0, time.thread_time() - main0
         sent, received = client.bytes["sent"] - sent0, client.bytes["received"] - recv0
         shard = client.stats()[0]
         ms = 1e3 / steps  # where a step goes: the client's CPU (all its threads), the shard's handling, the waits
         return {"steps": steps, "rows_per_s": 2 * batch * steps / elapsed, "bytes_per_s": (sent + received) / elapsed,
-                "sent_per_step": round(sent / steps), "received_per_step": round(received / steps),
+                "sent_per_step": round(sent / steps), "received_per_step": round(received / steps), "exchanges": exchanges,
                 "shard_bytes": shard["tables"]["bench"]["bytes"], "ms_per_step": elapsed * ms,
                 "client_cpu_ms_per_step": cpu * ms, "shard_busy_ms_per_step": (shard.get("busy_s", 0.0) - busy0) * ms,
                 "shard_cpu_ms_per_step": (shard["process_cpu_s"] - shard_cpu0) * ms,
+                "client_main_cpu_ms_per_step": main * ms,
+                "shard_main_cpu_ms_per_step": (shard["thread_cpu_s"] - shard_main0) * ms,
                 "wait_pull_ms_per_step": waited_pull * ms, "wait_push_ms_per_step": waited_push * ms}
 
 

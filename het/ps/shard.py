@@ -381,9 +381,11 @@ class Shard:
     def stats_dict(self) -> dict:
         """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het
         serve``'s, or the caller's for a shard in a thread) resident memory now and at its peak,
-        CPU seconds of every thread (ZeroMQ's too: ``process_cpu_s``) and torch threads."""
+        CPU seconds of every thread (ZeroMQ's too: ``process_cpu_s``) and of the thread that
+        answers requests (``thread_cpu_s``: the shard's own work, the rest is ZeroMQ's I/O), and
+        torch threads."""
         return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started, index=self.cfg.index,
-                    process_cpu_s=time.process_time(),
+                    process_cpu_s=time.process_time(), thread_cpu_s=time.thread_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
                     rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
                     sessions=len(self.sessions))

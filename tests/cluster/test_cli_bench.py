@@ -93,6 +93,17 @@ def test_bench_ps_reports_both_bandwidths():
         result["zmq_ms_per_round_trip"] * result["cores"] / result["cpu_ms_per_step"])
     assert result["zmq_client_cpu_ms_per_round_trip"] > 0 and result["zmq_echo_cpu_ms_per_round_trip"] > 0
     assert result["zmq_ms_per_round_trip"] * result["zmq_round_trips"] >= 1e3 * 0.3  # it ran --seconds at least
+    # the step's CPU over raw ZeroMQ's, of one round trip and of the step's own two messages
+    assert result["cpu_over_zmq"] == result["cpu_ms_per_step"] / result["zmq_cpu_ms_per_round_trip"]
+    assert result["zmq_pull_push_cpu_ms_per_step"] > 0
+    assert result["cpu_over_zmq_pull_push"] == result["cpu_ms_per_step"] / result["zmq_pull_push_cpu_ms_per_step"]
+    assert "exchanges" not in result and "dynamic_exchanges" not in result
+    # of each process's CPU, the thread making or answering requests: a part of it
+    for main, whole in (("client_main_cpu_ms_per_step", "client_cpu_ms_per_step"),
+                        ("shard_main_cpu_ms_per_step", "shard_cpu_ms_per_step"),
+                        ("zmq_client_main_cpu_ms_per_round_trip", "zmq_client_cpu_ms_per_round_trip"),
+                        ("zmq_echo_main_cpu_ms_per_round_trip", "zmq_echo_cpu_ms_per_round_trip")):
+        assert 0 < result[main] <= result[whole], (main, result[main], result[whole])
 
 
 def test_demo_trains_against_a_shard_process_and_reports_its_hit_rate():

@@ -1,0 +1,131 @@
+"""The CPU of ``het bench ps``'s step without ZeroMQ: a pull of 4,096 rows of dim 128 and a push
+of their gradients (SGD, 200,000 rows all stored, 64 batches of random rows in turn), in one
+thread. The client's side: its requests built and its replies merged, the shard's replies made
+beforehand; the shard's side: ``Shard.handle_frames`` of the client's requests, the native
+kernels' share (the reply's gather, the push, the NaN checks) timed apart. Milliseconds a step,
+the median of five runs:
+
+    .venv/bin/python docs/scripts/request_path_cpu.py [--steps 1500]
+"""
+
+import argparse
+import json
+import time
+
+import torch
+
+from het import native
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.ps.shard import Shard
+from het.ps.wire.protocol import Message, decode, encode
+
+ROWS, BATCH, DIM = 200_000, 4096, 128
+KERNELS = ("gather_touched", "table_push", "all_finite")
+
+
+class _Channel:
+    """A client's channel to ``shard`` in this thread. ``replay``: answer each op with the reply
+    it got last (under the new request's id), the shard untouched; ``hold``: keep the requests
+    unanswered, for the shard to take later."""
+
+    def __init__(self, shard: Shard):
+        self.shard, self.address, self.replies, self.last, self.held = shard, "in-process", [], {}, []
+        self.replay = self.hold = False
+
+    def send(self, frames) -> None:
+        request = decode(frames)
+        if self.hold:
+            self.held.append(list(frames))
+            return
+        if self.replay and request.op in self.last:
+            m = self.last[request.op]
+            self.replies.append(encode(Message(m.op, request.request_id, m.meta, m.arrays, m.status)))
+            return
+        out = self.shard.handle_frames(frames)
+        self.last[request.op] = decode(out, what="reply")
+        self.replies.append(out)
+
+    def recv(self, timeout_s):
+        return self.replies.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
+def _steps(client: PSClient, batches: list, grads, counts, n: int) -> None:
+    pull = client.pull("t", batches[0])
+    for i in range(n):
+        client.wait(pull)
+        push = client.push("t", batches[i % len(batches)], grads, counts)
+        pull = client.pull("t", batches[(i + 1) % len(batches)])
+        client.wait(push)
+    client.wait(pull)
+
+
+def _requests(client: PSClient, batches: list, grads, counts, n: int) -> None:
+    """The requests of ``n`` steps, sent and not waited for."""
+    for i in range(n):
+        client.pull("t", batches[i % len(batches)])
+        client.push("t", batches[i % len(batches)], grads, counts)
+    client.link._waiting[0].clear()
+
+
+def _timed_kernels(spent: dict) -> None:
+    """Wrap the native kernels a step calls so that their thread CPU adds up in ``spent``."""
+    for name in KERNELS:
+        op = getattr(native.ops, name)
+
+        def timed(*args, _op=op, _name=name):
+            start = time.thread_time()
+            try:
+                return _op(*args)
+            finally:
+                spent[_name] += time.thread_time() - start
+
+        setattr(native.ops, name, timed)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=1500)
+    args = p.parse_args()
+    if native.ops is None:
+        raise SystemExit("het.native is not built: run make")
+    torch.set_num_threads(1)
+    shard = Shard(ShardConfig((TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01)),)))
+    channel = _Channel(shard)
+    client = PSClient([channel])
+    rng = torch.Generator().manual_seed(0)
+    batches = [torch.randperm(ROWS, generator=rng)[:BATCH] for _ in range(64)]
+    grads, counts = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
+    for lo in range(0, ROWS, BATCH):  # every row stored
+        keys = torch.arange(lo, min(ROWS, lo + BATCH))
+        client.wait(client.push("t", keys, grads[:len(keys)], counts[:len(keys)]))
+    spent = dict.fromkeys(KERNELS, 0.0)
+    _timed_kernels(spent)
+    runs = []
+    for _ in range(5):
+        channel.replay = True  # the client alone
+        start = time.thread_time()
+        _steps(client, batches, grads, counts, args.steps)
+        client_ms = (time.thread_time() - start) * 1e3 / args.steps
+        channel.replay, channel.hold = False, True  # the requests, for the shard alone
+        _requests(client, batches, grads, counts, args.steps)
+        channel.hold, held = False, channel.held[:]
+        channel.held.clear()
+        for k in spent:
+            spent[k] = 0.0
+        start = time.thread_time()
+        for frames in held:
+            shard.handle_frames(frames)
+        shard_ms = (time.thread_time() - start) * 1e3 / args.steps
+        runs.append({"client_ms": client_ms, "shard_ms": shard_ms,
+                     **{f"shard_{k}_ms": v * 1e3 / args.steps for k, v in spent.items()}})
+    median = {k: sorted(r[k] for r in runs)[2] for k in runs[0]}
+    median["shard_python_ms"] = median["shard_ms"] - sum(median[f"shard_{k}_ms"] for k in KERNELS)
+    print(json.dumps({k: round(v, 4) for k, v in median.items()}))
+
+
+if __name__ == "__main__":
+    main()
