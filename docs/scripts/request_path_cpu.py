@@ -91,7 +91,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1500)
     args = p.parse_args()
     if native.ops is None:
-        raise SystemExit("het.native is not built: run make")
+        raise SystemExit("the native core is not built: run `make native`")
     torch.set_num_threads(1)
     shard = Shard(ShardConfig((TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01)),)))
     channel = _Channel(shard)
