@@ -263,9 +263,9 @@ class TrainConfig:
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     dense_compression: DenseCompression = setting(DenseCompression.BF16, "how the dense AllReduce's gradients "
-                                                  "travel: bf16 or fp16 take half the bytes (bf16: AUC unchanged "
-                                                  "at 1,000 steps), none float32 (exact), powersgd low-rank "
-                                                  "factors with error feedback (DDP's hooks)")
+                                                  "travel (modes het, hybrid): bf16 or fp16 take half the bytes "
+                                                  "(bf16: AUC unchanged at 1,000 steps), none float32 (exact), "
+                                                  "powersgd low-rank factors with error feedback (DDP's hooks)")
     powersgd_rank: int = setting(4, "with dense_compression powersgd: the rank of its factors")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
