@@ -1,0 +1,130 @@
+"""The least CPU any PS request path can spend on ``het bench ps``'s step on this machine: the
+same ZeroMQ sockets and bytes as the bench's raw run, and a shard that does only the work no
+implementation can skip, with het's own table and native kernels: a pull gathers its 4,096 rows
+of dim 128 and their clocks out of a table of 200,000; a push checks its gradients are finite
+and applies them (SGD, clocks counted). No header, no checks of the request, no Python between
+frame and table beyond the calls themselves. Printed: CPU milliseconds a step (both processes, every thread)
+for that floor and for the raw echo of the same bytes, measured in turn, and their ratio, the
+median of the rounds:
+
+    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3]
+"""
+
+import argparse
+import json
+import multiprocessing as mp
+import statistics
+import time
+
+import numpy as np
+import torch
+import zmq
+
+from het import native
+from het.config import OptimizerConfig, TableConfig
+from het.ps.store.fixed import FixedRows
+
+ROWS, BATCH, DIM = 200_000, 4096, 128
+PULL = (BATCH * 8, BATCH * DIM * 4 + BATCH * 8)  # keys out; rows and clocks back
+PUSH = (BATCH * 8 + BATCH * DIM * 4 + BATCH * 4, 64)  # keys, gradients, counts out; an ack back
+
+
+def _shard(address_queue, work: bool) -> None:
+    """A ROUTER answering pulls (tag 0) and pushes (tag 1); with ``work`` it gathers and applies,
+    without it echoes bytes of the reply's size (the raw run)."""
+    torch.set_num_threads(1)
+    sock = zmq.Context.instance().socket(zmq.ROUTER)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    address_queue.put(f"tcp://127.0.0.1:{port}")
+    table = FixedRows(TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01)), 0, 1)
+    rows, ack = np.zeros(PULL[1], dtype=np.uint8), np.zeros(PUSH[1], dtype=np.uint8)
+    cpu0 = time.process_time()
+    while True:
+        peer, *frames = sock.recv_multipart(copy=False)
+        tag = bytes(frames[0])
+        if tag == b"start":
+            cpu0 = time.process_time()
+            sock.send_multipart([peer, b"go"])
+            continue
+        if tag == b"stop":
+            sock.send_multipart([peer, str(time.process_time() - cpu0).encode()])
+            break
+        body = frames[1].buffer
+        if tag == b"0":
+            if work:
+                keys = torch.frombuffer(body, dtype=torch.int64)
+                sent, _ = table.rows_to_send(keys, lazy=False)
+                sock.send_multipart([peer, sent[0], table.clocks_of(keys).numpy()], copy=False)
+            else:
+                sock.send_multipart([peer, rows], copy=False)
+        else:
+            if work:
+                raw = torch.frombuffer(body, dtype=torch.uint8)
+                keys = raw[:BATCH * 8].view(torch.int64)
+                grads = raw[BATCH * 8:BATCH * 8 + BATCH * DIM * 4].view(torch.float32).view(BATCH, DIM)
+                counts = raw[BATCH * 8 + BATCH * DIM * 4:].view(torch.int32).to(torch.int64)
+                if not native.ops.all_finite(grads):
+                    raise ValueError("a gradient is not finite")
+                table.push(keys, grads, counts, 1)
+            sock.send_multipart([peer, ack], copy=False)
+    sock.close(linger=1000)
+
+
+def _round(work: bool, seconds: float) -> float:
+    """CPU ms a step (a pull and a push, two requests in flight) of both processes."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_shard, args=(q, work), daemon=True)
+    proc.start()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.rcvtimeo = 30_000  # a shard that died raises here, not hangs
+    try:
+        sock.connect(q.get(timeout=60))
+        rng = np.random.default_rng(0)
+        batches = [np.sort(rng.choice(ROWS, BATCH, replace=False)).astype(np.int64) for _ in range(16)]
+        grads = np.full((BATCH, DIM), 1e-3, dtype=np.float32).tobytes()
+        counts = np.ones(BATCH, dtype=np.int32).tobytes()
+        requests = [([b"0", k.tobytes()], [b"1", k.tobytes() + grads + counts]) for k in batches]
+        requests = [r for pair in requests for r in pair]
+        sock.send(b"start")
+        sock.recv()
+        sent = replies = 0
+        t0, cpu0 = time.perf_counter(), time.process_time()
+        sock.send_multipart(requests[0], copy=False)
+        sent = 1
+        while time.perf_counter() - t0 < seconds or replies % 2:
+            sock.send_multipart(requests[sent % len(requests)], copy=False)
+            sent += 1
+            sock.recv_multipart(copy=False)
+            replies += 1
+        sock.recv_multipart(copy=False)
+        cpu = time.process_time() - cpu0
+        sock.send(b"stop")
+        shard_cpu = float(sock.recv())
+    finally:
+        sock.close(linger=0)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+    return (cpu + shard_cpu) * 1e3 / (replies // 2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=3.0)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    floor, raw = [], []
+    for _ in range(args.rounds):
+        floor.append(_round(True, args.seconds))
+        raw.append(_round(False, args.seconds))
+    ratios = [f / r for f, r in zip(floor, raw)]
+    print(json.dumps({"floor_cpu_ms_per_step": round(statistics.median(floor), 3),
+                      "raw_cpu_ms_per_step": round(statistics.median(raw), 3),
+                      "floor_over_raw": round(statistics.median(ratios), 3),
+                      "ratios": [round(r, 3) for r in ratios]}))
+
+
+if __name__ == "__main__":
+    main()
