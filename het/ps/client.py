@@ -25,8 +25,8 @@ from het.ps.wire.connection import Connection, WaitAbandoned
 from het.ps.wire.integers import delta_keys, widen
 from het.ps.wire.protocol import Op, array_bytes
 from het.ps.wire.replies import Handle, merge
-from het.ps.wire.requests import (check_clocks, check_keys, check_push, check_sq, cut, push_arrays, push_sync_parts,
-                                  route, table_of, wire_keys)
+from het.ps.wire.requests import (check_clocks, check_push, check_sq, cut, keys_to_send, push_arrays, push_sync_parts,
+                                  route, table_of)
 from het.ps.wire.transport import LocalTransport, ZmqTransport
 from het.staleness import bound_to_wire
 
@@ -115,8 +115,7 @@ class PSClient:
     # -- the verbs --------------------------------------------------------------------------
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
-        keys = check_keys(table_of(self.tables, table), keys).reshape(-1)
-        wire = wire_keys(keys)
+        keys, wire = keys_to_send(table_of(self.tables, table), keys)
         return self._send(Op.PULL, table, keys, lambda p: [wire[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
@@ -126,10 +125,9 @@ class PSClient:
         ``sq``: the sums of the squared gradients of the steps each row's gradient sums, (n, 1)
         or (n, D), which an Adagrad table follows (:class:`het.ps.store.optim.Pushed`)."""
         cfg = table_of(self.tables, table)
-        keys = check_keys(cfg, keys).reshape(-1)
+        keys, wire = keys_to_send(cfg, keys)
         grads, counts = check_push(cfg, keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, keys, sq, counts)
-        wire = wire_keys(keys)
         return self._send(Op.PUSH, table, keys,
                           lambda p: push_arrays(wire, grads, counts, sq, p),
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
@@ -140,9 +138,8 @@ class PSClient:
         that are more than ``bound`` updates behind, and every miss. ``state``: ``"row"`` or
         ``"full"`` to get the rows' optimizer state too (an Adagrad table's; see
         :meth:`het.ps.store.optim.SparseOptimizer.local_state`)."""
-        keys = check_keys(table_of(self.tables, table), keys).reshape(-1)
+        keys, wire = keys_to_send(table_of(self.tables, table), keys)
         clocks = check_clocks(keys, clocks)
-        wire = wire_keys(keys)
         handle = self._send(Op.SYNC, table, keys, lambda p: [wire[p], clocks[p]],
                             {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
         handle.state = state
@@ -155,11 +152,10 @@ class PSClient:
         a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied
         first. ``state``: as :meth:`sync`'s; ``sq``: as :meth:`push`'s."""
         cfg = table_of(self.tables, table)
-        push_keys, sync_keys = check_keys(cfg, push_keys).reshape(-1), check_keys(cfg, sync_keys).reshape(-1)
+        (push_keys, push_wire), (sync_keys, sync_wire) = keys_to_send(cfg, push_keys), keys_to_send(cfg, sync_keys)
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, push_keys, sq, counts)
         clocks = check_clocks(sync_keys, clocks)
-        push_wire, sync_wire = wire_keys(push_keys), wire_keys(sync_keys)
         push_parts = route(cfg, push_keys, self.num_shards)
         meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype),
                 **_state_meta(state), **({} if sq is None else {"sq": True})}

@@ -28,7 +28,13 @@ def out_of_range(table: TableConfig, keys: torch.Tensor, allowed: int | None = N
     """
     if table.rows is None or not keys.numel():
         return ""
-    lo, hi = (int(k) for k in torch.aminmax(keys))
+    return bounds_out_of_range(table, *(int(k) for k in torch.aminmax(keys)), allowed)
+
+
+def bounds_out_of_range(table: TableConfig, lo: int, hi: int, allowed: int | None = None) -> str:
+    """:func:`out_of_range` of keys whose least is ``lo`` and greatest ``hi``."""
+    if table.rows is None:
+        return ""
     if lo < 0 and lo != allowed:
         return f"key {lo} out of range for table {table.name!r} with {table.rows} rows"
     if hi >= table.rows and hi != allowed:

@@ -78,7 +78,8 @@ def delta_keys(keys: np.ndarray):
         >>> delta_keys(np.array([5, 3], np.int32)) is None
         True
     """
-    if len(keys) < 2 or not bool((keys[1:] > keys[:-1]).all()):  # compared as they are: no difference wraps
+    # compared as they are: no difference wraps; keys in no order mostly fail on their first two
+    if len(keys) < 2 or keys[1] <= keys[0] or not bool((keys[1:] > keys[:-1]).all()):
         return None
     steps = np.diff(keys.astype(np.int64, copy=False), prepend=keys[:1])
     if int(steps[1:].min()) < 1:  # a step past 2^63 wrapped: send the keys as they are

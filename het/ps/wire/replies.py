@@ -129,11 +129,15 @@ class TorchParts:
 
     def __call__(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
                  after: list, width: int | None):
+        marks = _marks(after, len(positions))
+        built_n = 0 if marks is None else _count_bits(marks)
+        return self.parts(handle, table, positions, rows, clocks, state, marks, built_n, width)
+
+    def parts(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
+              marks: np.ndarray | None, built_n: int, width: int | None):
+        """:meth:`__call__` of checked ``marks`` (None: none sent) of which ``built_n`` are set."""
         n = len(positions)
-        marks = _marks(after, n)
-        built = None
-        if marks is not None and _count_bits(marks):
-            built = torch.from_numpy(np.unpackbits(marks, count=n, bitorder="little")).bool()
+        built = None if not built_n else torch.from_numpy(np.unpackbits(marks, count=n, bitorder="little")).bool()
         return (_rows(handle, table, positions, rows, built), _clocks(clocks, built, n),
                 None if width is None else _state(state, built, n, width, table))
 
@@ -145,15 +149,13 @@ class NativeParts(TorchParts):
     or the rows are not float32, or the table's rows are stored in half precision: its initial
     rows are rounded to it, :func:`het.ps.initial.initial_rows`)."""
 
-    def __call__(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
-                 after: list, width: int | None):
+    def parts(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
+              marks: np.ndarray | None, built_n: int, width: int | None):
         n = len(positions)
-        marks = _marks(after, n)
-        built_n = 0 if marks is None else _count_bits(marks)
         init = torch.empty(0) if width is None or not built_n else initial_state(table, 1, width > 1)[0]
         if (not built_n or init.numel() != (width or 0) or rows.dtype != np.float32
                 or table.row_dtype != RowDtype.FP32):  # rows stored in half: built rounded, by the reference
-            return super().__call__(handle, table, positions, rows, clocks, state, after, width)
+            return super().parts(handle, table, positions, rows, clocks, state, marks, built_n, width)
         sent_rows = _check_rows(table, rows, n, built_n).contiguous()
         sent_clocks = _check_clocks(clocks, n - built_n)
         sent_state = torch.empty(0) if width is None else torch.from_numpy(_check_state(state, n - built_n, width))

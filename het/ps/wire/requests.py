@@ -15,7 +15,7 @@ import torch
 
 from het.config import TableConfig
 from het.ps import partition
-from het.ps.limits import check_finite, check_squares, out_of_range
+from het.ps.limits import bounds_out_of_range, check_finite, check_squares, out_of_range
 from het.ps.wire.integers import narrow
 from het.ps.wire.protocol import PUSH_DTYPES
 
@@ -40,15 +40,32 @@ def check_keys(table: TableConfig, keys, allowed: int | None = None) -> torch.Te
         ...
         ValueError: key 10 out of range for table 't' with 10 rows
     """
-    if not isinstance(keys, torch.Tensor):
-        raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
-    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
-        raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
-    keys = keys.long()
+    keys = _int64(keys)
     problem = out_of_range(table, keys, allowed)
     if problem:
         raise ValueError(problem)
     return keys
+
+
+def keys_to_send(table: TableConfig, keys) -> tuple[torch.Tensor, torch.Tensor]:
+    """A request's keys checked (:func:`check_keys`), flat, and as they travel (:func:`wire_keys`),
+    from one pass over them. Shape: any -> (n,), (n,)."""
+    keys = _int64(keys).reshape(-1)
+    if not keys.numel():
+        return keys, keys.to(torch.int32)
+    lo, hi = (int(k) for k in torch.aminmax(keys))
+    problem = bounds_out_of_range(table, lo, hi)
+    if problem:
+        raise ValueError(problem)
+    return keys, keys.to(torch.int32) if -(2**31) <= lo and hi < 2**31 else keys
+
+
+def _int64(keys) -> torch.Tensor:
+    if not isinstance(keys, torch.Tensor):
+        raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
+    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
+        raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
+    return keys.long()
 
 
 def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):

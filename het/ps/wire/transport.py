@@ -58,6 +58,7 @@ class ZmqChannel:
         self.address = tcp_address(address)
         self.socket = context.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        self._timeout_ms = -1  # ZeroMQ's default: a receive waits as long as it takes
         _curve_client(self.socket, curve_server)
         self.socket.connect(self.address)
 
@@ -66,11 +67,17 @@ class ZmqChannel:
 
     def recv(self, timeout_s: float | None):
         """The next reply's frames; TimeoutError naming the address if none comes within
-        ``timeout_s`` (None: wait as long as it takes)."""
-        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+        ``timeout_s`` (None: wait as long as it takes). The socket's own receive timeout waits,
+        set when it changes: one call into ZeroMQ a reply, not a poll and then a receive."""
+        ms = -1 if timeout_s is None else int(timeout_s * 1000)
+        if ms != self._timeout_ms:
+            self.socket.setsockopt(zmq.RCVTIMEO, ms)
+            self._timeout_ms = ms
+        try:
+            return self.socket.recv_multipart(copy=False)
+        except zmq.Again:
             raise TimeoutError(f"no reply from PS shard at {self.address} within {timeout_s:g} s "
-                               f"(is `het serve` running there?)")
-        return self.socket.recv_multipart(copy=False)
+                               f"(is `het serve` running there?)") from None
 
     def close(self) -> None:
         self.socket.close(linger=0)
