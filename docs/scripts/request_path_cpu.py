@@ -21,7 +21,7 @@ from het.ps.shard import Shard
 from het.ps.wire.protocol import Message, decode, encode
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
-KERNELS = ("gather_touched", "table_push", "all_finite")
+KERNELS = ("pull_touched", "table_push", "all_finite")
 
 
 class _Channel:

@@ -20,6 +20,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("chunk_push", &chunk_push);
   m.def("gather_rows", &gather_rows);
   m.def("gather_touched", &gather_touched);
+  m.def("pull_touched", &pull_touched);
   m.def("chunk_gather", &chunk_gather);
   m.def("chunk_scatter", &chunk_scatter);
   m.def("round_rows", &round_rows);

@@ -51,6 +51,8 @@ bool all_finite_op(torch::Tensor x);
 void gather_rows(torch::Tensor weight, torch::Tensor idx, torch::Tensor out);
 std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor idx,
                                           torch::Tensor out);
+std::vector<torch::Tensor> pull_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor clocks,
+                                        torch::Tensor idx, torch::Tensor out);
 
 // A disk tier's reads (records.cpp)
 void read_records(torch::Tensor fds, torch::Tensor offsets, int64_t record_bytes, torch::Tensor out,

@@ -64,6 +64,15 @@ class Sessions:
                 return e
         return self.freshness.refusal(msg)
 
+    def admit(self, session: str) -> bool:
+        """The short path's :meth:`refusal` (:mod:`het.ps.hot`): True, and ``session`` seen now,
+        for a session seen before while no look for idle ones is due; False: ask :meth:`refusal`."""
+        return not self.seen.due() and self.seen.touch(session)
+
+    def new_push(self, session: str, seq: int) -> bool:
+        """:meth:`first_time` of a request's checked session and sequence number, uncounted."""
+        return seq > self.applied.get(session, 0)
+
     def first_time(self, meta: dict) -> bool:
         """Whether a push is new: one its session sent before (a re-send to a restarted shard
         that had applied and logged it) is not applied twice. A client re-sends in order, and a
@@ -115,6 +124,13 @@ class Seen:
                                  f"its requests are refused (a re-sent push could apply twice): start a new session "
                                  f"(reconnect)")
         self.mark(session)
+
+    def touch(self, session: str) -> bool:
+        """``session`` seen now if it was seen before (True); False for one not known."""
+        if session not in self._last:
+            return False
+        self.mark(session)
+        return True
 
     def mark(self, session: str) -> None:
         """``session`` seen now, whether forgotten before or not."""

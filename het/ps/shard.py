@@ -17,11 +17,12 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
+from het.ps import hot
 from het.ps.budget import Budget
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
-from het.ps.store.rowstore import RowStore, open_stores
+from het.ps.store.rowstore import RowStore, open_stores, sent_of
 from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
 from het.ps.wire.auth import check_secret
@@ -128,27 +129,29 @@ class Shard:
         reply (its sender may not hold the secret); the replies to the others are signed.
         """
         start = time.perf_counter()
-        self.last_op = "undecoded"
+        out = (None if self.secret is not None else hot.answer(self, frames)) or self._general(frames)
         self.stats["bytes_in"] += frame_bytes(frames)
-        try:
-            check_size(frames, self.cfg.max_message_bytes)  # before anything is read or allocated
-            msg = decode(frames, self.secret)
-        except ProtocolError as e:
-            self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
-            out = encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
-        else:
-            refusal = self.sessions.refusal(msg)
-            if refusal is not None:
-                if not isinstance(refusal, SessionExpired):
-                    self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
-                out = encode(error_reply(msg.request_id, msg.op, refusal), self.secret)
-            else:
-                out = encode(self.handle(msg), self.secret)
         self.stats["bytes_out"] += frame_bytes(out)
         if self.budget is not None:
             self.budget.keep()
         self.stats["busy_s"] += time.perf_counter() - start
         return out
+
+    def _general(self, frames) -> list:
+        """:meth:`handle_frames` of any message (:mod:`het.ps.hot` reads the hot ones)."""
+        self.last_op = "undecoded"
+        try:
+            check_size(frames, self.cfg.max_message_bytes)  # before anything is read or allocated
+            msg = decode(frames, self.secret)
+        except ProtocolError as e:
+            self.stats["unauthenticated" if isinstance(e, AuthError) else "errors"] += 1
+            return encode(error_reply(peek_request_id(frames[0]) if frames else 0, 0, e))
+        refusal = self.sessions.refusal(msg)
+        if refusal is None:
+            return encode(self.handle(msg), self.secret)
+        if not isinstance(refusal, SessionExpired):
+            self.stats["stale" if isinstance(refusal, StaleError) else "replays"] += 1
+        return encode(error_reply(msg.request_id, msg.op, refusal), self.secret)
 
     def handle(self, msg: Message) -> Message:
         """Answer one decoded request; errors become error replies. Every field of the request
@@ -239,9 +242,12 @@ class Shard:
         touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`RowStore.rows_to_send`)."""
         t, keys = self._table_keys(table, keys)
         at = t.locate(keys)
-        rows, sent = t.rows_to_send(at, lazy, half=True)
-        self._count_rows(sent, len(at))
-        return [rows[0], narrow(t.clocks_of(_sent(at, rows, sent))).numpy(), *pack_marks(rows[1:])]
+        reply = t.pull_reply(at, lazy)
+        if reply is None:
+            rows, sent = t.rows_to_send(at, lazy, half=True)
+            reply = [rows[0], narrow(t.clocks_of(sent_of(at, rows, sent))).numpy(), *pack_marks(rows[1:])], sent
+        self._count_rows(reply[1], len(at))
+        return reply[0]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -316,7 +322,7 @@ class Shard:
         pageable = t.pageable(at) if self.cfg.page_in else None
         if pageable is not None:
             self._page_in = [*self._page_in[-PAGE_IN_SYNCS + 1:], (t, pageable)]
-        index_sent = _sent(index, rows, n_sent)
+        index_sent = sent_of(index, rows, n_sent)
         sent_state = [] if state is None else [t.local_state(at.index_select(0, index_sent), state == "full")]
         return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index_sent)).numpy(), *sent_state,
                 *pack_marks(rows[1:])]
@@ -390,11 +396,3 @@ class Shard:
                     rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
                     sessions=len(self.sessions))
 
-
-def _sent(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:
-    """Of the rows ``asked``, those whose values a reply carries (:meth:`RowStore.rows_to_send`
-    gave ``rows``, ``n_sent`` of them): all, or in a lazy reply the touched ones. A row left for
-    the client to build has clock 0 and its initial optimizer state, which stay behind too."""
-    if n_sent == len(asked):
-        return asked
-    return asked[torch.from_numpy(rows[-1]) == 0]

@@ -49,7 +49,7 @@ PS_ROOMS = (
     ("halves",),
     ("initial",),
     ("store", "wire"),
-    ("changes", "parts", "sessions", "metrics", "budget"),
+    ("changes", "parts", "sessions", "metrics", "budget", "hot"),
     ("shard",),
     ("client", "server", "reshard"),
 )

@@ -399,6 +399,37 @@ def test_a_native_reply_sends_the_rows_the_reference_sends(seed, dim, rows, lazy
 
 
 @needs_build
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), dim=st.sampled_from([1, 3, 130]), rows=st.sampled_from([1, 7, 300]),
+       clock=st.sampled_from([1, 300, 40_000, 2**31 + 5]))
+def test_a_native_pull_reply_is_the_references_arrays(seed, dim, rows, clock):
+    """A lazy pull's reply in one native pass (``FixedRows.pull_reply``: rows, clocks narrowed,
+    marks packed) equals what the shard makes of the reference's ``rows_to_send`` and
+    ``clocks_of``, byte for byte and dtype for dtype, whatever the clocks' width."""
+    from het.ps.store.fixed import FixedRows
+    from het.ps.store.rowstore import sent_of
+    from het.ps.wire.integers import narrow
+    from het.ps.wire.protocol import pack_marks
+
+    gen = torch.Generator().manual_seed(seed)
+    cfg = TableConfig("t", rows=rows, dim=dim)
+    table, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
+    table.weight.copy_(torch.randn(rows, dim, generator=gen))
+    table.touched.copy_(torch.rand(rows, generator=gen) < float(torch.rand(1, generator=gen)))
+    table.clocks.copy_(torch.randint(0, clock + 1, (rows,), generator=gen))
+    for name in ("weight", "touched", "clocks"):
+        getattr(reference, name).copy_(getattr(table, name))
+    local = torch.randint(0, rows, (int(torch.randint(0, 3 * rows + 1, (1,), generator=gen)),), generator=gen)
+    fast, sent = table.pull_reply(local, lazy=True)
+    assert reference.pull_reply(local, lazy=True) is None and table.pull_reply(local, lazy=False) is None
+    rows_sent, n = reference.rows_to_send(local, lazy=True)
+    ref = [rows_sent[0], narrow(reference.clocks_of(sent_of(local, rows_sent, n))).numpy(), *pack_marks(rows_sent[1:])]
+    assert sent == n and len(fast) == len(ref)
+    for a, b in zip(fast, ref):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+@needs_build
 def test_a_native_gather_refuses_a_row_out_of_range():
     with pytest.raises(RuntimeError, match=r"row 5 out of range \[0, 5\)"):
         native.ops.gather_rows(torch.zeros(5, 2), torch.tensor([0, 5]), torch.empty(2, 2))

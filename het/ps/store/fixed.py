@@ -86,6 +86,12 @@ class FixedRows:
         arrays = replies.gather_touched(self.weight, self.touched, local)
         return arrays, len(arrays[0])
 
+    def pull_reply(self, local: torch.Tensor, lazy: bool) -> tuple[list, int] | None:
+        """A lazy pull's reply in one native pass (float32 rows); None otherwise."""
+        if not lazy or not isinstance(self._replies, NativeReplies):
+            return None
+        return self._replies.pull_touched(self.weight, self.touched, self.clocks, local)
+
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
         return self.optimizer.local_state(state, full).contiguous().numpy()

@@ -325,3 +325,11 @@ class NativeReplies:
         out = self.buffers.take(len(local)) if len(local) <= self.buffers.max_rows else torch.empty(0)
         rows, built = native.ops.gather_touched(weight, touched, local.contiguous(), out)
         return [self.buffers.lend(rows.numpy()), built.numpy()]
+
+    def pull_touched(self, weight: torch.Tensor, touched: torch.Tensor, clocks: torch.Tensor,
+                     local: torch.Tensor) -> tuple[list, int]:
+        """A lazy pull's reply arrays (:meth:`het.ps.store.fixed.FixedRows.pull_reply`) and the
+        rows sent: :meth:`gather_touched`'s, with the clocks and the packed marks of the same pass."""
+        out = self.buffers.take(len(local)) if len(local) <= self.buffers.max_rows else torch.empty(0)
+        rows, sent_clocks, marks = native.ops.pull_touched(weight, touched, clocks, local.contiguous(), out)
+        return [self.buffers.lend(rows.numpy()), sent_clocks.numpy(), marks.numpy()], len(rows)

@@ -52,6 +52,12 @@ class RowStore(Protocol):
         how many rows were sent. Rows are float32, or with ``half``, where the table stores
         them in half precision, their 16 bits as int16 (:func:`het.ps.halves.as_bits`)."""
 
+    def pull_reply(self, at: torch.Tensor, lazy: bool) -> tuple[list, int] | None:
+        """A PULL's reply arrays made in one pass, where the store has one: the touched rows of
+        ``at``, their clocks in the narrowest integers that hold them, the built marks a bit a
+        row; and how many rows were sent. None: the shard makes them from :meth:`rows_to_send`
+        and :meth:`clocks_of`, the reference it is held to."""
+
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows with
         (:meth:`het.ps.store.optim.SparseOptimizer.local_state`). Shape: -> (n, 1) or (n, D)."""
@@ -111,3 +117,12 @@ def _open(table: TableConfig, cfg: ShardConfig, tier: str | None) -> RowStore:
         return FixedRows(table, cfg.index, cfg.num_shards)
     disk_dir = None if tier is None else os.path.join(tier, saves.table_dir(table.name))
     return DynamicRows(table, cfg.index, cfg.num_shards, disk_dir, cfg.memory_policy)
+
+
+def sent_of(asked: torch.Tensor, rows: list, n_sent: int) -> torch.Tensor:
+    """Of the rows ``asked``, those whose values a reply carries (:meth:`RowStore.rows_to_send`
+    gave ``rows``, ``n_sent`` of them): all, or in a lazy reply the touched ones. A row left for
+    the client to build has clock 0 and its initial optimizer state, which stay behind too."""
+    if n_sent == len(asked):
+        return asked
+    return asked[torch.from_numpy(rows[-1]) == 0]

@@ -114,6 +114,8 @@ _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
 GRAD_BYTES = {"f32": 4, "bf16": 2}
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with separators makes one a call
+
 MAX_ARRAYS = 16
 MAX_FRAMES = MAX_ARRAYS + 2  # a message's frames at most: the header, its arrays, the MAC
 SIGNED = 0x01  # header flag: the last frame is the MAC
@@ -197,7 +199,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
             raise ProtocolError(f"arrays must be int64, int32, int16, float32 or uint8, got {a.dtype}")
         specs.append([code, list(a.shape)])
     meta = dict(msg.meta, arrays=specs)
-    meta_bytes = json.dumps(meta, separators=(",", ":")).encode()
+    meta_bytes = _JSON.encode(meta).encode()
     flags = 0 if secret is None else SIGNED
     header = _HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, flags, msg.request_id, len(meta_bytes))
     frames = [header + meta_bytes, *arrays]
@@ -229,7 +231,7 @@ def too_large(frames: int, size: int, max_bytes: int | None) -> str:
 
 def frame_bytes(frames) -> int:
     """The bytes of a message's frames (ZeroMQ frames or buffers): what it took on the wire."""
-    return sum(memoryview(_buffer(f)).nbytes for f in frames)
+    return sum(f.nbytes if hasattr(f, "nbytes") else memoryview(_buffer(f)).nbytes for f in frames)
 
 
 def pack_marks(marks: list) -> list:

@@ -1,0 +1,111 @@
+"""The short path of a shard's two hot requests: a PULL, and a PUSH of one whole part, unsigned.
+
+A training step sends one of each to every shard it touches, and their rows are most of what
+a shard moves: the general path (:meth:`het.ps.shard.Shard.handle_frames`: decode any message,
+parse every field, dispatch) costs about as much CPU as the gather and the push themselves.
+This path reads such a request with a few exact comparisons, hands it to the same verbs
+(:meth:`~het.ps.shard.Shard.pull`, :meth:`~het.ps.shard.Shard.push`, which check keys, shapes,
+values and ranges as they do for the general path) and writes the reply the general path would,
+byte for byte. It answers only what it has proved well formed: a request with any other field,
+dtype, shape or size, a signed one, one of a session the shard has not seen or whose idle look
+is due, a push sent again, goes to the general path, which answers it or names what is wrong.
+The tests hold the two to the same replies and the same tables (tests/unit/test_hot_path.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from het.ps.limits import MAX_STEP
+from het.ps.wire.protocol import _HEADER, MAGIC, VERSION, Op, error_reply, encode
+
+_KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
+_COUNTS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
+_CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
+_PULL_FIELDS = frozenset(("table", "lazy", "nonce", "session", "seq", "arrays"))
+_PUSH_FIELDS = frozenset(("table", "step", "nonce", "session", "seq", "arrays"))
+# what the verbs raise for a request they refuse (nothing changed): an error reply, as the general path gives
+REFUSED = (ValueError, KeyError, TypeError, OSError, RuntimeError, ArithmeticError)
+
+
+def answer(shard, frames) -> list | None:
+    """The reply frames to a hot request of ``shard``, or None: not one this path reads (the
+    general path takes it, from the start: nothing was changed or counted)."""
+    n = len(frames)
+    if n != 2 and n != 4:
+        return None
+    head = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
+    if len(head) < _HEADER.size:
+        return None
+    magic, version, op, status, flags, rid, meta_len = _HEADER.unpack_from(head)
+    if magic != MAGIC or version != VERSION or flags or status or len(head) != _HEADER.size + meta_len:
+        return None
+    if not (op == Op.PULL and n == 2 or op == Op.PUSH and n == 4):
+        return None
+    try:
+        meta = json.loads(bytes(head[_HEADER.size:]))
+    except ValueError:
+        return None
+    if type(meta) is not dict or meta.keys() != (_PULL_FIELDS if op == Op.PULL else _PUSH_FIELDS):
+        return None
+    session, seq = meta["session"], meta["seq"]
+    if (type(meta["table"]) is not str or type(session) is not str or not 16 <= len(session) <= 64
+            or type(seq) is not int or not 1 <= seq <= MAX_STEP or meta["nonce"] != shard.nonce):
+        return None
+    arrays = _arrays(meta["arrays"], frames, op)
+    limit = shard.cfg.max_message_bytes
+    if (arrays is None or len(head) + sum(a.nbytes for a in arrays) > limit
+            or not shard.sessions.admit(session)):
+        return None
+    try:
+        if op == Op.PULL:
+            lazy = meta["lazy"]
+            if type(lazy) is not bool:
+                return None
+            reply = encode_reply(Op.PULL, rid, {}, shard.pull(meta["table"], arrays[0], lazy=lazy))
+        else:
+            step = meta["step"]
+            if type(step) is not int or not 1 <= step <= MAX_STEP or not shard.sessions.new_push(session, seq):
+                return None
+            applied = shard.push(meta["table"], *arrays, step=step, session=(session, seq))
+            reply = encode_reply(Op.PUSH, rid, {"applied": applied}, [])
+    except REFUSED as e:
+        shard.stats["errors"] += 1
+        reply = encode(error_reply(rid, op, e))
+    name = "pull" if op == Op.PULL else "push"
+    shard.last_op = name
+    shard.stats["requests_" + name] += 1
+    return reply
+
+
+def _arrays(specs, frames, op: int) -> list | None:
+    """A hot request's arrays, views of its frames, where ``specs`` (its meta's ``arrays``) name
+    exactly what the op carries and the frames hold exactly their bytes; else None. PULL: keys
+    (n,) i4|i8; PUSH: keys (n,) i4|i8, gradients (n, D) f4, counts (n,) u1|i2|i4|i8."""
+    if type(specs) is not list or len(specs) != len(frames) - 1:
+        return None
+    out = []
+    for i, spec in enumerate(specs):
+        if type(spec) is not list or len(spec) != 2 or type(spec[1]) is not list:
+            return None
+        code, shape = spec
+        dtype = (_KEYS if i == 0 else _COUNTS).get(code) if i != 1 else (np.dtype("<f4") if code == "f4" else None)
+        if dtype is None or len(shape) != (2 if i == 1 else 1) or not all(type(s) is int and s >= 0 for s in shape):
+            return None
+        buf = frames[i + 1].buffer if hasattr(frames[i + 1], "buffer") else memoryview(frames[i + 1])
+        size = shape[0] * (shape[1] if i == 1 else 1) * dtype.itemsize
+        if buf.nbytes != size:
+            return None
+        out.append(np.frombuffer(buf, dtype=dtype).reshape(shape))
+    return out
+
+
+def encode_reply(op: Op, rid: int, meta: dict, arrays: list) -> list:
+    """:func:`het.ps.wire.protocol.encode` of an unsigned reply, the same bytes, its meta
+    written without json: ``meta`` holds at most ``applied``, and the arrays are the verbs'
+    own (C-contiguous, of the wire's dtypes)."""
+    specs = ",".join(f'["{_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
+    text = ("{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + f'"arrays":[{specs}]}}').encode()
+    return [_HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]

@@ -1,0 +1,191 @@
+"""The shard's short path for hot requests (het.ps.hot) against the general path: for any request,
+well formed or not, the same reply byte for byte, the same counters, the same tables."""
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps import hot
+from het.ps.shard import Shard
+from het.ps.wire.protocol import Message, Op, encode
+
+ROWS, DIM = 40, 3
+TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),
+          TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)))
+SESSION = "s" * 32
+
+
+def _pair(**options):
+    """Two shards of the same tables: one answering through the short path, one only through the general."""
+    cfg = ShardConfig(TABLES, max_keys=16, **options)
+    return Shard(cfg), Shard(cfg)
+
+
+def _general(shard, frames, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(hot, "answer", lambda shard, frames: None)
+        return shard.handle_frames(frames)
+
+
+def _request(op, rid, meta, arrays, nonce):
+    return encode(Message(op, rid, {**meta, "nonce": nonce}, arrays))
+
+
+def _same(a, b, fast, general, monkeypatch):
+    """Frames ``a`` to the fast shard and ``b`` (the same request, naming the other's nonce) to the
+    general one: the same reply bytes. The hot one's reply."""
+    got, want = fast.handle_frames(a), _general(general, b, monkeypatch)
+    assert [bytes(memoryview(f)) for f in got] == [bytes(memoryview(f)) for f in want]
+    return got
+
+
+def _state(shard):
+    out = {}
+    for name, t in shard.tables.items():
+        if name == "t":
+            out[name] = [t.weight.clone(), t.clocks.clone(), t.touched.clone(),
+                         *[v.clone() for v in t.optimizer.state.values()]]
+    return out
+
+
+def _counters(shard):
+    return {k: v for k, v in shard.stats.items() if k != "busy_s"}
+
+
+def _check_same_shards(fast, general):
+    assert _counters(fast) == _counters(general)
+    for x, y in zip(_state(fast)["t"], _state(general)["t"]):
+        assert torch.equal(x, y)
+    assert fast.sessions.applied == general.sessions.applied
+
+
+def _both(fast, general, op, rid, meta, arrays, monkeypatch):
+    return _same(_request(op, rid, meta, arrays, fast.nonce), _request(op, rid, meta, arrays, general.nonce),
+                 fast, general, monkeypatch)
+
+
+def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(monkeypatch):
+    fast, general = _pair()
+    answered = []
+    answer = hot.answer
+    monkeypatch.setattr(hot, "answer", lambda shard, frames: answered.append(answer(shard, frames)) or answered[-1])
+    keys = np.array([3, 7, 3, 11], np.int32)
+    _both(fast, general, Op.PULL, 1, {"table": "t", "lazy": True, "session": SESSION, "seq": 1}, [keys], monkeypatch)
+    grads = np.arange(12, dtype=np.float32).reshape(4, DIM)
+    _both(fast, general, Op.PUSH, 2, {"table": "t", "step": 2, "session": SESSION, "seq": 2},
+          [keys, grads, np.array([1, 2, 1, 1], np.uint8)], monkeypatch)
+    for seq, lazy in ((3, True), (4, False)):
+        _both(fast, general, Op.PULL, seq, {"table": "t", "lazy": lazy, "session": SESSION, "seq": seq},
+              [keys.astype(np.int64)], monkeypatch)
+    # the session's first request went the general way; the short path read every one after it
+    assert [a is not None for a in answered] == [False, True, True, True]
+    _check_same_shards(fast, general)
+
+
+# -- any request: well formed, or not in one of many ways ----------------------------------------
+_MUTATIONS = ("none", "extra_field", "lazy_int", "seq_bool", "seq_zero", "step_float", "nonce", "short_frame",
+              "wrong_dim", "f8_grads", "unknown_table", "dynamic_table", "nan", "negative_count", "too_many_keys",
+              "key_out_of_range", "again", "new_session", "op_sync", "deltas")
+
+
+@st.composite
+def _requests(draw):
+    out = []
+    for rid in range(1, draw(st.integers(2, 12)) + 1):
+        op = draw(st.sampled_from((Op.PULL, Op.PUSH)))
+        keys = np.array(draw(st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=8)),
+                        dtype=draw(st.sampled_from((np.int32, np.int64))))
+        mutation = draw(st.sampled_from(_MUTATIONS)) if draw(st.booleans()) else "none"
+        extra = {"lazy": draw(st.booleans())} if op == Op.PULL else {"step": draw(st.integers(1, 5))}
+        counts = np.array(draw(st.lists(st.integers(0, 300), min_size=len(keys), max_size=len(keys))), np.int64)
+        grads = np.array(draw(st.lists(st.floats(-2, 2, width=32), min_size=len(keys) * DIM,
+                                       max_size=len(keys) * DIM)), np.float32).reshape(len(keys), DIM)
+        out.append((op, rid, keys, extra, counts, grads, mutation))
+    return out
+
+
+def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
+    meta = {"table": "t", "session": SESSION, "seq": seq, **extra}
+    narrow = counts.astype(np.uint8) if counts.size and counts.max() < 256 else counts.astype(np.int16)
+    arrays = [keys] if op == Op.PULL else [keys, grads, narrow]
+    if mutation == "extra_field":
+        meta["part"] = 1
+    elif mutation == "lazy_int":
+        meta["lazy"] = 1
+    elif mutation == "seq_bool":
+        meta["seq"] = True
+    elif mutation == "seq_zero":
+        meta["seq"] = 0
+    elif mutation == "step_float":
+        meta["step"] = 1.0
+    elif mutation == "nonce":
+        nonce = "0" * 32
+    elif mutation == "wrong_dim" and op == Op.PUSH:
+        arrays[1] = np.zeros((len(keys), DIM + 1), np.float32)
+    elif mutation == "f8_grads" and op == Op.PUSH:
+        arrays[1] = grads.astype(np.int64)
+    elif mutation in ("unknown_table", "dynamic_table"):
+        meta["table"] = "nope" if mutation == "unknown_table" else "d"
+    elif mutation == "nan" and op == Op.PUSH and len(keys):
+        arrays[1] = grads.copy()
+        arrays[1][0, 0] = np.nan
+    elif mutation == "negative_count" and op == Op.PUSH and len(keys):
+        arrays[2] = -np.ones(len(keys), np.int16)
+    elif mutation == "too_many_keys":
+        arrays[0] = np.zeros(17, keys.dtype)
+        if op == Op.PUSH:
+            arrays[1:] = [np.zeros((17, DIM), np.float32), np.ones(17, np.uint8)]
+    elif mutation == "key_out_of_range" and len(keys):
+        arrays[0] = keys.copy()
+        arrays[0][-1] = ROWS
+    elif mutation == "again":
+        meta["seq"] = 1
+    elif mutation == "new_session":
+        meta["session"] = "n" * 20 + str(seq).rjust(12, "0")
+    elif mutation == "deltas" and len(keys) > 1:
+        meta["deltas"] = {"0": 0}
+    frames = encode(Message(Op.SYNC if mutation == "op_sync" else op, rid, {**meta, "nonce": nonce}, arrays))
+    if mutation == "short_frame" and len(frames) > 1 and len(frames[1]):
+        frames[1] = bytes(memoryview(frames[1]))[:-1]
+    return frames
+
+
+@settings(max_examples=150, deadline=None)
+@given(_requests())
+def test_any_request_gets_the_general_paths_reply_and_leaves_the_same_tables(requests):
+    fast, general = _pair()
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        seq = 1
+        for shard in (fast, general):  # the session's first request: the general path's, on both
+            shard.handle_frames(_request(Op.PULL, 99, {"table": "t", "lazy": True, "session": SESSION, "seq": 1},
+                                         [np.array([0])], shard.nonce))
+        for op, rid, keys, extra, counts, grads, mutation in requests:
+            seq += 1
+            a, b = (_frames(op, rid, keys, extra, counts, grads, mutation, s.nonce, seq) for s in (fast, general))
+            _same(a, b, fast, general, monkeypatch)
+        _check_same_shards(fast, general)
+
+
+def test_a_request_past_the_shards_message_limit_is_left_to_the_general_path(monkeypatch):
+    fast, general = _pair()  # max_keys 16: messages of about 64 KiB at most
+    for shard in (fast, general):
+        shard.handle_frames(_request(Op.PULL, 1, {"table": "t", "lazy": True, "session": SESSION, "seq": 1},
+                                     [np.array([0])], shard.nonce))
+    keys = np.zeros(20_000, dtype=np.int64)
+    meta = {"table": "t", "lazy": True, "session": SESSION, "seq": 2}
+    assert hot.answer(fast, _request(Op.PULL, 2, meta, [keys], fast.nonce)) is None
+    reply = _both(fast, general, Op.PULL, 2, meta, [keys], monkeypatch)
+    assert b"MessageTooLarge" in bytes(memoryview(reply[0]))
+    assert hot.answer(fast, _request(Op.PULL, 3, dict(meta, seq=3), [keys[:2]], fast.nonce)) is not None
+
+
+def test_a_signed_shard_answers_through_the_general_path_only(monkeypatch):
+    cfg = ShardConfig(TABLES)
+    shard = Shard(cfg, secret=b"k" * 32)
+    called = []
+    monkeypatch.setattr(hot, "answer", lambda shard, frames: called.append(1))
+    shard.handle_frames(encode(Message(Op.INFO, 1), b"k" * 32))
+    assert not called
