@@ -327,17 +327,15 @@ def _buffer(frame):
 
 
 def _array(spec, frame, i: int) -> np.ndarray:
-    try:
-        code, shape = spec
-        dtype = _DTYPES[code]
-        if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
-            raise TypeError
-        shape = tuple(shape)
-    except (KeyError, TypeError, ValueError):
+    dtype = _DTYPES.get(spec[0]) if type(spec) is list and len(spec) == 2 and type(spec[0]) is str else None
+    shape = spec[1] if dtype is not None else None
+    if type(shape) is not list or any(type(s) is not int for s in shape):  # exactly int: not bool
         raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"i2\"|\"f4\"|\"u1\", "
-                            f"[integer, ...]]") from None
+                            f"[integer, ...]]")
+    shape = tuple(shape)
     if any(s < 0 for s in shape):
         raise ProtocolError(f"array {i}: negative shape {shape}")
+    code = spec[0]
     buf = _buffer(frame)
     expected = math.prod(shape) * dtype.itemsize
     if memoryview(buf).nbytes != expected:
