@@ -283,6 +283,9 @@ class PSClient:
     def _send(self, op, table, keys, arrays_of, meta) -> Handle:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
+        if self.num_shards == 1 and len(keys) <= self._part_keys(table, len(keys)):  # one request, every key in order
+            self._send_part(handle, 0, meta, arrays_of(_ALL), torch.arange(len(keys), device=keys.device))
+            return handle
         for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
             pieces = cut(p, self._part_keys(table, len(p)))
             for i, part in enumerate(pieces):  # a push in pieces goes as one in parts, applied whole
@@ -300,7 +303,8 @@ class PSClient:
         """One request of ``handle`` to ``shard``: ``tensors`` as arrays, the arrays of keys
         (at ``keys_at``) delta-coded where that takes fewer bytes; their bytes are counted on
         the handle, a push's apart from a sync's."""
-        arrays = [t.detach().cpu().numpy() for t in tensors]
+        arrays = [t.numpy() if t.device.type == "cpu" and not t.requires_grad else t.detach().cpu().numpy()
+                  for t in tensors]
         coded = {}
         for i in keys_at:
             delta = delta_keys(arrays[i])
