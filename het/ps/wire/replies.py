@@ -152,9 +152,10 @@ class NativeParts(TorchParts):
     def parts(self, handle: Handle, table: TableConfig, positions: torch.Tensor, rows, clocks, state,
               marks: np.ndarray | None, built_n: int, width: int | None):
         n = len(positions)
-        init = torch.empty(0) if width is None or not built_n else initial_state(table, 1, width > 1)[0]
-        if (not built_n or init.numel() != (width or 0) or rows.dtype != np.float32
-                or table.row_dtype != RowDtype.FP32):  # rows stored in half: built rounded, by the reference
+        if not built_n or rows.dtype != np.float32 or table.row_dtype != RowDtype.FP32:  # half: built rounded
+            return super().parts(handle, table, positions, rows, clocks, state, marks, built_n, width)
+        init = torch.empty(0) if width is None else initial_state(table, 1, width > 1)[0]
+        if init.numel() != (width or 0):  # by the reference, which names what is wrong
             return super().parts(handle, table, positions, rows, clocks, state, marks, built_n, width)
         sent_rows = _check_rows(table, rows, n, built_n).contiguous()
         sent_clocks = _check_clocks(clocks, n - built_n)
@@ -166,6 +167,7 @@ class NativeParts(TorchParts):
         return rows, clocks, None if width is None else state
 
 
+_U8 = np.dtype("u1")
 PARTS = NativeParts() if native.ops is not None else TorchParts()  # chosen once, as het.native loads
 
 
@@ -176,7 +178,7 @@ def _marks(after: list, n: int) -> np.ndarray | None:
         return None
     if len(after) != 1:
         raise PSError(f"a reply with {len(after)} arrays after its rows and clocks: expected at most one (built)")
-    if after[0].dtype.name != "uint8" or after[0].shape != ((n + 7) // 8,):
+    if after[0].dtype != _U8 or after[0].shape != ((n + 7) // 8,):
         raise PSError(f"a lazy reply's built marks: expected a bit for each of {n} rows, uint8 of shape "
                       f"({(n + 7) // 8},), got {after[0].dtype} {after[0].shape}")
     if n % 8 and int(after[0][-1]) >> (n % 8):
@@ -186,6 +188,8 @@ def _marks(after: list, n: int) -> np.ndarray | None:
 
 def _count_bits(marks: np.ndarray) -> int:
     """The bits set in packed marks."""
+    if not marks.any():  # every row sent: the common reply once a table is warm
+        return 0
     if hasattr(np, "bitwise_count"):  # numpy >= 2.0
         return int(np.bitwise_count(marks).sum())
     return int(np.unpackbits(marks).sum())
