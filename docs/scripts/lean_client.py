@@ -23,7 +23,7 @@ import torch
 from het import native
 from het.bench.ps import _Shard, raw_zmq
 from het.config import OptimizerConfig, TableConfig
-from het.ps.wire.protocol import _HEADER, MAGIC, VERSION, Op
+from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 
@@ -37,7 +37,7 @@ def _lean(shard: _Shard, batches: list, grads: torch.Tensor, counts: torch.Tenso
         seq[0] += 1
         specs = ",".join(f'["{code}",[{",".join(map(str, a.shape))}]]' for code, a in arrays)
         meta = f'{{{fields}"session":"{session}","seq":{seq[0]},"nonce":"{nonce}","arrays":[{specs}]}}'.encode()
-        sock.send_multipart([_HEADER.pack(MAGIC, VERSION, op, 0, 0, seq[0], len(meta)) + meta,
+        sock.send_multipart([HEADER.pack(MAGIC, VERSION, op, 0, 0, seq[0], len(meta)) + meta,
                              *(a for _, a in arrays)], copy=False)
 
     def wire(keys: torch.Tensor) -> np.ndarray:
@@ -48,7 +48,7 @@ def _lean(shard: _Shard, batches: list, grads: torch.Tensor, counts: torch.Tenso
     def reply(rows: bool) -> None:
         frames = sock.recv_multipart(copy=False)
         head = frames[0].buffer
-        assert _HEADER.unpack_from(head)[0] == MAGIC and "error" not in json.loads(bytes(head[_HEADER.size:]))
+        assert HEADER.unpack_from(head)[0] == MAGIC and "error" not in json.loads(bytes(head[HEADER.size:]))
         if rows:
             torch.from_numpy(np.frombuffer(frames[1].buffer, np.float32).reshape(-1, DIM))
             torch.from_numpy(np.frombuffer(frames[2].buffer, np.uint8)).long()

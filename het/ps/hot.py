@@ -19,7 +19,7 @@ import json
 import numpy as np
 
 from het.ps.limits import MAX_STEP
-from het.ps.wire.protocol import _HEADER, MAGIC, VERSION, Op, error_reply, encode
+from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, error_reply, encode
 
 _KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
 _COUNTS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
@@ -37,15 +37,15 @@ def answer(shard, frames) -> list | None:
     if n != 2 and n != 4:
         return None
     head = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
-    if len(head) < _HEADER.size:
+    if len(head) < HEADER.size:
         return None
-    magic, version, op, status, flags, rid, meta_len = _HEADER.unpack_from(head)
-    if magic != MAGIC or version != VERSION or flags or status or len(head) != _HEADER.size + meta_len:
+    magic, version, op, status, flags, rid, meta_len = HEADER.unpack_from(head)
+    if magic != MAGIC or version != VERSION or flags or status or len(head) != HEADER.size + meta_len:
         return None
     if not (op == Op.PULL and n == 2 or op == Op.PUSH and n == 4):
         return None
     try:
-        meta = json.loads(bytes(head[_HEADER.size:]))
+        meta = json.loads(bytes(head[HEADER.size:]))
     except ValueError:
         return None
     if type(meta) is not dict or meta.keys() != (_PULL_FIELDS if op == Op.PULL else _PUSH_FIELDS):
@@ -108,4 +108,4 @@ def encode_reply(op: Op, rid: int, meta: dict, arrays: list) -> list:
     own (C-contiguous, of the wire's dtypes)."""
     specs = ",".join(f'["{_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
     text = ("{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + f'"arrays":[{specs}]}}').encode()
-    return [_HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]
+    return [HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]

@@ -14,7 +14,7 @@ import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
 from het.ps.wire.connection import WaitAbandoned
-from het.ps.wire.protocol import ERROR, VERSION, Message, Op, _HEADER, MAGIC, decode, encode
+from het.ps.wire.protocol import ERROR, VERSION, Message, Op, HEADER, MAGIC, decode, encode
 
 pytestmark = pytest.mark.cluster
 
@@ -45,7 +45,7 @@ def test_malformed_and_wrong_version_requests_get_errors_and_the_shard_keeps_ser
     (address,) = shards()
     garbage = raw_request(address, [b"\x00\x01garbage"])
     assert garbage.status == ERROR and "header frame" in garbage.meta["error"]
-    future = _HEADER.pack(MAGIC, VERSION + 1, int(Op.PULL), 0, 0, 5, 2) + b"{}"
+    future = HEADER.pack(MAGIC, VERSION + 1, int(Op.PULL), 0, 0, 5, 2) + b"{}"
     wrong = raw_request(address, [future])
     assert wrong.status == ERROR and f"protocol version {VERSION + 1}" in wrong.meta["error"]
     assert wrong.request_id == 5

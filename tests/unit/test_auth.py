@@ -9,7 +9,7 @@ from het.cli import main
 from het.config import ShardConfig, TableConfig
 from het.ps.wire.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
 from het.ps.client import PSClient
-from het.ps.wire.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, _HEADER, decode,
+from het.ps.wire.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, HEADER, decode,
                                   encode)
 from het.ps.server import ServerProcess, ServerThread, _child_env
 from het.ps.shard import Shard
@@ -36,7 +36,7 @@ def flipped(frames, i, byte, bit=0x01):
 def test_signed_round_trip_keeps_everything():
     frames = signed_push()
     assert len(frames) == 5 and len(frames[-1]) == MAC_SIZE
-    assert _HEADER.unpack_from(frames[0])[4] == SIGNED
+    assert HEADER.unpack_from(frames[0])[4] == SIGNED
     m = decode(frames, SECRET)
     assert (m.op, m.request_id, m.meta, m.status) == (Op.PUSH, 42, {"table": "t", "step": 3}, OK)
     assert [a.tolist() for a in m.arrays] == [[1, 5, 9], [[1.0] * 3] * 3, [1, 1, 1]]
@@ -51,7 +51,7 @@ def test_signing_does_not_copy_the_arrays():
 def test_unsigned_messages_are_unchanged_and_a_secretless_side_drops_the_mac():
     msg = Message(Op.PULL, 7, {"table": "t"}, [np.arange(3)])
     plain = encode(msg)
-    assert len(plain) == 2 and _HEADER.unpack_from(plain[0])[4] == 0
+    assert len(plain) == 2 and HEADER.unpack_from(plain[0])[4] == 0
     assert decode(signed_push(), None).arrays[0].tolist() == [1, 5, 9]
 
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from het.config import ShardConfig, TableConfig
 from het.ps.wire.integers import delta_keys, narrow, undelta_keys, widen
-from het.ps.wire.protocol import ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, _HEADER, decode, encode
+from het.ps.wire.protocol import ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, HEADER, decode, encode
 from het.ps.shard import Shard
 
 
@@ -25,7 +25,7 @@ def test_rejects_float64_arrays():
 
 
 def _header(version=VERSION, op=1, meta=b"{}", magic=MAGIC):
-    return _HEADER.pack(magic, version, op, 0, 0, 7, len(meta)) + meta
+    return HEADER.pack(magic, version, op, 0, 0, 7, len(meta)) + meta
 
 
 @pytest.mark.parametrize("frames, match", [

@@ -105,7 +105,7 @@ from het.ps.wire import auth
 
 MAGIC = b"HETP"
 VERSION = 1
-_HEADER = struct.Struct("<4sBBBBQI")
+HEADER = struct.Struct("<4sBBBBQI")  # magic, version, op, status, flags, request id, meta length
 _DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
            "u1": np.dtype("u1")}
 _DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
@@ -202,7 +202,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     meta = dict(msg.meta, arrays=specs)
     meta_bytes = _JSON.encode(meta).encode()
     flags = 0 if secret is None else SIGNED
-    header = _HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, flags, msg.request_id, len(meta_bytes))
+    header = HEADER.pack(MAGIC, VERSION, int(msg.op), msg.status, flags, msg.request_id, len(meta_bytes))
     frames = [header + meta_bytes, *arrays]
     if secret is not None:
         frames.append(auth.mac(secret, frames))
@@ -249,9 +249,9 @@ def array_bytes(arrays) -> int:
 def peek_request_id(frame0) -> int:
     """The request id of a header frame, or 0 when it is too short to hold one."""
     buf = memoryview(_buffer(frame0))
-    if len(buf) < _HEADER.size:
+    if len(buf) < HEADER.size:
         return 0
-    return _HEADER.unpack_from(buf)[5]
+    return HEADER.unpack_from(buf)[5]
 
 
 def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Message:
@@ -272,9 +272,9 @@ def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Mes
     if not frames:
         raise ProtocolError("empty message: expected a header frame")
     head = memoryview(_buffer(frames[0]))
-    if len(head) < _HEADER.size:
-        raise ProtocolError(f"header frame of {len(head)} bytes: expected at least {_HEADER.size}")
-    magic, version, op, status, flags, request_id, meta_len = _HEADER.unpack_from(head)
+    if len(head) < HEADER.size:
+        raise ProtocolError(f"header frame of {len(head)} bytes: expected at least {HEADER.size}")
+    magic, version, op, status, flags, request_id, meta_len = HEADER.unpack_from(head)
     if magic != MAGIC:
         raise ProtocolError(f"bad magic {bytes(magic)!r}: expected {MAGIC!r}")
     if version != VERSION:
@@ -286,10 +286,10 @@ def decode(frames, secret: bytes | None = None, *, what: str = "request") -> Mes
     if op not in _OPS:
         raise ProtocolError(f"unknown op {op}: expected one of {[o.value for o in Op]}")
     op = _OPS[op]
-    if len(head) != _HEADER.size + meta_len:
-        raise ProtocolError(f"header says {meta_len} meta bytes, frame holds {len(head) - _HEADER.size}")
+    if len(head) != HEADER.size + meta_len:
+        raise ProtocolError(f"header says {meta_len} meta bytes, frame holds {len(head) - HEADER.size}")
     try:
-        meta = json.loads(bytes(head[_HEADER.size:]))
+        meta = json.loads(bytes(head[HEADER.size:]))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ProtocolError(f"meta is not JSON: {e}") from None
     if not isinstance(meta, dict):
