@@ -273,7 +273,8 @@ class Shard:
         return Checked(table, step, key_tensor, grads, counts, sq)
 
     def _apply(self, c: Checked, session: tuple[str, int] | None, logged: bool = True) -> int:
-        if len(c.keys) == 0:
+        n = c.keys.shape[0]
+        if n == 0:
             return 0
         t = self.tables[c.table]
         if self.wal is not None and logged:
@@ -290,11 +291,11 @@ class Shard:
             self.sessions.applied[session[0]] = session[1]
         if c.table in self.changes:
             self.changes[c.table].add(c.keys)
-        self.stats["rows_in"] += len(c.keys)
-        self._fit_memory(len(c.keys))
+        self.stats["rows_in"] += n
+        self._fit_memory(n)
         if self.wal is not None and self.cfg.wal_max is not None:  # a disk tier's files change under a child
             self.state.bound_log(self.cfg.wal_max, self.tables, self._header, background=self.cfg.memory is None)
-        return len(c.keys)
+        return n
 
     def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key

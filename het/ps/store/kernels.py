@@ -164,13 +164,25 @@ class NativeHalfPush:
         raise_push_failure(failed, opt)
 
 
+_IOTA = [torch.arange(0)]  # 0, 1, 2, ...: the native kernels read it, nothing writes it
+
+
+def positions(n: int) -> torch.Tensor:
+    """``torch.arange(n)``, as a view of one kept range (grown to the next power of two): a
+    push's identity mapping without a new tensor each time."""
+    if _IOTA[0].shape[0] < n:
+        _IOTA[0] = torch.arange(1 << max(n - 1, 0).bit_length())
+    return _IOTA[0][:n]
+
+
 def native_push_args(opt, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                      sq: torch.Tensor | None) -> tuple[str, list]:
     """The native push's kind and its arguments after the storage (``rows`` ... ``sq``): the
     unique rows of ``local`` and where each gradient and count goes, duplicates summed where the
     optimizer takes one gradient a row."""
     if opt.accepts_duplicates:  # SGD: no unique needed
-        rows, at, inverse, steps = local, torch.arange(len(local)), torch.arange(len(local)), counts
+        order = positions(local.shape[0])
+        rows, at, inverse, steps = local, order, order, counts
         sq = None
     else:
         rows, inverse = native.unique_inverse(local)

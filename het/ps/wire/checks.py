@@ -266,9 +266,10 @@ def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: 
         check_squares(torch.from_numpy(sq), table.name)
     if n:
         check_finite(torch.from_numpy(grads), "grads", table.name)
-    if n and (counts.min() < 0 or counts.max() > MAX_COUNT):
-        bad = counts.min() if counts.min() < 0 else counts.max()
-        raise ValueError(f"counts must lie in [0, {MAX_COUNT}], got {bad}")
+    if n:
+        lo, hi = (int(c) for c in torch.aminmax(torch.from_numpy(counts)))  # one pass, where numpy takes two
+        if lo < 0 or hi > MAX_COUNT:
+            raise ValueError(f"counts must lie in [0, {MAX_COUNT}], got {lo if lo < 0 else hi}")
 
 
 def sync(table: TableConfig, followed: bool, n: int, clocks: np.ndarray, asked: str | None) -> None:
