@@ -283,7 +283,7 @@ class PSClient:
     def _send(self, op, table, keys, arrays_of, meta) -> Handle:
         handle = Handle(op, table, len(keys), keys.device, keys=keys)
         meta = dict(meta, table=table)
-        if self.num_shards == 1 and len(keys) <= self._part_keys(table, len(keys)):  # one request, every key in order
+        if self.num_shards == 1 and 0 < len(keys) <= self._part_keys(table, len(keys)):  # one request, every key in order
             self._send_part(handle, 0, meta, arrays_of(_ALL), torch.arange(len(keys), device=keys.device))
             return handle
         for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):

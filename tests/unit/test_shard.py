@@ -270,3 +270,14 @@ def test_a_save_removes_the_one_it_replaces_and_a_bad_name_to_drop_changes_nothi
     assert same.status != 0 and "cannot drop the file it writes" in same.meta["error"]
     assert (tmp_path / "c" / "shard-0.pt").is_file()
     shard.close()
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_request_of_no_keys_sends_nothing_and_gives_empty_results(shards):
+    client = PSClient.local([T], shards)
+    before = [s.get("requests_pull", 0) + s.get("requests_push", 0) for s in client.stats()]
+    rows, clocks = client.wait(client.pull("t", torch.tensor([], dtype=torch.int64)))
+    assert rows.shape == (0, 3) and clocks.shape == (0,)
+    assert client.wait(client.push("t", torch.tensor([], dtype=torch.int64), torch.zeros(0, 3),
+                                   torch.zeros(0, dtype=torch.int64))) == 0
+    assert [s.get("requests_pull", 0) + s.get("requests_push", 0) for s in client.stats()] == before

@@ -67,7 +67,7 @@ with pushes of count 0); the marks are saved with the shard, and a save without 
 all touched.
 
 Keys are int64 in het, and travel as int32 when every key of the request fits (a fixed table
-below 2^31 rows; :func:`het.ps.wire.requests.wire_keys`); a shard takes either and widens them.
+below 2^31 rows; :func:`het.ps.wire.requests.keys_to_send`); a shard takes either and widens them.
 Ascending keys (a step's unique keys, which come sorted) travel as the steps between them
 instead, where that takes fewer bytes (:mod:`het.ps.wire.integers`): ``meta["deltas"]`` maps
 the array's position (as text) to its first key, and the array holds 0 and then each key's

@@ -48,8 +48,18 @@ def check_keys(table: TableConfig, keys, allowed: int | None = None) -> torch.Te
 
 
 def keys_to_send(table: TableConfig, keys) -> tuple[torch.Tensor, torch.Tensor]:
-    """A request's keys checked (:func:`check_keys`), flat, and as they travel (:func:`wire_keys`),
-    from one pass over them. Shape: any -> (n,), (n,)."""
+    """A request's keys checked (:func:`check_keys`) and flat, and as they travel, from one pass
+    over them: int32 when every one fits (a fixed table's below 2^31 rows, say), else int64 as
+    they are; the shard widens them back. Ascending keys then travel narrower still where they
+    can, as the steps between them (:func:`het.ps.wire.integers.delta_keys`).
+    Shape: any -> (n,), (n,).
+
+    Example:
+        >>> ids = TableConfig("ids", rows=None, dim=2)
+        >>> keys, wire = keys_to_send(ids, torch.tensor([[0, -5], [2**31 - 1, 7]]))
+        >>> keys.shape, wire.dtype, keys_to_send(ids, torch.tensor([2**31]))[1].dtype
+        (torch.Size([4]), torch.int32, torch.int64)
+    """
     keys = _int64(keys).reshape(-1)
     if not keys.numel():
         return keys, keys.to(torch.int32)
@@ -117,7 +127,7 @@ def squares_to_send(sq: torch.Tensor | None, counts: torch.Tensor) -> torch.Tens
 
 def push_arrays(wire, grads, counts, sq, at) -> list:
     """The arrays of a push's rows ``at`` (positions or a slice): keys as they travel (``wire``,
-    :func:`wire_keys`), gradients, counts and, with ``sq``, the squares of the rows of several
+    :func:`keys_to_send`), gradients, counts and, with ``sq``, the squares of the rows of several
     steps among them."""
     return [wire[at], grads[at], counts[at], *([] if sq is None else [squares_to_send(sq[at], counts[at])])]
 
@@ -147,21 +157,6 @@ def check_clocks(keys: torch.Tensor, clocks) -> torch.Tensor:
     if clocks.shape != keys.shape:
         raise ValueError(f"clocks must have shape {tuple(keys.shape)}, got {tuple(clocks.shape)}")
     return narrow(clocks)
-
-
-def wire_keys(keys: torch.Tensor) -> torch.Tensor:
-    """Keys as they travel: int32 when every one fits (a fixed table's below 2^31 rows, say),
-    else int64 as they are; the shard widens them back. Ascending keys then travel narrower
-    still where they can, as the steps between them (:func:`het.ps.wire.integers.delta_keys`).
-
-    Example:
-        >>> wire_keys(torch.tensor([0, -5, 2**31 - 1])).dtype, wire_keys(torch.tensor([2**31])).dtype
-        (torch.int32, torch.int64)
-    """
-    if keys.numel() == 0:
-        return keys.to(torch.int32)
-    lo, hi = torch.aminmax(keys)
-    return keys.to(torch.int32) if -(2**31) <= int(lo) and int(hi) < 2**31 else keys
 
 
 def route(table: TableConfig, keys: torch.Tensor, num_shards: int) -> list[torch.Tensor]:
