@@ -22,6 +22,7 @@ from het.ps.store import saves
 from het.ps.wire import checks
 from het.ps.wire.auth import curve_keys
 from het.ps.wire.connection import Connection, WaitAbandoned
+from het.ps.wire.hot import DECLINED, HotPath
 from het.ps.wire.integers import delta_keys, widen
 from het.ps.wire.protocol import Op, array_bytes
 from het.ps.wire.replies import Handle, merge
@@ -72,6 +73,8 @@ class PSClient:
         self.link = Connection(channels, timeout_s, secret, reconnect_s)
         self.lazy_init = bool(lazy_init)
         self.tables = self._fetch_tables()
+        # a one-shard PS, unsigned, no request kept to be sent again: the hot requests' short path
+        self._hot = HotPath(self) if len(self.channels) == 1 and secret is None and not reconnect_s else None
 
     @property
     def channels(self) -> list:
@@ -116,6 +119,8 @@ class PSClient:
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
         keys, wire = keys_to_send(table_of(self.tables, table), keys)
+        if self._hot_fits(table, keys):
+            return self._hot_send(Op.PULL, table, keys, '"lazy":true,' if self.lazy_init else '"lazy":false,', [wire])
         return self._send(Op.PULL, table, keys, lambda p: [wire[p]], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
@@ -128,6 +133,9 @@ class PSClient:
         keys, wire = keys_to_send(cfg, keys)
         grads, counts = check_push(cfg, keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, keys, sq, counts)
+        if sq is None and self._hot_fits(table, keys):
+            fields = f'"step":{int(step)},' + ("" if grad_dtype == "f32" else f'"grads":"{grad_dtype}",')
+            return self._hot_send(Op.PUSH, table, keys, fields, [wire, grads, counts])
         return self._send(Op.PUSH, table, keys,
                           lambda p: push_arrays(wire, grads, counts, sq, p),
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
@@ -179,6 +187,12 @@ class PSClient:
         if handle.done:
             return handle.result
         try:
+            if handle.hot:
+                result = self._hot.wait(handle)
+                if result is not DECLINED:
+                    return result
+                (shard, rid, _), = handle.parts  # the general path reads it: every key, in order
+                handle.parts = [(shard, rid, torch.arange(handle.n, device=handle.device))]
             replies = [(positions, self.link.reply(shard, rid)) for shard, rid, positions in handle.parts]
         finally:  # the parts of a push in parts are kept to be sent again until its last is answered
             self.link.done([(shard, rid) for shard, rid, _ in handle.parts])
@@ -293,6 +307,16 @@ class PSClient:
                 self._send_part(handle, shard, part_meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
+    def _hot_fits(self, table: str, keys: torch.Tensor) -> bool:
+        """Whether a pull or push of ``keys`` goes by the short path: every key in one request."""
+        return self._hot is not None and 0 < len(keys) <= self._part_keys(table, len(keys))
+
+    def _hot_send(self, op: Op, table: str, keys: torch.Tensor, fields: str, tensors: list) -> Handle:
+        """:meth:`_send` of every key in one request, by the short path (:mod:`het.ps.wire.hot`)."""
+        handle = Handle(op, table, len(keys), keys.device, keys=keys, hot=True)
+        self._hot.request(handle, fields, [_numpy(t) for t in tensors])
+        return handle
+
     def _part_keys(self, table: str, n: int) -> int:
         """The most keys of one request of ``_send`` carrying ``n`` keys to a shard: the shards'
         ``max_keys``, and about :data:`PART_BYTES` of rows (never under 1,024 keys) in at most
@@ -303,8 +327,7 @@ class PSClient:
         """One request of ``handle`` to ``shard``: ``tensors`` as arrays, the arrays of keys
         (at ``keys_at``) delta-coded where that takes fewer bytes; their bytes are counted on
         the handle, a push's apart from a sync's."""
-        arrays = [t.numpy() if t.device.type == "cpu" and not t.requires_grad else t.detach().cpu().numpy()
-                  for t in tensors]
+        arrays = [_numpy(t) for t in tensors]
         coded = {}
         for i in keys_at:
             delta = delta_keys(arrays[i])
@@ -313,6 +336,11 @@ class PSClient:
         meta = dict(meta, table=handle.table, **self.link.fresh(shard), **({"deltas": coded} if coded else {}))
         handle.count_request(arrays, pushed=3 + bool(meta.get("sq")))
         handle.parts.append((shard, self.link.request(shard, handle.op, meta, arrays), positions))
+
+
+def _numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as the numpy array that travels: itself on the CPU, else a copy there."""
+    return t.numpy() if t.device.type == "cpu" and not t.requires_grad else t.detach().cpu().numpy()
 
 
 _ALL = slice(None)  # "every key, in order": sent as is, without a gather

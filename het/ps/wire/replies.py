@@ -36,6 +36,7 @@ class Handle:
     state: str | None = None  # a sync's optimizer state asked for ("row", "full"): one more reply array
     merge_s: float = 0.0  # seconds of merging the replies, once they were all in: work, not waiting
     keys_cpu: torch.Tensor | None = None  # ``keys`` on the CPU, copied once for every reply
+    hot: bool = False  # sent by the short path (:mod:`het.ps.wire.hot`), whose wait reads its reply first
 
     def count_request(self, arrays: list, pushed: int) -> None:
         """Count one request's arrays: all, those of a push (its first ``pushed``: keys,

@@ -1,0 +1,195 @@
+"""The client's short path for hot requests (het.ps.wire.hot) against its general path: for any
+pull or push, the same frames on the wire, the same results, the same counts; and for any reply,
+well formed or not, the same result or the same error."""
+
+import secrets
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.ps.shard import Shard
+from het.ps.wire import hot
+from het.ps.wire.protocol import HEADER, Message, Op, PSError, ProtocolError, encode
+
+ROWS, DIM = 40, 3
+TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),
+          TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)),
+          TableConfig("h", rows=ROWS, dim=DIM, row_dtype="fp16", optimizer=OptimizerConfig("sgd", lr=0.5)))
+
+
+class _Channel:
+    """A channel to an in-process shard that keeps every request's frames as bytes, and whose
+    replies a test may replace (``rewrite``: reply frames -> frames)."""
+
+    def __init__(self, shard):
+        self.shard, self.address, self.sent, self.replies, self.rewrite = shard, "in-process", [], [], None
+
+    def send(self, frames) -> None:
+        wire = [bytes(memoryview(f)) for f in frames]
+        self.sent.append(wire)
+        out = [bytes(memoryview(f)) for f in self.shard.handle_frames(wire)]
+        self.replies.append(self.rewrite(out) if self.rewrite else out)
+
+    def recv(self, timeout_s):
+        if not self.replies:
+            raise TimeoutError("no reply pending")
+        return self.replies.pop(0)
+
+    def close(self) -> None:
+        pass
+
+
+def _pair():
+    """Two clients of two shards alike (the same nonce, session and request ids): ``fast``
+    reads by the short path, ``general`` only by the general one."""
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(secrets, "token_hex", lambda n=16: "5e" * n)
+        m.setattr(secrets, "randbits", lambda k: 1 << 40)
+        cfg = ShardConfig(TABLES, max_keys=64)
+        fast, general = (PSClient([_Channel(Shard(cfg))], timeout_s=0.3) for _ in range(2))
+    general._hot = None
+    assert fast._hot is not None
+    return fast, general
+
+
+@pytest.fixture
+def pair():
+    return _pair()
+
+
+def _outcome(client, op, args):
+    """What a request and its wait give: the result, or the error's type and text."""
+    try:
+        handle = getattr(client, op)(*args)
+        result = client.wait(handle)
+    except (PSError, ProtocolError, ValueError, TimeoutError) as e:
+        return type(e).__name__, str(e)
+    counted = (handle.request_bytes, handle.push_bytes, handle.reply_bytes, dict(client.bytes))
+    if op == "pull":
+        return result[0].tolist(), result[0].dtype, result[1].tolist(), result[1].dtype, counted
+    return result, counted
+
+
+def _same(fast, general, op, *args):
+    got, want = _outcome(fast, op, args), _outcome(general, op, args)
+    assert got == want
+    assert fast.channels[0].sent == general.channels[0].sent  # byte for byte
+    return got
+
+
+def _keys(table: str, draw_keys: list) -> torch.Tensor:
+    keys = torch.tensor(draw_keys, dtype=torch.int64)
+    return keys * 9_000_000_000_017 if table == "d" else keys  # raw ids past int32 on the dynamic table
+
+
+_STEP = st.tuples(st.sampled_from(["pull", "push"]), st.sampled_from(["t", "d", "h"]),
+                  st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=20), st.booleans(),
+                  st.sampled_from(["f32", "bf16"]), st.integers(1, 3), st.booleans())
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(_STEP, min_size=1, max_size=8))
+def test_the_short_path_sends_and_reads_what_the_general_path_does(steps):
+    """Pulls (lazy or not) and pushes of any keys (none, repeated, ascending: delta-coded, past
+    int32, more than one request holds), f32 or bf16 gradients, counts of any width, on a table of
+    float32 rows, one of raw ids and one of half rows (whose replies the short path leaves to the
+    general): the same frames, results and byte counts, and the same shards after."""
+    fast, general = _pair()
+    for op, table, keys, ascending, grad_dtype, count, lazy in steps:
+        keys = _keys(table, sorted(set(keys)) if ascending else keys)
+        fast.lazy_init = general.lazy_init = lazy
+        if op == "pull":
+            _same(fast, general, "pull", table, keys)
+        else:
+            grads = torch.linspace(-1, 1, len(keys) * DIM).reshape(len(keys), DIM)
+            counts = torch.full((len(keys),), 300 if count == 3 else count)
+            _same(fast, general, "push", table, keys, grads, counts, count, grad_dtype)
+    for a, b in zip(fast.channels[0].shard.tables.values(), general.channels[0].shard.tables.values()):
+        assert a.state_dict().keys() == b.state_dict().keys()
+        for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+            assert type(x) is not torch.Tensor or torch.equal(x, y)
+
+
+def test_a_step_takes_the_short_path_and_more_keys_than_one_request_the_general(pair, monkeypatch):
+    fast, general = pair
+    read = []
+    wait = hot.HotPath.wait
+    monkeypatch.setattr(hot.HotPath, "wait", lambda self, h: read.append(wait(self, h)) or read[-1])
+    keys = torch.tensor([5, 1, 9])
+    _same(fast, general, "push", "t", keys, torch.ones(3, DIM), torch.ones(3, dtype=torch.int64))
+    _same(fast, general, "pull", "t", keys)
+    assert read == [3, read[1]] and read[1] is not hot.DECLINED
+    many = torch.arange(ROWS).repeat(2)  # past the shards' max_keys: in parts, by the general path
+    _same(fast, general, "pull", "t", many)
+    assert len(read) == 2
+
+
+def _rewrites():
+    """Replies made wrong in every way the short path checks: each must come out as the general
+    path has it (an error, or the same result read the long way)."""
+    def header(**fields):
+        def rewrite(frames):
+            names = ("magic", "version", "op", "status", "flags", "rid", "meta_len")
+            values = dict(zip(names, HEADER.unpack_from(frames[0])))
+            values.update({k: (v(values[k]) if callable(v) else v) for k, v in fields.items()})
+            return [HEADER.pack(*values.values()) + frames[0][HEADER.size:], *frames[1:]]
+        return rewrite
+
+    def meta(text_of):
+        def rewrite(frames):
+            text = text_of(frames[0][HEADER.size:].decode()).encode()
+            head = HEADER.unpack_from(frames[0])
+            return [HEADER.pack(*head[:6], len(text)) + text, *frames[1:]]
+        return rewrite
+
+    return {
+        "as is": lambda f: f,
+        "bad magic": header(magic=b"XXXX"),
+        "another version": header(version=lambda v: v + 1),
+        "another op": header(op=int(Op.INFO)),
+        "an error status": header(status=1),
+        "signed flag": header(flags=1),
+        "another request's id": header(rid=lambda r: r + 7),
+        "meta length off": header(meta_len=lambda n: n + 1),
+        "short header": lambda f: [f[0][:10], *f[1:]],
+        "meta not JSON": meta(lambda t: "{" + t),
+        "meta a list": meta(lambda t: "[" + t + "]"),
+        "an extra field": meta(lambda t: '{"x":1,' + t[1:]),
+        "applied not an int": meta(lambda t: t.replace('"applied":', '"applied":0.5,"y":')),
+        "rows of another dtype": meta(lambda t: t.replace('["f4"', '["i4"')),
+        "clocks of float": meta(lambda t: t.replace('],["u1",[', '],["f4",[', 1)),
+        "a frame short": lambda f: [*f[:-1], f[-1][:-1]] if len(f) > 1 else f,
+        "a frame more": lambda f: [*f, b"\0"],
+        "a frame less": lambda f: f[:-1] if len(f) > 1 else f,
+        "a row marked built": lambda f: [*f[:3], bytes([1]) + f[3][1:]] if len(f) == 4 else f,
+    }
+
+
+@pytest.mark.parametrize("name, rewrite", list(_rewrites().items()))
+def test_a_reply_the_short_path_does_not_prove_well_formed_is_read_as_the_general_path_reads_it(pair, name, rewrite):
+    fast, general = pair
+    keys = torch.tensor([5, 1, 9, 30])
+    _same(fast, general, "push", "t", keys, torch.ones(4, DIM), torch.ones(4, dtype=torch.int64))
+    for client in pair:
+        client.channels[0].rewrite = rewrite
+    _same(fast, general, "push", "t", keys, torch.ones(4, DIM), torch.ones(4, dtype=torch.int64))
+    _same(fast, general, "pull", "t", keys)
+    _same(fast, general, "pull", "t", torch.tensor([2, 5, 7, 8, 30, 31, 32, 33, 34]))  # rows left to build
+
+
+def test_a_reply_that_came_before_its_wait_is_read_by_the_general_path(pair):
+    """Two requests in flight, waited for in the other order: the first reply off the wire is
+    the other's, kept; each gives what it gives by the general path."""
+    fast, general = pair
+    keys = torch.tensor([3, 4])
+    outcomes = []
+    for client in pair:
+        pull = client.pull("t", keys)
+        push = client.push("t", keys, torch.ones(2, DIM), torch.ones(2, dtype=torch.int64))
+        outcomes.append((client.wait(push), client.wait(pull)[1].tolist(), client.link.stray_replies))
+    assert outcomes[0] == outcomes[1] == (2, [0, 0], 0)
