@@ -90,6 +90,37 @@ class Connection:
         self._waiting[shard].add(rid)
         self.channels[shard].send(frames)
 
+    def send_frames(self, shard: int, rid: int, frames: list, nbytes: int) -> None:
+        """Send request ``rid``, its frames (``nbytes`` in all) written by the caller
+        (:mod:`het.ps.wire.hot`), as :meth:`request` sends one; nothing is kept to send again."""
+        self.bytes["sent"] += nbytes
+        self._waiting[shard].add(rid)
+        self.channels[shard].send(frames)
+
+    def next_seq(self, shard: int) -> int:
+        """The sequence number of the next request to ``shard`` (:meth:`fresh`'s)."""
+        return next(self._seqs[shard])
+
+    def came_early(self, shard: int, rid: int) -> bool:
+        """Whether the reply to ``rid`` was taken off the wire before its wait, and is kept."""
+        return rid in self._early[shard]
+
+    def next_reply(self, shard: int) -> list:
+        """The next frames off ``shard``'s wire, waited for as :meth:`reply` waits (without
+        ``reconnect_s``): TimeoutError, WaitAbandoned. The caller reads them (:meth:`read`)
+        or hands them back (:meth:`keep`)."""
+        return self._recv(shard, self.timeout_s)
+
+    def read(self, shard: int, rid: int, frames) -> None:
+        """Count ``frames``, the reply to ``rid`` that the caller read: it is no longer waited for."""
+        self.bytes["received"] += frame_bytes(frames)
+        self._waiting[shard].discard(rid)
+
+    def keep(self, shard: int, frames) -> None:
+        """Frames :meth:`next_reply` gave that the caller did not read: taken as :meth:`reply`
+        takes any, kept for their wait (or counted stray)."""
+        self._take(shard, frames)
+
     def broadcast(self, op: Op, meta=lambda i: {}, timeout_s: float | None | str = "default") -> list[Message]:
         """``op`` to every shard (``meta(i)``: shard i's meta), and their replies in shard order.
         INFO names no nonce or session: it is how a client learns the nonces. Any other is kept

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from het.ps.wire.integers import WIRE_INTS, delta_keys
-from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Op, frame_bytes
+from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Op
 
 _CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
 _INTS = {_CODES[t]: t for t in WIRE_INTS}
@@ -35,16 +35,14 @@ class HotPath:
     no ``reconnect_s``): :meth:`request` sends, :meth:`wait` reads."""
 
     def __init__(self, client):
-        self.client, self.link = client, client.link
-        self.channel, self.waiting, self.early = self.link.channels[0], self.link._waiting[0], self.link._early[0]
-        self.seqs, self._texts = self.link._seqs[0], {}
+        self.client, self.link, self._texts = client, client.link, {}
 
     def request(self, handle, fields: str, arrays: list) -> None:
         """Send ``handle``'s request: ``fields``, the meta's first fields as JSON text with a
         comma after each (``'"lazy":true,'``), then the fields every request names; ``arrays``
         numpy, of the wire's dtypes, their keys first."""
         link = self.link
-        rid, seq = link.next_id(), next(self.seqs)
+        rid, seq = link.next_id(), link.next_seq(0)
         deltas = ""
         coded = delta_keys(arrays[0])
         if coded is not None:
@@ -60,9 +58,7 @@ class HotPath:
         handle.request_bytes += sent
         if handle.op is Op.PUSH:
             handle.push_bytes += sent
-        link.bytes["sent"] += len(frames[0]) + sent
-        self.waiting.add(rid)
-        self.channel.send(frames)
+        link.send_frames(0, rid, frames, len(frames[0]) + sent)
         handle.parts.append((0, rid, None))  # None: every key, in order (positions made if the general path reads)
 
     def _text(self, value) -> str:
@@ -78,16 +74,15 @@ class HotPath:
         """``handle``'s result from its reply, or :data:`DECLINED`: the reply, when it came, is
         where the general path finds it (:meth:`het.ps.wire.connection.Connection.reply`)."""
         (_, rid, _), = handle.parts
-        if rid in self.early:
-            return DECLINED
         link = self.link
-        frames = link._recv(0, link.timeout_s)
+        if link.came_early(0, rid):
+            return DECLINED
+        frames = link.next_reply(0)
         result = self._read(handle, rid, frames)
         if result is DECLINED:
-            link._take(0, frames)
+            link.keep(0, frames)
             return DECLINED
-        self.waiting.discard(rid)
-        link.bytes["received"] += frame_bytes(frames)
+        link.read(0, rid, frames)
         handle.result, handle.done = result, True
         return result
 
