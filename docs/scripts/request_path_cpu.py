@@ -1,11 +1,12 @@
 """The CPU of ``het bench ps``'s step without ZeroMQ: a pull of 4,096 rows of dim 128 and a push
 of their gradients (SGD, 200,000 rows all stored, 64 batches of random rows in turn), in one
 thread. The client's side: its requests built and its replies merged, the shard's replies made
-beforehand; the shard's side: ``Shard.handle_frames`` of the client's requests, the native
-kernels' share (the reply's gather, the push, the NaN checks) timed apart. Milliseconds a step,
-the median of five runs:
+beforehand (``--general``: by its general path only; ``--shards``: the table over several shards,
+every request split among them); the shard's side: ``Shard.handle_frames`` of the client's
+requests, the native kernels' share (the reply's gather, the push, the NaN checks) timed apart.
+Milliseconds a step, the median of five runs:
 
-    .venv/bin/python docs/scripts/request_path_cpu.py [--steps 1500]
+    .venv/bin/python docs/scripts/request_path_cpu.py [--steps 1500 --shards 1 --general]
 """
 
 import argparse
@@ -27,8 +28,8 @@ _ID = struct.Struct("<Q")  # a header's request id, at byte 8
 
 class _Channel:
     """A client's channel to ``shard`` in this thread. ``replay``: answer each op with the reply
-    it got last (under the new request's id), the shard untouched; ``hold``: keep the requests
-    unanswered, for the shard to take later."""
+    it got last for a request of as many keys (under the new request's id), the shard untouched;
+    ``hold``: keep the requests unanswered, for the shard to take later."""
 
     def __init__(self, shard: Shard):
         self.shard, self.address, self.replies, self.last, self.held = shard, "in-process", [], {}, []
@@ -39,12 +40,13 @@ class _Channel:
             self.held.append(list(frames))
             return
         op, rid = frames[0][5], _ID.unpack_from(frames[0], 8)[0]  # the header's op and request id, unparsed
-        if self.replay and op in self.last:  # the reply of last time, its header given this request's id
-            head, *arrays = self.last[op]
+        asked = (op, memoryview(frames[1]).nbytes if len(frames) > 1 else 0)  # the op and its keys' bytes
+        if self.replay and asked in self.last:  # the reply of last time, its header given this request's id
+            head, *arrays = self.last[asked]
             self.replies.append([head[:8] + _ID.pack(rid) + head[16:], *arrays])
             return
         out = self.shard.handle_frames(frames)
-        self.last[op] = [bytes(memoryview(out[0])), *out[1:]]
+        self.last[asked] = [bytes(memoryview(out[0])), *out[1:]]
         self.replies.append(out)
 
     def recv(self, timeout_s):
@@ -89,13 +91,17 @@ def _timed_kernels(spent: dict) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--shards", type=int, default=1, help="shards the table is split over (the client's requests to each)")
+    p.add_argument("--general", action="store_true", help="the client's general path only, not its short path")
     args = p.parse_args()
     if native.ops is None:
         raise SystemExit("the native core is not built: run `make native`")
     torch.set_num_threads(1)
-    shard = Shard(ShardConfig((TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01)),)))
-    channel = _Channel(shard)
-    client = PSClient([channel])
+    table = TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01))
+    channels = [_Channel(Shard(ShardConfig((table,), i, args.shards))) for i in range(args.shards)]
+    client = PSClient(channels)
+    if args.general:
+        client._hot = None
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(ROWS, generator=rng)[:BATCH] for _ in range(64)]
     grads, counts = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
@@ -106,18 +112,22 @@ def main() -> None:
     _timed_kernels(spent)
     runs = []
     for _ in range(5):
-        channel.replay = True  # the client alone
+        for channel in channels:
+            channel.replay = True  # the client alone
         start = time.thread_time()
         _steps(client, batches, grads, counts, args.steps)
         client_ms = (time.thread_time() - start) * 1e3 / args.steps
-        channel.replay, channel.hold = False, True  # the requests, for the shard alone
+        for channel in channels:
+            channel.replay, channel.hold = False, True  # the requests, for the shards alone
         _requests(client, batches, grads, counts, args.steps)
-        channel.hold, held = False, channel.held[:]
-        channel.held.clear()
+        held = [(channel.shard, frames) for channel in channels for frames in channel.held]
+        for channel in channels:
+            channel.hold = False
+            channel.held.clear()
         for k in spent:
             spent[k] = 0.0
         start = time.thread_time()
-        for frames in held:
+        for shard, frames in held:
             shard.handle_frames(frames)
         shard_ms = (time.thread_time() - start) * 1e3 / args.steps
         runs.append({"client_ms": client_ms, "shard_ms": shard_ms,

@@ -22,12 +22,12 @@ from het.ps.store import saves
 from het.ps.wire import checks
 from het.ps.wire.auth import curve_keys
 from het.ps.wire.connection import Connection, WaitAbandoned
-from het.ps.wire.hot import DECLINED, HotPath
+from het.ps.wire.hot import HotPath
 from het.ps.wire.integers import delta_keys, widen
 from het.ps.wire.protocol import Op, array_bytes
 from het.ps.wire.replies import Handle, merge
 from het.ps.wire.requests import (check_clocks, check_push, check_sq, cut, keys_to_send, push_arrays, push_sync_parts,
-                                  route, table_of)
+                                  route, rows_at, table_of)
 from het.ps.wire.transport import LocalTransport, ZmqTransport
 from het.staleness import bound_to_wire
 
@@ -73,8 +73,8 @@ class PSClient:
         self.link = Connection(channels, timeout_s, secret, reconnect_s)
         self.lazy_init = bool(lazy_init)
         self.tables = self._fetch_tables()
-        # a one-shard PS, unsigned, no request kept to be sent again: the hot requests' short path
-        self._hot = HotPath(self) if len(self.channels) == 1 and secret is None and not reconnect_s else None
+        # unsigned, no request kept to be sent again: the hot requests' short path
+        self._hot = HotPath(self) if secret is None and not reconnect_s else None
 
     @property
     def channels(self) -> list:
@@ -120,8 +120,9 @@ class PSClient:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
         keys, wire = keys_to_send(table_of(self.tables, table), keys)
         if self._hot_fits(table, keys):
-            return self._hot_send(Op.PULL, table, keys, '"lazy":true,' if self.lazy_init else '"lazy":false,', [wire])
-        return self._send(Op.PULL, table, keys, lambda p: [wire[p]], {"lazy": self.lazy_init})
+            return self._hot_send(Op.PULL, table, keys, '"lazy":true,' if self.lazy_init else '"lazy":false,',
+                                  lambda p: [rows_at(wire, p)])
+        return self._send(Op.PULL, table, keys, lambda p: [rows_at(wire, p)], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
              step: int = 1, grad_dtype: str = "f32", sq: torch.Tensor | None = None) -> Handle:
@@ -135,7 +136,7 @@ class PSClient:
         sq = check_sq(cfg, keys, sq, counts)
         if sq is None and self._hot_fits(table, keys):
             fields = f'"step":{int(step)},' + ("" if grad_dtype == "f32" else f'"grads":"{grad_dtype}",')
-            return self._hot_send(Op.PUSH, table, keys, fields, [wire, grads, counts])
+            return self._hot_send(Op.PUSH, table, keys, fields, lambda p: push_arrays(wire, grads, counts, None, p))
         return self._send(Op.PUSH, table, keys,
                           lambda p: push_arrays(wire, grads, counts, sq, p),
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
@@ -148,7 +149,7 @@ class PSClient:
         :meth:`het.ps.store.optim.SparseOptimizer.local_state`)."""
         keys, wire = keys_to_send(table_of(self.tables, table), keys)
         clocks = check_clocks(keys, clocks)
-        handle = self._send(Op.SYNC, table, keys, lambda p: [wire[p], clocks[p]],
+        handle = self._send(Op.SYNC, table, keys, lambda p: [rows_at(wire, p), rows_at(clocks, p)],
                             {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
         handle.state = state
         return handle
@@ -178,7 +179,7 @@ class PSClient:
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
                     pushed = push_arrays(push_wire, grads, counts, sq, q)
-                    self._send_part(handle, shard, part_meta, [*pushed, sync_wire[p_all], clocks[p_all]], p,
+                    self._send_part(handle, shard, part_meta, [*pushed, rows_at(sync_wire, p_all), rows_at(clocks, p_all)], p,
                                     keys_at=(0, len(pushed)))
         return handle
 
@@ -188,11 +189,7 @@ class PSClient:
             return handle.result
         try:
             if handle.hot:
-                result = self._hot.wait(handle)
-                if result is not DECLINED:
-                    return result
-                (shard, rid, _), = handle.parts  # the general path reads it: every key, in order
-                handle.parts = [(shard, rid, torch.arange(handle.n, device=handle.device))]
+                return self._hot.wait(handle)
             replies = [(positions, self.link.reply(shard, rid)) for shard, rid, positions in handle.parts]
         finally:  # the parts of a push in parts are kept to be sent again until its last is answered
             self.link.done([(shard, rid) for shard, rid, _ in handle.parts])
@@ -308,13 +305,21 @@ class PSClient:
         return handle
 
     def _hot_fits(self, table: str, keys: torch.Tensor) -> bool:
-        """Whether a pull or push of ``keys`` goes by the short path: every key in one request."""
+        """Whether a pull or push of ``keys`` goes by the short path: no shard's keys in more
+        than one request (all of them fit one)."""
         return self._hot is not None and 0 < len(keys) <= self._part_keys(table, len(keys))
 
-    def _hot_send(self, op: Op, table: str, keys: torch.Tensor, fields: str, tensors: list) -> Handle:
-        """:meth:`_send` of every key in one request, by the short path (:mod:`het.ps.wire.hot`)."""
+    def _hot_send(self, op: Op, table: str, keys: torch.Tensor, fields: str, tensors_of) -> Handle:
+        """:meth:`_send` of keys that go in one request to each shard, by the short path
+        (:mod:`het.ps.wire.hot`): the same requests, in the same order."""
         handle = Handle(op, table, len(keys), keys.device, keys=keys, hot=True)
-        self._hot.request(handle, fields, [_numpy(t) for t in tensors])
+        if self.num_shards == 1:
+            self._hot.request(handle, 0, fields, [_numpy(t) for t in tensors_of(_ALL)], None)
+            return handle
+        for shard, p in enumerate(route(self.tables[table], keys, self.num_shards)):
+            if len(p):
+                tensors = tensors_of(_ALL if len(p) == len(keys) else p)
+                self._hot.request(handle, shard, fields, [_numpy(t) for t in tensors], p)
         return handle
 
     def _part_keys(self, table: str, n: int) -> int:

@@ -2,6 +2,7 @@
 pull or push, the same frames on the wire, the same results, the same counts; and for any reply,
 well formed or not, the same result or the same error."""
 
+import re
 import secrets
 
 import numpy as np
@@ -44,22 +45,29 @@ class _Channel:
         pass
 
 
-def _pair():
-    """Two clients of two shards alike (the same nonce, session and request ids): ``fast``
-    reads by the short path, ``general`` only by the general one."""
+def _pair(shards: int = 1):
+    """Two clients of ``shards`` shards each, alike (the same nonces, session and request ids):
+    ``fast`` reads by the short path, ``general`` only by the general one."""
     with pytest.MonkeyPatch.context() as m:
         m.setattr(secrets, "token_hex", lambda n=16: "5e" * n)
         m.setattr(secrets, "randbits", lambda k: 1 << 40)
-        cfg = ShardConfig(TABLES, max_keys=64)
-        fast, general = (PSClient([_Channel(Shard(cfg))], timeout_s=0.3) for _ in range(2))
+        cfgs = [ShardConfig(TABLES, i, shards, max_keys=64) for i in range(shards)]
+        fast, general = (PSClient([_Channel(_renonced(Shard(c), i)) for i, c in enumerate(cfgs)], timeout_s=0.3)
+                         for _ in range(2))
     general._hot = None
     assert fast._hot is not None
     return fast, general
 
 
-@pytest.fixture
-def pair():
-    return _pair()
+def _renonced(shard: Shard, i: int) -> Shard:
+    """``shard`` with a nonce of its own among its PS's, the same in both clients' PS."""
+    shard.nonce = shard.sessions.nonce = shard.sessions.freshness.nonce = f"{i:02d}" * 16
+    return shard
+
+
+@pytest.fixture(params=[1, 3], ids=["one shard", "three shards"])
+def pair(request):
+    return _pair(request.param)
 
 
 def _outcome(client, op, args):
@@ -78,7 +86,8 @@ def _outcome(client, op, args):
 def _same(fast, general, op, *args):
     got, want = _outcome(fast, op, args), _outcome(general, op, args)
     assert got == want
-    assert fast.channels[0].sent == general.channels[0].sent  # byte for byte
+    for a, b in zip(fast.channels, general.channels):
+        assert a.sent == b.sent  # byte for byte
     return got
 
 
@@ -93,13 +102,14 @@ _STEP = st.tuples(st.sampled_from(["pull", "push"]), st.sampled_from(["t", "d", 
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(_STEP, min_size=1, max_size=8))
-def test_the_short_path_sends_and_reads_what_the_general_path_does(steps):
+@given(shards=st.sampled_from([1, 3]), steps=st.lists(_STEP, min_size=1, max_size=8))
+def test_the_short_path_sends_and_reads_what_the_general_path_does(shards, steps):
     """Pulls (lazy or not) and pushes of any keys (none, repeated, ascending: delta-coded, past
     int32, more than one request holds), f32 or bf16 gradients, counts of any width, on a table of
     float32 rows, one of raw ids and one of half rows (whose replies the short path leaves to the
-    general): the same frames, results and byte counts, and the same shards after."""
-    fast, general = _pair()
+    general), on one shard or three: the same frames, results and byte counts, and the same
+    shards after."""
+    fast, general = _pair(shards)
     for op, table, keys, ascending, grad_dtype, count, lazy in steps:
         keys = _keys(table, sorted(set(keys)) if ascending else keys)
         fast.lazy_init = general.lazy_init = lazy
@@ -109,24 +119,25 @@ def test_the_short_path_sends_and_reads_what_the_general_path_does(steps):
             grads = torch.linspace(-1, 1, len(keys) * DIM).reshape(len(keys), DIM)
             counts = torch.full((len(keys),), 300 if count == 3 else count)
             _same(fast, general, "push", table, keys, grads, counts, count, grad_dtype)
-    for a, b in zip(fast.channels[0].shard.tables.values(), general.channels[0].shard.tables.values()):
-        assert a.state_dict().keys() == b.state_dict().keys()
-        for x, y in zip(a.state_dict().values(), b.state_dict().values()):
-            assert type(x) is not torch.Tensor or torch.equal(x, y)
+    for ours, theirs in zip(fast.channels, general.channels):
+        for a, b in zip(ours.shard.tables.values(), theirs.shard.tables.values()):
+            assert a.state_dict().keys() == b.state_dict().keys()
+            for x, y in zip(a.state_dict().values(), b.state_dict().values()):
+                assert type(x) is not torch.Tensor or torch.equal(x, y)
 
 
 def test_a_step_takes_the_short_path_and_more_keys_than_one_request_the_general(pair, monkeypatch):
     fast, general = pair
     read = []
-    wait = hot.HotPath.wait
-    monkeypatch.setattr(hot.HotPath, "wait", lambda self, h: read.append(wait(self, h)) or read[-1])
-    keys = torch.tensor([5, 1, 9])
+    original = hot.HotPath._read
+    monkeypatch.setattr(hot.HotPath, "_read", staticmethod(lambda *args: read.append(original(*args)) or read[-1]))
+    keys = torch.tensor([5, 1, 9])  # on three shards, one key each
     _same(fast, general, "push", "t", keys, torch.ones(3, DIM), torch.ones(3, dtype=torch.int64))
     _same(fast, general, "pull", "t", keys)
-    assert read == [3, read[1]] and read[1] is not hot.DECLINED
-    many = torch.arange(ROWS).repeat(2)  # past the shards' max_keys: in parts, by the general path
+    assert len(read) == 2 * fast.num_shards and None not in read
+    many = torch.arange(ROWS).repeat(6)  # past the shards' max_keys: in parts, by the general path
     _same(fast, general, "pull", "t", many)
-    assert len(read) == 2
+    assert len(read) == 2 * fast.num_shards
 
 
 def _rewrites():
@@ -162,6 +173,7 @@ def _rewrites():
         "an extra field": meta(lambda t: '{"x":1,' + t[1:]),
         "applied not an int": meta(lambda t: t.replace('"applied":', '"applied":0.5,"y":')),
         "rows of another dtype": meta(lambda t: t.replace('["f4"', '["i4"')),
+        "rows of another shape": meta(lambda t: re.sub(r'\["f4",\[(\d+),(\d+)\]\]', r'["f4",[\2,\1]]', t)),
         "clocks of float": meta(lambda t: t.replace('],["u1",[', '],["f4",[', 1)),
         "a frame short": lambda f: [*f[:-1], f[-1][:-1]] if len(f) > 1 else f,
         "a frame more": lambda f: [*f, b"\0"],

@@ -267,8 +267,9 @@ def test_fresh_lookups_read_the_rows_other_workers_changed(cluster_factory):
 def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies(monkeypatch):
     """The time split's PS wait: an in-process shard answers at once, so a merge made slow
     (0.2 s a reply) must not show in ``wait_s``; it is the worker's own work. Two shards: every
-    reply goes through the merge (one shard's pulls and pushes take the short path, no merge)."""
+    reply goes through a merge (one shard's pull or push of every key is its reply as it is)."""
     import het.ps.client as client_module
+    import het.ps.wire.hot as hot_module
 
     merge = client_module.merge
 
@@ -277,6 +278,7 @@ def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies
         return merge(*args)
 
     monkeypatch.setattr(client_module, "merge", slow_merge)
+    monkeypatch.setattr(hot_module, "merge", slow_merge)  # the short path's replies of several shards
     emb = Embedding(100, 4, cache=CacheConfig(capacity=10, staleness=2), client=PSClient.local(
         [TableConfig("embedding", rows=100, dim=4)], num_shards=2))
     start = time.perf_counter()
@@ -291,6 +293,7 @@ def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(mo
     """Mode ps's dense pull and push: as the embedding's, a slow merge (0.2 s a reply) is the
     worker's own work, not PS wait. Two shards, as there."""
     import het.ps.client as client_module
+    import het.ps.wire.hot as hot_module
     from het.dist.dense import PSDense, dense_table
 
     merge = client_module.merge
@@ -302,6 +305,7 @@ def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(mo
     model = torch.nn.Linear(3, 1)
     dense = PSDense(model, PSClient.local([dense_table(4, 0.1)], num_shards=2), world=1, rank=0)
     monkeypatch.setattr(client_module, "merge", slow_merge)
+    monkeypatch.setattr(hot_module, "merge", slow_merge)  # the short path's replies of several shards
     start = time.perf_counter()
     dense.before_forward()
     model(torch.zeros(2, 3)).sum().backward()

@@ -1,14 +1,15 @@
 """The short path of a client's two hot requests: a PULL, and a PUSH of gradients and counts,
-of every key in one request to a one-shard PS, unsigned, with no re-sending after a restart.
+in one request to each shard it touches, unsigned, with no re-sending after a restart.
 
 A training step sends one of each, and on their way the general path (handles, routing, the
 generic codec, the reply's checks and merge, :mod:`het.ps.client`) costs a client more CPU than
-the checks of what it sends. This path writes the request the general path would, byte for
-byte, its meta written without json, and reads the reply to it with a few exact comparisons: a
-PULL's rows (n, D) float32, its clocks and no row left to build, a PUSH's rows applied. Any other
-reply (an error, a lazy reply of rows to build, one of half rows, of another request, anything
-malformed) it leaves to the general path, which reads it as it reads any reply and raises what
-it raises. The tests hold the two to the same frames and the same results
+the checks of what it sends. This path writes the requests the general path would, byte for
+byte, their meta written without json, and reads each reply with a few exact comparisons: a
+PULL's rows (n, D) float32, its clocks and no row left to build, a PUSH's rows applied; a reply of
+every key, from a one-shard PS, is the result as it is. Any other reply (an error, a lazy reply of
+rows to build, one of half rows, of another request, anything malformed) it leaves to the general
+path, which reads it as it reads any reply and raises what it raises; replies of several shards
+are merged as the general path merges them. The tests hold the two to the same frames and the same results
 (tests/unit/test_client_hot_path.py).
 """
 
@@ -20,36 +21,38 @@ import time
 import numpy as np
 import torch
 
+from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS, delta_keys
-from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Op
+from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Message, Op
+from het.ps.wire.replies import merge
 
 _CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
 _INTS = {_CODES[t]: t for t in WIRE_INTS}
 _F4 = np.dtype("<f4")
 _U8 = np.dtype("u1")
-DECLINED = object()  # what :meth:`HotPath.wait` gives for a reply it leaves to the general path
-
 
 class HotPath:
-    """The short path of ``client`` (a :class:`het.ps.client.PSClient` of one shard, no secret,
-    no ``reconnect_s``): :meth:`request` sends, :meth:`wait` reads."""
+    """The short path of ``client`` (a :class:`het.ps.client.PSClient`, no secret, no
+    ``reconnect_s``): :meth:`request` sends a request to a shard, :meth:`wait` reads a handle's
+    replies, each by the short path where it can and by the general path where it cannot."""
 
     def __init__(self, client):
         self.client, self.link, self._texts = client, client.link, {}
 
-    def request(self, handle, fields: str, arrays: list) -> None:
-        """Send ``handle``'s request: ``fields``, the meta's first fields as JSON text with a
-        comma after each (``'"lazy":true,'``), then the fields every request names; ``arrays``
-        numpy, of the wire's dtypes, their keys first."""
+    def request(self, handle, shard: int, fields: str, arrays: list, positions) -> None:
+        """Send ``shard`` the request of ``handle`` for its keys at ``positions`` (None: every
+        key, in order): ``fields``, the meta's first fields as JSON text with a comma after each
+        (``'"lazy":true,'``), then the fields every request names; ``arrays`` numpy, of the
+        wire's dtypes, their keys first."""
         link = self.link
-        rid, seq = link.next_id(), link.next_seq(0)
+        rid, seq = link.next_id(), link.next_seq(shard)
         deltas = ""
         coded = delta_keys(arrays[0])
         if coded is not None:
             arrays = [coded[0], *arrays[1:]]
             deltas = f'"deltas":{{"0":{coded[1]}}},'
         arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
-        table, nonce = self._text(handle.table), self._text(link.nonces[0])
+        table, nonce = self._text(handle.table), self._text(link.nonces[shard])
         specs = ",".join(f'["{_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
         text = (f'{{{fields}"table":{table},"session":"{link.session}","seq":{seq},{deltas}"nonce":{nonce},'
                 f'"arrays":[{specs}]}}').encode()
@@ -58,11 +61,11 @@ class HotPath:
         handle.request_bytes += sent
         if handle.op is Op.PUSH:
             handle.push_bytes += sent
-        link.send_frames(0, rid, frames, len(frames[0]) + sent)
-        handle.parts.append((0, rid, None))  # None: every key, in order (positions made if the general path reads)
+        link.send_frames(shard, rid, frames, len(frames[0]) + sent)
+        handle.parts.append((shard, rid, positions))
 
     def _text(self, value) -> str:
-        """``value`` (a table's name, the shard's nonce) as JSON, made once for a string."""
+        """``value`` (a table's name, a shard's nonce) as JSON, made once for a string."""
         if type(value) is not str:
             return json.dumps(value)
         text = self._texts.get(value)
@@ -71,52 +74,75 @@ class HotPath:
         return text
 
     def wait(self, handle):
-        """``handle``'s result from its reply, or :data:`DECLINED`: the reply, when it came, is
-        where the general path finds it (:meth:`het.ps.wire.connection.Connection.reply`)."""
-        (_, rid, _), = handle.parts
-        link = self.link
-        if link.came_early(0, rid):
-            return DECLINED
-        frames = link.next_reply(0)
-        result = self._read(handle, rid, frames)
-        if result is DECLINED:
-            link.keep(0, frames)
-            return DECLINED
-        link.read(0, rid, frames)
-        handle.result, handle.done = result, True
-        return result
+        """``handle``'s result: one reply of every key read straight into it; else each reply
+        read (by the short path, or by :meth:`het.ps.wire.connection.Connection.reply`, which
+        raises what a refusal or a malformed reply raises) and merged
+        (:func:`het.ps.wire.replies.merge`)."""
+        table = self.client.tables[handle.table]
+        replies = []
+        for shard, rid, positions in handle.parts:
+            msg = self._reply(handle, table, shard, rid, handle.n if positions is None else len(positions))
+            if positions is None:
+                if msg is not None:  # every key, in order: the reply's arrays are the result
+                    start = time.perf_counter()
+                    handle.result, handle.done = self._result(handle, msg), True
+                    handle.merge_s = time.perf_counter() - start
+                    return handle.result
+                positions = torch.arange(handle.n, device=handle.device)
+            replies.append((positions, msg if msg is not None else self.link.reply(shard, rid)))
+        handle.reply_bytes = sum(sum(a.nbytes for a in m.arrays) for _, m in replies)
+        start = time.perf_counter()
+        handle.result, handle.done = merge(handle, replies, table), True
+        handle.merge_s = time.perf_counter() - start
+        return handle.result
 
-    def _read(self, handle, rid: int, frames):
-        """The result of ``handle`` from ``frames``, a hot reply to ``rid``; else DECLINED."""
+    def _result(self, handle, msg: Message):
+        handle.reply_bytes = sum(a.nbytes for a in msg.arrays)
+        if handle.op is Op.PUSH:
+            return msg.meta["applied"]
+        rows, clocks = torch.from_numpy(msg.arrays[0]), torch.from_numpy(msg.arrays[1]).long()
+        if handle.device.type != "cpu":
+            rows, clocks = rows.to(handle.device), clocks.to(handle.device)
+        return rows, clocks
+
+    def _reply(self, handle, table: TableConfig, shard: int, rid: int, n: int) -> Message | None:
+        """The reply to ``rid`` from ``shard``, for ``n`` keys, where it is the next off the wire
+        and a hot one (:meth:`_read`); else None, the frames (if any were read) kept where
+        :meth:`~het.ps.wire.connection.Connection.reply` finds them."""
+        link = self.link
+        if link.came_early(shard, rid):
+            return None
+        frames = link.next_reply(shard)
+        msg = self._read(handle.op, rid, frames, n, table.dim)
+        if msg is None:
+            link.keep(shard, frames)
+        else:
+            link.read(shard, rid, frames)
+        return msg
+
+    @staticmethod
+    def _read(op: Op, rid: int, frames, n: int, dim: int) -> Message | None:
+        """``frames`` as a hot reply to request ``rid`` (``op``, ``n`` keys, rows of ``dim``); else None."""
         head = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
         if len(head) < HEADER.size:
-            return DECLINED
-        magic, version, op, status, flags, reply_id, meta_len = HEADER.unpack_from(head)
-        if (magic != MAGIC or version != VERSION or op != handle.op or status != OK or flags or reply_id != rid
+            return None
+        magic, version, got_op, status, flags, reply_id, meta_len = HEADER.unpack_from(head)
+        if (magic != MAGIC or version != VERSION or got_op != op or status != OK or flags or reply_id != rid
                 or len(head) != HEADER.size + meta_len):
-            return DECLINED
+            return None
         try:
             meta = json.loads(bytes(head[HEADER.size:]))
         except ValueError:
-            return DECLINED
+            return None
         if type(meta) is not dict:
-            return DECLINED
+            return None
         if op == Op.PUSH:
             applied = meta.get("applied")
             if meta.keys() != {"applied", "arrays"} or meta["arrays"] != [] or type(applied) is not int or len(frames) != 1:
-                return DECLINED
-            handle.reply_bytes = 0
-            return applied
-        start = time.perf_counter()
-        arrays = _pull_arrays(meta, frames, handle.n, self.client.tables[handle.table].dim)
-        if arrays is None:
-            return DECLINED
-        rows, clocks = torch.from_numpy(arrays[0]), torch.from_numpy(arrays[1]).long()
-        if handle.device.type != "cpu":
-            rows, clocks = rows.to(handle.device), clocks.to(handle.device)
-        handle.reply_bytes = sum(a.nbytes for a in arrays)
-        handle.merge_s = time.perf_counter() - start
-        return rows, clocks
+                return None
+            return Message(op, rid, {"applied": applied}, [])
+        arrays = _pull_arrays(meta, frames, n, dim)
+        return None if arrays is None else Message(op, rid, {}, arrays)
 
 
 def _pull_arrays(meta: dict, frames, n: int, dim: int) -> list | None:

@@ -129,7 +129,20 @@ def push_arrays(wire, grads, counts, sq, at) -> list:
     """The arrays of a push's rows ``at`` (positions or a slice): keys as they travel (``wire``,
     :func:`keys_to_send`), gradients, counts and, with ``sq``, the squares of the rows of several
     steps among them."""
-    return [wire[at], grads[at], counts[at], *([] if sq is None else [squares_to_send(sq[at], counts[at])])]
+    counts_at = rows_at(counts, at)
+    return [rows_at(wire, at), rows_at(grads, at), counts_at,
+            *([] if sq is None else [squares_to_send(rows_at(sq, at), counts_at)])]
+
+
+def rows_at(t: torch.Tensor, at) -> torch.Tensor:
+    """The rows of ``t`` at ``at``: positions (a copy, by ``index_select``: a quarter of the
+    time of indexing, for rows of floats on a CPU), or a slice (a view).
+
+    Example:
+        >>> rows_at(torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([2, 0])).tolist()
+        [[5, 6], [1, 2]]
+    """
+    return t[at] if isinstance(at, slice) else t.index_select(0, at)
 
 
 def integers(values, what: str, device) -> torch.Tensor:
