@@ -136,13 +136,18 @@ def push_arrays(wire, grads, counts, sq, at) -> list:
 
 def rows_at(t: torch.Tensor, at) -> torch.Tensor:
     """The rows of ``t`` at ``at``: positions (a copy, by ``index_select``: a quarter of the
-    time of indexing, for rows of floats on a CPU), or a slice (a view).
+    time of indexing, for rows of floats on a CPU), or a slice (a view; every row: ``t`` itself).
 
     Example:
         >>> rows_at(torch.tensor([[1, 2], [3, 4], [5, 6]]), torch.tensor([2, 0])).tolist()
         [[5, 6], [1, 2]]
     """
-    return t[at] if isinstance(at, slice) else t.index_select(0, at)
+    if isinstance(at, slice):
+        return t if at == _EVERY else t[at]
+    return t.index_select(0, at)
+
+
+_EVERY = slice(None)
 
 
 def integers(values, what: str, device) -> torch.Tensor:
