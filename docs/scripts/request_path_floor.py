@@ -3,11 +3,13 @@ same ZeroMQ sockets and bytes as the bench's raw run, and a shard that does only
 implementation can skip, with het's own table and native kernels: a pull gathers its 4,096 rows
 of dim 128 and their clocks out of a table of 200,000; a push checks its gradients are finite
 and applies them (SGD, clocks counted). No header, no checks of the request, no Python between
-frame and table beyond the calls themselves. Printed: CPU milliseconds a step (both processes, every thread)
-for that floor and for the raw echo of the same bytes, measured in turn, and their ratio, the
-median of the rounds; and the part of the threads making and answering requests:
+frame and table beyond the calls themselves; the client's requests prebuilt, unless
+``--checks``: then it checks each as any client must before sending it (keys' range, gradients
+finite, keys and counts narrowed). Printed: CPU milliseconds a step (both processes, every
+thread) for that floor and for the raw echo of the same bytes, measured in turn, and their
+ratio, the median of the rounds; and the part of the threads making and answering requests:
 
-    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3]
+    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3 --checks]
 """
 
 import argparse
@@ -70,9 +72,24 @@ def _shard(address_queue, work: bool) -> None:
     sock.close(linger=1000)
 
 
-def _round(work: bool, seconds: float) -> tuple[float, float]:
+def _checks(keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, push: bool) -> None:
+    """What a client must do to a request before sending it, whatever its protocol: its keys
+    range-checked and narrowed; a push's gradients checked finite and its counts narrowed."""
+    lo, hi = (int(k) for k in torch.aminmax(keys))
+    if lo < 0 or hi >= ROWS:
+        raise ValueError("a key out of range")
+    keys.to(torch.int32)
+    if push:
+        if not native.ops.all_finite(grads):
+            raise ValueError("a gradient is not finite")
+        lo, hi = (int(c) for c in torch.aminmax(counts))
+        counts.to(torch.uint8)
+
+
+def _round(work: bool, seconds: float, checks: bool = False) -> tuple[float, float]:
     """CPU ms a step (a pull and a push, two requests in flight) of both processes, and of their
-    threads making and answering requests (ZeroMQ's I/O threads left out)."""
+    threads making and answering requests (ZeroMQ's I/O threads left out); with ``checks``, the
+    client checks each request as it sends it (:func:`_checks`)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_shard, args=(q, work), daemon=True)
@@ -87,6 +104,8 @@ def _round(work: bool, seconds: float) -> tuple[float, float]:
         counts = np.ones(BATCH, dtype=np.int32).tobytes()
         requests = [([b"0", k.tobytes()], [b"1", k.tobytes() + grads + counts]) for k in batches]
         requests = [r for pair in requests for r in pair]
+        key_tensors = [torch.from_numpy(k) for k in batches]
+        grad_tensor, count_tensor = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
         sock.send(b"start")
         sock.recv()
         sent = replies = 0
@@ -94,6 +113,8 @@ def _round(work: bool, seconds: float) -> tuple[float, float]:
         sock.send_multipart(requests[0], copy=False)
         sent = 1
         while time.perf_counter() - t0 < seconds or replies % 2:
+            if checks:
+                _checks(key_tensors[(sent // 2) % len(key_tensors)], grad_tensor, count_tensor, bool(sent % 2))
             sock.send_multipart(requests[sent % len(requests)], copy=False)
             sent += 1
             sock.recv_multipart(copy=False)
@@ -115,11 +136,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--checks", action="store_true",
+                        help="the floor's client checks each request as any client must (the raw run's does not)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     floor, raw = [], []
     for _ in range(args.rounds):
-        floor.append(_round(True, args.seconds))
+        floor.append(_round(True, args.seconds, args.checks))
         raw.append(_round(False, args.seconds))
     median = lambda runs, i: round(statistics.median(r[i] for r in runs), 3)  # noqa: E731
     ratios = [f[0] / r[0] for f, r in zip(floor, raw)]
