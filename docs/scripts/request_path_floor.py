@@ -5,11 +5,13 @@ of dim 128 and their clocks out of a table of 200,000; a push checks its gradien
 and applies them (SGD, clocks counted). No header, no checks of the request, no Python between
 frame and table beyond the calls themselves; the client's requests prebuilt, unless
 ``--checks``: then it checks each as any client must before sending it (keys' range, gradients
-finite, keys and counts narrowed). Printed: CPU milliseconds a step (both processes, every
+finite, keys and counts narrowed); ``--het-layout``: requests built each time in het's frames
+(int32 keys, uint8 counts, an array a frame), pulls answered as het's lazy replies (a header's
+bytes, the rows, their clocks narrowed, the built marks). Printed: CPU milliseconds a step (both processes, every
 thread) for that floor and for the raw echo of the same bytes, measured in turn, and their
 ratio, the median of the rounds; and the part of the threads making and answering requests:
 
-    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3 --checks]
+    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3 --checks --het-layout]
 """
 
 import argparse
@@ -29,11 +31,13 @@ from het.ps.store.fixed import FixedRows
 ROWS, BATCH, DIM = 200_000, 4096, 128
 PULL = (BATCH * 8, BATCH * DIM * 4 + BATCH * 8)  # keys out; rows and clocks back
 PUSH = (BATCH * 8 + BATCH * DIM * 4 + BATCH * 4, 64)  # keys, gradients, counts out; an ack back
+HEADER = bytes(220)  # the size of het's header and meta for these requests' replies
 
 
-def _shard(address_queue, work: bool) -> None:
+def _shard(address_queue, work: bool, het_layout: bool = False) -> None:
     """A ROUTER answering pulls (tag 0) and pushes (tag 1); with ``work`` it gathers and applies,
-    without it echoes bytes of the reply's size (the raw run)."""
+    without it echoes bytes of the reply's size (the raw run); ``het_layout``: requests and
+    replies in het's frames (a header of het's size, not read)."""
     torch.set_num_threads(1)
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -51,6 +55,19 @@ def _shard(address_queue, work: bool) -> None:
         if tag == b"stop":
             sock.send_multipart([peer, f"{time.process_time() - cpu0} {time.thread_time() - main0}".encode()])
             break
+        if het_layout and work:  # het's frames: keys int32, gradients, counts uint8, an array a frame
+            keys = torch.from_numpy(np.frombuffer(frames[1].buffer, np.int32)).long()
+            if tag == b"0":  # het's lazy reply: a header, the rows, their clocks narrowed, the built marks
+                arrays, _ = table.pull_reply(keys, True)
+                sock.send_multipart([peer, HEADER, *arrays], copy=False)
+            else:
+                grads = torch.from_numpy(np.frombuffer(frames[2].buffer, np.float32)).view(BATCH, DIM)
+                counts = torch.from_numpy(np.frombuffer(frames[3].buffer, np.uint8)).long()
+                if not native.ops.all_finite(grads):
+                    raise ValueError("a gradient is not finite")
+                table.push(keys, grads, counts, 1)
+                sock.send_multipart([peer, HEADER], copy=False)
+            continue
         body = frames[1].buffer
         if tag == b"0":
             if work:
@@ -86,20 +103,21 @@ def _checks(keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, push:
         counts.to(torch.uint8)
 
 
-def _round(work: bool, seconds: float, checks: bool = False) -> tuple[float, float]:
+def _round(work: bool, seconds: float, checks: bool = False, het_layout: bool = False) -> tuple[float, float]:
     """CPU ms a step (a pull and a push, two requests in flight) of both processes, and of their
     threads making and answering requests (ZeroMQ's I/O threads left out); with ``checks``, the
-    client checks each request as it sends it (:func:`_checks`)."""
+    client checks each request as it sends it (:func:`_checks`); with ``het_layout``, requests
+    and replies travel in het's frames (:func:`_shard`)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    proc = ctx.Process(target=_shard, args=(q, work), daemon=True)
+    proc = ctx.Process(target=_shard, args=(q, work, het_layout), daemon=True)
     proc.start()
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.rcvtimeo = 30_000  # a shard that died raises here, not hangs
     try:
         sock.connect(q.get(timeout=60))
         rng = np.random.default_rng(0)
-        batches = [np.sort(rng.choice(ROWS, BATCH, replace=False)).astype(np.int64) for _ in range(16)]
+        batches = [rng.choice(ROWS, BATCH, replace=False).astype(np.int64) for _ in range(64)]  # as the bench's
         grads = np.full((BATCH, DIM), 1e-3, dtype=np.float32).tobytes()
         counts = np.ones(BATCH, dtype=np.int32).tobytes()
         requests = [([b"0", k.tobytes()], [b"1", k.tobytes() + grads + counts]) for k in batches]
@@ -115,7 +133,12 @@ def _round(work: bool, seconds: float, checks: bool = False) -> tuple[float, flo
         while time.perf_counter() - t0 < seconds or replies % 2:
             if checks:
                 _checks(key_tensors[(sent // 2) % len(key_tensors)], grad_tensor, count_tensor, bool(sent % 2))
-            sock.send_multipart(requests[sent % len(requests)], copy=False)
+            if het_layout:  # built from the tensors each time, as a client builds them
+                keys = key_tensors[(sent // 2) % len(key_tensors)].to(torch.int32).numpy()
+                sock.send_multipart([b"1", keys, grad_tensor.numpy(), count_tensor.to(torch.uint8).numpy()] if sent % 2
+                                    else [b"0", keys], copy=False)
+            else:
+                sock.send_multipart(requests[sent % len(requests)], copy=False)
             sent += 1
             sock.recv_multipart(copy=False)
             replies += 1
@@ -138,11 +161,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--checks", action="store_true",
                         help="the floor's client checks each request as any client must (the raw run's does not)")
+    parser.add_argument("--het-layout", action="store_true",
+                        help="requests built each time in het's frames, pulls answered as het's lazy replies")
     args = parser.parse_args()
     torch.set_num_threads(1)
     floor, raw = [], []
     for _ in range(args.rounds):
-        floor.append(_round(True, args.seconds, args.checks))
+        floor.append(_round(True, args.seconds, args.checks, args.het_layout))
         raw.append(_round(False, args.seconds))
     median = lambda runs, i: round(statistics.median(r[i] for r in runs), 3)  # noqa: E731
     ratios = [f[0] / r[0] for f, r in zip(floor, raw)]
