@@ -119,7 +119,7 @@ class PSClient:
     def pull(self, table: str, keys: torch.Tensor) -> Handle:
         """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
         keys, wire = keys_to_send(table_of(self.tables, table), keys)
-        if self._hot_fits(table, keys):
+        if type(self.lazy_init) is bool and self._hot_fits(table, keys):  # the meta as JSON writes it
             return self._hot_send(Op.PULL, table, keys, '"lazy":true,' if self.lazy_init else '"lazy":false,',
                                   lambda p: [rows_at(wire, p)])
         return self._send(Op.PULL, table, keys, lambda p: [rows_at(wire, p)], {"lazy": self.lazy_init})

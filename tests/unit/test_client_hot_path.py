@@ -25,16 +25,18 @@ TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagra
 
 class _Channel:
     """A channel to an in-process shard that keeps every request's frames as bytes, and whose
-    replies a test may replace (``rewrite``: reply frames -> frames)."""
+    replies a test may replace (``rewrite``: reply frames -> frames) or hold back (``late``:
+    kept in ``held`` until a test lets them go)."""
 
     def __init__(self, shard):
         self.shard, self.address, self.sent, self.replies, self.rewrite = shard, "in-process", [], [], None
+        self.late, self.held = False, []
 
     def send(self, frames) -> None:
         wire = [bytes(memoryview(f)) for f in frames]
         self.sent.append(wire)
         out = [bytes(memoryview(f)) for f in self.shard.handle_frames(wire)]
-        self.replies.append(self.rewrite(out) if self.rewrite else out)
+        (self.held if self.late else self.replies).append(self.rewrite(out) if self.rewrite else out)
 
     def recv(self, timeout_s):
         if not self.replies:
@@ -173,6 +175,9 @@ def _rewrites():
         "an extra field": meta(lambda t: '{"x":1,' + t[1:]),
         "applied not an int": meta(lambda t: t.replace('"applied":', '"applied":0.5,"y":')),
         "rows of another dtype": meta(lambda t: t.replace('["f4"', '["i4"')),
+        "a size a float": meta(lambda t: re.sub(r'\["f4",\[(\d+),', r'["f4",[\1.0,', t)),
+        "a size a bool": meta(lambda t: t.replace('["u1",[1]]', '["u1",[true]]')),
+        "an empty message": lambda f: [],
         "rows of another shape": meta(lambda t: re.sub(r'\["f4",\[(\d+),(\d+)\]\]', r'["f4",[\2,\1]]', t)),
         "clocks of float": meta(lambda t: t.replace('],["u1",[', '],["f4",[', 1)),
         "a frame short": lambda f: [*f[:-1], f[-1][:-1]] if len(f) > 1 else f,
@@ -205,3 +210,39 @@ def test_a_reply_that_came_before_its_wait_is_read_by_the_general_path(pair):
         push = client.push("t", keys, torch.ones(2, DIM), torch.ones(2, dtype=torch.int64))
         outcomes.append((client.wait(push), client.wait(pull)[1].tolist(), client.link.stray_replies))
     assert outcomes[0] == outcomes[1] == (2, [0, 0], 0)
+
+
+def test_half_rows_sent_as_float32_are_refused_as_the_general_path_refuses_them():
+    """A table of fp16 rows whose reply claims float32 rows of the right size: the short path,
+    which knows the table, leaves it to the general path's refusal."""
+    def as_float32(frames):
+        head, rows, *rest = frames
+        text = head[HEADER.size:].decode().replace('["i2",', '["f4",', 1)
+        return [HEADER.pack(*HEADER.unpack_from(head)[:6], len(text)) + text.encode(), bytes(2 * len(rows)), *rest]
+
+    fast, general = _pair()
+    keys = torch.tensor([2, 5])
+    _same(fast, general, "push", "h", keys, torch.ones(2, DIM), torch.ones(2, dtype=torch.int64))
+    for client in (fast, general):
+        client.lazy_init = False
+        client.channels[0].rewrite = as_float32
+    kind, text = _same(fast, general, "pull", "h", keys)
+    assert kind == "PSError" and "int16" in text
+
+
+def test_a_wait_again_after_a_timeout_counts_the_late_reply_stray_as_the_general_path_does():
+    fast, general = _pair()
+    outcomes = []
+    for client in (fast, general):
+        channel = client.channels[0]
+        channel.late = True
+        handle = client.push("t", torch.tensor([1, 2]), torch.ones(2, DIM), torch.ones(2, dtype=torch.int64))
+        with pytest.raises(TimeoutError):
+            client.wait(handle)
+        channel.replies.extend(channel.held)  # the reply comes after its wait gave up
+        try:
+            outcomes.append(client.wait(handle))
+        except TimeoutError as e:
+            outcomes.append(("TimeoutError", str(e)))
+        outcomes.append(client.link.stray_replies)
+    assert outcomes[:2] == outcomes[2:] and outcomes[1] == 1

@@ -101,6 +101,10 @@ class Connection:
         """The sequence number of the next request to ``shard`` (:meth:`fresh`'s)."""
         return next(self._seqs[shard])
 
+    def awaits(self, shard: int, rid: int) -> bool:
+        """Whether request ``rid`` to ``shard`` was sent and is not answered or given up yet."""
+        return rid in self._waiting[shard]
+
     def came_early(self, shard: int, rid: int) -> bool:
         """Whether the reply to ``rid`` was taken off the wire before its wait, and is kept."""
         return rid in self._early[shard]

@@ -21,6 +21,7 @@ import time
 import numpy as np
 import torch
 
+from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS, delta_keys
 from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Message, Op
@@ -28,6 +29,7 @@ from het.ps.wire.replies import merge
 
 _CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
 _INTS = {_CODES[t]: t for t in WIRE_INTS}
+_JSON = json.JSONEncoder(separators=(",", ":"))  # as het.ps.wire.protocol writes meta
 _F4 = np.dtype("<f4")
 _U8 = np.dtype("u1")
 
@@ -65,12 +67,13 @@ class HotPath:
         handle.parts.append((shard, rid, positions))
 
     def _text(self, value) -> str:
-        """``value`` (a table's name, a shard's nonce) as JSON, made once for a string."""
+        """``value`` (a table's name, a shard's nonce) as the general path's JSON writes it,
+        made once for a string."""
         if type(value) is not str:
-            return json.dumps(value)
+            return _JSON.encode(value)
         text = self._texts.get(value)
         if text is None:
-            text = self._texts[value] = json.dumps(value)
+            text = self._texts[value] = _JSON.encode(value)
         return text
 
     def wait(self, handle):
@@ -110,10 +113,10 @@ class HotPath:
         and a hot one (:meth:`_read`); else None, the frames (if any were read) kept where
         :meth:`~het.ps.wire.connection.Connection.reply` finds them."""
         link = self.link
-        if link.came_early(shard, rid):
+        if link.came_early(shard, rid) or not link.awaits(shard, rid):  # not awaited: a wait after a timeout
             return None
         frames = link.next_reply(shard)
-        msg = self._read(handle.op, rid, frames, n, table.dim)
+        msg = self._read(handle.op, rid, frames, n, table)
         if msg is None:
             link.keep(shard, frames)
         else:
@@ -121,8 +124,10 @@ class HotPath:
         return msg
 
     @staticmethod
-    def _read(op: Op, rid: int, frames, n: int, dim: int) -> Message | None:
-        """``frames`` as a hot reply to request ``rid`` (``op``, ``n`` keys, rows of ``dim``); else None."""
+    def _read(op: Op, rid: int, frames, n: int, table: TableConfig) -> Message | None:
+        """``frames`` as a hot reply to request ``rid`` (``op``, ``n`` keys of ``table``); else None."""
+        if not frames:
+            return None
         head = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
         if len(head) < HEADER.size:
             return None
@@ -141,7 +146,9 @@ class HotPath:
             if meta.keys() != {"applied", "arrays"} or meta["arrays"] != [] or type(applied) is not int or len(frames) != 1:
                 return None
             return Message(op, rid, {"applied": applied}, [])
-        arrays = _pull_arrays(meta, frames, n, dim)
+        if table.row_dtype != RowDtype.FP32:  # its rows travel as the bits of half floats
+            return None
+        arrays = _pull_arrays(meta, frames, n, table.dim)
         return None if arrays is None else Message(op, rid, {}, arrays)
 
 
@@ -152,10 +159,10 @@ def _pull_arrays(meta: dict, frames, n: int, dim: int) -> list | None:
     specs = meta.get("arrays")
     if len(meta) != 1 or type(specs) is not list or len(specs) != len(frames) - 1 or len(specs) not in (2, 3):
         return None
-    if specs[0] != ["f4", [n, dim]] or type(specs[1]) is not list or len(specs[1]) != 2 or specs[1][1] != [n]:
-        return None
-    clock_type = _INTS.get(specs[1][0]) if type(specs[1][0]) is str else None
-    if clock_type is None or (len(specs) == 3 and specs[2] != ["u1", [(n + 7) // 8]]):
+    clock_code = specs[1][0] if type(specs[1]) is list and len(specs[1]) == 2 and type(specs[1][0]) is str else None
+    clock_type = _INTS.get(clock_code)
+    if (clock_type is None or not _spec_is(specs[0], "f4", (n, dim)) or not _spec_is(specs[1], clock_code, (n,))
+            or (len(specs) == 3 and not _spec_is(specs[2], "u1", ((n + 7) // 8,)))):
         return None
     out = []
     for frame, dtype, size in zip(frames[1:], (_F4, clock_type, _U8), (n * dim * 4, n * clock_type.itemsize, (n + 7) // 8)):
@@ -166,3 +173,10 @@ def _pull_arrays(meta: dict, frames, n: int, dim: int) -> list | None:
     if len(out) == 3 and out[2].any():
         return None
     return [out[0].reshape(n, dim), *out[1:]]
+
+
+def _spec_is(spec, code: str, shape: tuple) -> bool:
+    """Whether an array's spec is exactly ``[code, shape]``: its sizes ints, not floats or bools
+    that compare equal (as the general decoder holds them)."""
+    return (type(spec) is list and len(spec) == 2 and spec[0] == code and type(spec[1]) is list
+            and len(spec[1]) == len(shape) and all(type(a) is int and a == b for a, b in zip(spec[1], shape)))

@@ -25,7 +25,7 @@ class Handle:
     table: str
     n: int
     device: torch.device
-    parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64)
+    parts: list = field(default_factory=list)  # (shard, request_id, positions (k,) int64; None: every key, in order)
     result: object = None
     done: bool = False
     request_bytes: int = 0  # every array sent
