@@ -70,7 +70,9 @@ def test_a_killed_worker_rejoins_while_the_shards_serve_on_and_what_it_lost_is_c
     assert s["updates_lost"] <= s["cache_rows"] * (int(s["staleness"]) + 1)
 
     # every other update reached the shard once: its clocks add up to the updates the two
-    # generations made less those lost, give or take the steps in flight at the kill
+    # generations made less those lost, give or take the steps in flight at the kill; and a
+    # push the dead worker sent after its last record (of what it held unpushed) reached the
+    # shard though counted lost: what it counts lost is at most what was
     cfg = TrainConfig(steps=STEPS, dim=8, batch=256, synthetic={"cap": 20000}, workers=2)
     task = make_task(cfg)
     survivor_end, dead_end, rejoined = s["rejoined_at_step"], dead[0]["step"], s["rejoined_at_step"]
@@ -80,7 +82,8 @@ def test_a_killed_worker_rejoins_while_the_shards_serve_on_and_what_it_lost_is_c
     clocks = torch.load(tmp_path / "killed" / "checkpoint" / "ps" / "shard-0.pt", weights_only=True)
     applied = int(clocks["tables"]["embedding"]["clocks"].sum())
     in_flight = unique_keys(task, survivor_end, 0) + unique_keys(task, dead_end, 1)
-    assert abs(applied - (made - s["updates_lost"])) <= in_flight, (applied, made, s["updates_lost"], in_flight)
+    assert -in_flight <= applied - (made - s["updates_lost"]) <= dead[0]["pending"] + in_flight, \
+        (applied, made, s["updates_lost"], in_flight)
 
 
 @pytest.mark.slow  # the default job twice: about 3 minutes
