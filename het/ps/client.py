@@ -179,8 +179,8 @@ class PSClient:
                     q = _ALL if len(q) == len(push_keys) else q
                     p_all = _ALL if len(p) == len(sync_keys) else p
                     pushed = push_arrays(push_wire, grads, counts, sq, q)
-                    self._send_part(handle, shard, part_meta, [*pushed, rows_at(sync_wire, p_all), rows_at(clocks, p_all)], p,
-                                    keys_at=(0, len(pushed)))
+                    synced = [rows_at(sync_wire, p_all), rows_at(clocks, p_all)]
+                    self._send_part(handle, shard, part_meta, [*pushed, *synced], p, keys_at=(0, len(pushed)))
         return handle
 
     def wait(self, handle: Handle):

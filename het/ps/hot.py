@@ -19,11 +19,10 @@ import json
 import numpy as np
 
 from het.ps.limits import MAX_STEP
-from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, error_reply, encode
+from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
 _KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
 _COUNTS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
-_CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
 _PULL_FIELDS = frozenset(("table", "lazy", "nonce", "session", "seq", "arrays"))
 _PUSH_FIELDS = frozenset(("table", "step", "nonce", "session", "seq", "arrays"))
 # what the verbs raise for a request they refuse (nothing changed): an error reply, as the general path gives
@@ -106,6 +105,5 @@ def encode_reply(op: Op, rid: int, meta: dict, arrays: list) -> list:
     """:func:`het.ps.wire.protocol.encode` of an unsigned reply, the same bytes, its meta
     written without json: ``meta`` holds at most ``applied``, and the arrays are the verbs'
     own (C-contiguous, of the wire's dtypes)."""
-    specs = ",".join(f'["{_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
-    text = ("{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + f'"arrays":[{specs}]}}').encode()
+    text = ("{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + f'"arrays":[{specs_text(arrays)}]}}').encode()
     return [HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]

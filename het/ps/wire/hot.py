@@ -1,15 +1,16 @@
 """The short path of a client's two hot requests: a PULL, and a PUSH of gradients and counts,
 in one request to each shard it touches, unsigned, with no re-sending after a restart.
 
-A training step sends one of each, and on their way the general path (handles, routing, the
-generic codec, the reply's checks and merge, :mod:`het.ps.client`) costs a client more CPU than
-the checks of what it sends. This path writes the requests the general path would, byte for
-byte, their meta written without json, and reads each reply with a few exact comparisons: a
-PULL's rows (n, D) float32, its clocks and no row left to build, a PUSH's rows applied; a reply of
-every key, from a one-shard PS, is the result as it is. Any other reply (an error, a lazy reply of
-rows to build, one of half rows, of another request, anything malformed) it leaves to the general
-path, which reads it as it reads any reply and raises what it raises; replies of several shards
-are merged as the general path merges them. The tests hold the two to the same frames and the same results
+A dense table in mode ps sends one of each a step, a flush its pushes, ``het bench ps`` nothing
+else; on their way the general path (handles, routing, the generic codec, the reply's checks and
+merge, :mod:`het.ps.client`) costs a client more CPU than the checks of what it sends. This path
+writes the requests the general path would, byte for byte, their meta written without json, and
+reads each reply with a few exact comparisons: a PULL's rows (n, D) float32, its clocks and no
+row left to build, a PUSH's rows applied; a reply of every key, from a one-shard PS, is the
+result as it is. Any other reply (an error, a lazy reply of rows to build, one of half rows, of
+another request, anything malformed) it leaves to the general path, which reads it as it reads
+any reply and raises what it raises; replies of several shards are merged as the general path
+merges them. The tests hold the two to the same frames and the same results
 (tests/unit/test_client_hot_path.py).
 """
 
@@ -24,14 +25,14 @@ import torch
 from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS, delta_keys
-from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Message, Op
+from het.ps.wire.protocol import DTYPE_CODES, HEADER, MAGIC, OK, VERSION, Message, Op, specs_text
 from het.ps.wire.replies import merge
 
-_CODES = {np.dtype(t): code for code, t in (("i8", "<i8"), ("i4", "<i4"), ("i2", "<i2"), ("f4", "<f4"), ("u1", "u1"))}
-_INTS = {_CODES[t]: t for t in WIRE_INTS}
+_INTS = {DTYPE_CODES[t]: t for t in WIRE_INTS}
 _JSON = json.JSONEncoder(separators=(",", ":"))  # as het.ps.wire.protocol writes meta
 _F4 = np.dtype("<f4")
 _U8 = np.dtype("u1")
+
 
 class HotPath:
     """The short path of ``client`` (a :class:`het.ps.client.PSClient`, no secret, no
@@ -55,9 +56,8 @@ class HotPath:
             deltas = f'"deltas":{{"0":{coded[1]}}},'
         arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
         table, nonce = self._text(handle.table), self._text(link.nonces[shard])
-        specs = ",".join(f'["{_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
         text = (f'{{{fields}"table":{table},"session":"{link.session}","seq":{seq},{deltas}"nonce":{nonce},'
-                f'"arrays":[{specs}]}}').encode()
+                f'"arrays":[{specs_text(arrays)}]}}').encode()
         frames = [HEADER.pack(MAGIC, VERSION, handle.op, OK, 0, rid, len(text)) + text, *arrays]
         sent = sum(a.nbytes for a in arrays)
         handle.request_bytes += sent
@@ -143,7 +143,8 @@ class HotPath:
             return None
         if op == Op.PUSH:
             applied = meta.get("applied")
-            if meta.keys() != {"applied", "arrays"} or meta["arrays"] != [] or type(applied) is not int or len(frames) != 1:
+            if (meta.keys() != {"applied", "arrays"} or meta["arrays"] != [] or type(applied) is not int
+                    or len(frames) != 1):
                 return None
             return Message(op, rid, {"applied": applied}, [])
         if table.row_dtype != RowDtype.FP32:  # its rows travel as the bits of half floats
@@ -165,7 +166,8 @@ def _pull_arrays(meta: dict, frames, n: int, dim: int) -> list | None:
             or (len(specs) == 3 and not _spec_is(specs[2], "u1", ((n + 7) // 8,)))):
         return None
     out = []
-    for frame, dtype, size in zip(frames[1:], (_F4, clock_type, _U8), (n * dim * 4, n * clock_type.itemsize, (n + 7) // 8)):
+    sizes = (n * dim * 4, n * clock_type.itemsize, (n + 7) // 8)
+    for frame, dtype, size in zip(frames[1:], (_F4, clock_type, _U8), sizes):
         buf = frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
         if buf.nbytes != size:
             return None

@@ -108,7 +108,7 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBQI")  # magic, version, op, status, flags, request id, meta length
 _DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
            "u1": np.dtype("u1")}
-_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+DTYPE_CODES = {v: k for k, v in _DTYPES.items()}  # an array's dtype -> its code in the meta
 # How pushed gradients travel, and their bytes per value: "f32", or "bf16" (the upper 16 bits
 # of each float32, rounded to nearest even; int16 on the wire). The one list of push dtypes.
 GRAD_BYTES = {"f32": 4, "bf16": 2}
@@ -195,7 +195,7 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     arrays = [np.ascontiguousarray(a) for a in msg.arrays]
     specs = []
     for a in arrays:
-        code = _DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+        code = DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
         if code is None:
             raise ProtocolError(f"arrays must be int64, int32, int16, float32 or uint8, got {a.dtype}")
         specs.append([code, list(a.shape)])
@@ -207,6 +207,18 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
     if secret is not None:
         frames.append(auth.mac(secret, frames))
     return frames
+
+
+def specs_text(arrays) -> str:
+    """The meta's ``arrays`` field of ``arrays`` (numpy, C-contiguous, of the wire's dtypes) as
+    :func:`encode` writes it, without its brackets: how the short paths (:mod:`het.ps.hot`,
+    :mod:`het.ps.wire.hot`) write their messages' meta as text.
+
+    Example:
+        >>> specs_text([np.zeros((2, 3), np.float32), np.zeros(4, np.uint8)])
+        '["f4",[2,3]],["u1",[4]]'
+    """
+    return ",".join(f'["{DTYPE_CODES[a.dtype]}",[{",".join(map(str, a.shape))}]]' for a in arrays)
 
 
 def check_size(frames, max_bytes: int | None) -> None:
