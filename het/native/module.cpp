@@ -21,6 +21,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gather_rows", &gather_rows);
   m.def("gather_touched", &gather_touched);
   m.def("pull_touched", &pull_touched);
+  m.def("shard_order", &shard_order);
+  m.def("scatter_rows", &scatter_rows);
   m.def("chunk_gather", &chunk_gather);
   m.def("chunk_scatter", &chunk_scatter);
   m.def("round_rows", &round_rows);

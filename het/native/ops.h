@@ -54,6 +54,10 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
 std::vector<torch::Tensor> pull_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor clocks,
                                         torch::Tensor idx, torch::Tensor out);
 
+// A request's keys routed to shards and its replies' rows put back in order, on the client (routes.cpp)
+std::vector<torch::Tensor> shard_order(torch::Tensor values, int64_t shards);
+void scatter_rows(torch::Tensor src, torch::Tensor idx, torch::Tensor out);
+
 // A disk tier's reads (records.cpp)
 void read_records(torch::Tensor fds, torch::Tensor offsets, int64_t record_bytes, torch::Tensor out,
                   int64_t threads);

@@ -81,8 +81,8 @@ def merge(handle: Handle, replies: list, table: TableConfig):
         rows = torch.empty(handle.n, dim)
         clocks = torch.empty(handle.n, dtype=torch.int64)
         for p, m in replies:
-            rows[p.cpu()], clocks[p.cpu()], _ = PARTS(handle, table, p, m.arrays[0], m.arrays[1], None,
-                                                      m.arrays[2:], None)
+            part_rows, clocks[p.cpu()], _ = PARTS(handle, table, p, m.arrays[0], m.arrays[1], None, m.arrays[2:], None)
+            _place(rows, p.cpu(), part_rows)
         return rows.to(dev), clocks.to(dev)
     if handle.op is Op.PUSH:
         return sum(m.meta["applied"] for _, m in replies)
@@ -108,6 +108,15 @@ def merge(handle: Handle, replies: list, table: TableConfig):
         state = None if state is None else state.index_select(0, order)
     return SyncResult(index.to(dev), rows.to(dev), clocks.to(dev), wire, row_bytes,
                       None if state is None else state.to(dev))
+
+
+def _place(rows: torch.Tensor, positions: torch.Tensor, part: torch.Tensor) -> None:
+    """``rows[positions] = part``: a shard's rows put at their keys' places in the result, in one
+    native pass where they are float32 (torch's indexed assignment: the reference)."""
+    if native.ops is not None and part.dtype == torch.float32 and positions.dtype == torch.int64:
+        native.ops.scatter_rows(part.contiguous(), positions.contiguous(), rows)
+    else:
+        rows[positions] = part
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

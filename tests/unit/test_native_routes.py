@@ -1,0 +1,110 @@
+"""The client's native routing of keys to shards and placing of reply rows (het/native/routes.cpp)
+against their PyTorch reference: the same positions, the same results, bit for bit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from het import native
+from het.ps import partition
+from het.ps.wire import replies
+
+needs_build = pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
+
+
+def reference_split(keys: torch.Tensor, shards: int, hashed: bool) -> list[torch.Tensor]:
+    """partition.split by torch's ops alone (the path CUDA keys and a machine without a build take)."""
+    of = partition.shard_of(keys, shards, hashed)
+    order = torch.sort(of, stable=True).indices
+    return list(torch.split(order, torch.bincount(of, minlength=shards).tolist()))
+
+
+@needs_build
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([0, 1, 2, 7, 300, 4096]),
+       shards=st.integers(2, 9), hashed=st.booleans(), span=st.sampled_from([3, 1000, None]))
+def test_native_routing_is_the_stable_sorts(seed, n, shards, hashed, span):
+    """Every key's position goes to the shard of its rule (``key % S``, or ``mix(key) % S``),
+    in the keys' order within each shard: raw ids of any sign and int64's extremes too."""
+    gen = torch.Generator().manual_seed(seed)
+    keys = (torch.randint(-(1 << 62), 1 << 62, (n,), generator=gen) if span is None
+            else torch.randint(0, span, (n,), generator=gen))
+    if span is None and n >= 3:
+        keys[:3] = torch.tensor([-(2**63), 2**63 - 1, -1])
+    got, expected = partition.split(keys, shards, hashed), reference_split(keys, shards, hashed)
+    assert len(got) == shards
+    assert all(a.dtype == torch.int64 and torch.equal(a, b) for a, b in zip(got, expected))
+
+
+@needs_build
+def test_native_routing_takes_int64_values_only():
+    order, counts = native.ops.shard_order(torch.tensor([5, -1, 4, 0]), 3)
+    assert order.tolist() == [3, 2, 0, 1] and counts.tolist() == [1, 1, 2]  # -1 % 3 == 2, as torch's
+    with pytest.raises(RuntimeError, match="values: expected Long, got Int"):
+        native.ops.shard_order(torch.tensor([1], dtype=torch.int32), 2)
+    with pytest.raises(RuntimeError, match="shards: expected at least 1, got 0"):
+        native.ops.shard_order(torch.tensor([1]), 0)
+    assert [p.tolist() for p in partition.split(torch.tensor([4, 3, 7, 0], dtype=torch.int32), 2)] == [[0, 3], [1, 2]]
+
+
+@needs_build
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 5, 300]), dim=st.sampled_from([1, 3, 64, 130]))
+def test_native_placing_is_indexed_assignment(seed, n, dim):
+    gen = torch.Generator().manual_seed(seed)
+    positions = torch.randperm(n, generator=gen)[:max(1, n // 2)]
+    part = torch.randn(len(positions), dim, generator=gen)
+    got, expected = torch.zeros(n, dim), torch.zeros(n, dim)
+    replies._place(got, positions, part)
+    expected[positions] = part
+    assert torch.equal(got, expected)
+
+
+@needs_build
+def test_native_placing_refuses_a_position_out_of_range_and_writes_nothing():
+    out = torch.zeros(4, 2)
+    with pytest.raises(RuntimeError, match=r"row 4 out of range \[0, 4\)"):
+        native.ops.scatter_rows(torch.ones(2, 2), torch.tensor([0, 4]), out)
+    with pytest.raises(RuntimeError, match=r"src: expected \(2, 2\), got \[2, 3\]"):
+        native.ops.scatter_rows(torch.ones(2, 3), torch.tensor([0, 1]), out)
+    assert not out.any()
+
+
+PULL_OVER_SHARDS = """
+import sys, torch
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.client import PSClient
+from het.ps.shard import Shard
+from het.ps.wire.transport import LocalChannel
+out = {}
+for dynamic in (False, True):
+    table = TableConfig("t", rows=None if dynamic else 500, dim=6, optimizer=OptimizerConfig("sgd", lr=0.1))
+    gen = torch.Generator().manual_seed(1)
+    keys = torch.randint(0, 500, (300,), generator=gen)
+    client = PSClient([LocalChannel(Shard(ShardConfig((table,), i, 3)), f"shard-{i}") for i in range(3)])
+    client.wait(client.push("t", keys, torch.randn(300, 6, generator=gen), torch.ones(300, dtype=torch.int64)))
+    out[dynamic] = client.wait(client.pull("t", torch.cat([keys, torch.randint(0, 500, (100,), generator=gen)])))
+torch.save(out, sys.argv[1])
+"""
+
+
+@needs_build
+def test_a_pull_over_shards_is_the_same_with_and_without_the_native_core(tmp_path):
+    """A push and a pull over three shards, fixed and dynamic tables, some rows never pushed
+    (built by the client): the same rows and clocks on the reference path (``HET_NATIVE=0``)."""
+    results = {}
+    for setting in ("1", "0"):
+        path = tmp_path / f"native-{setting}.pt"
+        subprocess.run([sys.executable, "-c", PULL_OVER_SHARDS, str(path)], check=True,
+                       env={**os.environ, native.ENV: setting})
+        results[setting] = torch.load(path)
+    for dynamic in (False, True):
+        fast, slow = results["1"][dynamic], results["0"][dynamic]
+        assert all(torch.equal(a, b) for a, b in zip(fast, slow)), dynamic
