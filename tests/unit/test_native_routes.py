@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from het import native
 from het.ps import partition
 from het.ps.wire import replies
+from het.ps.wire.protocol import PSError
 
 needs_build = pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
 
@@ -85,26 +86,59 @@ from het.ps.shard import Shard
 from het.ps.wire.transport import LocalChannel
 out = {}
 for dynamic in (False, True):
-    table = TableConfig("t", rows=None if dynamic else 500, dim=6, optimizer=OptimizerConfig("sgd", lr=0.1))
+    table = TableConfig("t", rows=None if dynamic else 500, dim=6, optimizer=OptimizerConfig("adagrad", lr=0.1))
     gen = torch.Generator().manual_seed(1)
     keys = torch.randint(0, 500, (300,), generator=gen)
     client = PSClient([LocalChannel(Shard(ShardConfig((table,), i, 3)), f"shard-{i}") for i in range(3)])
     client.wait(client.push("t", keys, torch.randn(300, 6, generator=gen), torch.ones(300, dtype=torch.int64)))
-    out[dynamic] = client.wait(client.pull("t", torch.cat([keys, torch.randint(0, 500, (100,), generator=gen)])))
+    more = torch.cat([keys, torch.randint(0, 500, (100,), generator=gen)])
+    out[dynamic] = client.wait(client.pull("t", more))
+    synced = client.wait(client.sync("t", more.unique(), torch.full((len(more.unique()),), -1), 0, state="full"))
+    out[(dynamic, "sync")] = (synced.index, synced.rows, synced.clocks, synced.state)
 torch.save(out, sys.argv[1])
 """
 
 
 @needs_build
 def test_a_pull_over_shards_is_the_same_with_and_without_the_native_core(tmp_path):
-    """A push and a pull over three shards, fixed and dynamic tables, some rows never pushed
-    (built by the client): the same rows and clocks on the reference path (``HET_NATIVE=0``)."""
+    """A push, a pull and a sync (with the rows' Adagrad state) over three shards, fixed and
+    dynamic tables, some rows never pushed (built by the client): the same rows, clocks and state
+    on the reference path (``HET_NATIVE=0``)."""
     results = {}
     for setting in ("1", "0"):
         path = tmp_path / f"native-{setting}.pt"
         subprocess.run([sys.executable, "-c", PULL_OVER_SHARDS, str(path)], check=True,
                        env={**os.environ, native.ENV: setting})
         results[setting] = torch.load(path)
-    for dynamic in (False, True):
-        fast, slow = results["1"][dynamic], results["0"][dynamic]
-        assert all(torch.equal(a, b) for a, b in zip(fast, slow)), dynamic
+    assert results["1"].keys() == results["0"].keys() and len(results["1"]) == 4
+    for what, fast in results["1"].items():
+        assert all(torch.equal(a, b) for a, b in zip(fast, results["0"][what])), what
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.sampled_from([1, 9, 300]), shards=st.integers(1, 4),
+       width=st.sampled_from([None, 1, 5]), share=st.floats(0.0, 1.0))
+def test_replies_in_key_order_are_the_sorted_concatenation(seed, n, shards, width, share):
+    """Several shards' sync replies laid out in key order by their ranks: what concatenating them
+    and sorting by position gives (the rows answered a ``share`` of the keys, spread at random)."""
+    gen = torch.Generator().manual_seed(seed)
+    answered = torch.randperm(n, generator=gen)[:int(share * n)]
+    owner = torch.randint(0, shards, (len(answered),), generator=gen)
+    index = [answered[owner == s].sort().values for s in range(shards)]
+    parts = [(torch.randn(len(i), 4, generator=gen), torch.randint(0, 99, (len(i),), generator=gen),
+              None if width is None else torch.randn(len(i), width, generator=gen)) for i in index]
+    got = replies._in_key_order(n, index, parts)
+    order = torch.argsort(torch.cat(index))
+    expected = (torch.cat(index)[order], torch.cat([r for r, _, _ in parts])[order],
+                torch.cat([c for _, c, _ in parts])[order],
+                None if width is None else torch.cat([s for _, _, s in parts])[order])
+    assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1]) and torch.equal(got[2], expected[2])
+    assert (got[3] is None) == (width is None) and (width is None or torch.equal(got[3], expected[3]))
+
+
+def test_replies_that_answer_a_key_twice_are_refused():
+    index = [torch.tensor([0, 2]), torch.tensor([2])]
+    parts = [(torch.zeros(2, 3), torch.zeros(2, dtype=torch.int64), None),
+             (torch.zeros(1, 3), torch.zeros(1, dtype=torch.int64), None)]
+    with pytest.raises(PSError, match="the replies name 3 rows for 2 keys: a key answered twice"):
+        replies._in_key_order(4, index, parts)

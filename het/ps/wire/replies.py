@@ -99,15 +99,37 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
     parts = [PARTS(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
                    width) for i, (_, m) in zip(index, replies)]
-    rows, clocks = _cat([r for r, _, _ in parts]), _cat([c for _, c, _ in parts])
-    state = None if width is None else _cat([s for _, _, s in parts])
-    index = _cat(index)
-    if len(index) > 1 and not bool((index[1:] > index[:-1]).all()):  # one shard answers in key order
-        order = torch.argsort(index)
-        index, rows, clocks = index.index_select(0, order), rows.index_select(0, order), clocks.index_select(0, order)
-        state = None if state is None else state.index_select(0, order)
+    if len(parts) == 1:  # one reply answers in key order: its arrays are the result
+        (rows, clocks, state), index = parts[0], index[0]
+    else:
+        index, rows, clocks, state = _in_key_order(handle.n, index, parts)
     return SyncResult(index.to(dev), rows.to(dev), clocks.to(dev), wire, row_bytes,
                       None if state is None else state.to(dev))
+
+
+def _in_key_order(n: int, index: list, parts: list) -> tuple:
+    """Several replies' positions (among ``n`` keys), rows, clocks and state, laid out in the
+    keys' order without a sort: each reply's put at its positions' ranks among all those
+    answered. A shard answers only its own keys, so no position may come twice.
+    Shape: -> (m,), (m, D), (m,), (m, width) or None."""
+    answered = torch.zeros(n, dtype=torch.bool)
+    for positions in index:
+        answered[positions] = True
+    order, m = answered.nonzero().flatten(), sum(len(positions) for positions in index)
+    if len(order) != m:
+        raise PSError(f"the replies name {m} rows for {len(order)} keys: a key answered twice")
+    rank = torch.cumsum(answered, 0) - 1
+    first_rows, _, first_state = parts[0]
+    rows = torch.empty(m, first_rows.shape[1], dtype=first_rows.dtype)
+    clocks = torch.empty(m, dtype=torch.int64)
+    state = None if first_state is None else torch.empty(m, first_state.shape[1], dtype=first_state.dtype)
+    for positions, (part_rows, part_clocks, part_state) in zip(index, parts):
+        at = rank[positions]
+        _place(rows, at, part_rows)
+        clocks[at] = part_clocks
+        if state is not None:
+            _place(state, at, part_state)
+    return order, rows, clocks, state
 
 
 def _place(rows: torch.Tensor, positions: torch.Tensor, part: torch.Tensor) -> None:
@@ -117,11 +139,6 @@ def _place(rows: torch.Tensor, positions: torch.Tensor, part: torch.Tensor) -> N
         native.ops.scatter_rows(part.contiguous(), positions.contiguous(), rows)
     else:
         rows[positions] = part
-
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    """``torch.cat``; one part is itself (a reply's arrays, read, never written)."""
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _ints(sent, what: str) -> torch.Tensor:
