@@ -19,6 +19,7 @@ from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps import hot
 from het.ps.budget import Budget
+from het.ps.limits import check_finite
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
@@ -269,7 +270,8 @@ class Shard:
         counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
         sq = checks.squares(sq, keys, grads, counts)
         t, key_tensor = self._table_keys(table, keys)
-        checks.push(t.cfg, len(keys), grads, counts, sq)
+        # a log holds only pushes the table takes; a table's own refusal names the gradients (_apply)
+        checks.push(t.cfg, len(keys), grads, counts, sq, finite=self.wal is not None or not t.refuses_non_finite_grads)
         return Checked(table, step, key_tensor, grads, counts, sq)
 
     def _apply(self, c: Checked, session: tuple[str, int] | None, logged: bool = True) -> int:
@@ -285,6 +287,8 @@ class Shard:
             t.push(t.locate(c.keys), torch.from_numpy(c.grads), torch.from_numpy(c.counts), c.step,
                    None if c.sq is None else torch.from_numpy(c.sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
+            if t.refuses_non_finite_grads:  # its gradients' fault, as the check before would say
+                check_finite(torch.from_numpy(c.grads), "grads", c.table)
             self.stats["refused_pushes"] += 1
             raise ValueError(f"push to table {c.table!r} refused, nothing changed: {e}") from None
         if session is not None:
@@ -386,14 +390,11 @@ class Shard:
         self.sessions.restore(header.get("applied", {}))
 
     def stats_dict(self) -> dict:
-        """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het
-        serve``'s, or the caller's for a shard in a thread) resident memory now and at its peak,
-        CPU seconds of every thread (ZeroMQ's too: ``process_cpu_s``) and of the thread that
-        answers requests (``thread_cpu_s``: the shard's own work, the rest is ZeroMQ's I/O), and
-        torch threads."""
-        return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started, index=self.cfg.index,
-                    process_cpu_s=time.process_time(), thread_cpu_s=time.thread_time(),
+        """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het serve``'s,
+        or the caller's for a shard in a thread) resident memory now and at its peak, CPU seconds of every
+        thread (ZeroMQ's too: ``process_cpu_s``) and of the thread that answers requests (``thread_cpu_s``:
+        the shard's own work, the rest is ZeroMQ's I/O), and torch threads."""
+        return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started,
+                    index=self.cfg.index, process_cpu_s=time.process_time(), thread_cpu_s=time.thread_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
-                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(),
-                    sessions=len(self.sessions))
-
+                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(), sessions=len(self.sessions))

@@ -281,3 +281,47 @@ def test_a_request_of_no_keys_sends_nothing_and_gives_empty_results(shards):
     assert client.wait(client.push("t", torch.tensor([], dtype=torch.int64), torch.zeros(0, 3),
                                    torch.zeros(0, dtype=torch.int64))) == 0
     assert [s.get("requests_pull", 0) + s.get("requests_push", 0) for s in client.stats()] == before
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("lr", [1.0, 1e-30])
+def test_a_table_that_refuses_non_finite_gradients_itself_names_them_as_the_check_would(monkeypatch, optimizer,
+                                                                                        bad, lr):
+    """A fixed table's native push refuses any non-finite result: the shard spares the gradients'
+    pass before it, and when the push is refused says what the pass would have said, counts it
+    an error (not a refused update) and changes nothing. A push that overflows is refused as
+    the table names it."""
+    from het import native
+    from het.ps.wire import checks
+
+    if native.ops is None:
+        pytest.skip("het's native core is not built")
+    table = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig(optimizer, lr=lr))
+    shard = Shard(ShardConfig((table,)))
+    assert shard.tables["t"].refuses_non_finite_grads
+    passes = []
+    monkeypatch.setattr(checks, "check_finite", lambda *a: passes.append(a))
+    keys, counts = np.array([1, 4, 1]), np.array([1, 1, 1])
+    assert shard.push("t", keys, np.ones((3, 3), np.float32), counts) == 3 and not passes  # no pass when taken
+    rows = shard.pull("t", np.arange(20))[0].copy()
+    grads = np.ones((3, 3), np.float32)
+    grads[2, 1] = bad
+    with pytest.raises(ValueError, match=r"^grads for table 't' hold NaN or inf: refused, nothing changed$"):
+        shard.push("t", keys, grads, counts)
+    assert shard.stats["refused_pushes"] == 0 and np.array_equal(shard.pull("t", np.arange(20))[0], rows)
+    if optimizer == "sgd" and lr == 1.0:  # key 1 twice: -6e38 is past float32's range
+        with pytest.raises(ValueError, match=r"refused, nothing changed: the update would make rows non-finite"):
+            shard.push("t", keys, np.full((3, 3), 3e38, np.float32), counts)
+        assert shard.stats["refused_pushes"] == 1 and np.array_equal(shard.pull("t", np.arange(20))[0], rows)
+
+
+def test_with_a_log_the_gradients_are_checked_before_they_are_logged(tmp_path):
+    shard = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=True)
+    grads = np.array([[math.nan, 0, 0]], np.float32)
+    with pytest.raises(ValueError, match=r"^grads for table 't' hold NaN or inf: refused, nothing changed$"):
+        shard.push("t", np.array([1]), grads, np.array([1]))
+    shard.close()
+    again = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=True)
+    assert again.stats["wal_replayed"] == 0
+    again.close()

@@ -64,6 +64,7 @@ class DynamicRows:
     """
 
     on_remove = None  # told the keys of rows the store forgets (a shard's record of changes)
+    refuses_non_finite_grads = False
 
     def __init__(self, cfg: TableConfig, index: int, num_shards: int, disk_dir: str | None = None,
                  policy: str = "lru"):

@@ -47,6 +47,7 @@ class FixedRows:
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
         self.native = native and het_native.ops is not None
         self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
+        self.refuses_non_finite_grads = isinstance(self._push, NativePush) and self.dtype == torch.float32
         if self.dtype != torch.float32:  # half rows: widened to float32 to push, rounded back
             native_half = isinstance(self._push, NativePush)
             self._push, self._replies = (NativeHalfPush() if native_half else HalfPush(self._push)), WidenedReplies()

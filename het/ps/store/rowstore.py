@@ -35,6 +35,9 @@ class RowStore(Protocol):
     cfg: TableConfig
     optimizer: SparseOptimizer  # the table's update rule (its state may live in the store)
     on_remove: Callable[[torch.Tensor], None] | None  # told the keys of rows the store forgets (expiry, budget)
+    # whether push itself refuses non-finite gradients (they make a non-finite result, which it
+    # refuses, and it reads the gradients only): the shard need not check them first
+    refuses_non_finite_grads: bool
 
     def check_keys(self, keys: torch.Tensor) -> str:
         """Why ``keys`` do not belong to this slice ('' when they do): out of the table's

@@ -251,10 +251,11 @@ def grads(got: np.ndarray, grads_as: str) -> np.ndarray:
     return torch.from_numpy(got).view(torch.bfloat16).float().numpy()
 
 
-def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: np.ndarray | None) -> None:
+def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: np.ndarray | None,
+         finite: bool = True) -> None:
     """A push's ``n`` rows: float32 gradients of the table's width, int64 counts (widened from
     the wire) in ``[0, MAX_COUNT]``, and ``sq`` (every row's, :func:`squares`) float32 of
-    width 1 or the table's, all finite (``sq`` >= 0)."""
+    width 1 or the table's, all finite (``sq`` >= 0; the gradients checked with ``finite``)."""
     d = table.dim
     if grads.dtype != np.float32 or grads.shape != (n, d):
         raise ValueError(f"grads must be float32 of shape ({n}, {d}), got {grads.dtype} {grads.shape}")
@@ -264,7 +265,7 @@ def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: 
         raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
     if n and sq is not None:
         check_squares(torch.from_numpy(sq), table.name)
-    if n:
+    if n and finite:
         check_finite(torch.from_numpy(grads), "grads", table.name)
     if n:
         lo, hi = (int(c) for c in torch.aminmax(torch.from_numpy(counts)))  # one pass, where numpy takes two
