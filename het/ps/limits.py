@@ -52,7 +52,12 @@ def check_finite(values: torch.Tensor, what: str, table: str) -> None:
         ValueError: grads for table 'user' hold NaN or inf: refused, nothing changed
     """
     if not all_finite(values):
-        raise ValueError(f"{what} for table {table!r} hold NaN or inf: refused, nothing changed")
+        raise ValueError(non_finite(what, table))
+
+
+def non_finite(what: str, table: str) -> str:
+    """What a refusal of non-finite ``what`` (a table's gradients, say) says."""
+    return f"{what} for table {table!r} hold NaN or inf: refused, nothing changed"
 
 
 def check_squares(sq: torch.Tensor, table: str) -> None:

@@ -19,7 +19,7 @@ from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps import hot
 from het.ps.budget import Budget
-from het.ps.limits import check_finite
+from het.ps.limits import all_finite, non_finite
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
@@ -197,11 +197,10 @@ class Shard:
                                                                               lazy=checks.lazy(meta))
 
     def _push_request(self, meta: dict, a: list) -> dict:
-        """A request's push applied (checked whole first), or held when it is a part of one
-        (:mod:`het.ps.parts`): the reply's meta."""
-        checked = self._check_push(checks.table(meta), *a[:3], checks.step(meta), checks.grads_as(meta),
-                                   a[3] if len(a) > 3 else None)
+        """A request's push applied (checked whole first), or held if a part (:mod:`het.ps.parts`): the reply's meta."""
         session, part = checks.session(meta), checks.part(meta)
+        checked = self._check_push(checks.table(meta), *a[:3], checks.step(meta), checks.grads_as(meta),
+                                   a[3] if len(a) > 3 else None, whole=part is None)
         if part is not None:
             checked = self.parts.add(session and session[0], part, checked)
             if checked is None:
@@ -264,14 +263,15 @@ class Shard:
         Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D), or (k, 1) or (k, D)."""
         return self._apply(self._check_push(table, keys, grads, counts, step, grads_as, sq), session, logged)
 
-    def _check_push(self, table, keys, grads, counts, step, grads_as, sq) -> Checked:
+    def _check_push(self, table, keys, grads, counts, step, grads_as, sq, whole: bool = True) -> Checked:
         grads = checks.grads(grads, grads_as)
         step = checks.step({"step": step})
         counts = widen(counts, "counts")  # the narrowest integers that held them on the wire
         sq = checks.squares(sq, keys, grads, counts)
         t, key_tensor = self._table_keys(table, keys)
-        # a log holds only pushes the table takes; a table's own refusal names the gradients (_apply)
-        checks.push(t.cfg, len(keys), grads, counts, sq, finite=self.wal is not None or not t.refuses_non_finite_grads)
+        # the gradients' pass is left to a table that refuses them itself (_apply), unless logged or held or squared
+        spare = whole and sq is None and self.wal is None and t.refuses_non_finite_grads
+        checks.push(t.cfg, len(keys), grads, counts, sq, finite=not spare)
         return Checked(table, step, key_tensor, grads, counts, sq)
 
     def _apply(self, c: Checked, session: tuple[str, int] | None, logged: bool = True) -> int:
@@ -287,8 +287,8 @@ class Shard:
             t.push(t.locate(c.keys), torch.from_numpy(c.grads), torch.from_numpy(c.counts), c.step,
                    None if c.sq is None else torch.from_numpy(c.sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
-            if t.refuses_non_finite_grads:  # its gradients' fault, as the check before would say
-                check_finite(torch.from_numpy(c.grads), "grads", c.table)
+            if t.refuses_non_finite_grads and not all_finite(torch.from_numpy(c.grads)):  # as the pass says
+                raise ValueError(non_finite("grads", c.table)) from None
             self.stats["refused_pushes"] += 1
             raise ValueError(f"push to table {c.table!r} refused, nothing changed: {e}") from None
         if session is not None:

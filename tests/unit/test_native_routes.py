@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -15,7 +17,8 @@ from hypothesis import strategies as st
 from het import native
 from het.ps import partition
 from het.ps.wire import replies
-from het.ps.wire.protocol import PSError
+from het.config import TableConfig
+from het.ps.wire.protocol import Op, PSError
 
 needs_build = pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
 
@@ -42,6 +45,9 @@ def test_native_routing_is_the_stable_sorts(seed, n, shards, hashed, span):
     got, expected = partition.split(keys, shards, hashed), reference_split(keys, shards, hashed)
     assert len(got) == shards
     assert all(a.dtype == torch.int64 and torch.equal(a, b) for a, b in zip(got, expected))
+    strided = keys[::2]  # a view, not contiguous
+    assert all(torch.equal(a, b) for a, b in zip(partition.split(strided, shards, hashed),
+                                                   reference_split(strided, shards, hashed)))
 
 
 @needs_build
@@ -142,3 +148,19 @@ def test_replies_that_answer_a_key_twice_are_refused():
              (torch.zeros(1, 3), torch.zeros(1, dtype=torch.int64), None)]
     with pytest.raises(PSError, match="the replies name 3 rows for 2 keys: a key answered twice"):
         replies._in_key_order(4, index, parts)
+
+
+def test_one_reply_out_of_key_order_is_put_in_order_and_one_naming_a_key_twice_refused():
+    """A sync's one reply (one shard) in key order is the result as it came; out of order it is
+    put in order, and one naming a key twice is refused."""
+    table, handle = TableConfig("t", rows=3, dim=1), replies.Handle(Op.SYNC, "t", 3, torch.device("cpu"))
+
+    def merged(index: list, clocks: list):
+        arrays = [np.array(index), np.array([[float(i)] for i in index], np.float32), np.array(clocks)]
+        return replies.merge(handle, [(torch.arange(3), SimpleNamespace(arrays=arrays, meta={}))], table)
+
+    got = merged([2, 0], [5, 7])
+    assert got.index.tolist() == [0, 2] and got.rows.flatten().tolist() == [0.0, 2.0] and got.clocks.tolist() == [7, 5]
+    assert merged([0, 2], [7, 5]).clocks.tolist() == [7, 5]
+    with pytest.raises(PSError, match="a key answered twice"):
+        merged([1, 1], [0, 0])

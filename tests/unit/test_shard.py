@@ -325,3 +325,45 @@ def test_with_a_log_the_gradients_are_checked_before_they_are_logged(tmp_path):
     again = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=True)
     assert again.stats["wal_replayed"] == 0
     again.close()
+
+
+def test_a_non_finite_gradient_is_refused_as_before_where_the_pass_is_not_spared():
+    """Adam's pushes of several steps (squares sent: torch's ops), a part held for later, and a
+    request through the wire: the gradients' pass runs where it ran, the request counts as an
+    error and not as a refused update, and nothing changes."""
+    from het import native
+
+    adam = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adam", lr=1e40))  # torch's ops raise mid-push
+    shard = Shard(ShardConfig((adam,)))
+    assert shard.tables["t"].refuses_non_finite_grads == (native.ops is not None)
+    before = shard.pull("t", np.arange(8))[0].copy()
+    grads = np.array([[math.nan, 1], [1, 1]], np.float32)
+    with pytest.raises(ValueError, match=r"^grads for table 't' hold NaN or inf: refused, nothing changed$"):
+        shard.push("t", np.array([1, 2]), grads, np.array([2, 1]), sq=np.ones((2, 2), np.float32))
+    assert np.array_equal(shard.pull("t", np.arange(8))[0], before)
+    assert shard.pull("t", np.arange(8))[1].tolist() == [0] * 8
+
+    wire = Shard(ShardConfig((T,)))
+    bad = [np.array([1]), np.array([[math.inf, 0, 0]], np.float32), np.array([1])]
+    held = wire.handle(Message(Op.PUSH, 1, {"table": "t", "part": 1, "parts": 2, "session": "p" * 16, "seq": 1},
+                               bad))
+    assert held.status == 1 and "grads for table 't' hold NaN or inf" in held.meta["error"]  # at its part
+    whole = wire.handle(Message(Op.PUSH, 2, {"table": "t"}, bad))
+    assert whole.status == 1 and "grads for table 't' hold NaN or inf" in whole.meta["error"]
+    assert wire.stats["errors"] == 2 and wire.stats["refused_pushes"] == 0
+
+
+def test_a_reference_push_that_fails_part_way_changes_nothing():
+    """Adam's steps taken apart by torch's ops with an lr past float32's range: torch raises
+    while it writes; the rows, clocks, marks and state written are put back."""
+    table = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adam", lr=1e40))
+    shard = Shard(ShardConfig((table,)))
+    rows, clocks = (a.copy() for a in shard.pull("t", np.arange(8)))
+    state = {n: v.clone() for n, v in shard.tables["t"].optimizer.state.items()}
+    with pytest.raises(RuntimeError):
+        shard.push("t", np.array([1, 2]), np.ones((2, 2), np.float32), np.array([2, 1]),
+                   sq=np.ones((2, 2), np.float32))
+    after_rows, after_clocks = shard.pull("t", np.arange(8))
+    assert np.array_equal(after_rows, rows) and np.array_equal(after_clocks, clocks)
+    assert not shard.tables["t"].touched.any()
+    assert all(torch.equal(v, state[n]) for n, v in shard.tables["t"].optimizer.state.items())

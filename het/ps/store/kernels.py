@@ -94,15 +94,20 @@ class TorchPush:
         rows, inverse = torch.unique(local, return_inverse=True)
         several = t.optimizer.takes_steps(counts, sq)
         before = _snapshot(t, rows)
-        t.clocks.index_add_(0, local, counts)
-        t.touched.index_fill_(0, local, True)
-        if t.optimizer.accepts_duplicates:
-            t.optimizer.apply(t.weight, local, grads, step)
-        elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
-            pushed = optim.Pushed(sum_rows(counts, inverse, len(rows)), None if sq is None else sum_rows(sq, inverse, len(rows))) if several else None
-            t.optimizer.apply(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
-        else:
-            t.optimizer.apply(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
+        try:
+            t.clocks.index_add_(0, local, counts)
+            t.touched.index_fill_(0, local, True)
+            if t.optimizer.accepts_duplicates:
+                t.optimizer.apply(t.weight, local, grads, step)
+            elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
+                pushed = optim.Pushed(sum_rows(counts, inverse, len(rows)),
+                                      None if sq is None else sum_rows(sq, inverse, len(rows))) if several else None
+                t.optimizer.apply(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
+            else:
+                t.optimizer.apply(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
+        except BaseException:  # one that fails part way (an lr past float32's range, say) changes nothing
+            _restore(t, rows, before)
+            raise
         state = {n: v.index_select(0, rows) for n, v in t.optimizer.state.items()}
         problem = rows_problem(t.weight.index_select(0, rows), state, t.clocks.index_select(0, rows))
         if problem:  # refused whole: the rows, clocks and state are as they were

@@ -99,8 +99,9 @@ def merge(handle: Handle, replies: list, table: TableConfig):
     row_bytes = sum(m.arrays[1].nbytes + (m.arrays[3].nbytes if width else 0) for _, m in replies)
     parts = [PARTS(handle, table, i, m.arrays[1], m.arrays[2], None if width is None else m.arrays[3], m.arrays[at:],
                    width) for i, (_, m) in zip(index, replies)]
-    if len(parts) == 1:  # one reply answers in key order: its arrays are the result
-        (rows, clocks, state), index = parts[0], index[0]
+    first = index[0]
+    if len(parts) == 1 and (len(first) < 2 or bool((first[1:] > first[:-1]).all())):  # in key order: the result
+        (rows, clocks, state), index = parts[0], first
     else:
         index, rows, clocks, state = _in_key_order(handle.n, index, parts)
     return SyncResult(index.to(dev), rows.to(dev), clocks.to(dev), wire, row_bytes,
