@@ -13,7 +13,6 @@ step; and the same for the leanest Python client (``lean_client.py``'s) against 
     .venv/bin/python docs/scripts/kernel_shard.py [--rounds 5 --seconds 3]
 """
 
-import argparse
 import json
 import multiprocessing as mp
 import statistics
@@ -22,7 +21,7 @@ import numpy as np
 import torch
 import zmq
 
-from lean_client import _lean  # a sibling script: run as docs/scripts/kernel_shard.py
+from lean_client import _lean, setup  # a sibling script: run as docs/scripts/kernel_shard.py
 
 from het import native
 from het.bench.ps import _Shard, raw_zmq
@@ -88,15 +87,8 @@ class _KernelShard(_Shard):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    rng = torch.Generator().manual_seed(0)
-    batches = [torch.randperm(ROWS, generator=rng)[:BATCH] for _ in range(64)]
+    args, batches, grads, counts = setup(__doc__.split("\n\n")[0])
     runs = {"het": [], "kernels": [], "lean_kernels": []}
-    grads, counts = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
     with _Shard(TABLE, ROWS) as real, _KernelShard(TABLE, ROWS) as bare:
         for shard in (real, bare):
             shard.measure(batches, 1.0)  # every row stored, the session known to the shard

@@ -79,15 +79,21 @@ def _lean(shard: _Shard, batches: list, grads: torch.Tensor, counts: torch.Tenso
             "shard_main_cpu_ms_per_step": (after["thread_cpu_s"] - before["thread_cpu_s"]) * ms}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def setup(description: str) -> tuple:
+    """The command line (``--rounds``, ``--seconds``) and the bench's step: its 64 batches of
+    random rows, gradients and counts, one torch thread."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=3.0)
     args = parser.parse_args()
     torch.set_num_threads(1)
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(ROWS, generator=rng)[:BATCH] for _ in range(64)]
-    grads, counts = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
+    return args, batches, torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
+
+
+def main() -> None:
+    args, batches, grads, counts = setup(__doc__.split("\n\n")[0])
     table = TableConfig("bench", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01))
     runs = {"het": [], "lean": []}
     with _Shard(table, ROWS) as shard:
