@@ -5,6 +5,9 @@
 #include "ops.h"
 #include "window.h"
 
+// A client's hot reply read in one call (hot.cpp)
+pybind11::object hot_reply(pybind11::list frames, int64_t op, int64_t rid, int64_t n, int64_t dim);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
   m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
@@ -30,6 +33,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cache_soon", &cache_soon);
   m.def("all_finite", &all_finite_op);
   m.def("index_lookup", &index_lookup);
+  m.def("hot_reply", &hot_reply);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

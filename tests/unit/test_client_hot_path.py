@@ -1,6 +1,7 @@
 """The client's short path for hot requests (het.ps.wire.hot) against its general path: for any
 pull or push, the same frames on the wire, the same results, the same counts; and for any reply,
-well formed or not, the same result or the same error."""
+well formed or not, the same result or the same error. Each test runs with the replies read by
+the native reader where it can (``native``) and by the Python one alone (``python``)."""
 
 import re
 import secrets
@@ -8,9 +9,10 @@ import secrets
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
 from het.ps.shard import Shard
@@ -21,6 +23,16 @@ ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),
           TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)),
           TableConfig("h", rows=ROWS, dim=DIM, row_dtype="fp16", optimizer=OptimizerConfig("sgd", lr=0.5)))
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def reader(request, monkeypatch):
+    """Which reader reads hot replies first: the native one (falling back to Python's), or Python's alone."""
+    if request.param == "native" and native.ops is None:
+        pytest.skip("the native core is not built")
+    if request.param == "python":
+        monkeypatch.setattr(hot, "read_natively", lambda *args: None)
+    return request.param
 
 
 class _Channel:
@@ -130,9 +142,17 @@ def test_the_short_path_sends_and_reads_what_the_general_path_does(shards, steps
 
 def test_a_step_takes_the_short_path_and_more_keys_than_one_request_the_general(pair, monkeypatch):
     fast, general = pair
-    read = []
-    original = hot.HotPath._read
+    read = []  # every reply a short path read: natively, else by Python's reader
+    original, natively = hot.HotPath._read, hot.read_natively
     monkeypatch.setattr(hot.HotPath, "_read", staticmethod(lambda *args: read.append(original(*args)) or read[-1]))
+
+    def counted(*args):
+        got = natively(*args)
+        if got is not None:
+            read.append(got)
+        return got
+
+    monkeypatch.setattr(hot, "read_natively", counted)
     keys = torch.tensor([5, 1, 9])  # on three shards, one key each
     _same(fast, general, "push", "t", keys, torch.ones(3, DIM), torch.ones(3, dtype=torch.int64))
     _same(fast, general, "pull", "t", keys)
@@ -246,3 +266,43 @@ def test_a_wait_again_after_a_timeout_counts_the_late_reply_stray_as_the_general
             outcomes.append(("TimeoutError", str(e)))
         outcomes.append(client.link.stray_replies)
     assert outcomes[:2] == outcomes[2:] and outcomes[1] == 1
+
+
+_EDIT = st.tuples(st.integers(0, 90), st.integers(0, 3), st.text(alphabet='0123456789[]{}",:fiu. -e', max_size=3))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(0, 12), dim=st.integers(1, 4), clock=st.sampled_from(["u1", "i2", "i4", "i8"]),
+       marks=st.booleans(), edit=st.one_of(st.none(), _EDIT), op=st.sampled_from([Op.PULL, Op.PUSH]))
+def test_the_native_reader_reads_a_reply_as_the_python_reader_or_leaves_it(reader, n, dim, clock, marks, edit, op):
+    """Replies in the text a shard writes, and that text edited anywhere (its meta length kept
+    true): the native reader reads the shard's text, and reads nothing the Python reader does
+    not read the same (else it leaves the reply to it)."""
+    if reader == "python":
+        pytest.skip("the native reader against the Python one: once")
+    table = TableConfig("t", rows=ROWS, dim=dim)
+    rid = 77
+    if op is Op.PULL:
+        clocks = np.arange(n, dtype={"u1": "u1", "i2": "<i2", "i4": "<i4", "i8": "<i8"}[clock])
+        arrays = [np.linspace(-1, 1, n * dim, dtype=np.float32).reshape(n, dim), clocks]
+        arrays += [np.zeros((n + 7) // 8, np.uint8)] if marks else []
+        frames = [bytes(memoryview(f)) for f in encode(Message(op, rid, {}, arrays))]
+    else:
+        frames = [bytes(memoryview(f)) for f in encode(Message(op, rid, {"applied": n}, []))]
+    if edit is not None:
+        at, cut, text = edit
+        meta = frames[0][HEADER.size:].decode()
+        meta = (meta[:at] + text + meta[at + cut:]).encode()
+        frames[0] = HEADER.pack(*HEADER.unpack_from(frames[0])[:6], len(meta)) + meta
+    got, want = native.ops.hot_reply(frames, op, rid, n, dim), hot.HotPath._read(op, rid, frames, n, table)
+    if edit is None:
+        assert got is not None  # the shard's own text: read natively
+    if got is None:
+        return
+    assert want is not None
+    if op is Op.PUSH:
+        assert got == (want.meta["applied"], 0)
+    else:
+        assert torch.equal(got[0], torch.from_numpy(want.arrays[0].copy()))
+        assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.from_numpy(want.arrays[1]).long())
+        assert got[2] == sum(a.nbytes for a in want.arrays)

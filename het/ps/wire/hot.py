@@ -22,6 +22,7 @@ import time
 import numpy as np
 import torch
 
+from het import native
 from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.wire.integers import WIRE_INTS, delta_keys
@@ -82,18 +83,30 @@ class HotPath:
         raises what a refusal or a malformed reply raises) and merged
         (:func:`het.ps.wire.replies.merge`)."""
         table = self.client.tables[handle.table]
-        replies = []
+        replies, nbytes = [], 0
         for shard, rid, positions in handle.parts:
             msg = self._reply(handle, table, shard, rid, handle.n if positions is None else len(positions))
             if positions is None:
+                if type(msg) is tuple:  # read natively: the result, and the bytes of the reply's arrays
+                    result, handle.reply_bytes = msg
+                    if handle.op is Op.PULL and handle.device.type != "cpu":
+                        result = result[0].to(handle.device), result[1].to(handle.device)
+                    handle.result, handle.done = result, True
+                    return result
                 if msg is not None:  # every key, in order: the reply's arrays are the result
                     start = time.perf_counter()
                     handle.result, handle.done = self._result(handle, msg), True
                     handle.merge_s = time.perf_counter() - start
                     return handle.result
                 positions = torch.arange(handle.n, device=handle.device)
-            replies.append((positions, msg if msg is not None else self.link.reply(shard, rid)))
-        handle.reply_bytes = sum(sum(a.nbytes for a in m.arrays) for _, m in replies)
+            if type(msg) is tuple:  # its arrays' bytes as they travelled, before the clocks were widened
+                nbytes += msg[1]
+                msg = _message(handle.op, rid, msg[0])
+            else:
+                msg = msg if msg is not None else self.link.reply(shard, rid)
+                nbytes += sum(a.nbytes for a in msg.arrays)
+            replies.append((positions, msg))
+        handle.reply_bytes = nbytes
         start = time.perf_counter()
         handle.result, handle.done = merge(handle, replies, table), True
         handle.merge_s = time.perf_counter() - start
@@ -108,14 +121,22 @@ class HotPath:
             rows, clocks = rows.to(handle.device), clocks.to(handle.device)
         return rows, clocks
 
-    def _reply(self, handle, table: TableConfig, shard: int, rid: int, n: int) -> Message | None:
+    def _reply(self, handle, table: TableConfig, shard: int, rid: int, n: int) -> Message | tuple | None:
         """The reply to ``rid`` from ``shard``, for ``n`` keys, where it is the next off the wire
-        and a hot one (:meth:`_read`); else None, the frames (if any were read) kept where
-        :meth:`~het.ps.wire.connection.Connection.reply` finds them."""
+        and a hot one: read natively (:func:`read_natively`), ``(result, bytes of its arrays)``
+        on the CPU; else as a Message (:meth:`_read`); else None, the frames (if any were read)
+        kept where :meth:`~het.ps.wire.connection.Connection.reply` finds them."""
         link = self.link
         if link.came_early(shard, rid) or not link.awaits(shard, rid):  # not awaited: a wait after a timeout
             return None
         frames = link.next_reply(shard)
+        if handle.op is Op.PUSH or table.row_dtype == RowDtype.FP32:
+            got = read_natively(frames, handle.op, rid, n, table.dim)
+            if got is not None:
+                link.read(shard, rid, frames)
+                if handle.op is Op.PUSH:
+                    return got[0], 0
+                return got[:2], got[2]
         msg = self._read(handle.op, rid, frames, n, table)
         if msg is None:
             link.keep(shard, frames)
@@ -151,6 +172,23 @@ class HotPath:
             return None
         arrays = _pull_arrays(meta, frames, n, table.dim)
         return None if arrays is None else Message(op, rid, {}, arrays)
+
+
+def read_natively(frames, op: Op, rid: int, n: int, dim: int):
+    """``frames`` read by the native reader (``native.ops.hot_reply``) as a hot reply to request
+    ``rid`` (``op``, ``n`` keys of a float32 table of width ``dim``): a PULL's ``(rows, clocks
+    int64, bytes of its arrays)``, a PUSH's ``(rows applied, 0)``; None where it is not one in
+    the very text a shard writes (:meth:`HotPath._read` reads any spelling), or without the
+    native core."""
+    return None if native.ops is None else native.ops.hot_reply(frames, op, rid, n, dim)
+
+
+def _message(op: Op, rid: int, result) -> Message:
+    """A natively read reply as the Message :func:`het.ps.wire.replies.merge` reads: a PULL's
+    rows and clocks (int64) as numpy, a PUSH's rows applied."""
+    if op is Op.PUSH:
+        return Message(op, rid, {"applied": result}, [])
+    return Message(op, rid, {}, [result[0].numpy(), result[1].numpy()])
 
 
 def _pull_arrays(meta: dict, frames, n: int, dim: int) -> list | None:

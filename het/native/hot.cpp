@@ -1,0 +1,140 @@
+// A client's hot reply read in one call (het/ps/wire/hot.py's HotPath): the header checked, the
+// meta compared with the text a shard writes for a PULL's or a PUSH's reply, the arrays' frames
+// measured against it, and the result made: a PULL's rows (a view of their frame, which it keeps
+// alive) and its clocks widened to int64; a PUSH's rows applied. It reads only the exact text the
+// shard writes (het/ps/hot.py's encode_reply); anything else (an error, a lazy reply with rows to
+// build, another spelling of the same meta) it leaves to the Python reader, which reads any reply.
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr size_t kHeader = 20;  // magic, version, op, status, flags, request id, meta length: "<4sBBBBQI"
+
+// A buffer's bytes, for as long as the object that holds them lives.
+std::string_view bytes_of(const py::handle& frame, py::buffer_info& info) {
+  info = py::reinterpret_borrow<py::buffer>(frame).request();
+  return {static_cast<const char*>(info.ptr), size_t(info.size * info.itemsize)};
+}
+
+// The text `s` at `at` consumed if it is there.
+bool take(std::string_view text, size_t& at, std::string_view s) {
+  if (text.compare(at, s.size(), s) != 0) return false;
+  at += s.size();
+  return true;
+}
+
+// A JSON integer >= 0 as json.dumps writes it (no sign, no leading zero), of at most 18 digits.
+bool take_int(std::string_view text, size_t& at, int64_t& out) {
+  const size_t start = at;
+  out = 0;
+  while (at < text.size() && at - start < 18 && text[at] >= '0' && text[at] <= '9') out = out * 10 + (text[at++] - '0');
+  const size_t digits = at - start;
+  const bool more = at < text.size() && text[at] >= '0' && text[at] <= '9';  // a 19th digit: not read here
+  return digits >= 1 && !more && !(digits > 1 && text[start] == '0');
+}
+
+// One array's spec, ["code",[sizes...]], of exactly `shape`.
+bool take_spec(std::string_view text, size_t& at, std::string_view code, std::initializer_list<int64_t> shape) {
+  if (!take(text, at, "[\"") || !take(text, at, code) || !take(text, at, "\",[")) return false;
+  bool first = true;
+  for (int64_t size : shape) {
+    int64_t got;
+    if ((!first && !take(text, at, ",")) || !take_int(text, at, got) || got != size) return false;
+    first = false;
+  }
+  return take(text, at, "]]");
+}
+
+// The clocks' code: how many bytes each, 0 for none of the wire's integers.
+int clock_bytes(std::string_view text, size_t at) {
+  static const std::pair<std::string_view, int> codes[] = {{"u1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8}};
+  for (const auto& [code, bytes] : codes)
+    if (text.compare(at + 2, 2, code) == 0) return bytes;
+  return 0;
+}
+
+torch::Tensor widened(const char* p, int64_t n, int bytes) {
+  auto out = torch::empty({n}, torch::kInt64);
+  int64_t* o = out.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i, p += bytes) {  // little-endian, read byte-wise: a frame need not be aligned
+    if (bytes == 1) {
+      o[i] = uint8_t(*p);
+    } else if (bytes == 2) {
+      int16_t v;
+      std::memcpy(&v, p, 2);
+      o[i] = v;
+    } else if (bytes == 4) {
+      int32_t v;
+      std::memcpy(&v, p, 4);
+      o[i] = v;
+    } else {
+      std::memcpy(&o[i], p, 8);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// The reply `frames` to request `rid` (`op`: 1 PULL, 2 PUSH) of `n` keys of a float32 table of
+// width `dim`, as the shard writes it: a PULL's (rows (n, dim), clocks (n,) int64, bytes of its
+// arrays), its rows a view of their frame; a PUSH's (rows applied, 0); else None.
+py::object hot_reply(py::list frames, int64_t op, int64_t rid, int64_t n, int64_t dim) {
+  const size_t count = frames.size();
+  if (count == 0 || n < 0 || dim < 1) return py::none();
+  py::buffer_info head_info;
+  std::string_view head = bytes_of(frames[0], head_info);
+  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return py::none();
+  uint64_t reply_id;
+  uint32_t meta_len;
+  std::memcpy(&reply_id, head.data() + 8, 8);
+  std::memcpy(&meta_len, head.data() + 16, 4);
+  if (head[4] != 1 || uint8_t(head[5]) != op || head[6] != 0 || head[7] != 0 || reply_id != uint64_t(rid) ||
+      head.size() != kHeader + meta_len)
+    return py::none();
+  std::string_view meta = head.substr(kHeader);
+  size_t at = 0;
+  if (op == 2) {  // {"applied":N,"arrays":[]}
+    int64_t applied;
+    if (count != 1 || !take(meta, at, "{\"applied\":") || !take_int(meta, at, applied) ||
+        !take(meta, at, ",\"arrays\":[]}") || at != meta.size())
+      return py::none();
+    return py::make_tuple(applied, 0);
+  }
+  if (op != 1 || (count != 3 && count != 4)) return py::none();
+  // {"arrays":[["f4",[n,dim]],["<clocks>",[n]](,["u1",[marks]])]}
+  if (!take(meta, at, "{\"arrays\":[") || !take_spec(meta, at, "f4", {n, dim}) || !take(meta, at, ","))
+    return py::none();
+  const int clock_size = meta.size() >= at + 4 ? clock_bytes(meta, at) : 0;
+  if (clock_size == 0 || !take_spec(meta, at, meta.substr(at + 2, 2), {n})) return py::none();
+  const int64_t marks = (n + 7) / 8;
+  if (count == 4 && (!take(meta, at, ",") || !take_spec(meta, at, "u1", {marks}))) return py::none();
+  if (!take(meta, at, "]}") || at != meta.size()) return py::none();
+  py::buffer_info rows_info, clocks_info, marks_info;
+  std::string_view rows = bytes_of(frames[1], rows_info), clocks = bytes_of(frames[2], clocks_info);
+  if (rows.size() != size_t(n * dim * 4) || clocks.size() != size_t(n * clock_size) ||
+      reinterpret_cast<uintptr_t>(rows.data()) % alignof(float) != 0)
+    return py::none();
+  size_t total = rows.size() + clocks.size();
+  if (count == 4) {
+    std::string_view built = bytes_of(frames[3], marks_info);
+    if (built.size() != size_t(marks)) return py::none();
+    for (char c : built)
+      if (c != 0) return py::none();  // rows to build: the Python reader's
+    total += built.size();
+  }
+  auto* keep = new py::object(py::reinterpret_borrow<py::object>(frames[1]));
+  auto rows_tensor = torch::from_blob(const_cast<char*>(rows.data()), {n, dim},
+                                      [keep](void*) {
+                                        py::gil_scoped_acquire gil;
+                                        delete keep;
+                                      },
+                                      torch::kFloat32);
+  return py::make_tuple(rows_tensor, widened(clocks.data(), n, clock_size), total);
+}
