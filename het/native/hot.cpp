@@ -1,9 +1,13 @@
-// A client's hot reply read in one call (het/ps/wire/hot.py's HotPath): the header checked, the
-// meta compared with the text a shard writes for a PULL's or a PUSH's reply, the arrays' frames
-// measured against it, and the result made: a PULL's rows (a view of their frame, which it keeps
-// alive) and its clocks widened to int64; a PUSH's rows applied. It reads only the exact text the
-// shard writes (het/ps/hot.py's encode_reply); anything else (an error, a lazy reply with rows to
-// build, another spelling of the same meta) it leaves to the Python reader, which reads any reply.
+// A client's hot requests and replies (het/ps/wire/hot.py's HotPath), each in one call.
+//
+// A request's header frame written as the Python writer writes it (hot_head), its integers first
+// narrowed in one pass (narrow_ints: keys, counts). A reply read (hot_reply): the header checked,
+// the meta compared with the text a shard writes for a PULL's or a PUSH's reply, the arrays'
+// frames measured against it, and the result made: a PULL's rows (a view of their frame, which it
+// keeps alive) and its clocks widened to int64; a PUSH's rows applied. It reads only the exact
+// text the shard writes (het/ps/hot.py's encode_reply); anything else (an error, a lazy reply with
+// rows to build, another spelling of the same meta) it leaves to the Python reader, which reads
+// any reply.
 #include <torch/extension.h>
 
 #include <cstdint>
@@ -85,7 +89,7 @@ torch::Tensor widened(const char* p, int64_t n, int bytes) {
 // The reply `frames` to request `rid` (`op`: 1 PULL, 2 PUSH) of `n` keys of a float32 table of
 // width `dim`, as the shard writes it: a PULL's (rows (n, dim), clocks (n,) int64, bytes of its
 // arrays), its rows a view of their frame; a PUSH's (rows applied, 0); else None.
-py::object hot_reply(py::list frames, int64_t op, int64_t rid, int64_t n, int64_t dim) {
+py::object hot_reply(py::list frames, int64_t op, uint64_t rid, int64_t n, int64_t dim) {
   const size_t count = frames.size();
   if (count == 0 || n < 0 || dim < 1) return py::none();
   py::buffer_info head_info;
@@ -95,7 +99,7 @@ py::object hot_reply(py::list frames, int64_t op, int64_t rid, int64_t n, int64_
   uint32_t meta_len;
   std::memcpy(&reply_id, head.data() + 8, 8);
   std::memcpy(&meta_len, head.data() + 16, 4);
-  if (head[4] != 1 || uint8_t(head[5]) != op || head[6] != 0 || head[7] != 0 || reply_id != uint64_t(rid) ||
+  if (head[4] != 1 || uint8_t(head[5]) != op || head[6] != 0 || head[7] != 0 || reply_id != rid ||
       head.size() != kHeader + meta_len)
     return py::none();
   std::string_view meta = head.substr(kHeader);
@@ -137,4 +141,81 @@ py::object hot_reply(py::list frames, int64_t op, int64_t rid, int64_t n, int64_
                                       },
                                       torch::kFloat32);
   return py::make_tuple(rows_tensor, widened(clocks.data(), n, clock_size), total);
+}
+
+// `values` (int64, 1-D, contiguous) as the narrowest of uint8, int16, int32 (from the one at
+// `narrowest`: 0 uint8, 1 int16, 2 int32) that holds every one, else themselves (int64); and the
+// least and greatest of them (0 and 0 for none). het/ps/wire/integers.py's narrow, in one pass.
+py::tuple narrow_ints(torch::Tensor values, int64_t narrowest) {
+  TORCH_CHECK(values.device().is_cpu() && values.scalar_type() == torch::kInt64 && values.dim() == 1 &&
+                  values.is_contiguous(),
+              "values: expected a contiguous 1-D int64 CPU tensor");
+  const int64_t n = values.numel();
+  const int64_t* v = values.data_ptr<int64_t>();
+  int64_t lo = n ? v[0] : 0, hi = lo;
+  for (int64_t i = 1; i < n; ++i) {
+    lo = std::min(lo, v[i]);
+    hi = std::max(hi, v[i]);
+  }
+  torch::Tensor out = values;
+  if (narrowest <= 0 && lo >= 0 && hi <= 255) {
+    out = torch::empty({n}, torch::kUInt8);
+    uint8_t* o = out.data_ptr<uint8_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = uint8_t(v[i]);
+  } else if (narrowest <= 1 && lo >= -32768 && hi <= 32767) {
+    out = torch::empty({n}, torch::kInt16);
+    int16_t* o = out.data_ptr<int16_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = int16_t(v[i]);
+  } else if (lo >= std::numeric_limits<int32_t>::min() && hi <= std::numeric_limits<int32_t>::max()) {
+    out = torch::empty({n}, torch::kInt32);
+    int32_t* o = out.data_ptr<int32_t>();
+    for (int64_t i = 0; i < n; ++i) o[i] = int32_t(v[i]);
+  }
+  return py::make_tuple(out, lo, hi);
+}
+
+// A hot request's header frame: the header, then the meta `head` + its arrays' specs + "]}", the
+// specs written as het/ps/wire/protocol.py's specs_text writes them; and the bytes of the arrays.
+// None where an array is not C-contiguous or not of a wire dtype (the Python writer's then).
+py::object hot_head(int64_t op, uint64_t rid, const std::string& head, py::list arrays) {
+  std::string text = head;
+  int64_t nbytes = 0;
+  bool first = true;
+  for (const auto& a : arrays) {
+    py::buffer_info info = py::reinterpret_borrow<py::buffer>(a).request();
+    const char kind = info.format.empty() ? 0 : info.format.back();
+    const char* code = nullptr;
+    if (kind == 'f' && info.itemsize == 4) code = "f4";
+    else if (kind == 'B' && info.itemsize == 1) code = "u1";
+    else if ((kind == 'h') && info.itemsize == 2) code = "i2";
+    else if ((kind == 'i' || kind == 'l') && info.itemsize == 4) code = "i4";
+    else if ((kind == 'l' || kind == 'q') && info.itemsize == 8) code = "i8";
+    if (code == nullptr || (info.format.size() == 2 && info.format[0] != '<' && info.format[0] != '=')) return py::none();
+    int64_t stride = info.itemsize;
+    for (int64_t d = info.ndim - 1; d >= 0; --d) {  // C-contiguous: each stride the product of the sizes after it
+      if (info.shape[size_t(d)] > 1 && info.strides[size_t(d)] != stride) return py::none();
+      stride *= info.shape[size_t(d)];
+    }
+    text += first ? "[\"" : ",[\"";
+    text += code;
+    text += "\",[";
+    for (int64_t d = 0; d < info.ndim; ++d) {
+      if (d) text += ',';
+      text += std::to_string(info.shape[size_t(d)]);
+    }
+    text += "]]";
+    nbytes += info.size * info.itemsize;
+    first = false;
+  }
+  text += "]}";
+  std::string frame(kHeader, '\0');
+  std::memcpy(frame.data(), "HETP", 4);
+  frame[4] = 1;
+  frame[5] = char(op);
+  const uint64_t id = uint64_t(rid);
+  const uint32_t meta_len = uint32_t(text.size());
+  std::memcpy(frame.data() + 8, &id, 8);
+  std::memcpy(frame.data() + 16, &meta_len, 4);
+  frame += text;
+  return py::make_tuple(py::bytes(frame), nbytes);
 }

@@ -5,8 +5,10 @@
 #include "ops.h"
 #include "window.h"
 
-// A client's hot reply read in one call (hot.cpp)
-pybind11::object hot_reply(pybind11::list frames, int64_t op, int64_t rid, int64_t n, int64_t dim);
+// A client's hot requests and replies, each in one call (hot.cpp)
+pybind11::object hot_reply(pybind11::list frames, int64_t op, uint64_t rid, int64_t n, int64_t dim);
+pybind11::tuple narrow_ints(torch::Tensor values, int64_t narrowest);
+pybind11::object hot_head(int64_t op, uint64_t rid, const std::string& head, pybind11::list arrays);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
@@ -34,6 +36,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("all_finite", &all_finite_op);
   m.def("index_lookup", &index_lookup);
   m.def("hot_reply", &hot_reply);
+  m.def("narrow_ints", &narrow_ints);
+  m.def("hot_head", &hot_head);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

@@ -1,7 +1,7 @@
 """The client's short path for hot requests (het.ps.wire.hot) against its general path: for any
 pull or push, the same frames on the wire, the same results, the same counts; and for any reply,
-well formed or not, the same result or the same error. Each test runs with the replies read by
-the native reader where it can (``native``) and by the Python one alone (``python``)."""
+well formed or not, the same result or the same error. Each test runs with the requests written
+and the replies read natively where they can be (``native``), and by Python alone (``python``)."""
 
 import re
 import secrets
@@ -27,11 +27,13 @@ TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagra
 
 @pytest.fixture(autouse=True, params=["native", "python"])
 def reader(request, monkeypatch):
-    """Which reader reads hot replies first: the native one (falling back to Python's), or Python's alone."""
+    """Which writer and reader the short path takes first: the native ones (falling back to
+    Python's), or Python's alone."""
     if request.param == "native" and native.ops is None:
         pytest.skip("the native core is not built")
     if request.param == "python":
         monkeypatch.setattr(hot, "read_natively", lambda *args: None)
+        monkeypatch.setattr(hot, "write_natively", lambda *args: None)
     return request.param
 
 
@@ -306,3 +308,14 @@ def test_the_native_reader_reads_a_reply_as_the_python_reader_or_leaves_it(reade
         assert torch.equal(got[0], torch.from_numpy(want.arrays[0].copy()))
         assert got[1].dtype == torch.int64 and torch.equal(got[1], torch.from_numpy(want.arrays[1]).long())
         assert got[2] == sum(a.nbytes for a in want.arrays)
+
+
+def test_gradients_and_keys_not_contiguous_are_sent_as_the_general_path_sends_them(pair):
+    """A transposed gradient tensor and strided keys: the same bytes as the general path's
+    (written by the Python writer, which lays them out first)."""
+    fast, general = pair
+    keys = (torch.arange(8) * 4)[::2]
+    grads = torch.arange(4 * DIM, dtype=torch.float32).reshape(DIM, 4).t()
+    assert not grads.is_contiguous() and not keys.is_contiguous()
+    _same(fast, general, "push", "t", keys, grads, torch.ones(4, dtype=torch.int64))
+    _same(fast, general, "pull", "t", keys)

@@ -55,12 +55,14 @@ class HotPath:
         if coded is not None:
             arrays = [coded[0], *arrays[1:]]
             deltas = f'"deltas":{{"0":{coded[1]}}},'
-        arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
         table, nonce = self._text(handle.table), self._text(link.nonces[shard])
-        text = (f'{{{fields}"table":{table},"session":"{link.session}","seq":{seq},{deltas}"nonce":{nonce},'
-                f'"arrays":[{specs_text(arrays)}]}}').encode()
-        frames = [HEADER.pack(MAGIC, VERSION, handle.op, OK, 0, rid, len(text)) + text, *arrays]
-        sent = sum(a.nbytes for a in arrays)
+        head = f'{{{fields}"table":{table},"session":"{link.session}","seq":{seq},{deltas}"nonce":{nonce},"arrays":['
+        written = write_natively(handle.op, rid, head, arrays)
+        if written is None:
+            arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
+            text = f"{head}{specs_text(arrays)}]}}".encode()
+            written = HEADER.pack(MAGIC, VERSION, handle.op, OK, 0, rid, len(text)) + text, sum(a.nbytes for a in arrays)
+        frames, sent = [written[0], *arrays], written[1]
         handle.request_bytes += sent
         if handle.op is Op.PUSH:
             handle.push_bytes += sent
@@ -172,6 +174,14 @@ class HotPath:
             return None
         arrays = _pull_arrays(meta, frames, n, table.dim)
         return None if arrays is None else Message(op, rid, {}, arrays)
+
+
+def write_natively(op: Op, rid: int, head: str, arrays: list):
+    """A hot request's header frame written natively (``native.ops.hot_head``): the header, and
+    the meta ``head`` (its text up to the arrays' specs) with the specs of ``arrays``; and the
+    bytes of the arrays. None where an array is not C-contiguous, or without the native core:
+    the Python writer's then, the same bytes."""
+    return None if native.ops is None else native.ops.hot_head(op, rid, head, arrays)
 
 
 def read_natively(frames, op: Op, rid: int, n: int, dim: int):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from het import native
 from het.config import TableConfig
 from het.ps import partition
 from het.ps.limits import bounds_out_of_range, check_finite, check_squares, out_of_range
@@ -63,11 +64,15 @@ def keys_to_send(table: TableConfig, keys) -> tuple[torch.Tensor, torch.Tensor]:
     keys = _int64(keys).reshape(-1)
     if not keys.numel():
         return keys, keys.to(torch.int32)
-    lo, hi = (int(k) for k in torch.aminmax(keys))
+    if native.ops is not None and keys.device.type == "cpu" and keys.is_contiguous():  # one pass
+        wire, lo, hi = native.ops.narrow_ints(keys, 2)
+    else:
+        lo, hi = (int(k) for k in torch.aminmax(keys))
+        wire = keys.to(torch.int32) if -(2**31) <= lo and hi < 2**31 else keys
     problem = bounds_out_of_range(table, lo, hi)
     if problem:
         raise ValueError(problem)
-    return keys, keys.to(torch.int32) if -(2**31) <= lo and hi < 2**31 else keys
+    return keys, wire
 
 
 def _int64(keys) -> torch.Tensor:
