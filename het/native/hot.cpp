@@ -1,4 +1,5 @@
-// A client's hot requests and replies (het/ps/wire/hot.py's HotPath), each in one call.
+// A client's hot requests and replies (het/ps/wire/hot.py's HotPath), and a shard's hot requests
+// (het/ps/hot.py), each read or written in one call.
 //
 // A request's header frame written as the Python writer writes it (hot_head), its integers first
 // narrowed in one pass (narrow_ints: keys, counts). A reply read (hot_reply): the header checked,
@@ -7,11 +8,14 @@
 // keeps alive) and its clocks widened to int64; a PUSH's rows applied. It reads only the exact
 // text the shard writes (het/ps/hot.py's encode_reply); anything else (an error, a lazy reply with
 // rows to build, another spelling of the same meta) it leaves to the Python reader, which reads
-// any reply.
+// any reply. A shard's hot request read (hot_request) the same way: the text the client's short
+// path writes, or nothing (the shard's Python reader then, which reads any spelling).
+#include <pybind11/numpy.h>
 #include <torch/extension.h>
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string_view>
 
 namespace py = pybind11;
@@ -33,14 +37,16 @@ bool take(std::string_view text, size_t& at, std::string_view s) {
   return true;
 }
 
-// A JSON integer >= 0 as json.dumps writes it (no sign, no leading zero), of at most 18 digits.
+// A JSON integer >= 0 as json.dumps writes it (no sign, no leading zero), up to int64's greatest.
 bool take_int(std::string_view text, size_t& at, int64_t& out) {
   const size_t start = at;
-  out = 0;
-  while (at < text.size() && at - start < 18 && text[at] >= '0' && text[at] <= '9') out = out * 10 + (text[at++] - '0');
+  uint64_t value = 0;  // 19 digits fit
+  while (at < text.size() && at - start < 19 && text[at] >= '0' && text[at] <= '9') value = value * 10 + (text[at++] - '0');
   const size_t digits = at - start;
-  const bool more = at < text.size() && text[at] >= '0' && text[at] <= '9';  // a 19th digit: not read here
-  return digits >= 1 && !more && !(digits > 1 && text[start] == '0');
+  const bool more = at < text.size() && text[at] >= '0' && text[at] <= '9';  // a 20th digit: past int64
+  out = int64_t(value);
+  return digits >= 1 && !more && !(digits > 1 && text[start] == '0') &&
+         value <= uint64_t(std::numeric_limits<int64_t>::max());
 }
 
 // One array's spec, ["code",[sizes...]], of exactly `shape`.
@@ -218,4 +224,128 @@ py::object hot_head(int64_t op, uint64_t rid, const std::string& head, py::list 
   std::memcpy(frame.data() + 16, &meta_len, 4);
   frame += text;
   return py::make_tuple(py::bytes(frame), nbytes);
+}
+
+namespace {
+
+// A JSON string of plain characters (letters, digits, "_-.:"), at most 255 of them, as its text;
+// false for any other (an escape, a space: the Python reader's).
+bool take_name(std::string_view text, size_t& at, std::string_view& out) {
+  if (!take(text, at, "\"")) return false;
+  const size_t start = at;
+  while (at < text.size() && at - start <= 255) {
+    const char c = text[at];
+    if (c == '"') break;
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' ||
+          c == '.' || c == ':'))
+      return false;
+    ++at;
+  }
+  out = text.substr(start, at - start);
+  return at - start <= 255 && take(text, at, "\"");
+}
+
+// An array's spec ["code",[sizes]] of `dims` sizes, its code among `codes`: the code's bytes a value.
+int take_any_spec(std::string_view text, size_t& at, std::initializer_list<std::pair<std::string_view, int>> codes,
+                  int dims, int64_t* sizes) {
+  if (!take(text, at, "[\"")) return 0;
+  int bytes = 0;
+  for (const auto& [code, size] : codes)
+    if (text.compare(at, code.size(), code) == 0 && text.compare(at + code.size(), 1, "\"") == 0) {
+      at += code.size();
+      bytes = size;
+      break;
+    }
+  if (bytes == 0 || !take(text, at, "\",[")) return 0;
+  for (int d = 0; d < dims; ++d)
+    if ((d && !take(text, at, ",")) || !take_int(text, at, sizes[d])) return 0;
+  return take(text, at, "]]") ? bytes : 0;
+}
+
+py::dtype wire_dtype(char kind, int bytes) {
+  if (kind == 'f') return py::dtype("<f4");
+  static const char* ints[] = {"", "u1", "<i2", "", "<i4", "", "", "", "<i8"};
+  return py::dtype(ints[bytes]);
+}
+
+}  // namespace
+
+// A shard's hot request `frames` (het/ps/hot.py), in the text het's client writes: a PULL of keys
+// {"lazy":L,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[keys]}, or a PUSH of keys, float32
+// gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]}; its
+// nonce `nonce`, the session 16 to 64 characters, seq and step in [1, max_step], the frames holding
+// exactly the arrays' bytes and at most `max_bytes` with the header. Returns (op, request id,
+// table, session, seq, lazy or step, [arrays as numpy views of their frames]); None for anything
+// else (the Python reader's, which reads any spelling and names what is wrong).
+py::object hot_request(py::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes) {
+  const size_t count = frames.size();
+  if (count != 2 && count != 4) return py::none();
+  py::buffer_info head_info;
+  std::string_view head = bytes_of(frames[0], head_info);
+  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return py::none();
+  uint64_t rid;
+  uint32_t meta_len;
+  std::memcpy(&rid, head.data() + 8, 8);
+  std::memcpy(&meta_len, head.data() + 16, 4);
+  const int op = uint8_t(head[5]);
+  if (head[4] != 1 || head[6] != 0 || head[7] != 0 || head.size() != kHeader + meta_len ||
+      !((op == 1 && count == 2) || (op == 2 && count == 4)))
+    return py::none();
+  std::string_view meta = head.substr(kHeader), table, session, sent_nonce;
+  size_t at = 0;
+  int64_t value = 0, seq = 0;
+  bool lazy = false;
+  if (op == 1) {
+    if (!take(meta, at, "{\"lazy\":")) return py::none();
+    if (take(meta, at, "true")) lazy = true;
+    else if (!take(meta, at, "false")) return py::none();
+  } else if (!take(meta, at, "{\"step\":") || !take_int(meta, at, value) || value < 1 || value > max_step) {
+    return py::none();
+  }
+  if (!take(meta, at, ",\"table\":") || !take_name(meta, at, table) || !take(meta, at, ",\"session\":") ||
+      !take_name(meta, at, session) || session.size() < 16 || session.size() > 64 || !take(meta, at, ",\"seq\":") ||
+      !take_int(meta, at, seq) || seq < 1 || seq > max_step || !take(meta, at, ",\"nonce\":") ||
+      !take_name(meta, at, sent_nonce) || sent_nonce != nonce || !take(meta, at, ",\"arrays\":["))
+    return py::none();
+  int64_t keys[1], grads[2], counts[1];
+  const int key_bytes = take_any_spec(meta, at, {{"i4", 4}, {"i8", 8}}, 1, keys);
+  if (key_bytes == 0) return py::none();
+  int count_bytes = 0;
+  if (op == 2) {
+    if (!take(meta, at, ",") || take_any_spec(meta, at, {{"f4", 4}}, 2, grads) == 0 || !take(meta, at, ",")) {
+      return py::none();
+    }
+    count_bytes = take_any_spec(meta, at, {{"u1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8}}, 1, counts);
+    if (count_bytes == 0) return py::none();
+  }
+  if (!take(meta, at, "]}") || at != meta.size()) return py::none();
+  // the arrays: each frame exactly its spec's bytes, all of them within the limit
+  struct Spec {
+    char kind;
+    int bytes;
+    std::vector<int64_t> shape;
+  };
+  std::vector<Spec> specs = {{'i', key_bytes, {keys[0]}}};
+  if (op == 2) {
+    specs.push_back({'f', 4, {grads[0], grads[1]}});
+    specs.push_back({'i', count_bytes, {counts[0]}});
+  }
+  int64_t total = int64_t(head.size());
+  py::list arrays;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    py::buffer_info info;
+    std::string_view frame = bytes_of(frames[i + 1], info);
+    int64_t values = 1;
+    for (int64_t size : specs[i].shape) {
+      if (size > (int64_t(1) << 40)) return py::none();
+      values *= size;
+    }
+    if (values > (int64_t(1) << 40) || int64_t(frame.size()) != values * specs[i].bytes) return py::none();
+    total += int64_t(frame.size());
+    arrays.append(py::array(wire_dtype(specs[i].kind, specs[i].bytes), specs[i].shape, frame.data(),
+                            frames[i + 1]));
+  }
+  if (total > max_bytes) return py::none();
+  return py::make_tuple(op, rid, py::str(table.data(), table.size()), py::str(session.data(), session.size()), seq,
+                        op == 1 ? py::object(py::bool_(lazy)) : py::object(py::int_(value)), arrays);
 }

@@ -9,6 +9,7 @@
 pybind11::object hot_reply(pybind11::list frames, int64_t op, uint64_t rid, int64_t n, int64_t dim);
 pybind11::tuple narrow_ints(torch::Tensor values, int64_t narrowest);
 pybind11::object hot_head(int64_t op, uint64_t rid, const std::string& head, pybind11::list arrays);
+pybind11::object hot_request(pybind11::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes);
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
@@ -38,6 +39,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("hot_reply", &hot_reply);
   m.def("narrow_ints", &narrow_ints);
   m.def("hot_head", &hot_head);
+  m.def("hot_request", &hot_request);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

@@ -18,6 +18,7 @@ import json
 
 import numpy as np
 
+from het import native
 from het.ps.limits import MAX_STEP
 from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
@@ -32,6 +33,44 @@ REFUSED = (ValueError, KeyError, TypeError, OSError, RuntimeError, ArithmeticErr
 def answer(shard, frames) -> list | None:
     """The reply frames to a hot request of ``shard``, or None: not one this path reads (the
     general path takes it, from the start: nothing was changed or counted)."""
+    limit = shard.cfg.max_message_bytes
+    read = read_natively(frames, shard.nonce, limit)
+    if read is None:
+        read = _read(shard, frames, limit)
+    if read is None:
+        return None
+    op, rid, table, session, seq, value, arrays = read
+    if not shard.sessions.admit(session):
+        return None
+    try:
+        if op == Op.PULL:
+            reply = encode_reply(Op.PULL, rid, {}, shard.pull(table, arrays[0], lazy=value))
+        else:
+            if not shard.sessions.new_push(session, seq):
+                return None
+            applied = shard.push(table, *arrays, step=value, session=(session, seq))
+            reply = encode_reply(Op.PUSH, rid, {"applied": applied}, [])
+    except REFUSED as e:
+        shard.stats["errors"] += 1
+        reply = encode(error_reply(rid, op, e))
+    name = "pull" if op == Op.PULL else "push"
+    shard.last_op = name
+    shard.stats["requests_" + name] += 1
+    return reply
+
+
+def read_natively(frames, nonce: str, limit: int) -> tuple | None:
+    """A hot request read natively (``native.ops.hot_request``), in the very text het's client
+    writes: ``(op, request id, table, session, seq, lazy or step, arrays)``; None for any other
+    (:func:`_read`'s then), or without the native core."""
+    if native.ops is None or type(nonce) is not str:
+        return None
+    return native.ops.hot_request(frames, nonce, MAX_STEP, limit)
+
+
+def _read(shard, frames, limit: int) -> tuple | None:
+    """:func:`read_natively`'s reading of a hot request in any spelling of its meta; None where
+    it is not a hot one."""
     n = len(frames)
     if n != 2 and n != 4:
         return None
@@ -53,30 +92,13 @@ def answer(shard, frames) -> list | None:
     if (type(meta["table"]) is not str or type(session) is not str or not 16 <= len(session) <= 64
             or type(seq) is not int or not 1 <= seq <= MAX_STEP or meta["nonce"] != shard.nonce):
         return None
-    arrays = _arrays(meta["arrays"], frames, op)
-    limit = shard.cfg.max_message_bytes
-    if (arrays is None or len(head) + sum(a.nbytes for a in arrays) > limit
-            or not shard.sessions.admit(session)):
+    value = meta["lazy"] if op == Op.PULL else meta["step"]
+    if type(value) is not (bool if op == Op.PULL else int) or (op == Op.PUSH and not 1 <= value <= MAX_STEP):
         return None
-    try:
-        if op == Op.PULL:
-            lazy = meta["lazy"]
-            if type(lazy) is not bool:
-                return None
-            reply = encode_reply(Op.PULL, rid, {}, shard.pull(meta["table"], arrays[0], lazy=lazy))
-        else:
-            step = meta["step"]
-            if type(step) is not int or not 1 <= step <= MAX_STEP or not shard.sessions.new_push(session, seq):
-                return None
-            applied = shard.push(meta["table"], *arrays, step=step, session=(session, seq))
-            reply = encode_reply(Op.PUSH, rid, {"applied": applied}, [])
-    except REFUSED as e:
-        shard.stats["errors"] += 1
-        reply = encode(error_reply(rid, op, e))
-    name = "pull" if op == Op.PULL else "push"
-    shard.last_op = name
-    shard.stats["requests_" + name] += 1
-    return reply
+    arrays = _arrays(meta["arrays"], frames, op)
+    if arrays is None or len(head) + sum(a.nbytes for a in arrays) > limit:
+        return None
+    return Op(op), rid, meta["table"], session, seq, value, arrays
 
 
 def _arrays(specs, frames, op: int) -> list | None:
@@ -103,7 +125,11 @@ def _arrays(specs, frames, op: int) -> list | None:
 
 def encode_reply(op: Op, rid: int, meta: dict, arrays: list) -> list:
     """:func:`het.ps.wire.protocol.encode` of an unsigned reply, the same bytes, its meta
-    written without json: ``meta`` holds at most ``applied``, and the arrays are the verbs'
-    own (C-contiguous, of the wire's dtypes)."""
-    text = ("{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + f'"arrays":[{specs_text(arrays)}]}}').encode()
-    return [HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]
+    written without json (natively where it can be: ``native.ops.hot_head``): ``meta`` holds
+    at most ``applied``, and the arrays are the verbs' own (C-contiguous, of the wire's dtypes)."""
+    head = "{" + "".join(f'"{k}":{int(v)},' for k, v in meta.items()) + '"arrays":['
+    written = None if native.ops is None else native.ops.hot_head(op, rid, head, arrays)
+    if written is None:
+        text = f"{head}{specs_text(arrays)}]}}".encode()
+        return [HEADER.pack(MAGIC, VERSION, op, 0, 0, rid, len(text)) + text, *arrays]
+    return [written[0], *arrays]

@@ -203,6 +203,8 @@ def _rewrites():
         "rows of another shape": meta(lambda t: re.sub(r'\["f4",\[(\d+),(\d+)\]\]', r'["f4",[\2,\1]]', t)),
         "clocks of float": meta(lambda t: t.replace('],["u1",[', '],["f4",[', 1)),
         "a frame short": lambda f: [*f[:-1], f[-1][:-1]] if len(f) > 1 else f,
+        "a frame long": lambda f: [*f[:-1], f[-1] + b"\0"] if len(f) > 1 else f,
+        "the rows' frame long": lambda f: [f[0], f[1] + b"\0" * 4, *f[2:]] if len(f) > 1 else f,
         "a frame more": lambda f: [*f, b"\0"],
         "a frame less": lambda f: f[:-1] if len(f) > 1 else f,
         "a row marked built": lambda f: [*f[:3], bytes([1]) + f[3][1:]] if len(f) == 4 else f,

@@ -1,21 +1,41 @@
 """The shard's short path for hot requests (het.ps.hot) against the general path: for any request,
-well formed or not, the same reply byte for byte, the same counters, the same tables."""
+well formed or not, the same reply byte for byte, the same counters, the same tables. Requests are
+written in the order of fields het's client writes (the text the native reader reads); each test
+runs with hot requests read natively where they can be (``native``), and by Python alone
+(``python``)."""
 
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps import hot
 from het.ps.shard import Shard
-from het.ps.wire.protocol import Message, Op, encode
+from het.ps.wire.protocol import HEADER, Message, Op, encode
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),
           TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)))
 SESSION = "s" * 32
+
+
+@pytest.fixture(autouse=True, params=["native", "python"])
+def reader(request, monkeypatch):
+    """Which reader reads a hot request first: the native one (falling back to Python's), or Python's alone."""
+    if request.param == "native" and native.ops is None:
+        pytest.skip("the native core is not built")
+    if request.param == "python":
+        monkeypatch.setattr(hot, "read_natively", lambda *args: None)
+    return request.param
+
+
+def _ordered(meta: dict) -> dict:
+    """``meta`` in the order of fields het's client writes: ``lazy`` or ``step`` first."""
+    first = {k: meta[k] for k in ("lazy", "step") if k in meta}
+    return {**first, **{k: v for k, v in meta.items() if k not in first}}
 
 
 def _pair(**options):
@@ -31,7 +51,7 @@ def _general(shard, frames, monkeypatch):
 
 
 def _request(op, rid, meta, arrays, nonce):
-    return encode(Message(op, rid, {**meta, "nonce": nonce}, arrays))
+    return encode(Message(op, rid, {**_ordered(meta), "nonce": nonce}, arrays))
 
 
 def _same(a, b, fast, general, monkeypatch):
@@ -67,7 +87,7 @@ def _both(fast, general, op, rid, meta, arrays, monkeypatch):
                  fast, general, monkeypatch)
 
 
-def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(monkeypatch):
+def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(monkeypatch, reader):
     fast, general = _pair()
     answered = []
     answer = hot.answer
@@ -82,13 +102,16 @@ def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(m
               [keys.astype(np.int64)], monkeypatch)
     # the session's first request went the general way; the short path read every one after it
     assert [a is not None for a in answered] == [False, True, True, True]
+    if reader == "native":  # in the client's text: every one read natively
+        frames = _request(Op.PULL, 9, {"table": "t", "lazy": True, "session": SESSION, "seq": 9}, [keys], fast.nonce)
+        assert native.ops.hot_request(frames, fast.nonce, 1 << 62, 1 << 30) is not None
     _check_same_shards(fast, general)
 
 
 # -- any request: well formed, or not in one of many ways ----------------------------------------
 _MUTATIONS = ("none", "extra_field", "lazy_int", "seq_bool", "seq_zero", "step_float", "nonce", "short_frame",
               "wrong_dim", "f8_grads", "unknown_table", "dynamic_table", "nan", "negative_count", "too_many_keys",
-              "key_out_of_range", "again", "new_session", "op_sync", "deltas")
+              "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame")
 
 
 @st.composite
@@ -147,13 +170,15 @@ def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
         meta["session"] = "n" * 20 + str(seq).rjust(12, "0")
     elif mutation == "deltas" and len(keys) > 1:
         meta["deltas"] = {"0": 0}
-    frames = encode(Message(Op.SYNC if mutation == "op_sync" else op, rid, {**meta, "nonce": nonce}, arrays))
+    frames = encode(Message(Op.SYNC if mutation == "op_sync" else op, rid, {**_ordered(meta), "nonce": nonce}, arrays))
     if mutation == "short_frame" and len(frames) > 1 and len(frames[1]):
         frames[1] = bytes(memoryview(frames[1]))[:-1]
+    elif mutation == "long_frame":
+        frames[-1] = bytes(memoryview(frames[-1])) + b"\0"
     return frames
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(_requests())
 def test_any_request_gets_the_general_paths_reply_and_leaves_the_same_tables(requests):
     fast, general = _pair()
@@ -189,3 +214,39 @@ def test_a_signed_shard_answers_through_the_general_path_only(monkeypatch):
     monkeypatch.setattr(hot, "answer", lambda shard, frames: called.append(1))
     shard.handle_frames(encode(Message(Op.INFO, 1), b"k" * 32))
     assert not called
+
+
+_EDIT = st.tuples(st.integers(0, 200), st.integers(0, 3), st.text(alphabet='0123456789[]{}",:ftrueals -i8', max_size=3))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(op=st.sampled_from([Op.PULL, Op.PUSH]), n=st.integers(0, 6), key=st.sampled_from([np.int32, np.int64]),
+       count=st.sampled_from([np.uint8, np.int16, np.int32, np.int64]), lazy=st.booleans(),
+       step=st.integers(1, 1 << 62), seq=st.integers(1, 1 << 62), edit=st.one_of(st.none(), _EDIT))
+def test_the_native_reader_reads_a_request_as_the_python_reader_or_leaves_it(reader, op, n, key, count, lazy, step,
+                                                                             seq, edit):
+    """Requests in the text het's client writes, and that text edited anywhere (its meta length
+    kept true): the native reader reads the client's text, and reads nothing the Python reader
+    does not read the same (else it leaves the request to it)."""
+    if reader == "python":
+        pytest.skip("the native reader against the Python one: once")
+    shard = Shard(ShardConfig(TABLES))
+    meta = {"table": "t", "session": SESSION, "seq": seq, **({"lazy": lazy} if op == Op.PULL else {"step": step})}
+    keys = np.arange(n, dtype=key)
+    arrays = [keys] if op == Op.PULL else [keys, np.ones((n, DIM), np.float32), np.arange(n, dtype=count)]
+    frames = [bytes(memoryview(f)) for f in _request(op, 5, meta, arrays, shard.nonce)]
+    if edit is not None:
+        at, cut, text = edit
+        head = frames[0][HEADER.size:].decode()
+        head = (head[:at] + text + head[at + cut:]).encode()
+        frames[0] = HEADER.pack(*HEADER.unpack_from(frames[0])[:6], len(head)) + head
+    limit = shard.cfg.max_message_bytes
+    got, want = hot.read_natively(frames, shard.nonce, limit), hot._read(shard, frames, limit)
+    if edit is None:
+        assert got is not None
+    if got is None:
+        return
+    assert want is not None and got[:6] == want[:6] and type(got[5]) is type(want[5])
+    assert len(got[6]) == len(want[6])
+    for a, b in zip(got[6], want[6]):
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) and a.flags.writeable
