@@ -307,12 +307,13 @@ class PSClient:
     def _hot_fits(self, table: str, keys: torch.Tensor) -> bool:
         """Whether a pull or push of ``keys`` goes by the short path: no shard's keys in more
         than one request (all of them fit one)."""
-        return self._hot is not None and 0 < len(keys) <= self._part_keys(table, len(keys))
+        n = keys.shape[0]
+        return self._hot is not None and 0 < n <= self._part_keys(table, n)
 
     def _hot_send(self, op: Op, table: str, keys: torch.Tensor, fields: str, tensors_of) -> Handle:
         """:meth:`_send` of keys that go in one request to each shard, by the short path
         (:mod:`het.ps.wire.hot`): the same requests, in the same order."""
-        handle = Handle(op, table, len(keys), keys.device, keys=keys, hot=True)
+        handle = Handle(op, table, keys.shape[0], keys.device, keys=keys, hot=True)
         if self.num_shards == 1:
             self._hot.request(handle, 0, fields, [_numpy(t) for t in tensors_of(_ALL)], None)
             return handle

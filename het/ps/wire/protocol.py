@@ -244,7 +244,10 @@ def too_large(frames: int, size: int, max_bytes: int | None) -> str:
 
 def frame_bytes(frames) -> int:
     """The bytes of a message's frames (ZeroMQ frames or buffers): what it took on the wire."""
-    return sum(f.nbytes if hasattr(f, "nbytes") else memoryview(_buffer(f)).nbytes for f in frames)
+    try:
+        return sum([memoryview(f).nbytes for f in frames])  # every frame a buffer: one call each
+    except TypeError:
+        return sum(f.nbytes if hasattr(f, "nbytes") else memoryview(_buffer(f)).nbytes for f in frames)
 
 
 def pack_marks(marks: list) -> list:

@@ -90,7 +90,7 @@ def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype
     Shape: keys (n,), grads (n, D), counts (n,)."""
     if grad_dtype not in PUSH_DTYPES:
         raise ValueError(f"grad_dtype must be one of {PUSH_DTYPES}, got {grad_dtype!r}")
-    n, d = len(keys), table.dim
+    n, d = keys.shape[0], table.dim
     if not isinstance(grads, torch.Tensor) or grads.shape != (n, d):
         raise ValueError(f"grads must be a tensor of shape ({n}, {d}), got "
                          f"{tuple(grads.shape) if isinstance(grads, torch.Tensor) else type(grads).__name__}")
