@@ -69,6 +69,24 @@ int clock_bytes(std::string_view text, size_t at) {
   return 0;
 }
 
+// A message's header frame, checked: magic, version 1, status and flags 0, its meta all the rest.
+struct Header {
+  int op;
+  uint64_t id;
+  std::string_view meta;
+};
+
+bool read_header(const py::handle& frame, py::buffer_info& info, Header& out) {
+  std::string_view head = bytes_of(frame, info);
+  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return false;
+  uint32_t meta_len;
+  std::memcpy(&out.id, head.data() + 8, 8);
+  std::memcpy(&meta_len, head.data() + 16, 4);
+  out.op = uint8_t(head[5]);
+  out.meta = head.substr(kHeader);
+  return head[4] == 1 && head[6] == 0 && head[7] == 0 && head.size() == kHeader + meta_len;
+}
+
 torch::Tensor widened(const char* p, int64_t n, int bytes) {
   auto out = torch::empty({n}, torch::kInt64);
   int64_t* o = out.data_ptr<int64_t>();
@@ -99,16 +117,9 @@ py::object hot_reply(py::list frames, int64_t op, uint64_t rid, int64_t n, int64
   const size_t count = frames.size();
   if (count == 0 || n < 0 || dim < 1) return py::none();
   py::buffer_info head_info;
-  std::string_view head = bytes_of(frames[0], head_info);
-  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return py::none();
-  uint64_t reply_id;
-  uint32_t meta_len;
-  std::memcpy(&reply_id, head.data() + 8, 8);
-  std::memcpy(&meta_len, head.data() + 16, 4);
-  if (head[4] != 1 || uint8_t(head[5]) != op || head[6] != 0 || head[7] != 0 || reply_id != rid ||
-      head.size() != kHeader + meta_len)
-    return py::none();
-  std::string_view meta = head.substr(kHeader);
+  Header header;
+  if (!read_header(frames[0], head_info, header) || header.op != op || header.id != rid) return py::none();
+  const std::string_view meta = header.meta;
   size_t at = 0;
   if (op == 2) {  // {"applied":N,"arrays":[]}
     int64_t applied;
@@ -279,19 +290,13 @@ py::dtype wire_dtype(char kind, int bytes) {
 // else (the Python reader's, which reads any spelling and names what is wrong).
 py::object hot_request(py::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes) {
   const size_t count = frames.size();
-  if (count != 2 && count != 4) return py::none();
   py::buffer_info head_info;
-  std::string_view head = bytes_of(frames[0], head_info);
-  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return py::none();
-  uint64_t rid;
-  uint32_t meta_len;
-  std::memcpy(&rid, head.data() + 8, 8);
-  std::memcpy(&meta_len, head.data() + 16, 4);
-  const int op = uint8_t(head[5]);
-  if (head[4] != 1 || head[6] != 0 || head[7] != 0 || head.size() != kHeader + meta_len ||
-      !((op == 1 && count == 2) || (op == 2 && count == 4)))
-    return py::none();
-  std::string_view meta = head.substr(kHeader), table, session, sent_nonce;
+  Header header;
+  if ((count != 2 && count != 4) || !read_header(frames[0], head_info, header)) return py::none();
+  const int op = header.op;
+  const uint64_t rid = header.id;
+  if (!((op == 1 && count == 2) || (op == 2 && count == 4))) return py::none();
+  std::string_view meta = header.meta, table, session, sent_nonce;
   size_t at = 0;
   int64_t value = 0, seq = 0;
   bool lazy = false;
@@ -330,7 +335,7 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
     specs.push_back({'f', 4, {grads[0], grads[1]}});
     specs.push_back({'i', count_bytes, {counts[0]}});
   }
-  int64_t total = int64_t(head.size());
+  int64_t total = int64_t(kHeader + meta.size());
   py::list arrays;
   for (size_t i = 0; i < specs.size(); ++i) {
     py::buffer_info info;

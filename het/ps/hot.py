@@ -3,7 +3,9 @@
 A training step sends one of each to every shard it touches, and their rows are most of what
 a shard moves: the general path (:meth:`het.ps.shard.Shard.handle_frames`: decode any message,
 parse every field, dispatch) costs about as much CPU as the gather and the push themselves.
-This path reads such a request with a few exact comparisons, hands it to the same verbs
+This path reads such a request in one native call where it is in the very text het's client
+writes (``native.ops.hot_request``), else with a few exact comparisons in Python (any spelling of
+the same fields), hands it to the same verbs
 (:meth:`~het.ps.shard.Shard.pull`, :meth:`~het.ps.shard.Shard.push`, which check keys, shapes,
 values and ranges as they do for the general path) and writes the reply the general path would,
 byte for byte. It answers only what it has proved well formed: a request with any other field,

@@ -4,10 +4,11 @@ in one request to each shard it touches, unsigned, with no re-sending after a re
 A dense table in mode ps sends one of each a step, a flush its pushes, ``het bench ps`` nothing
 else; on their way the general path (handles, routing, the generic codec, the reply's checks and
 merge, :mod:`het.ps.client`) costs a client more CPU than the checks of what it sends. This path
-writes the requests the general path would, byte for byte, their meta written without json, and
-reads each reply with a few exact comparisons: a PULL's rows (n, D) float32, its clocks and no
-row left to build, a PUSH's rows applied; a reply of every key, from a one-shard PS, is the
-result as it is. Any other reply (an error, a lazy reply of rows to build, one of half rows, of
+writes the requests the general path would, byte for byte, their meta written without json (the
+header frame in one native call, ``native.ops.hot_head``), and reads each reply in one native call
+where it is in the very text a shard writes (``native.ops.hot_reply``), else with a few exact
+comparisons in Python: a PULL's rows (n, D) float32, its clocks and no row left to build, a PUSH's
+rows applied; a reply of every key, from a one-shard PS, is the result as it is. Any other reply (an error, a lazy reply of rows to build, one of half rows, of
 another request, anything malformed) it leaves to the general path, which reads it as it reads
 any reply and raises what it raises; replies of several shards are merged as the general path
 merges them. The tests hold the two to the same frames and the same results
