@@ -57,6 +57,9 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
 def _require(ok: bool, message: str) -> None:
     if not ok:
         raise ValueError(message)
@@ -100,6 +103,15 @@ class OptimizerConfig:
         b1, b2 = self.betas
         _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
         object.__setattr__(self, "betas", (float(b1), float(b2)))
+        # rows are float32: a step past its largest value makes every row it touches inf
+        if self.name == Optimizer.ADAM:  # a step is at most lr / (1 - beta1) (the first)
+            _require(self.lr <= _FLOAT32_MAX * (1 - b1),
+                     f"lr must be at most {_FLOAT32_MAX * (1 - b1):.4g} for Adam with beta1 {b1:g}: its first step "
+                     f"takes lr / (1 - beta1), and a step past float32's largest value ({_FLOAT32_MAX:.4g}) makes "
+                     f"rows inf; got {self.lr:g}")
+        _require(self.lr <= _FLOAT32_MAX,
+                 f"lr must be at most {_FLOAT32_MAX:.4g} (float32's largest value: a larger step makes rows inf), "
+                 f"got {self.lr:g}")
 
 
 @dataclass(frozen=True)

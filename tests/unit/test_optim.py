@@ -240,3 +240,17 @@ def test_an_adam_push_of_rows_of_few_and_many_steps_is_taken_whole():
     moved = (t.weight - begin).norm(dim=1)
     assert bool((moved[:4] > 0).all()) and float(moved[4:].sum()) == 0
     assert moved[3] / moved[0] == pytest.approx(151 / 2, rel=0.2)
+
+
+@pytest.mark.parametrize("name, lr, betas, refused", [
+    ("sgd", 3.4e38, (0.9, 0.999), False), ("sgd", 3.5e38, (0.9, 0.999), True), ("adagrad", 1e39, (0.9, 0.999), True),
+    ("adam", 3.4e37, (0.9, 0.999), False), ("adam", 3.5e37, (0.9, 0.999), True), ("adam", 1e37, (0.99, 0.999), True),
+])
+def test_an_lr_whose_step_passes_float32s_largest_value_is_refused_by_name(name, lr, betas, refused):
+    """Rows are float32: a step past its largest value (3.4e38) makes every row it touches inf,
+    and Adam's first step takes lr / (1 - beta1)."""
+    if not refused:
+        assert OptimizerConfig(name, lr=lr, betas=betas).lr == lr
+        return
+    with pytest.raises(ValueError, match=r"^lr must be at most [0-9.e+]+ .*got [0-9.e+]+$"):
+        OptimizerConfig(name, lr=lr, betas=betas)

@@ -327,14 +327,21 @@ def test_with_a_log_the_gradients_are_checked_before_they_are_logged(tmp_path):
     again.close()
 
 
+def _adam_past_float32() -> TableConfig:
+    """An Adam table whose lr takes steps past float32's range: OptimizerConfig refuses such an
+    lr, so it is set here behind its back; torch's ops raise part way through a push of it."""
+    optimizer = OptimizerConfig("adam", lr=1.0)
+    object.__setattr__(optimizer, "lr", 1e40)
+    return TableConfig("t", rows=8, dim=2, optimizer=optimizer)
+
+
 def test_a_non_finite_gradient_is_refused_as_before_where_the_pass_is_not_spared():
     """Adam's pushes of several steps (squares sent: torch's ops), a part held for later, and a
     request through the wire: the gradients' pass runs where it ran, the request counts as an
     error and not as a refused update, and nothing changes."""
     from het import native
 
-    adam = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adam", lr=1e40))  # torch's ops raise mid-push
-    shard = Shard(ShardConfig((adam,)))
+    shard = Shard(ShardConfig((_adam_past_float32(),)))  # torch's ops raise mid-push
     assert shard.tables["t"].refuses_non_finite_grads == (native.ops is not None)
     before = shard.pull("t", np.arange(8))[0].copy()
     grads = np.array([[math.nan, 1], [1, 1]], np.float32)
@@ -356,8 +363,7 @@ def test_a_non_finite_gradient_is_refused_as_before_where_the_pass_is_not_spared
 def test_a_reference_push_that_fails_part_way_changes_nothing():
     """Adam's steps taken apart by torch's ops with an lr past float32's range: torch raises
     while it writes; the rows, clocks, marks and state written are put back."""
-    table = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adam", lr=1e40))
-    shard = Shard(ShardConfig((table,)))
+    shard = Shard(ShardConfig((_adam_past_float32(),)))
     rows, clocks = (a.copy() for a in shard.pull("t", np.arange(8)))
     state = {n: v.clone() for n, v in shard.tables["t"].optimizer.state.items()}
     with pytest.raises(RuntimeError):
