@@ -37,16 +37,32 @@ bool take(std::string_view text, size_t& at, std::string_view s) {
   return true;
 }
 
-// A JSON integer >= 0 as json.dumps writes it (no sign, no leading zero), up to int64's greatest.
-bool take_int(std::string_view text, size_t& at, int64_t& out) {
+// The digits of a JSON integer as json.dumps writes them (no leading zero), at most 19 of them.
+bool take_digits(std::string_view text, size_t& at, uint64_t& value) {
   const size_t start = at;
-  uint64_t value = 0;  // 19 digits fit
+  value = 0;  // 19 digits fit
   while (at < text.size() && at - start < 19 && text[at] >= '0' && text[at] <= '9') value = value * 10 + (text[at++] - '0');
   const size_t digits = at - start;
   const bool more = at < text.size() && text[at] >= '0' && text[at] <= '9';  // a 20th digit: past int64
+  return digits >= 1 && !more && !(digits > 1 && text[start] == '0');
+}
+
+// A JSON integer >= 0, up to int64's greatest.
+bool take_int(std::string_view text, size_t& at, int64_t& out) {
+  uint64_t value;
+  if (!take_digits(text, at, value) || value > uint64_t(std::numeric_limits<int64_t>::max())) return false;
   out = int64_t(value);
-  return digits >= 1 && !more && !(digits > 1 && text[start] == '0') &&
-         value <= uint64_t(std::numeric_limits<int64_t>::max());
+  return true;
+}
+
+// A JSON integer of int64's range, negative ones too (not "-0", which json.dumps never writes).
+bool take_int64(std::string_view text, size_t& at, int64_t& out) {
+  const bool negative = take(text, at, "-");
+  uint64_t value;
+  const uint64_t limit = uint64_t(std::numeric_limits<int64_t>::max()) + (negative ? 1 : 0);
+  if (!take_digits(text, at, value) || value > limit || (negative && value == 0)) return false;
+  out = negative ? int64_t(0 - value) : int64_t(value);
+  return true;
 }
 
 // One array's spec, ["code",[sizes...]], of exactly `shape`.
@@ -283,11 +299,12 @@ py::dtype wire_dtype(char kind, int bytes) {
 
 // A shard's hot request `frames` (het/ps/hot.py), in the text het's client writes: a PULL of keys
 // {"lazy":L,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[keys]}, or a PUSH of keys, float32
-// gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]}; its
-// nonce `nonce`, the session 16 to 64 characters, seq and step in [1, max_step], the frames holding
-// exactly the arrays' bytes and at most `max_bytes` with the header. Returns (op, request id,
-// table, session, seq, lazy or step, [arrays as numpy views of their frames]); None for anything
-// else (the Python reader's, which reads any spelling and names what is wrong).
+// gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]}, either
+// with "deltas":{"0":F} before its nonce where its keys travel as steps from F; its nonce `nonce`,
+// the session 16 to 64 characters, seq and step in [1, max_step], the frames holding exactly the
+// arrays' bytes and at most `max_bytes` with the header. Returns (op, request id, table, session,
+// seq, lazy or step, [arrays as numpy views of their frames], F or None); None for anything else
+// (the Python reader's, which reads any spelling and names what is wrong).
 py::object hot_request(py::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes) {
   const size_t count = frames.size();
   py::buffer_info head_info;
@@ -309,11 +326,17 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
   }
   if (!take(meta, at, ",\"table\":") || !take_name(meta, at, table) || !take(meta, at, ",\"session\":") ||
       !take_name(meta, at, session) || session.size() < 16 || session.size() > 64 || !take(meta, at, ",\"seq\":") ||
-      !take_int(meta, at, seq) || seq < 1 || seq > max_step || !take(meta, at, ",\"nonce\":") ||
-      !take_name(meta, at, sent_nonce) || sent_nonce != nonce || !take(meta, at, ",\"arrays\":["))
+      !take_int(meta, at, seq) || seq < 1 || seq > max_step)
+    return py::none();
+  int64_t first = 0;
+  const bool coded = take(meta, at, ",\"deltas\":{\"0\":");
+  if (coded && (!take_int64(meta, at, first) || !take(meta, at, "}"))) return py::none();
+  if (!take(meta, at, ",\"nonce\":") || !take_name(meta, at, sent_nonce) || sent_nonce != nonce ||
+      !take(meta, at, ",\"arrays\":["))
     return py::none();
   int64_t keys[1], grads[2], counts[1];
-  const int key_bytes = take_any_spec(meta, at, {{"i4", 4}, {"i8", 8}}, 1, keys);
+  const int key_bytes = coded ? take_any_spec(meta, at, {{"u1", 1}, {"i2", 2}, {"i4", 4}}, 1, keys)
+                              : take_any_spec(meta, at, {{"i4", 4}, {"i8", 8}}, 1, keys);
   if (key_bytes == 0) return py::none();
   int count_bytes = 0;
   if (op == 2) {
@@ -352,5 +375,6 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
   }
   if (total > max_bytes) return py::none();
   return py::make_tuple(op, rid, py::str(table.data(), table.size()), py::str(session.data(), session.size()), seq,
-                        op == 1 ? py::object(py::bool_(lazy)) : py::object(py::int_(value)), arrays);
+                        op == 1 ? py::object(py::bool_(lazy)) : py::object(py::int_(value)), arrays,
+                        coded ? py::object(py::int_(first)) : py::object(py::none()));
 }

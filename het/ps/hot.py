@@ -8,7 +8,8 @@ writes (``native.ops.hot_request``), else with a few exact comparisons in Python
 the same fields), hands it to the same verbs
 (:meth:`~het.ps.shard.Shard.pull`, :meth:`~het.ps.shard.Shard.push`, which check keys, shapes,
 values and ranges as they do for the general path) and writes the reply the general path would,
-byte for byte. It answers only what it has proved well formed: a request with any other field,
+byte for byte (keys sent delta-coded, as a client sends ascending ones, decoded as the general
+path decodes them). It answers only what it has proved well formed: a request with any other field,
 dtype, shape or size, a signed one, one of a session the shard has not seen or whose idle look
 is due, a push sent again, goes to the general path, which answers it or names what is wrong.
 The tests hold the two to the same replies and the same tables (tests/unit/test_hot_path.py).
@@ -22,9 +23,11 @@ import numpy as np
 
 from het import native
 from het.ps.limits import MAX_STEP
+from het.ps.wire.integers import undelta_keys
 from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
 _KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
+_STEPS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4")}  # delta-coded keys
 _COUNTS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
 _PULL_FIELDS = frozenset(("table", "lazy", "nonce", "session", "seq", "arrays"))
 _PUSH_FIELDS = frozenset(("table", "step", "nonce", "session", "seq", "arrays"))
@@ -41,7 +44,12 @@ def answer(shard, frames) -> list | None:
         read = _read(shard, frames, limit)
     if read is None:
         return None
-    op, rid, table, session, seq, value, arrays = read
+    op, rid, table, session, seq, value, arrays, first = read
+    if first is not None:  # keys sent as the steps between them
+        try:
+            arrays = [undelta_keys(arrays[0], first, shard.cfg.max_keys), *arrays[1:]]
+        except ValueError:
+            return None
     if not shard.sessions.admit(session):
         return None
     try:
@@ -63,7 +71,8 @@ def answer(shard, frames) -> list | None:
 
 def read_natively(frames, nonce: str, limit: int) -> tuple | None:
     """A hot request read natively (``native.ops.hot_request``), in the very text het's client
-    writes: ``(op, request id, table, session, seq, lazy or step, arrays)``; None for any other
+    writes: ``(op, request id, table, session, seq, lazy or step, arrays, first key)``, the first
+    key None unless the keys travel delta-coded (as their steps); None for any other
     (:func:`_read`'s then), or without the native core."""
     if native.ops is None or type(nonce) is not str:
         return None
@@ -88,7 +97,11 @@ def _read(shard, frames, limit: int) -> tuple | None:
         meta = json.loads(bytes(head[HEADER.size:]))
     except ValueError:
         return None
-    if type(meta) is not dict or meta.keys() != (_PULL_FIELDS if op == Op.PULL else _PUSH_FIELDS):
+    fields = _PULL_FIELDS if op == Op.PULL else _PUSH_FIELDS
+    if type(meta) is not dict or (meta.keys() != fields and meta.keys() != fields | {"deltas"}):
+        return None
+    first = meta["deltas"].get("0") if type(meta.get("deltas")) is dict and len(meta["deltas"]) == 1 else None
+    if "deltas" in meta and type(first) is not int:
         return None
     session, seq = meta["session"], meta["seq"]
     if (type(meta["table"]) is not str or type(session) is not str or not 16 <= len(session) <= 64
@@ -97,16 +110,17 @@ def _read(shard, frames, limit: int) -> tuple | None:
     value = meta["lazy"] if op == Op.PULL else meta["step"]
     if type(value) is not (bool if op == Op.PULL else int) or (op == Op.PUSH and not 1 <= value <= MAX_STEP):
         return None
-    arrays = _arrays(meta["arrays"], frames, op)
+    arrays = _arrays(meta["arrays"], frames, op, _STEPS if first is not None else _KEYS)
     if arrays is None or len(head) + sum(a.nbytes for a in arrays) > limit:
         return None
-    return Op(op), rid, meta["table"], session, seq, value, arrays
+    return Op(op), rid, meta["table"], session, seq, value, arrays, first
 
 
-def _arrays(specs, frames, op: int) -> list | None:
+def _arrays(specs, frames, op: int, keys: dict) -> list | None:
     """A hot request's arrays, views of its frames, where ``specs`` (its meta's ``arrays``) name
     exactly what the op carries and the frames hold exactly their bytes; else None. PULL: keys
-    (n,) i4|i8; PUSH: keys (n,) i4|i8, gradients (n, D) f4, counts (n,) u1|i2|i4|i8."""
+    (n,) of a dtype of ``keys`` (i4|i8, or u1|i2|i4 for the steps of delta-coded keys); PUSH:
+    keys as a PULL's, gradients (n, D) f4, counts (n,) u1|i2|i4|i8."""
     if type(specs) is not list or len(specs) != len(frames) - 1:
         return None
     out = []
@@ -114,7 +128,7 @@ def _arrays(specs, frames, op: int) -> list | None:
         if type(spec) is not list or len(spec) != 2 or type(spec[1]) is not list:
             return None
         code, shape = spec
-        dtype = (_KEYS if i == 0 else _COUNTS).get(code) if i != 1 else (np.dtype("<f4") if code == "f4" else None)
+        dtype = (keys if i == 0 else _COUNTS).get(code) if i != 1 else (np.dtype("<f4") if code == "f4" else None)
         if dtype is None or len(shape) != (2 if i == 1 else 1) or not all(type(s) is int and s >= 0 for s in shape):
             return None
         buf = frames[i + 1].buffer if hasattr(frames[i + 1], "buffer") else memoryview(frames[i + 1])

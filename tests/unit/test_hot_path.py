@@ -14,6 +14,7 @@ from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps import hot
 from het.ps.shard import Shard
+from het.ps.wire.integers import delta_keys
 from het.ps.wire.protocol import HEADER, Message, Op, encode
 
 ROWS, DIM = 40, 3
@@ -108,10 +109,32 @@ def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(m
     _check_same_shards(fast, general)
 
 
+def test_ascending_keys_sent_delta_coded_take_the_short_path(monkeypatch, reader):
+    """A client sends ascending keys as the steps between them (a dense table's in mode ps, a
+    flush's): the short path decodes them as the general path does, natively where it reads."""
+    fast, general = _pair()
+    answered = []
+    answer = hot.answer
+    monkeypatch.setattr(hot, "answer", lambda shard, frames: answered.append(answer(shard, frames)) or answered[-1])
+    _both(fast, general, Op.PULL, 1, {"table": "t", "lazy": True, "session": SESSION, "seq": 1}, [np.array([0])],
+          monkeypatch)
+    steps, first = delta_keys(np.array([2, 5, 6, 30], np.int32))
+    pull = {"table": "t", "lazy": False, "session": SESSION, "seq": 2, "deltas": {"0": first}}
+    push = {"table": "t", "step": 1, "session": SESSION, "seq": 3, "deltas": {"0": first}}
+    grads, counts = np.ones((4, DIM), np.float32), np.array([1, 2, 1, 1], np.uint8)
+    _both(fast, general, Op.PUSH, 3, push, [steps, grads, counts], monkeypatch)
+    _both(fast, general, Op.PULL, 2, dict(pull, seq=4), [steps], monkeypatch)
+    assert [a is not None for a in answered] == [False, True, True]
+    _check_same_shards(fast, general)
+    if reader == "native":
+        read = hot.read_natively(_request(Op.PULL, 5, dict(pull, seq=5), [steps], fast.nonce), fast.nonce, 1 << 30)
+        assert read is not None and read[7] == first and read[6][0].dtype == steps.dtype
+
+
 # -- any request: well formed, or not in one of many ways ----------------------------------------
 _MUTATIONS = ("none", "extra_field", "lazy_int", "seq_bool", "seq_zero", "step_float", "nonce", "short_frame",
               "wrong_dim", "f8_grads", "unknown_table", "dynamic_table", "nan", "negative_count", "too_many_keys",
-              "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame")
+              "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame", "delta_coded")
 
 
 @st.composite
@@ -170,6 +193,9 @@ def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
         meta["session"] = "n" * 20 + str(seq).rjust(12, "0")
     elif mutation == "deltas" and len(keys) > 1:
         meta["deltas"] = {"0": 0}
+    elif mutation == "delta_coded" and len(np.unique(keys)) == len(keys) > 1:  # as a client sends ascending keys
+        arrays[0], first = delta_keys(np.sort(keys))
+        meta["deltas"] = {"0": first}
     frames = encode(Message(Op.SYNC if mutation == "op_sync" else op, rid, {**_ordered(meta), "nonce": nonce}, arrays))
     if mutation == "short_frame" and len(frames) > 1 and len(frames[1]):
         frames[1] = bytes(memoryview(frames[1]))[:-1]
@@ -222,9 +248,10 @@ _EDIT = st.tuples(st.integers(0, 200), st.integers(0, 3), st.text(alphabet='0123
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(op=st.sampled_from([Op.PULL, Op.PUSH]), n=st.integers(0, 6), key=st.sampled_from([np.int32, np.int64]),
        count=st.sampled_from([np.uint8, np.int16, np.int32, np.int64]), lazy=st.booleans(),
-       step=st.integers(1, 1 << 62), seq=st.integers(1, 1 << 62), edit=st.one_of(st.none(), _EDIT))
+       step=st.integers(1, 1 << 62), seq=st.integers(1, 1 << 62), edit=st.one_of(st.none(), _EDIT),
+       first=st.one_of(st.none(), st.integers(-(1 << 63), (1 << 63) - 1)))
 def test_the_native_reader_reads_a_request_as_the_python_reader_or_leaves_it(reader, op, n, key, count, lazy, step,
-                                                                             seq, edit):
+                                                                             seq, edit, first):
     """Requests in the text het's client writes, and that text edited anywhere (its meta length
     kept true): the native reader reads the client's text, and reads nothing the Python reader
     does not read the same (else it leaves the request to it)."""
@@ -233,6 +260,9 @@ def test_the_native_reader_reads_a_request_as_the_python_reader_or_leaves_it(rea
     shard = Shard(ShardConfig(TABLES))
     meta = {"table": "t", "session": SESSION, "seq": seq, **({"lazy": lazy} if op == Op.PULL else {"step": step})}
     keys = np.arange(n, dtype=key)
+    if first is not None:  # delta-coded: the steps between the keys, from the first
+        keys = np.minimum(keys, 1).astype({np.int32: np.int16, np.int64: np.uint8}[key])
+        meta["deltas"] = {"0": first}
     arrays = [keys] if op == Op.PULL else [keys, np.ones((n, DIM), np.float32), np.arange(n, dtype=count)]
     frames = [bytes(memoryview(f)) for f in _request(op, 5, meta, arrays, shard.nonce)]
     if edit is not None:
@@ -246,7 +276,7 @@ def test_the_native_reader_reads_a_request_as_the_python_reader_or_leaves_it(rea
         assert got is not None
     if got is None:
         return
-    assert want is not None and got[:6] == want[:6] and type(got[5]) is type(want[5])
+    assert want is not None and got[:6] == want[:6] and type(got[5]) is type(want[5]) and got[7] == want[7]
     assert len(got[6]) == len(want[6])
     for a, b in zip(got[6], want[6]):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) and a.flags.writeable
