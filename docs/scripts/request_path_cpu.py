@@ -2,11 +2,11 @@
 of their gradients (SGD, 200,000 rows all stored, 64 batches of random rows in turn), in one
 thread. The client's side: its requests built and its replies merged, the shard's replies made
 beforehand (``--general``: by its general path only; ``--shards``: the table over several shards,
-every request split among them); the shard's side: ``Shard.handle_frames`` of the client's
-requests, the native kernels' share (the reply's gather, the push, the NaN checks) timed apart.
-Milliseconds a step, the median of five runs:
+every request split among them; ``--sorted``: each batch's keys ascending, sent delta-coded); the
+shard's side: ``Shard.handle_frames`` of the client's requests, the native kernels' share (the
+reply's gather, the push, the NaN checks) timed apart. Milliseconds a step, the median of five runs:
 
-    .venv/bin/python docs/scripts/request_path_cpu.py [--steps 1500 --shards 1 --general]
+    .venv/bin/python docs/scripts/request_path_cpu.py [--steps 1500 --shards 1 --general --sorted]
 """
 
 import argparse
@@ -93,6 +93,8 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=1500)
     p.add_argument("--shards", type=int, default=1, help="shards the table is split over (the client's requests to each)")
     p.add_argument("--general", action="store_true", help="the client's general path only, not its short path")
+    p.add_argument("--sorted", action="store_true",
+                   help="each batch's keys in ascending order (a dense table's, a flush's): sent delta-coded")
     args = p.parse_args()
     if native.ops is None:
         raise SystemExit("the native core is not built: run `make native`")
@@ -104,6 +106,8 @@ def main() -> None:
         client._hot = None
     rng = torch.Generator().manual_seed(0)
     batches = [torch.randperm(ROWS, generator=rng)[:BATCH] for _ in range(64)]
+    if args.sorted:
+        batches = [b.sort().values for b in batches]
     grads, counts = torch.full((BATCH, DIM), 1e-3), torch.ones(BATCH, dtype=torch.int64)
     for lo in range(0, ROWS, BATCH):  # every row stored
         keys = torch.arange(lo, min(ROWS, lo + BATCH))
