@@ -41,7 +41,9 @@ bool take(std::string_view text, size_t& at, std::string_view s) {
 bool take_digits(std::string_view text, size_t& at, uint64_t& value) {
   const size_t start = at;
   value = 0;  // 19 digits fit
-  while (at < text.size() && at - start < 19 && text[at] >= '0' && text[at] <= '9') value = value * 10 + (text[at++] - '0');
+  while (at < text.size() && at - start < 19 && text[at] >= '0' && text[at] <= '9') {
+    value = value * 10 + uint64_t(text[at++] - '0');
+  }
   const size_t digits = at - start;
   const bool more = at < text.size() && text[at] >= '0' && text[at] <= '9';  // a 20th digit: past int64
   return digits >= 1 && !more && !(digits > 1 && text[start] == '0');
@@ -223,7 +225,8 @@ py::object hot_head(int64_t op, uint64_t rid, const std::string& head, py::list 
     else if ((kind == 'h') && info.itemsize == 2) code = "i2";
     else if ((kind == 'i' || kind == 'l') && info.itemsize == 4) code = "i4";
     else if ((kind == 'l' || kind == 'q') && info.itemsize == 8) code = "i8";
-    if (code == nullptr || (info.format.size() == 2 && info.format[0] != '<' && info.format[0] != '=')) return py::none();
+    const bool native_order = info.format.size() == 1 || info.format[0] == '<' || info.format[0] == '=';
+    if (code == nullptr || info.format.size() > 2 || !native_order) return py::none();
     int64_t stride = info.itemsize;
     for (int64_t d = info.ndim - 1; d >= 0; --d) {  // C-contiguous: each stride the product of the sizes after it
       if (info.shape[size_t(d)] > 1 && info.strides[size_t(d)] != stride) return py::none();
@@ -363,12 +366,13 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
   for (size_t i = 0; i < specs.size(); ++i) {
     py::buffer_info info;
     std::string_view frame = bytes_of(frames[i + 1], info);
+    constexpr int64_t kMost = int64_t(1) << 40;  // values in one array: far past any frame
     int64_t values = 1;
     for (int64_t size : specs[i].shape) {
-      if (size > (int64_t(1) << 40)) return py::none();
+      if (size > kMost || (size > 0 && values > kMost / size)) return py::none();  // no product overflows
       values *= size;
     }
-    if (values > (int64_t(1) << 40) || int64_t(frame.size()) != values * specs[i].bytes) return py::none();
+    if (int64_t(frame.size()) != values * specs[i].bytes) return py::none();
     total += int64_t(frame.size());
     arrays.append(py::array(wire_dtype(specs[i].kind, specs[i].bytes), specs[i].shape, frame.data(),
                             frames[i + 1]));

@@ -280,3 +280,18 @@ def test_the_native_reader_reads_a_request_as_the_python_reader_or_leaves_it(rea
     assert len(got[6]) == len(want[6])
     for a, b in zip(got[6], want[6]):
         assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b) and a.flags.writeable
+
+
+@pytest.mark.parametrize("shape", ["[1099511627776,1099511627776]", "[4,1099511627777]", "[9223372036854775807,2]"])
+def test_a_spec_of_sizes_whose_product_passes_int64_is_left_to_the_general_path(reader, shape):
+    """Sizes whose product would overflow: neither reader takes the request (no wrapped product
+    may match a frame's size)."""
+    shard = Shard(ShardConfig(TABLES))
+    meta = {"table": "t", "session": SESSION, "seq": 2, "step": 1}
+    frames = [bytes(memoryview(f)) for f in _request(Op.PUSH, 5, meta, [np.arange(4, dtype=np.int32),
+                                                                       np.ones((4, DIM), np.float32),
+                                                                       np.ones(4, np.uint8)], shard.nonce)]
+    head = frames[0][HEADER.size:].decode().replace(f'["f4",[4,{DIM}]]', f'["f4",{shape}]').encode()
+    frames[0] = HEADER.pack(*HEADER.unpack_from(frames[0])[:6], len(head)) + head
+    limit = shard.cfg.max_message_bytes
+    assert hot.read_natively(frames, shard.nonce, limit) is None and hot._read(shard, frames, limit) is None

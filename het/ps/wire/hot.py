@@ -8,11 +8,11 @@ writes the requests the general path would, byte for byte, their meta written wi
 header frame in one native call, ``native.ops.hot_head``), and reads each reply in one native call
 where it is in the very text a shard writes (``native.ops.hot_reply``), else with a few exact
 comparisons in Python: a PULL's rows (n, D) float32, its clocks and no row left to build, a PUSH's
-rows applied; a reply of every key, from a one-shard PS, is the result as it is. Any other reply (an error, a lazy reply of rows to build, one of half rows, of
-another request, anything malformed) it leaves to the general path, which reads it as it reads
-any reply and raises what it raises; replies of several shards are merged as the general path
-merges them. The tests hold the two to the same frames and the same results
-(tests/unit/test_client_hot_path.py).
+rows applied; a reply of every key, from a one-shard PS, is the result as it is. Any other reply
+(an error, a lazy reply of rows to build, one of half rows, of another request, anything
+malformed) it leaves to the general path, which reads it as it reads any reply and raises what it
+raises; replies of several shards are merged as the general path merges them. The tests hold the
+two to the same frames and the same results (tests/unit/test_client_hot_path.py).
 """
 
 from __future__ import annotations
@@ -62,7 +62,8 @@ class HotPath:
         if written is None:
             arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]
             text = f"{head}{specs_text(arrays)}]}}".encode()
-            written = HEADER.pack(MAGIC, VERSION, handle.op, OK, 0, rid, len(text)) + text, sum(a.nbytes for a in arrays)
+            head_frame = HEADER.pack(MAGIC, VERSION, handle.op, OK, 0, rid, len(text)) + text
+            written = head_frame, sum(a.nbytes for a in arrays)
         frames, sent = [written[0], *arrays], written[1]
         handle.request_bytes += sent
         if handle.op is Op.PUSH:
