@@ -19,6 +19,15 @@ def test_round_trip_keeps_arrays_and_meta():
     assert np.array_equal(msg.arrays[1], rows)
 
 
+@pytest.mark.parametrize("code", [">i8", ">i4", ">i2", ">f4", "=i8", "<f4", "u1"])
+def test_arrays_of_either_byte_order_arrive_with_their_values(code):
+    values = np.array([[1, -2, 3], [2**14, 5, 0]]) if code != "u1" else np.array([[1, 2, 3], [200, 5, 0]])
+    sent = values.astype(code)
+    got = decode(encode(Message(Op.PUSH, 3, {}, [sent, sent.T]))).arrays  # a transposed one too
+    assert got[0].dtype.byteorder in "<|=" and got[0].tolist() == values.tolist()
+    assert got[1].tolist() == values.T.tolist()
+
+
 def test_rejects_float64_arrays():
     with pytest.raises(ProtocolError, match="int64, int32, int16, float32 or uint8, got float64"):
         encode(Message(Op.PULL, 1, {}, [np.zeros(3)]))

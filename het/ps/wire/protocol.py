@@ -192,10 +192,11 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
         >>> len(signed), decode(signed, secret=b"k").arrays[0].tolist()
         (3, [0, 1, 2])
     """
-    arrays = [np.ascontiguousarray(a) for a in msg.arrays]
+    # the wire is little-endian: an array of the other order travels as a copy with its bytes swapped
+    arrays = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in map(np.asarray, msg.arrays)]
     specs = []
     for a in arrays:
-        code = DTYPE_CODES.get(a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype)
+        code = DTYPE_CODES.get(a.dtype)
         if code is None:
             raise ProtocolError(f"arrays must be int64, int32, int16, float32 or uint8, got {a.dtype}")
         specs.append([code, list(a.shape)])
