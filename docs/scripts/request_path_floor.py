@@ -9,9 +9,12 @@ finite, keys and counts narrowed); ``--het-layout``: requests built each time in
 (int32 keys, uint8 counts, an array a frame), pulls answered as het's lazy replies (a header's
 bytes, the rows, their clocks narrowed, the built marks). Printed: CPU milliseconds a step (both processes, every
 thread) for that floor and for the raw echo of the same bytes, measured in turn, and their
-ratio, the median of the rounds; and the part of the threads making and answering requests:
+ratio, the median of the rounds; and the part of the threads making and answering requests.
+With ``--het``, each round also runs ``het bench ps``'s step (``het.bench.ps.run``, one round) and its
+raw ZeroMQ round trip of a step's bytes in one request and one reply, the line ``cpu_over_zmq`` is
+held to: the floor and het over that round trip, and het over the floor, each round's in turn:
 
-    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3 --checks --het-layout]
+    .venv/bin/python docs/scripts/request_path_floor.py [--rounds 5 --seconds 3 --checks --het-layout --het]
 """
 
 import argparse
@@ -163,17 +166,34 @@ def main() -> None:
                         help="the floor's client checks each request as any client must (the raw run's does not)")
     parser.add_argument("--het-layout", action="store_true",
                         help="requests built each time in het's frames, pulls answered as het's lazy replies")
+    parser.add_argument("--het", action="store_true",
+                        help="each round also het bench ps's step and raw round trip (het.bench.ps.run, one round)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    floor, raw = [], []
+    floor, raw, het = [], [], []
     for _ in range(args.rounds):
         floor.append(_round(True, args.seconds, args.checks, args.het_layout))
         raw.append(_round(False, args.seconds))
+        if args.het:
+            from het.bench import ps
+
+            out = ps.run(seconds=args.seconds, rounds=1)
+            het.append((out["cpu_ms_per_step"], out["zmq_cpu_ms_per_round_trip"]))
     median = lambda runs, i: round(statistics.median(r[i] for r in runs), 3)  # noqa: E731
     ratios = [f[0] / r[0] for f, r in zip(floor, raw)]
-    print(json.dumps({"floor_cpu_ms_per_step": median(floor, 0), "raw_cpu_ms_per_step": median(raw, 0),
-                      "floor_over_raw": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
-                      "floor_main_cpu_ms_per_step": median(floor, 1), "raw_main_cpu_ms_per_step": median(raw, 1)}))
+    report = {"floor_cpu_ms_per_step": median(floor, 0), "raw_cpu_ms_per_step": median(raw, 0),
+              "floor_over_raw": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
+              "floor_main_cpu_ms_per_step": median(floor, 1), "raw_main_cpu_ms_per_step": median(raw, 1)}
+    if het:  # over the round trip of a step's bytes, as het bench ps's cpu_over_zmq
+        rounds = {"floor_over_round_trip": [f[0] / h[1] for f, h in zip(floor, het)],
+                  "het_over_round_trip": [h[0] / h[1] for h in het],
+                  "het_over_floor": [h[0] / f[0] for f, h in zip(floor, het)]}
+        report["het_cpu_ms_per_step"] = median(het, 0)
+        report["round_trip_cpu_ms"] = median(het, 1)
+        for name, values in rounds.items():
+            report[name] = round(statistics.median(values), 3)
+            report[name + "_rounds"] = [round(v, 3) for v in values]
+    print(json.dumps(report))
 
 
 if __name__ == "__main__":
