@@ -14,7 +14,8 @@ het.native, het.nn, het.ps, het.staleness) and as the shard's when it holds
 Where a worker's het samples stand (the shard's answers left out), by their innermost frame:
 ``worker_native_fraction``, on a line of het that calls the native core or the batch's row
 gather (``index_select``); the rest, ``worker_glue_fraction``, is het's Python and the small
-torch and numpy calls it makes. ``leaves``: the most sampled innermost frames, with their share
+torch and numpy calls it makes. ``worker_client_fraction``: those under the PS client's verbs
+(``PSClient.*``: requests built and sent, replies read and merged), the request path's share. ``leaves``: the most sampled innermost frames, with their share
 of a worker's step.
 """
 
@@ -35,7 +36,7 @@ NATIVE_LINE = ("native.", "_window.", "index_select(")
 
 
 def share(path: str, top: int = 12) -> dict:
-    loop = het = shard = native = 0
+    loop = het = shard = native = client = 0
     leaves: collections.Counter = collections.Counter()
     with open(path) as f:
         for line in f:
@@ -53,12 +54,13 @@ def share(path: str, top: int = 12) -> dict:
                     continue
                 leaves[frames[-1]] += count
                 native += count * _runs_native(frames[-1])
+                client += count * any(fr.startswith("PSClient.") for fr in frames)
     if not loop:
         raise SystemExit(f"{path}: no samples of Worker.train (recorded with --full-filenames?)")
     worker = loop - shard
     return {"samples": loop, "het_fraction": het / loop, "shard_fraction": shard / loop,
             "worker_het_fraction": (het - shard) / worker, "worker_native_fraction": native / worker,
-            "worker_glue_fraction": (het - shard - native) / worker,
+            "worker_glue_fraction": (het - shard - native) / worker, "worker_client_fraction": client / worker,
             "leaves": [{"frame": fr, "fraction": n / worker, "native": _runs_native(fr)}
                        for fr, n in leaves.most_common(top)]}
 
