@@ -106,11 +106,11 @@ def _checks(keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, push:
         counts.to(torch.uint8)
 
 
-def _round(work: bool, seconds: float, checks: bool = False, het_layout: bool = False) -> tuple[float, float]:
+def _round(work: bool, seconds: float, checks: bool = False, het_layout: bool = False) -> tuple:
     """CPU ms a step (a pull and a push, two requests in flight) of both processes, and of their
-    threads making and answering requests (ZeroMQ's I/O threads left out); with ``checks``, the
-    client checks each request as it sends it (:func:`_checks`); with ``het_layout``, requests
-    and replies travel in het's frames (:func:`_shard`)."""
+    threads making and answering requests (ZeroMQ's I/O threads left out): together, the client's,
+    the shard's; with ``checks``, the client checks each request as it sends it (:func:`_checks`);
+    with ``het_layout``, requests and replies travel in het's frames (:func:`_shard`)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     proc = ctx.Process(target=_shard, args=(q, work, het_layout), daemon=True)
@@ -154,8 +154,8 @@ def _round(work: bool, seconds: float, checks: bool = False, het_layout: bool = 
         proc.join(10)
         if proc.is_alive():
             proc.kill()
-    steps = replies // 2
-    return (cpu + shard_cpu) * 1e3 / steps, (main + shard_main) * 1e3 / steps
+    ms = 1e3 / (replies // 2)
+    return (cpu + shard_cpu) * ms, (main + shard_main) * ms, main * ms, shard_main * ms
 
 
 def main() -> None:
@@ -178,18 +178,23 @@ def main() -> None:
             from het.bench import ps
 
             out = ps.run(seconds=args.seconds, rounds=1)
-            het.append((out["cpu_ms_per_step"], out["zmq_cpu_ms_per_round_trip"]))
+            het.append((out["cpu_ms_per_step"], out["zmq_cpu_ms_per_round_trip"], out["client_main_cpu_ms_per_step"],
+                        out["shard_main_cpu_ms_per_step"]))
     median = lambda runs, i: round(statistics.median(r[i] for r in runs), 3)  # noqa: E731
     ratios = [f[0] / r[0] for f, r in zip(floor, raw)]
     report = {"floor_cpu_ms_per_step": median(floor, 0), "raw_cpu_ms_per_step": median(raw, 0),
               "floor_over_raw": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios],
-              "floor_main_cpu_ms_per_step": median(floor, 1), "raw_main_cpu_ms_per_step": median(raw, 1)}
+              "floor_main_cpu_ms_per_step": median(floor, 1), "raw_main_cpu_ms_per_step": median(raw, 1),
+              "floor_client_main_cpu_ms_per_step": median(floor, 2),
+              "floor_shard_main_cpu_ms_per_step": median(floor, 3)}
     if het:  # over the round trip of a step's bytes, as het bench ps's cpu_over_zmq
         rounds = {"floor_over_round_trip": [f[0] / h[1] for f, h in zip(floor, het)],
                   "het_over_round_trip": [h[0] / h[1] for h in het],
                   "het_over_floor": [h[0] / f[0] for f, h in zip(floor, het)]}
         report["het_cpu_ms_per_step"] = median(het, 0)
         report["round_trip_cpu_ms"] = median(het, 1)
+        report["het_client_main_cpu_ms_per_step"] = median(het, 2)
+        report["het_shard_main_cpu_ms_per_step"] = median(het, 3)
         for name, values in rounds.items():
             report[name] = round(statistics.median(values), 3)
             report[name + "_rounds"] = [round(v, 3) for v in values]
