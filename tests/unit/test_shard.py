@@ -316,6 +316,18 @@ def test_a_table_that_refuses_non_finite_gradients_itself_names_them_as_the_chec
         assert shard.stats["refused_pushes"] == 1 and np.array_equal(shard.pull("t", np.arange(20))[0], rows)
 
 
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_push_wrong_twice_is_refused_for_its_counts_whether_or_not_the_gradients_pass_is_spared(tmp_path,
+                                                                                                  logged):
+    """Gradients not finite and a count out of range: the counts are named, by a shard that
+    spares the gradients' pass (the table refuses them itself) and by one that runs it (a log)."""
+    shard = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=logged)
+    grads = np.array([[math.nan, 0, 0], [0, 0, 0]], np.float32)
+    with pytest.raises(ValueError, match=r"^counts must lie in \[0, 2147483648\], got -1$"):
+        shard.push("t", np.array([1, 2]), grads, np.array([1, -1]))
+    shard.close()
+
+
 def test_with_a_log_the_gradients_are_checked_before_they_are_logged(tmp_path):
     shard = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=True)
     grads = np.array([[math.nan, 0, 0]], np.float32)

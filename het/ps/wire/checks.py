@@ -263,14 +263,14 @@ def push(table: TableConfig, n: int, grads: np.ndarray, counts: np.ndarray, sq: 
         raise ValueError(f"counts must be int64 of shape ({n},), got {counts.dtype} {counts.shape}")
     if sq is not None and (sq.dtype != np.float32 or sq.shape not in ((n, 1), (n, d))):
         raise ValueError(f"sq must be float32 of shape ({n}, 1) or ({n}, {d}), got {sq.dtype} {sq.shape}")
+    if n:  # the counts before any value: a shard that spares the gradients' pass names the same first
+        lo, hi = (int(c) for c in torch.aminmax(torch.from_numpy(counts)))  # one pass, where numpy takes two
+        if lo < 0 or hi > MAX_COUNT:
+            raise ValueError(f"counts must lie in [0, {MAX_COUNT}], got {lo if lo < 0 else hi}")
     if n and sq is not None:
         check_squares(torch.from_numpy(sq), table.name)
     if n and finite:
         check_finite(torch.from_numpy(grads), "grads", table.name)
-    if n:
-        lo, hi = (int(c) for c in torch.aminmax(torch.from_numpy(counts)))  # one pass, where numpy takes two
-        if lo < 0 or hi > MAX_COUNT:
-            raise ValueError(f"counts must lie in [0, {MAX_COUNT}], got {lo if lo < 0 else hi}")
 
 
 def sync(table: TableConfig, followed: bool, n: int, clocks: np.ndarray, asked: str | None) -> None:
