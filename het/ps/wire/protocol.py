@@ -193,7 +193,8 @@ def encode(msg: Message, secret: bytes | None = None) -> list:
         (3, [0, 1, 2])
     """
     # the wire is little-endian: an array of the other order travels as a copy with its bytes swapped
-    arrays = [np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<")) for a in map(np.asarray, msg.arrays)]
+    arrays = [np.ascontiguousarray(a if a.dtype == a.dtype.newbyteorder("<") else a.astype(a.dtype.newbyteorder("<")))
+              for a in map(np.asarray, msg.arrays)]
     specs = []
     for a in arrays:
         code = DTYPE_CODES.get(a.dtype)
