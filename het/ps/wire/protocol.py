@@ -6,7 +6,7 @@ Frame 0 is a fixed 20-byte header followed by a JSON object (``meta``)::
 
 ``meta["arrays"]`` lists ``[dtype, shape]`` for each following frame; array frames are the raw
 little-endian bytes of C-contiguous int64, int32, int16, float32 or uint8 arrays, sent and received without
-copies.
+copies (an array of the other byte order, or not contiguous, is copied into that form first).
 
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
 under the shared secret, of the header frame and every array frame, each preceded by its
