@@ -15,8 +15,8 @@ Where a worker's het samples stand (the shard's answers left out), by their inne
 ``worker_native_fraction``, on a line of het that calls the native core or the batch's row
 gather (``index_select``); the rest, ``worker_glue_fraction``, is het's Python and the small
 torch and numpy calls it makes. ``worker_client_fraction``: those under the PS client's verbs
-(``PSClient.*``: requests built and sent, replies read and merged), the request path's share. ``leaves``: the most sampled innermost frames, with their share
-of a worker's step.
+(``PSClient.*``: requests built and sent, replies read and merged), the request path's share.
+``leaves``: the most sampled innermost frames, with their share of a worker's step.
 """
 
 from __future__ import annotations

@@ -321,11 +321,21 @@ def test_a_push_wrong_twice_is_refused_for_its_counts_whether_or_not_the_gradien
                                                                                                   logged):
     """Gradients not finite and a count out of range: the counts are named, by a shard that
     spares the gradients' pass (the table refuses them itself) and by one that runs it (a log)."""
+    from het import native
+
     shard = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=logged)
+    assert shard.tables["t"].refuses_non_finite_grads == (native.ops is not None)
+    rows, clocks = (a.copy() for a in shard.pull("t", np.arange(T.rows))[:2])
     grads = np.array([[math.nan, 0, 0], [0, 0, 0]], np.float32)
     with pytest.raises(ValueError, match=r"^counts must lie in \[0, 2147483648\], got -1$"):
         shard.push("t", np.array([1, 2]), grads, np.array([1, -1]))
+    after = shard.pull("t", np.arange(T.rows))
+    assert np.array_equal(after[0], rows) and after[1].tolist() == clocks.tolist()  # nothing changed
     shard.close()
+    if logged:  # nothing was logged: a shard started on the log replays no push
+        again = Shard(ShardConfig((T,)), state_dir=str(tmp_path), wal=True)
+        assert again.stats["wal_replayed"] == 0
+        again.close()
 
 
 def test_with_a_log_the_gradients_are_checked_before_they_are_logged(tmp_path):
