@@ -9,6 +9,7 @@ from the fields (:mod:`het.train.flags`).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import asdict, dataclass, field
@@ -343,13 +344,13 @@ class ShardConfig:
         d = dict(d)
         return cls(tuple(TableConfig.from_dict(t) for t in d.pop("tables")), **d)
 
-    @property
+    @functools.cached_property  # read for every request: the tables never change
     def max_frame_bytes(self) -> int:
         """The largest frame a request of ``max_keys`` keys needs: its rows of the widest
         table as float32, and 64 KiB for the header and meta."""
         return self.max_keys * max(t.dim for t in self.tables) * 4 + (1 << 16)
 
-    @property
+    @functools.cached_property
     def max_message_bytes(self) -> int:
         """The largest message a request of ``max_keys`` keys needs: a push and a sync in one
         (keys, gradients, counts, squares, keys, clocks: ``8 D + 32`` bytes a key of the widest

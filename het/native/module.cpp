@@ -11,6 +11,10 @@ pybind11::tuple narrow_ints(torch::Tensor values, int64_t narrowest);
 pybind11::object hot_head(int64_t op, uint64_t rid, const std::string& head, pybind11::list arrays);
 pybind11::object hot_request(pybind11::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes);
 
+// A shard's hot request's keys and counts, read as they travel (wire_keys.cpp)
+pybind11::object wire_rows(torch::Tensor keys, int64_t rows, int64_t shards, int64_t index);
+pybind11::object wire_counts(torch::Tensor counts, int64_t most);
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "het's native core: the hot paths of the worker cache, the shard and the client, each in one pass";
   m.attr("SOURCE_HASH") = HET_SOURCE_HASH;
@@ -40,6 +44,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("narrow_ints", &narrow_ints);
   m.def("hot_head", &hot_head);
   m.def("hot_request", &hot_request);
+  m.def("wire_rows", &wire_rows);
+  m.def("wire_counts", &wire_counts);
   pybind11::class_<Window>(m, "Window")
       .def(pybind11::init<>())
       .def("announce", &Window::announce)

@@ -5,11 +5,13 @@ a shard moves: the general path (:meth:`het.ps.shard.Shard.handle_frames`: decod
 parse every field, dispatch) costs about as much CPU as the gather and the push themselves.
 This path reads such a request in one native call where it is in the very text het's client
 writes (``native.ops.hot_request``), else with a few exact comparisons in Python (any spelling of
-the same fields), hands it to the same verbs
-(:meth:`~het.ps.shard.Shard.pull`, :meth:`~het.ps.shard.Shard.push`, which check keys, shapes,
-values and ranges as they do for the general path) and writes the reply the general path would,
-byte for byte (keys sent delta-coded, as a client sends ascending ones, decoded as the general
-path decodes them). It answers only what it has proved well formed: a request with any other field,
+the same fields). A table that reads a request's arrays as they travel answers it from them
+(:meth:`~het.ps.store.rowstore.RowStore.wire_pull`, ``wire_push``: a fixed float32 table locates
+the keys and widens the counts, each checked in one native pass); else, or where one of them is
+wrong, the same verbs as the general path's answer (:meth:`~het.ps.shard.Shard.pull`,
+:meth:`~het.ps.shard.Shard.push`, which check keys, shapes, values and ranges and name what is
+wrong). The reply is the general path's, byte for byte (keys sent delta-coded, as a client sends
+ascending ones, decoded as the general path decodes them). It answers only what it has proved well formed: a request with any other field,
 dtype, shape or size, a signed one, one of a session the shard has not seen or whose idle look
 is due, a push sent again, goes to the general path, which answers it or names what is wrong.
 The tests hold the two to the same replies and the same tables (tests/unit/test_hot_path.py).
@@ -20,9 +22,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import torch
 
 from het import native
-from het.ps.limits import MAX_STEP
+from het.ps.limits import MAX_STEP, all_finite, non_finite
 from het.ps.wire.integers import undelta_keys
 from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
@@ -54,12 +57,11 @@ def answer(shard, frames) -> list | None:
         return None
     try:
         if op == Op.PULL:
-            reply = encode_reply(Op.PULL, rid, {}, shard.pull(table, arrays[0], lazy=value))
+            reply = encode_reply(Op.PULL, rid, {}, _pull(shard, table, arrays[0], value))
         else:
             if not shard.sessions.new_push(session, seq):
                 return None
-            applied = shard.push(table, *arrays, step=value, session=(session, seq))
-            reply = encode_reply(Op.PUSH, rid, {"applied": applied}, [])
+            reply = encode_reply(Op.PUSH, rid, {"applied": _push(shard, table, arrays, value, (session, seq))}, [])
     except REFUSED as e:
         shard.stats["errors"] += 1
         reply = encode(error_reply(rid, op, e))
@@ -67,6 +69,44 @@ def answer(shard, frames) -> list | None:
     shard.last_op = name
     shard.stats["requests_" + name] += 1
     return reply
+
+
+def _pull(shard, table: str, keys: np.ndarray, lazy: bool) -> list:
+    """:meth:`~het.ps.shard.Shard.pull`'s reply, read by the store from the keys as they travel
+    where it can (:meth:`~het.ps.store.rowstore.RowStore.wire_pull`)."""
+    t = shard.tables.get(table)
+    read = None if t is None or len(keys) > shard.cfg.max_keys else t.wire_pull(keys, lazy)
+    if read is None:
+        return shard.pull(table, keys, lazy=lazy)
+    shard.count_rows(read[1], len(keys))
+    return read[0]
+
+
+def _push(shard, table: str, arrays: list, step: int, session: tuple[str, int]) -> int:
+    """:meth:`~het.ps.shard.Shard.push` of a request's arrays, applied by the store from them as
+    they travel where it can (:meth:`~het.ps.store.rowstore.RowStore.wire_push`): not where the
+    push is logged, its table's changes followed or the shard's memory held to a budget."""
+    t, applied = shard.tables.get(table), None
+    if (t is not None and shard.wal is None and shard.budget is None and table not in shard.changes
+            and len(arrays[0]) <= shard.cfg.max_keys):
+        try:
+            applied = t.wire_push(*arrays, step)
+        except ValueError as e:
+            raise push_refused(shard, table, t, arrays[1], e) from None
+    if applied is None:
+        return shard.push(table, *arrays, step=step, session=session)
+    shard.sessions.applied[session[0]] = session[1]
+    shard.stats["rows_in"] += applied
+    return applied
+
+
+def push_refused(shard, table: str, t, grads: np.ndarray, e: ValueError) -> ValueError:
+    """The error of a push ``t`` refused with ``e`` (nothing changed): its gradients named where
+    they are not finite, as the shard's pass over them would, else the table's reason."""
+    if t.refuses_non_finite_grads and not all_finite(torch.from_numpy(grads)):  # as the pass says
+        return ValueError(non_finite("grads", table))
+    shard.stats["refused_pushes"] += 1
+    return ValueError(f"push to table {table!r} refused, nothing changed: {e}")
 
 
 def read_natively(frames, nonce: str, limit: int) -> tuple | None:

@@ -19,7 +19,6 @@ from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps import hot
 from het.ps.budget import Budget
-from het.ps.limits import all_finite, non_finite
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
@@ -246,7 +245,7 @@ class Shard:
         if reply is None:
             rows, sent = t.rows_to_send(at, lazy, half=True)
             reply = [rows[0], narrow(t.clocks_of(sent_of(at, rows, sent))).numpy(), *pack_marks(rows[1:])], sent
-        self._count_rows(reply[1], len(at))
+        self.count_rows(reply[1], len(at))
         return reply[0]
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
@@ -287,10 +286,7 @@ class Shard:
             t.push(t.locate(c.keys), torch.from_numpy(c.grads), torch.from_numpy(c.counts), c.step,
                    None if c.sq is None else torch.from_numpy(c.sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
-            if t.refuses_non_finite_grads and not all_finite(torch.from_numpy(c.grads)):  # as the pass says
-                raise ValueError(non_finite("grads", c.table)) from None
-            self.stats["refused_pushes"] += 1
-            raise ValueError(f"push to table {c.table!r} refused, nothing changed: {e}") from None
+            raise hot.push_refused(self, c.table, t, c.grads, e) from None
         if session is not None:
             self.sessions.applied[session[0]] = session[1]
         if c.table in self.changes:
@@ -322,7 +318,7 @@ class Shard:
         sent = torch.from_numpy(widen(clocks, "clocks"))
         index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
         rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy, half=True)
-        self._count_rows(n_sent, len(index))
+        self.count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         pageable = t.pageable(at) if self.cfg.page_in else None
         if pageable is not None:
@@ -346,7 +342,8 @@ class Shard:
             raise ValueError(problem)
         return t, keys
 
-    def _count_rows(self, sent: int, asked: int) -> None:
+    def count_rows(self, sent: int, asked: int) -> None:
+        """Rows a reply sent of those ``asked``: the rest the client builds."""
         self.stats["rows_out"] += sent
         self.stats["rows_built_by_client"] += asked - sent
 

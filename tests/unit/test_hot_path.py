@@ -14,12 +14,15 @@ from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps import hot
 from het.ps.shard import Shard
+from het.ps.store.fixed import FixedRows
 from het.ps.wire.integers import delta_keys
 from het.ps.wire.protocol import HEADER, Message, Op, encode
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),
-          TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)))
+          TableConfig("d", rows=None, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.5)),
+          TableConfig("s", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=2.0)))
+FIXED = ("t", "s")
 SESSION = "s" * 32
 
 
@@ -64,12 +67,8 @@ def _same(a, b, fast, general, monkeypatch):
 
 
 def _state(shard):
-    out = {}
-    for name, t in shard.tables.items():
-        if name == "t":
-            out[name] = [t.weight.clone(), t.clocks.clone(), t.touched.clone(),
-                         *[v.clone() for v in t.optimizer.state.values()]]
-    return out
+    return {name: [t.weight.clone(), t.clocks.clone(), t.touched.clone(), *[v.clone() for v in t.optimizer.state.values()]]
+            for name, t in shard.tables.items() if name in FIXED}
 
 
 def _counters(shard):
@@ -78,8 +77,9 @@ def _counters(shard):
 
 def _check_same_shards(fast, general):
     assert _counters(fast) == _counters(general)
-    for x, y in zip(_state(fast)["t"], _state(general)["t"]):
-        assert torch.equal(x, y)
+    for name in FIXED:
+        for x, y in zip(_state(fast)[name], _state(general)[name], strict=True):
+            assert torch.equal(x, y)
     assert fast.sessions.applied == general.sessions.applied
 
 
@@ -109,6 +109,30 @@ def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(m
     _check_same_shards(fast, general)
 
 
+@pytest.mark.parametrize("table", FIXED)
+def test_a_fixed_table_reads_a_hot_pull_and_push_from_their_arrays_as_they_travel(monkeypatch, reader, table):
+    """With the native core, a fixed float32 table answers the short path's pull and push from
+    the request's keys and counts as they came (RowStore.wire_pull, wire_push), not through the
+    shard's checked verbs; the replies and tables are the general path's all the same."""
+    if native.ops is None:
+        pytest.skip("the native core is not built")
+    fast, general = _pair()
+    read = []
+    for name in ("wire_pull", "wire_push"):
+        monkeypatch.setattr(FixedRows, name, lambda self, *a, _f=getattr(FixedRows, name): read.append(_f(self, *a))
+                            or read[-1])
+    keys = np.array([3, 7, 3, 11], np.int32)
+    for shard in (fast, general):  # the session's first request: the general path's
+        shard.handle_frames(_request(Op.PULL, 1, {"table": table, "lazy": True, "session": SESSION, "seq": 1},
+                                     [keys], shard.nonce))
+    _both(fast, general, Op.PUSH, 2, {"table": table, "step": 1, "session": SESSION, "seq": 2},
+          [keys, np.ones((4, DIM), np.float32), np.array([1, 2, 1, 1], np.uint8)], monkeypatch)
+    _both(fast, general, Op.PULL, 3, {"table": table, "lazy": True, "session": SESSION, "seq": 3}, [keys],
+          monkeypatch)
+    assert len(read) == 2 and all(r is not None for r in read)
+    _check_same_shards(fast, general)
+
+
 def test_ascending_keys_sent_delta_coded_take_the_short_path(monkeypatch, reader):
     """A client sends ascending keys as the steps between them (a dense table's in mode ps, a
     flush's): the short path decodes them as the general path does, natively where it reads."""
@@ -134,27 +158,30 @@ def test_ascending_keys_sent_delta_coded_take_the_short_path(monkeypatch, reader
 # -- any request: well formed, or not in one of many ways ----------------------------------------
 _MUTATIONS = ("none", "extra_field", "lazy_int", "seq_bool", "seq_zero", "step_float", "nonce", "short_frame",
               "wrong_dim", "f8_grads", "unknown_table", "dynamic_table", "nan", "negative_count", "too_many_keys",
-              "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame", "delta_coded")
+              "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame", "delta_coded", "overflow",
+              "count_past_most", "other_shard")
 
 
 @st.composite
-def _requests(draw):
+def _requests(draw, shards: int = 1, index: int = 0):
+    """Requests to shard ``index`` of ``shards``, to either fixed table: their keys that shard's."""
     out = []
     for rid in range(1, draw(st.integers(2, 12)) + 1):
         op = draw(st.sampled_from((Op.PULL, Op.PUSH)))
-        keys = np.array(draw(st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=8)),
-                        dtype=draw(st.sampled_from((np.int32, np.int64))))
+        keys = np.array(draw(st.lists(st.integers(0, (ROWS - 1 - index) // shards), min_size=0, max_size=8)),
+                        dtype=draw(st.sampled_from((np.int32, np.int64)))) * shards + index
         mutation = draw(st.sampled_from(_MUTATIONS)) if draw(st.booleans()) else "none"
         extra = {"lazy": draw(st.booleans())} if op == Op.PULL else {"step": draw(st.integers(1, 5))}
         counts = np.array(draw(st.lists(st.integers(0, 300), min_size=len(keys), max_size=len(keys))), np.int64)
         grads = np.array(draw(st.lists(st.floats(-2, 2, width=32), min_size=len(keys) * DIM,
                                        max_size=len(keys) * DIM)), np.float32).reshape(len(keys), DIM)
+        extra["table"] = draw(st.sampled_from(FIXED))
         out.append((op, rid, keys, extra, counts, grads, mutation))
     return out
 
 
 def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
-    meta = {"table": "t", "session": SESSION, "seq": seq, **extra}
+    meta = {"session": SESSION, "seq": seq, **extra}
     narrow = counts.astype(np.uint8) if counts.size and counts.max() < 256 else counts.astype(np.int16)
     arrays = [keys] if op == Op.PULL else [keys, grads, narrow]
     if mutation == "extra_field":
@@ -180,6 +207,13 @@ def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
         arrays[1][0, 0] = np.nan
     elif mutation == "negative_count" and op == Op.PUSH and len(keys):
         arrays[2] = -np.ones(len(keys), np.int16)
+    elif mutation == "count_past_most" and op == Op.PUSH and len(keys):
+        arrays[2] = np.full(len(keys), (1 << 31) + 1, np.int64)
+    elif mutation == "overflow" and op == Op.PUSH and len(keys):  # finite gradients, a result that is not
+        arrays[1] = np.full_like(grads, 3e38)
+    elif mutation == "other_shard" and len(keys):
+        arrays[0] = keys.copy()
+        arrays[0][0] += 1
     elif mutation == "too_many_keys":
         arrays[0] = np.zeros(17, keys.dtype)
         if op == Op.PUSH:
@@ -204,10 +238,12 @@ def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
     return frames
 
 
+@pytest.mark.parametrize("index, shards", [(0, 1), (1, 2)])
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(_requests())
-def test_any_request_gets_the_general_paths_reply_and_leaves_the_same_tables(requests):
-    fast, general = _pair()
+@given(data=st.data())
+def test_any_request_gets_the_general_paths_reply_and_leaves_the_same_tables(data, index, shards):
+    requests = data.draw(_requests(shards, index))
+    fast, general = _pair(index=index, num_shards=shards)
     with pytest.MonkeyPatch.context() as monkeypatch:
         seq = 1
         for shard in (fast, general):  # the session's first request: the general path's, on both

@@ -116,8 +116,10 @@ class DynamicRows:
     def clocks_of(self, at: torch.Tensor) -> torch.Tensor:
         return self.meta.gather(at[:, 1], missing=True)[:, CLOCK].long()  # not stored: clock 0
 
-    def pull_reply(self, at: torch.Tensor, lazy: bool) -> None:
-        return None  # the shard's reference: rows_to_send, clocks_of
+    def pull_reply(self, *request) -> None:
+        return None  # keys located through the index: the shard's checked path, rows_to_send and clocks_of
+
+    wire_pull = wire_push = pull_reply
 
     def rows_to_send(self, at: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
         """As :meth:`FixedRows.rows_to_send`: a row not stored is "untouched"."""

@@ -93,6 +93,28 @@ class FixedRows:
             return None
         return self._replies.pull_touched(self.weight, self.touched, self.clocks, local)
 
+    def wire_pull(self, keys: np.ndarray, lazy: bool) -> tuple[list, int] | None:
+        """:meth:`pull_reply` of the keys as they travel, located and checked in one native pass."""
+        if not lazy or not isinstance(self._replies, NativeReplies) or not len(keys):
+            return None
+        local = het_native.ops.wire_rows(torch.from_numpy(keys), self.cfg.rows, self.num_shards, self.index)
+        return None if local is None else self._replies.pull_touched(self.weight, self.touched, self.clocks, local)
+
+    def wire_push(self, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int) -> int | None:
+        """:meth:`push` of a native push (float32 rows) from the arrays as they travel: keys
+        located and counts widened, each checked in one native pass; the gradients are left to
+        the push, which refuses a result that is not finite."""
+        n = len(keys)
+        if (not self.refuses_non_finite_grads or not n or grads.dtype != np.float32 or grads.shape != (n, self.cfg.dim)
+                or counts.shape != (n,)):
+            return None
+        local = het_native.ops.wire_rows(torch.from_numpy(keys), self.cfg.rows, self.num_shards, self.index)
+        wide = None if local is None else het_native.ops.wire_counts(torch.from_numpy(counts), limits.MAX_COUNT)
+        if wide is None:
+            return None
+        self._push(self, local, torch.from_numpy(grads), wide, step, None)
+        return n
+
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
         return self.optimizer.local_state(state, full).contiguous().numpy()

@@ -61,6 +61,17 @@ class RowStore(Protocol):
         row; and how many rows were sent. None: the shard makes them from :meth:`rows_to_send`
         and :meth:`clocks_of`, the reference it is held to."""
 
+    def wire_pull(self, keys: np.ndarray, lazy: bool) -> tuple[list, int] | None:
+        """:meth:`pull_reply` straight from a request's keys as they travel (int32 or int64, not
+        yet checked), where the store reads them natively; None: the shard's checked path
+        answers, and names what is wrong."""
+
+    def wire_push(self, keys: np.ndarray, grads: np.ndarray, counts: np.ndarray, step: int) -> int | None:
+        """:meth:`push` straight from a request's keys, float32 gradients and counts as they
+        travel, where the store reads them natively: the rows applied; ValueError as
+        :meth:`push`'s; None (nothing changed): the shard's checked path applies it, or names
+        what is wrong."""
+
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows with
         (:meth:`het.ps.store.optim.SparseOptimizer.local_state`). Shape: -> (n, 1) or (n, D)."""
