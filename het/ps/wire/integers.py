@@ -31,17 +31,19 @@ def narrow(values):
     if isinstance(values, np.ndarray):
         lo, hi = (0, 0) if len(values) == 0 else (int(values.min()), int(values.max()))
         return values.astype(_INTS[_narrowest(lo, hi)], copy=False)
-    if values.dtype == _torch_ints()["i8"] and values.device.type == "cpu" and values.dim() == 1 and _native_ops():
-        return _native_ops().narrow_ints(values.contiguous(), 0)[0]  # one pass, min, max and copy
+    ops = _native().ops
+    if values.dtype == _torch_ints()["i8"] and values.device.type == "cpu" and values.dim() == 1 and ops:
+        return ops.narrow_ints(values.contiguous(), 0)[0]  # one pass, min, max and copy
     lo, hi = (0, 0) if len(values) == 0 else map(int, values.aminmax())  # one pass, where numpy takes two
     return values.to(_torch_ints()[_narrowest(lo, hi)])
 
 
-def _native_ops():
-    """het's native core, or None (imported on first use, as torch is)."""
+@functools.cache
+def _native():
+    """The module of het's native core (imported on first use, as torch is): its ``ops``, or None."""
     from het import native
 
-    return native.ops
+    return native
 
 
 def _narrowest(lo: int, hi: int) -> str:
