@@ -5,15 +5,17 @@ a shard moves: the general path (:meth:`het.ps.shard.Shard.handle_frames`: decod
 parse every field, dispatch) costs about as much CPU as the gather and the push themselves.
 This path reads such a request in one native call where it is in the very text het's client
 writes (``native.ops.hot_request``), else with a few exact comparisons in Python (any spelling of
-the same fields). A table that reads a request's arrays as they travel answers it from them
-(:meth:`~het.ps.store.rowstore.RowStore.wire_pull`, ``wire_push``: a fixed float32 table locates
-the keys and widens the counts, each checked in one native pass); else, or where one of them is
-wrong, the same verbs as the general path's answer (:meth:`~het.ps.shard.Shard.pull`,
+the same fields). A fixed float32 table answers a lazy pull, and a push that is not logged, whose
+table's changes no reader follows, on a shard without a memory budget, from the request's arrays
+as they travel (:meth:`~het.ps.store.rowstore.RowStore.wire_pull`, ``wire_push``: its keys located
+and its counts widened, each checked in one native pass). Any other such request, or one with a
+value out of range, goes to the general path's verbs (:meth:`~het.ps.shard.Shard.pull`,
 :meth:`~het.ps.shard.Shard.push`, which check keys, shapes, values and ranges and name what is
 wrong). The reply is the general path's, byte for byte (keys sent delta-coded, as a client sends
-ascending ones, decoded as the general path decodes them). It answers only what it has proved well formed: a request with any other field,
-dtype, shape or size, a signed one, one of a session the shard has not seen or whose idle look
-is due, a push sent again, goes to the general path, which answers it or names what is wrong.
+ascending ones, decoded as the general path decodes them). It answers only what it has proved
+well formed: a request with any other field, dtype, shape or size, a signed one, one of a session
+the shard has not seen or whose idle look is due, a push sent again, goes to the general path,
+which answers it or names what is wrong.
 The tests hold the two to the same replies and the same tables (tests/unit/test_hot_path.py).
 """
 
@@ -22,10 +24,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import torch
 
 from het import native
-from het.ps.limits import MAX_STEP, all_finite, non_finite
+from het.ps.limits import MAX_STEP, refused_push
 from het.ps.wire.integers import undelta_keys
 from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
@@ -92,21 +93,12 @@ def _push(shard, table: str, arrays: list, step: int, session: tuple[str, int]) 
         try:
             applied = t.wire_push(*arrays, step)
         except ValueError as e:
-            raise push_refused(shard, table, t, arrays[1], e) from None
+            raise refused_push(shard.stats, table, t.refuses_non_finite_grads, arrays[1], e) from None
     if applied is None:
         return shard.push(table, *arrays, step=step, session=session)
     shard.sessions.applied[session[0]] = session[1]
     shard.stats["rows_in"] += applied
     return applied
-
-
-def push_refused(shard, table: str, t, grads: np.ndarray, e: ValueError) -> ValueError:
-    """The error of a push ``t`` refused with ``e`` (nothing changed): its gradients named where
-    they are not finite, as the shard's pass over them would, else the table's reason."""
-    if t.refuses_non_finite_grads and not all_finite(torch.from_numpy(grads)):  # as the pass says
-        return ValueError(non_finite("grads", table))
-    shard.stats["refused_pushes"] += 1
-    return ValueError(f"push to table {table!r} refused, nothing changed: {e}")
 
 
 def read_natively(frames, nonce: str, limit: int) -> tuple | None:

@@ -60,6 +60,16 @@ def non_finite(what: str, table: str) -> str:
     return f"{what} for table {table!r} hold NaN or inf: refused, nothing changed"
 
 
+def refused_push(stats, table: str, grads_refused: bool, grads, e: ValueError) -> ValueError:
+    """The error of a push its table refused with ``e``, nothing changed: its gradients named
+    where they are not finite and the table refuses such (``grads_refused``), as a pass over
+    them would; else the table's reason, counted in ``stats["refused_pushes"]``."""
+    if grads_refused and not all_finite(torch.from_numpy(grads)):
+        return ValueError(non_finite("grads", table))
+    stats["refused_pushes"] += 1
+    return ValueError(f"push to table {table!r} refused, nothing changed: {e}")
+
+
 def check_squares(sq: torch.Tensor, table: str) -> None:
     """ValueError unless a push's sums of squared gradients are finite and >= 0."""
     if not all_finite(sq) or (sq.numel() and float(sq.min()) < 0):

@@ -19,6 +19,7 @@ from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
 from het.ps import hot
 from het.ps.budget import Budget
+from het.ps.limits import refused_push
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
@@ -286,7 +287,7 @@ class Shard:
             t.push(t.locate(c.keys), torch.from_numpy(c.grads), torch.from_numpy(c.counts), c.step,
                    None if c.sq is None else torch.from_numpy(c.sq))
         except ValueError as e:  # refused whole: the rows, clocks and state are as they were
-            raise hot.push_refused(self, c.table, t, c.grads, e) from None
+            raise refused_push(self.stats, c.table, t.refuses_non_finite_grads, c.grads, e) from None
         if session is not None:
             self.sessions.applied[session[0]] = session[1]
         if c.table in self.changes:

@@ -13,6 +13,8 @@ from hypothesis import strategies as st
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps import hot
+from het.ps.changes import Changes
+from het.ps.limits import MAX_CLOCK
 from het.ps.shard import Shard
 from het.ps.store.fixed import FixedRows
 from het.ps.wire.integers import delta_keys
@@ -67,8 +69,12 @@ def _same(a, b, fast, general, monkeypatch):
 
 
 def _state(shard):
-    return {name: [t.weight.clone(), t.clocks.clone(), t.touched.clone(), *[v.clone() for v in t.optimizer.state.values()]]
-            for name, t in shard.tables.items() if name in FIXED}
+    out = {}
+    for name in FIXED:
+        t = shard.tables[name]
+        state = [v.clone() for v in t.optimizer.state.values()]
+        out[name] = [t.weight.clone(), t.clocks.clone(), t.touched.clone(), *state]
+    return out
 
 
 def _counters(shard):
@@ -109,14 +115,16 @@ def test_the_short_path_answers_a_steps_pull_and_push_as_the_general_path_does(m
     _check_same_shards(fast, general)
 
 
+@pytest.mark.parametrize("index, shards", [(0, 1), (1, 2)])
 @pytest.mark.parametrize("table", FIXED)
-def test_a_fixed_table_reads_a_hot_pull_and_push_from_their_arrays_as_they_travel(monkeypatch, reader, table):
+def test_a_fixed_table_reads_a_hot_pull_and_push_from_their_arrays_as_they_travel(monkeypatch, reader, table, index,
+                                                                                   shards):
     """With the native core, a fixed float32 table answers the short path's pull and push from
     the request's keys and counts as they came (RowStore.wire_pull, wire_push), not through the
     shard's checked verbs; the replies and tables are the general path's all the same."""
     if native.ops is None:
         pytest.skip("the native core is not built")
-    fast, general = _pair()
+    fast, general = _pair(index=index, num_shards=shards)  # keys 3, 7, 11: shard 1's of 2 too
     read = []
     for name in ("wire_pull", "wire_push"):
         monkeypatch.setattr(FixedRows, name, lambda self, *a, _f=getattr(FixedRows, name): read.append(_f(self, *a))
@@ -131,6 +139,42 @@ def test_a_fixed_table_reads_a_hot_pull_and_push_from_their_arrays_as_they_trave
           monkeypatch)
     assert len(read) == 2 and all(r is not None for r in read)
     _check_same_shards(fast, general)
+
+
+def test_a_push_past_the_clocks_maximum_is_refused_alike_and_changes_nothing(monkeypatch, reader):
+    fast, general = _pair()
+    for shard in (fast, general):
+        shard.handle_frames(_request(Op.PULL, 1, {"table": "s", "lazy": True, "session": SESSION, "seq": 1},
+                                     [np.array([0])], shard.nonce))
+        shard.tables["s"].clocks[7] = MAX_CLOCK - 1
+    reply = _both(fast, general, Op.PUSH, 2, {"table": "s", "step": 1, "session": SESSION, "seq": 2},
+                  [np.array([3, 7], np.int32), np.ones((2, DIM), np.float32), np.array([1, 2], np.uint8)], monkeypatch)
+    assert b"refused" in bytes(memoryview(reply[0])) and fast.stats["refused_pushes"] == 1
+    assert int(fast.tables["s"].clocks[3]) == 0 and not bool(fast.tables["s"].touched[3])
+    _check_same_shards(fast, general)
+
+
+@pytest.mark.parametrize("held", ["logged", "followed", "budget"])
+def test_a_push_logged_followed_or_under_a_budget_goes_to_the_shards_own_push(monkeypatch, reader, tmp_path, held):
+    """The short path leaves a push that is logged, whose table's changes a reader follows, or on a
+    shard held to a memory budget to Shard.push (which logs it, records its keys, fits the budget)."""
+    shard = Shard(ShardConfig(TABLES, max_keys=16, memory=(1 << 30) if held == "budget" else None),
+                  state_dir=str(tmp_path), wal=held == "logged")
+    if held == "followed":
+        shard.changes["s"] = Changes()
+    monkeypatch.setattr(FixedRows, "wire_push", lambda *args: pytest.fail("the store was asked"))
+    answered, push = [], Shard.push
+    monkeypatch.setattr(Shard, "push", lambda self, *a, **k: answered.append("push") or push(self, *a, **k))
+    shard.handle_frames(_request(Op.PULL, 1, {"table": "s", "lazy": True, "session": SESSION, "seq": 1},
+                                 [np.array([0])], shard.nonce))
+    keys = np.array([3, 7], np.int32)
+    frames = _request(Op.PUSH, 2, {"table": "s", "step": 1, "session": SESSION, "seq": 2},
+                      [keys, np.ones((2, DIM), np.float32), np.array([1, 1], np.uint8)], shard.nonce)
+    assert hot.answer(shard, frames) is not None and answered == ["push"]
+    assert int(shard.tables["s"].clocks[3]) == 1 and shard.sessions.applied[SESSION] == 2
+    if held == "followed":
+        assert shard.changes["s"].take(8)[0].tolist() == [3, 7]
+    shard.close()
 
 
 def test_ascending_keys_sent_delta_coded_take_the_short_path(monkeypatch, reader):
@@ -159,7 +203,7 @@ def test_ascending_keys_sent_delta_coded_take_the_short_path(monkeypatch, reader
 _MUTATIONS = ("none", "extra_field", "lazy_int", "seq_bool", "seq_zero", "step_float", "nonce", "short_frame",
               "wrong_dim", "f8_grads", "unknown_table", "dynamic_table", "nan", "negative_count", "too_many_keys",
               "key_out_of_range", "again", "new_session", "op_sync", "deltas", "long_frame", "delta_coded", "overflow",
-              "count_past_most", "other_shard")
+              "count_past_most", "other_shard", "negative_key", "key_past_int32", "counts_i4")
 
 
 @st.composite
@@ -214,6 +258,14 @@ def _frames(op, rid, keys, extra, counts, grads, mutation, nonce, seq):
     elif mutation == "other_shard" and len(keys):
         arrays[0] = keys.copy()
         arrays[0][0] += 1
+    elif mutation == "negative_key" and len(keys):
+        arrays[0] = keys.copy()
+        arrays[0][0] = -1
+    elif mutation == "key_past_int32" and len(keys):
+        arrays[0] = keys.astype(np.int64)
+        arrays[0][-1] = (1 << 32) + int(keys[-1])
+    elif mutation == "counts_i4" and op == Op.PUSH:
+        arrays[2] = counts.astype(np.int32)
     elif mutation == "too_many_keys":
         arrays[0] = np.zeros(17, keys.dtype)
         if op == Op.PUSH:

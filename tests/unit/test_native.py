@@ -326,6 +326,47 @@ def test_native_unique_refuses_what_it_cannot_take():
 
 
 @needs_build
+@settings(max_examples=300, deadline=None)
+@given(keys=st.lists(st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(-3, 40), max_size=12),
+       wide=st.booleans(), rows=st.integers(1, 40), layout=st.sampled_from([(0, 1), (0, 2), (1, 2), (2, 3)]))
+def test_native_wire_rows_take_exactly_the_keys_the_checks_take(keys, wide, rows, layout):
+    """A request's keys as they travel (int32 or int64) located natively: the local rows of
+    het.ps.partition for keys in range and on the shard, else None, as the checked path refuses
+    them (out_of_range, the shard rule)."""
+    from het.ps import partition
+    from het.ps.limits import out_of_range
+
+    index, shards = layout
+    dtype = np.int64 if wide else np.int32
+    keys = [k for k in keys if np.iinfo(dtype).min <= k <= np.iinfo(dtype).max]
+    got = native.ops.wire_rows(torch.from_numpy(np.array(keys, dtype)), rows, shards, index)
+    t, wanted = TableConfig("t", rows=rows, dim=1), torch.tensor(keys, dtype=torch.int64)
+    accepted = not out_of_range(t, wanted) and bool((partition.shard_of(wanted, shards) == index).all())
+    assert (got is not None) == accepted
+    if accepted:
+        assert got.dtype == torch.int64 and torch.equal(got, partition.local_rows(wanted, shards))
+
+
+@needs_build
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(-(1 << 63), (1 << 63) - 1) | st.integers(-2, 300), max_size=12),
+       dtype=st.sampled_from([np.uint8, np.int16, np.int32, np.int64]))
+def test_native_wire_counts_take_exactly_the_counts_the_checks_take(counts, dtype):
+    """A push's counts as they travel widened natively: int64, where every one lies in [0, MAX_COUNT]
+    as checks.push holds them; else None. Another dtype: None."""
+    from het.ps.limits import MAX_COUNT
+
+    counts = [c for c in counts if np.iinfo(dtype).min <= c <= np.iinfo(dtype).max]
+    got = native.ops.wire_counts(torch.from_numpy(np.array(counts, dtype)), MAX_COUNT)
+    if all(0 <= c <= MAX_COUNT for c in counts):
+        assert got is not None and got.dtype == torch.int64 and got.tolist() == counts
+    else:
+        assert got is None
+    assert native.ops.wire_counts(torch.ones(2), MAX_COUNT) is None
+    assert native.ops.wire_rows(torch.ones(2), 5, 1, 0) is None
+
+
+@needs_build
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), optimizer=st.sampled_from(["sgd", "adagrad", "adam"]),
        dim=st.sampled_from([1, 3, 8, 13, 16, 64, 130]), rows=st.sampled_from([5, 40, 300]),
