@@ -91,6 +91,84 @@ int64_t sgd_push_in_place(const Store& t, const int64_t* r, const int64_t* a, co
   return failed;
 }
 
+// Adagrad in place, one gradient per row, in two passes over the gradients in order (rows
+// prefetched ahead in each): the first adds each gradient's squares to its row's sums and keeps
+// the new sums aside in slot order, whose square roots torch then takes in one call (its bits,
+// as the general path's); the second moves each row by lr * g / (sqrt + eps). Each row's and
+// sum's old value, and its meta, are kept aside before they change; if any value is not finite
+// or a clock would pass max_clock, everything is put back, last change first. The same floats
+// and failures as the general path, without copying every row and sum aside and back.
+template <typename Store>
+int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
+                              const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n, int64_t D,
+                              float nlr, float feps, int64_t max_clock) {
+  constexpr uint32_t kExponent = 0x7f800000u;
+  thread_local std::vector<float> undo, roots;  // undo: (n, D) rows, then (n, D) sums
+  thread_local std::vector<typename Store::Undo> undo_meta;
+  thread_local std::vector<int64_t> nc;
+  if (undo.size() < size_t(2 * n * D)) undo.resize(size_t(2 * n * D));
+  if (roots.size() < size_t(n * D)) roots.resize(size_t(n * D));
+  if (undo_meta.size() < size_t(n)) undo_meta.resize(size_t(n));
+  if (nc.size() < size_t(n)) nc.resize(size_t(n));
+  float* old_rows = undo.data();
+  float* old_sums = old_rows + n * D;
+  uint32_t bad_sum = 0, bad_row = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      prefetch(t.state(0, r[a[i + kAhead]]), D * 4, true);
+      t.prefetch_meta(r[a[i + kAhead]]);
+    }
+    const int64_t j = a[i], row = r[j];
+    float* acc = t.state(0, row);
+    float* root = roots.data() + j * D;
+    const float* gi = g + i * D;
+    std::copy(acc, acc + D, old_sums + i * D);
+    for (int64_t d = 0; d < D; ++d) {
+      const float sq = gi[d] * gi[d];
+      const float after = acc[d] + sq;
+      uint32_t bits;
+      std::memcpy(&bits, &after, 4);
+      bad_sum |= uint32_t((bits & kExponent) == kExponent);
+      acc[d] = after;
+      root[d] = after;
+    }
+    nc[size_t(j)] = t.clock(row);
+  }
+  for (int64_t k = 0; k < counted; ++k) nc[size_t(inv[k])] += cn[k];
+  const int64_t limit = t.limit(max_clock);
+  int64_t why = 0;
+  for (int64_t j = 0; j < n && why != 100; ++j) why = std::max(why, clock_failure(nc[size_t(j)], max_clock, limit));
+  torch::from_blob(roots.data(), {n, D}, torch::kFloat32).sqrt_();  // torch's own kernel, as the reference's
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * 4, true);
+    const int64_t j = a[i], row = r[j];
+    float* wi = t.row(row);
+    const float* rj = roots.data() + j * D;
+    const float* gi = g + i * D;
+    std::copy(wi, wi + D, old_rows + i * D);
+    for (int64_t d = 0; d < D; ++d) {
+      const float q = gi[d] / (rj[d] + feps);
+      const float after = std::fma(q, nlr, wi[d]);
+      uint32_t bits;
+      std::memcpy(&bits, &after, 4);
+      bad_row |= uint32_t((bits & kExponent) == kExponent);
+      wi[d] = after;
+    }
+    undo_meta[size_t(i)] = t.undo(row);
+    t.written(row, nc[size_t(j)]);
+  }
+  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why;
+  if (failed) {
+    for (int64_t i = n - 1; i >= 0; --i) {  // put back, last change first
+      const int64_t row = r[a[i]];
+      std::copy(old_rows + i * D, old_rows + (i + 1) * D, t.row(row));
+      std::copy(old_sums + i * D, old_sums + (i + 1) * D, t.state(0, row));
+      t.restore(row, undo_meta[size_t(i)]);
+    }
+  }
+  return failed;
+}
+
 // A push, all or nothing: the new rows and optimizer state of the unique `rows` are computed
 // aside and checked first (every value finite, no clock past max_clock), and written only if
 // they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD applies
@@ -120,6 +198,9 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   if constexpr (Store::kFloat) {
     if (kind == "sgd" && S == 0 && inverse.numel() == n) {
       return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
+    }
+    if (kind == "adagrad" && S == 1 && n == m) {
+      return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
     }
   }
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh

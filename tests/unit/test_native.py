@@ -415,6 +415,66 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
 
 
 @needs_build
+@pytest.mark.parametrize("fails", [None, "row", "sum", "clock"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["fixed", "dynamic"])
+def test_an_adagrad_push_refused_part_way_puts_everything_back(fails, dynamic):
+    """An Adagrad push moves the sums, then the rows, in place: one refused after others moved
+    (a row that overflows, a sum that overflows, a clock past its maximum) leaves every row, sum,
+    clock and mark as it was, with the reference's message; one that passes equals the
+    reference bit for bit."""
+    from het.config import ShardConfig
+    from het.ps.limits import MAX_CLOCK, MAX_COUNT
+    from het.ps.shard import Shard
+    from het.ps.store.fixed import FixedRows
+
+    lr = 3e38 if fails == "row" else 0.05  # a step moves a row by about lr
+    cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=OptimizerConfig("adagrad", lr=lr))
+    fast, ref = Shard(ShardConfig((cfg,))), Shard(ShardConfig((cfg,)))
+    if dynamic:
+        ref.tables["t"].native = False
+    else:
+        ref.tables["t"] = FixedRows(cfg, 0, 1, native=False)
+    assert fast.tables["t"].native and not ref.tables["t"].native
+    keys = torch.randperm(64, generator=torch.Generator().manual_seed(1)).numpy() * (7919 if dynamic else 1)
+
+    def held(s):  # every key's row, clock and sums, through a sync that asks for them all
+        index, rows, clocks, sums = s.sync("t", keys, np.full(64, -1), bound=0, state="full")
+        assert np.array_equal(index, np.arange(64))
+        return rows, clocks, sums
+
+    grads = np.ones((64, 16), np.float32)
+    for s in (fast, ref):  # every row about -lr from its first value, every sum 1
+        s.push("t", keys, grads, np.ones(64, np.int64), 1)
+    grads[:32] = -1  # the first half moves back; with lr 3e38, the second half would pass -3.4e38
+    counts = np.ones(64, np.int64)
+    if fails == "sum":
+        grads[40, 3] = 2e19  # its square does not fit a float
+    if fails == "clock" and dynamic:  # past its 32-bit meta: refused inside, widened, pushed again whole
+        counts[50] = MAX_COUNT - 1
+    elif fails == "clock":
+        for s in (fast, ref):
+            s.tables["t"].clocks[keys[50]] = MAX_CLOCK - 1
+        counts[50] = 5
+    refused = fails is not None and not (fails == "clock" and dynamic)
+    before = held(fast)
+    errors = []
+    for s in (fast, ref):
+        try:
+            s.push("t", keys, grads.copy(), counts, 2)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    assert errors[0] == errors[1] and (errors[0] is not None) == refused, errors
+    for a, b in zip(held(fast), held(ref)):
+        assert np.array_equal(a, b)
+    if refused:
+        for a, b in zip(held(fast), before):
+            assert np.array_equal(a, b)
+    else:
+        assert not np.array_equal(held(fast)[0], before[0])
+
+
+@needs_build
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), dim=st.sampled_from([1, 3, 16, 130]), rows=st.sampled_from([1, 7, 300]),
        lazy=st.booleans())
