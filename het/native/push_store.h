@@ -17,7 +17,7 @@ namespace het_push {
 // step) two integers of a third, 32-bit until het widens them to 64. The push below reads and
 // writes rows only through these, so both tables take the same floats.
 struct FlatStore {
-  static constexpr bool kFloat = true;  // rows are float32: SGD may push in place
+  static constexpr bool kFloat = true;  // rows are float32: SGD pushes in place (Adagrad does on any rows)
   float* w;
   std::vector<float*> st;
   int64_t* ck;
@@ -120,9 +120,13 @@ struct HalfStore {
     return het_halves::round_row<H>(values, out, salt, D, stochastic);
   }
   void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, w + r * D); }
+  void copy_bits(int64_t r, uint16_t* dst) const { std::copy(w + r * D, w + (r + 1) * D, dst); }
   float* state(int i, int64_t r) const { return st[size_t(i)] + r * D; }
   int64_t clock(int64_t r) const { return ck[r]; }
   int64_t limit(int64_t max_clock) const { return max_clock; }
+  using Undo = FlatStore::Undo;
+  Undo undo(int64_t r) const { return {ck[r], tc[r]}; }
+  void restore(int64_t r, Undo u) const { ck[r] = u.clock, tc[r] = u.mark; }
   void prefetch_meta(int64_t r) const { __builtin_prefetch(ck + r, 1, 3), __builtin_prefetch(tc + r, 1, 3); }
   void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
 };

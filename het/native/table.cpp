@@ -91,13 +91,27 @@ int64_t sgd_push_in_place(const Store& t, const int64_t* r, const int64_t* a, co
   return failed;
 }
 
-// Adagrad in place, one gradient per row, in two passes over the gradients in order (rows
-// prefetched ahead in each): the first adds each gradient's squares to its row's sums and keeps
-// the new sums aside in slot order, whose square roots torch then takes in one call (its bits,
-// as the general path's); the second moves each row by lr * g / (sqrt + eps). Each row's and
-// sum's old value, and its meta, are kept aside before they change; if any value is not finite
-// or a clock would pass max_clock, everything is put back, last change first. The same floats
-// and failures as the general path, without copying every row and sum aside and back.
+// Whether a[0 .. n) holds each of 0 .. n - 1 once.
+bool is_permutation(const int64_t* a, int64_t n) {
+  thread_local std::vector<uint8_t> seen;
+  seen.assign(size_t(n), 0);
+  for (int64_t i = 0; i < n; ++i) {
+    if (a[i] < 0 || a[i] >= n || seen[size_t(a[i])]) return false;
+    seen[size_t(a[i])] = 1;
+  }
+  return true;
+}
+
+// Adagrad in place, one gradient per row (`a` a permutation of the slots), in two passes over
+// the gradients in order, the sums or rows ahead prefetched: the first adds each gradient's
+// squares to its row's sums and keeps the new sums aside in slot order, whose square roots torch
+// then takes in one call (its bits, as the general path's); the second moves each row by
+// lr * g / (sqrt + eps), a row stored in half precision widened as it is read and rounded as it
+// is written (by its key and new clock). Each row's and sum's old value, and its meta, are kept
+// aside before they change; if any value is not finite, a clock would pass max_clock or what the
+// store's meta holds, or a half row's value its dtype cannot hold (102, after the others),
+// everything is put back, last change first. The same floats and failures as the general path,
+// without copying every row and sum aside and back.
 template <typename Store>
 int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
                               const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n, int64_t D,
@@ -139,13 +153,28 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
   int64_t why = 0;
   for (int64_t j = 0; j < n && why != 100; ++j) why = std::max(why, clock_failure(nc[size_t(j)], max_clock, limit));
   torch::from_blob(roots.data(), {n, D}, torch::kFloat32).sqrt_();  // torch's own kernel, as the reference's
+  thread_local std::vector<uint16_t> old_bits;  // half rows: their old bits
+  thread_local std::vector<float> wide;         // ... and one row widened, then rounded into `rounded`
+  thread_local std::vector<uint16_t> rounded;
+  if constexpr (!Store::kFloat) {
+    if (old_bits.size() < size_t(n * D)) old_bits.resize(size_t(n * D));
+    if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
+  }
+  int64_t unfit = 0;  // half rows: a value the dtype cannot hold (102, after the failures above)
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * 4, true);
+    if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
     const int64_t j = a[i], row = r[j];
-    float* wi = t.row(row);
     const float* rj = roots.data() + j * D;
     const float* gi = g + i * D;
-    std::copy(wi, wi + D, old_rows + i * D);
+    float* wi;
+    if constexpr (Store::kFloat) {
+      wi = t.row(row);
+      std::copy(wi, wi + D, old_rows + i * D);
+    } else {
+      wi = wide.data();
+      t.load_row(row, wi);
+      t.copy_bits(row, old_bits.data() + i * D);
+    }
     for (int64_t d = 0; d < D; ++d) {
       const float q = gi[d] / (rj[d] + feps);
       const float after = std::fma(q, nlr, wi[d]);
@@ -154,14 +183,19 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
       bad_row |= uint32_t((bits & kExponent) == kExponent);
       wi[d] = after;
     }
+    if constexpr (!Store::kFloat) {  // rounded by the row's key and new clock, as the general path
+      if (t.round(row, nc[size_t(j)], wi, rounded.data()) >= 0) unfit = 102;
+      else t.store_row(row, rounded.data());
+    }
     undo_meta[size_t(i)] = t.undo(row);
     t.written(row, nc[size_t(j)]);
   }
-  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why;
+  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit;
   if (failed) {
     for (int64_t i = n - 1; i >= 0; --i) {  // put back, last change first
       const int64_t row = r[a[i]];
-      std::copy(old_rows + i * D, old_rows + (i + 1) * D, t.row(row));
+      if constexpr (Store::kFloat) std::copy(old_rows + i * D, old_rows + (i + 1) * D, t.row(row));
+      else t.store_row(row, old_bits.data() + i * D);
       std::copy(old_sums + i * D, old_sums + (i + 1) * D, t.state(0, row));
       t.restore(row, undo_meta[size_t(i)]);
     }
@@ -169,9 +203,9 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
   return failed;
 }
 
-// A push, all or nothing: the new rows and optimizer state of the unique `rows` are computed
-// aside and checked first (every value finite, no clock past max_clock), and written only if
-// they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD applies
+// A push, all or nothing: SGD on float32 rows and Adagrad in place (above), the rest with the
+// new rows and optimizer state of the unique `rows` computed aside and checked first (every
+// value finite, no clock past max_clock), and written only if they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD applies
 // the gradients in order, duplicates one after another; Adagrad and Adam take one gradient per
 // row (duplicates summed by the caller). The floats follow het.ps.store.optim's tensor ops:
 // torch's index_add_(alpha) is a fused multiply-add (its kernel: vec::fmadd), and square roots
@@ -199,9 +233,9 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
     if (kind == "sgd" && S == 0 && inverse.numel() == n) {
       return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
     }
-    if (kind == "adagrad" && S == 1 && n == m) {
-      return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
-    }
+  }
+  if (kind == "adagrad" && S == 1 && n == m && is_permutation(a, n)) {
+    return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
   }
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh
   // megabyte-sized block a push costs page faults) and not zero-filled: every value is copied
