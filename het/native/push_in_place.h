@@ -89,15 +89,16 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
                               const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n, int64_t D,
                               float nlr, float feps, int64_t max_clock) {
   constexpr uint32_t kExponent = 0x7f800000u;
-  thread_local std::vector<float> undo, roots;  // undo: (n, D) rows, then (n, D) sums
+  thread_local std::vector<float> undo, roots;  // undo: float32 rows' (n, D) old values, then (n, D) sums
   thread_local std::vector<typename Store::Undo> undo_meta;
   thread_local std::vector<int64_t> nc;
-  if (undo.size() < size_t(2 * n * D)) undo.resize(size_t(2 * n * D));
+  const int64_t kept = Store::kFloat ? n * D : 0;  // a half row's old bits are kept in old_bits
+  if (undo.size() < size_t(kept + n * D)) undo.resize(size_t(kept + n * D));
   if (roots.size() < size_t(n * D)) roots.resize(size_t(n * D));
   if (undo_meta.size() < size_t(n)) undo_meta.resize(size_t(n));
   if (nc.size() < size_t(n)) nc.resize(size_t(n));
   float* old_rows = undo.data();
-  float* old_sums = old_rows + n * D;
+  float* old_sums = old_rows + kept;
   uint32_t bad_sum = 0, bad_row = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {

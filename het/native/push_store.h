@@ -111,8 +111,7 @@ struct HalfStore {
   bool stochastic;
   const void* row_at(int64_t r) const { return w + r * D; }
   void load_row(int64_t r, float* dst) const {
-    const uint16_t* src = w + r * D;
-    for (int64_t d = 0; d < D; ++d) dst[d] = het_halves::widen<H>(src[d]);
+    het_halves::widen_row<H>(w + r * D, dst, D);
   }
   // row r rounded from `values` into out (D); -1, or a column its dtype cannot hold
   int64_t round(int64_t r, int64_t clock, const float* values, uint16_t* out) const {

@@ -145,20 +145,41 @@ def test_half_rows_refuse_a_memory_budget():
 
 @pytest.mark.skipif(native.ops is None, reason="het's native core is not built")
 @pytest.mark.parametrize("rounding", ["stochastic", "nearest"])
-def test_the_native_rounding_gives_the_references_bits(rounding, monkeypatch):
+@pytest.mark.parametrize("dim", [64, 61, 3])  # whole vectors, a tail past them, a tail only
+def test_the_native_rounding_gives_the_references_bits(rounding, dim, monkeypatch):
     """Values over 11 orders of magnitude (float16's subnormals, bfloat16's full range), zeros of
-    both signs, values far past a float16 step: the same 16 bits either way."""
+    both signs, values far past a float16 step, the largest float16 holds, infinities:
+    the same 16 bits either way; a value past float16's largest refused with the same message."""
     g = torch.Generator().manual_seed(5)
-    values = torch.randn(2000, 64, generator=g) * torch.logspace(-8, 3, 64)
-    values[0, :2] = torch.tensor([0.0, -0.0])
+    values = torch.randn(2000, dim, generator=g) * torch.logspace(-8, 3, dim)
+    values[0, :3] = torch.tensor([0.0, -0.0, 65519.0])[:dim]  # 65519: rounds to 65504 (nearest)
+    values[1, -2:] = torch.tensor([float("inf"), float("-inf")])[-dim:]  # NaN's bits: torch's kernel's choice
     salts = torch.randint(-2 ** 62, 2 ** 62, (2000,), generator=g)
-    for dtype in (torch.float16, torch.bfloat16):
-        fast = halves.round_rows(values, dtype, rounding, salts)
+
+    def both(x, dtype):
+        try:
+            fast = halves.round_rows(x, dtype, rounding, salts)
+        except ValueError as e:
+            fast = str(e)
         with monkeypatch.context() as m:
             m.setattr(native, "ops", None)
-            slow = halves.round_rows(values, dtype, rounding, salts)
+            try:
+                slow = halves.round_rows(x, dtype, rounding, salts)
+            except ValueError as e:
+                slow = str(e)
+        return fast, slow
+
+    for dtype in (torch.float16, torch.bfloat16):
+        x = values.clone()
+        if dtype == torch.float16 and rounding == "stochastic":
+            x[0, 2] = 65500.0  # 65519 could round up past the largest float16
+        fast, slow = both(x, dtype)
         assert fast.dtype == slow.dtype == dtype
         assert torch.equal(fast.view(torch.int16), slow.view(torch.int16))
+    unfit = values.clone()
+    unfit[0, 2], unfit[7, dim - 1] = 65500.0, -70000.0
+    fast, slow = both(unfit, torch.float16)
+    assert fast == slow and fast.startswith("a row value -70000 does not fit float16")
 
 
 @pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
