@@ -85,6 +85,7 @@ def test_a_delta_cut_off_or_damaged_is_never_applied(published, tmp_path, capsys
     assert follower.poll() == 1 and live.current.number == after[0]
 
 
+@pytest.mark.slow  # a job and a follower killed and started again, 21 s; following: the tests above
 def test_a_follower_killed_comes_back_at_the_latest_version(tmp_path):
     pub = tmp_path / "pub"
     job = subprocess.Popen([sys.executable, "-m", "het", "train", *JOB, "--steps", "1000000", "--time-limit", "40",

@@ -161,7 +161,7 @@ def check_fuzz(export_dir, requests: int) -> None:
 
 
 def test_fuzzed_requests_all_get_a_4xx(export_dir):
-    check_fuzz(export_dir, 1000)
+    check_fuzz(export_dir, 300)
 
 
 @pytest.mark.slow

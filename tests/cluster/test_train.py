@@ -330,6 +330,7 @@ def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
     assert s["steps"] == 15 and 0 < s["auc"] < 1 and "planted_auc" not in s
 
 
+@pytest.mark.slow  # two workers on Cora, 22 s; the graph task in-process: tests/unit/test_tasks.py
 def test_graphsage_on_cora(tmp_path):
     shared_file("data", "cora", "ind.cora.x")
     s = het("train", "--model", "graphsage", "--data", "cora", "--json", "--quiet", "--log-dir", str(tmp_path))
