@@ -4,6 +4,9 @@
 #include "halves.h"
 #include "ops.h"
 
+// The value the last half push of the calling thread refused (102): halves.refuse names it.
+double refused_value() { return het_halves::refused; }
+
 // values (n, D) float32 into out (n, D) float16 or bfloat16; `salts` (n,) int64 with
 // `stochastic`. Returns -1, or the flat index of a finite value the dtype cannot hold (out is
 // then written still: the caller refuses the push and writes nothing of it).

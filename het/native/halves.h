@@ -65,6 +65,10 @@ inline float stochastic(float x, uint32_t r) {
   }
 }
 
+// The value a half push of this thread last refused (102) because its dtype cannot hold it: the
+// first in the push's slot order, as the reference names (halves.refuse).
+inline thread_local float refused = 0.0f;
+
 // Each of D columns' 16 random bits: column c takes the (c % 4)-th quarter, lowest first, of
 // mix(base + c / 4) (halves._stochastic), so the words read as 16-bit values are the columns' bits.
 inline void random_bits(uint64_t base, int64_t D, uint16_t* r) {

@@ -36,6 +36,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("chunk_gather", &chunk_gather);
   m.def("chunk_scatter", &chunk_scatter);
   m.def("round_rows", &round_rows);
+  m.def("refused_value", &refused_value);
   m.def("read_records", &read_records, pybind11::call_guard<pybind11::gil_scoped_release>());
   m.def("cache_soon", &cache_soon);
   m.def("all_finite", &all_finite_op);

@@ -64,6 +64,7 @@ void read_records(torch::Tensor fds, torch::Tensor offsets, int64_t record_bytes
 
 // Rows stored in half precision (halves.cpp)
 int64_t round_rows(torch::Tensor values, torch::Tensor out, torch::Tensor salts, bool stochastic);
+double refused_value();
 
 // A dynamic table's chunks (chunks.cpp)
 void chunk_gather(std::vector<torch::Tensor> parts, int64_t bits, bool fixed, torch::Tensor slots,

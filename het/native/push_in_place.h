@@ -133,7 +133,7 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
     if (old_bits.size() < size_t(n * D)) old_bits.resize(size_t(n * D));
     if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
   }
-  int64_t unfit = 0;  // half rows: a value the dtype cannot hold (102, after the failures above)
+  int64_t unfit = 0, unfit_slot = n;  // half rows: a value the dtype cannot hold (102, after the failures above)
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
     const int64_t j = a[i], row = r[j];
@@ -157,8 +157,13 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
       wi[d] = after;
     }
     if constexpr (!Store::kFloat) {  // rounded by the row's key and new clock, as the general path
-      if (t.round(row, nc[size_t(j)], wi, rounded.data()) >= 0) unfit = 102;
-      else t.store_row(row, rounded.data());
+      const int64_t c = t.round(row, nc[size_t(j)], wi, rounded.data());
+      if (c < 0) {
+        t.store_row(row, rounded.data());
+      } else if (j < unfit_slot) {  // named as the reference names it: the first in slot order
+        unfit = 102, unfit_slot = j;
+        het_halves::refused = wi[c];
+      }
     }
     undo_meta[size_t(i)] = t.undo(row);
     t.written(row, nc[size_t(j)]);

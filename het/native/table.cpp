@@ -199,7 +199,11 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
     thread_local std::vector<uint16_t> bits;
     if (bits.size() < size_t(m * D)) bits.resize(size_t(m * D));
     for (int64_t j = 0; j < m; ++j) {
-      if (t.round(r[j], nc[j], nw + j * D, bits.data() + j * D) >= 0) return 102;
+      const int64_t c = t.round(r[j], nc[j], nw + j * D, bits.data() + j * D);
+      if (c >= 0) {
+        het_halves::refused = nw[j * D + c];
+        return 102;
+      }
     }
     for (int64_t j = 0; j < m; ++j) t.store_row(r[j], bits.data() + j * D);
   }

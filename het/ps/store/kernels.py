@@ -166,7 +166,7 @@ class NativeHalfPush:
                                             t.touched, t.cfg.row_rounding == "stochastic", t.num_shards, t.index,
                                             *args)
         if failed == 102:
-            halves.refuse(t.weight.dtype)
+            halves.refuse(t.weight.dtype, native.ops.refused_value())
         raise_push_failure(failed, opt)
 
 
