@@ -42,9 +42,9 @@ int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vect
                         int64_t max_clock, torch::Tensor steps, torch::Tensor sq);
 int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, std::vector<torch::Tensor> state,
                    std::vector<torch::Tensor> meta, int64_t bits, bool fixed, int64_t S, int64_t step,
-                   torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
-                   torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
-                   int64_t max_clock, torch::Tensor steps, torch::Tensor sq);
+                   bool stochastic, torch::Tensor keys, torch::Tensor rows, torch::Tensor at, torch::Tensor inverse,
+                   torch::Tensor grads, torch::Tensor counts, double lr, double eps, double beta1, double beta2,
+                   double step_size, int64_t max_clock, torch::Tensor steps, torch::Tensor sq);
 bool all_finite_op(torch::Tensor x);
 
 // A reply's rows on the shard (replies.cpp)

@@ -157,7 +157,7 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
       wi[d] = after;
     }
     if constexpr (!Store::kFloat) {  // rounded by the row's key and new clock, as the general path
-      const int64_t c = t.round(row, nc[size_t(j)], wi, rounded.data());
+      const int64_t c = t.round(row, j, nc[size_t(j)], wi, rounded.data());
       if (c < 0) {
         t.store_row(row, rounded.data());
       } else if (j < unfit_slot) {  // named as the reference names it: the first in slot order

@@ -14,8 +14,9 @@ namespace het_push {
 // Where a push's rows live. A fixed table: one weight tensor, one tensor a state, a clock and a
 // mark a row. A dynamic table (het/ps/store/chunks.py): slots in chunks, a slot's optimizer
 // state packed after one another in one record of another chunk list, and its meta (clock, last
-// step) two integers of a third, 32-bit until het widens them to 64. The push below reads and
-// writes rows only through these, so both tables take the same floats.
+// step) two integers of a third, 32-bit until het widens them to 64. Either in float32 or in
+// half precision. The push below reads and writes rows only through these, so all take the
+// same floats.
 struct FlatStore {
   static constexpr bool kFloat = true;  // rows are float32: SGD pushes in place (Adagrad does on any rows)
   float* w;
@@ -39,14 +40,13 @@ struct FlatStore {
   void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
 };
 
-struct ChunkStore {
-  static constexpr bool kFloat = true;
-  std::vector<float*> w, st;
+// A dynamic table's chunks (het/ps/store/chunks.py): where a slot lives, and its meta.
+struct ChunkMeta {
   std::vector<void*> meta;
   bool wide;             // meta in int64 (else int32)
   int64_t bits;          // log2 of the first chunk's slots
   bool fixed;            // every chunk that size (else each as large as all before it)
-  int64_t D, SW, S, step;
+  int64_t step;
   // chunk c holds slots [start(c), start(c) + size(c))
   std::pair<size_t, int64_t> locate(int64_t r) const {
     const uint64_t q = uint64_t(r) >> bits;
@@ -54,19 +54,6 @@ struct ChunkStore {
     if (q == 0) return {0, r};
     const int c = 64 - __builtin_clzll(q);  // q in [2^(c-1), 2^c): chunk c starts at first << (c - 1)
     return {size_t(c), r - (int64_t(1) << (bits + c - 1))};
-  }
-  float* row(int64_t r) const {
-    auto [c, o] = locate(r);
-    return w[c] + o * D;
-  }
-  const void* row_at(int64_t r) const { return row(r); }
-  void load_row(int64_t r, float* dst) const {
-    const float* src = row(r);
-    std::copy(src, src + D, dst);
-  }
-  float* state(int i, int64_t r) const {
-    auto [c, o] = locate(r);
-    return st[c] + o * SW + i * D;
   }
   int64_t get(int64_t r, int col) const {
     auto [c, o] = locate(r);
@@ -96,6 +83,57 @@ struct ChunkStore {
   }
 };
 
+// A dynamic table's float32 rows, and a slot's S states of D floats packed in a record of SW.
+struct ChunkStore : ChunkMeta {
+  static constexpr bool kFloat = true;
+  std::vector<float*> w, st;
+  int64_t D, SW, S;
+  float* row(int64_t r) const {
+    auto [c, o] = locate(r);
+    return w[c] + o * D;
+  }
+  const void* row_at(int64_t r) const { return row(r); }
+  void load_row(int64_t r, float* dst) const {
+    const float* src = row(r);
+    std::copy(src, src + D, dst);
+  }
+  float* state(int i, int64_t r) const {
+    auto [c, o] = locate(r);
+    return st[c] + o * SW + i * D;
+  }
+};
+
+// A dynamic table whose rows are stored in half precision (H as HalfStore's), each rounded as
+// HalfStore rounds it, by its key: the push's j-th row (slot rows[j]) is keys[j].
+template <typename H>
+struct ChunkHalfStore : ChunkMeta {
+  static constexpr bool kFloat = false;
+  std::vector<uint16_t*> w;
+  std::vector<float*> st;
+  int64_t D, SW, S;
+  const int64_t* keys;
+  bool stochastic;
+  uint16_t* bits_at(int64_t r) const {
+    auto [c, o] = locate(r);
+    return w[c] + o * D;
+  }
+  const void* row_at(int64_t r) const { return bits_at(r); }
+  void load_row(int64_t r, float* dst) const { het_halves::widen_row<H>(bits_at(r), dst, D); }
+  int64_t round(int64_t, int64_t j, int64_t clock, const float* values, uint16_t* out) const {
+    const int64_t salt = stochastic ? het_halves::salt_of(keys[j], clock) : 0;
+    return het_halves::round_row<H>(values, out, salt, D, stochastic);
+  }
+  void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, bits_at(r)); }
+  void copy_bits(int64_t r, uint16_t* dst) const {
+    const uint16_t* src = bits_at(r);
+    std::copy(src, src + D, dst);
+  }
+  float* state(int i, int64_t r) const {
+    auto [c, o] = locate(r);
+    return st[c] + o * SW + i * D;
+  }
+};
+
 // A fixed table whose rows are stored in half precision (H: c10::Half or c10::BFloat16; their
 // bits here): a push reads each row widened to float32, computes as for a float32 table, and
 // writes it rounded (het/ps/halves.py: stochastically by the row's key and new clock, or to
@@ -113,8 +151,8 @@ struct HalfStore {
   void load_row(int64_t r, float* dst) const {
     het_halves::widen_row<H>(w + r * D, dst, D);
   }
-  // row r rounded from `values` into out (D); -1, or a column its dtype cannot hold
-  int64_t round(int64_t r, int64_t clock, const float* values, uint16_t* out) const {
+  // row r (the push's j-th) rounded from `values` into out (D); -1, or a column its dtype cannot hold
+  int64_t round(int64_t r, int64_t, int64_t clock, const float* values, uint16_t* out) const {
     const int64_t salt = stochastic ? het_halves::salt_of(r * shards + index, clock) : 0;
     return het_halves::round_row<H>(values, out, salt, D, stochastic);
   }

@@ -199,7 +199,7 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
     thread_local std::vector<uint16_t> bits;
     if (bits.size() < size_t(m * D)) bits.resize(size_t(m * D));
     for (int64_t j = 0; j < m; ++j) {
-      const int64_t c = t.round(r[j], nc[j], nw + j * D, bits.data() + j * D);
+      const int64_t c = t.round(r[j], j, nc[j], nw + j * D, bits.data() + j * D);
       if (c >= 0) {
         het_halves::refused = nw[j * D + c];
         return 102;
@@ -262,22 +262,30 @@ int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vect
 }
 
 // DynamicRows.push for a dynamic table's stored slots (push_rows above), its storage in chunks
-// (het.ps.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim), `state` (the states
-// packed, S of dim each; none without state) and `meta` (clock, last step: int32, or int64 once
-// widened) chunk by chunk. Each written slot's last step becomes at least `step`.
+// (het.ps.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim; float32, or float16 or
+// bfloat16: then the j-th row written is rounded as table_push_half rounds it, by its key
+// keys[j]), `state` (the states packed, S of dim each; none without state) and `meta` (clock,
+// last step: int32, or int64 once widened) chunk by chunk. Each written slot's last step becomes
+// at least `step`.
 int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, std::vector<torch::Tensor> state,
                    std::vector<torch::Tensor> meta, int64_t bits, bool fixed, int64_t S, int64_t step,
-                   torch::Tensor rows, torch::Tensor at, torch::Tensor inverse, torch::Tensor grads,
-                   torch::Tensor counts, double lr, double eps, double beta1, double beta2, double step_size,
-                   int64_t max_clock, torch::Tensor steps, torch::Tensor sq) {
+                   bool stochastic, torch::Tensor keys, torch::Tensor rows, torch::Tensor at, torch::Tensor inverse,
+                   torch::Tensor grads, torch::Tensor counts, double lr, double eps, double beta1, double beta2,
+                   double step_size, int64_t max_clock, torch::Tensor steps, torch::Tensor sq) {
   TORCH_CHECK(!weight.empty() && meta.size() == weight.size() && (state.empty() || state.size() == weight.size()),
               "chunks: expected as many weight, meta (and state) chunks, got ", weight.size(), ", ", meta.size(),
               ", ", state.size());
+  const auto dtype = weight[0].scalar_type();
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kHalf || dtype == torch::kBFloat16,
+              "weight chunk: expected float32, float16 or bfloat16, got ", dtype);
   const bool wide = meta[0].scalar_type() == torch::kInt64;
-  ChunkStore t{{}, {}, {}, wide, bits, fixed, weight[0].size(1), S * weight[0].size(1), S, step};
+  const int64_t D = weight[0].size(1);
+  het_push::ChunkMeta where{{}, wide, bits, fixed, step};
+  std::vector<float*> st;
+  std::vector<void*> w;
   int64_t capacity = 0;
   for (size_t c = 0; c < weight.size(); ++c) {
-    check(weight[c], torch::kFloat32, "weight chunk");
+    check(weight[c], dtype, "weight chunk");
     check(meta[c], wide ? torch::kInt64 : torch::kInt32, "meta chunk");
     const int64_t size = weight[c].size(0);
     const int64_t expected = int64_t(1) << (bits + ((fixed || c == 0) ? 0 : int64_t(c) - 1));
@@ -285,13 +293,13 @@ int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, s
                 size);
     TORCH_CHECK(meta[c].size(0) == size && meta[c].size(1) == 2, "meta chunk: expected (", size, ", 2), got ",
                 meta[c].sizes());
-    t.w.push_back(weight[c].data_ptr<float>());
-    t.meta.push_back(meta[c].data_ptr());
+    w.push_back(weight[c].data_ptr());
+    where.meta.push_back(meta[c].data_ptr());
     if (!state.empty()) {
       check(state[c], torch::kFloat32, "state chunk");
-      TORCH_CHECK(state[c].size(0) == size && state[c].size(1) == t.SW, "state chunk: expected (", size, ", ",
-                  t.SW, "), got ", state[c].sizes());
-      t.st.push_back(state[c].data_ptr<float>());
+      TORCH_CHECK(state[c].size(0) == size && state[c].size(1) == S * D, "state chunk: expected (", size, ", ",
+                  S * D, "), got ", state[c].sizes());
+      st.push_back(state[c].data_ptr<float>());
     }
     capacity += size;
   }
@@ -300,6 +308,23 @@ int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, s
   const int64_t* r = rows.data_ptr<int64_t>();
   for (int64_t j = 0; j < rows.numel(); ++j)
     TORCH_CHECK(r[j] >= 0 && r[j] < capacity, "slot ", r[j], " out of range [0, ", capacity, ")");
-  return push_rows(t, int(S), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size, max_clock,
-                   steps, sq);
+  auto run = [&](const auto& t) {
+    return push_rows(t, int(S), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size, max_clock,
+                     steps, sq);
+  };
+  if (dtype == torch::kFloat32) {
+    ChunkStore t{where, {}, st, D, S * D, S};
+    for (void* p : w) t.w.push_back(static_cast<float*>(p));
+    return run(t);
+  }
+  check(keys, torch::kInt64, "keys");
+  TORCH_CHECK(keys.numel() == rows.numel(), "keys: expected ", rows.numel(), ", got ", keys.numel());
+  std::vector<uint16_t*> halves;
+  for (void* p : w) halves.push_back(static_cast<uint16_t*>(p));
+  if (dtype == torch::kHalf) {
+    return run(het_push::ChunkHalfStore<c10::Half>{where, halves, st, D, S * D, S, keys.data_ptr<int64_t>(),
+                                                    stochastic});
+  }
+  return run(het_push::ChunkHalfStore<c10::BFloat16>{where, halves, st, D, S * D, S, keys.data_ptr<int64_t>(),
+                                                      stochastic});
 }

@@ -57,16 +57,18 @@ def test_a_dynamic_table_with_admit_after_1_is_bit_for_bit_a_fixed_one(opt):
     assert dynamic.stats_dict()["tables"]["t"]["rows"] == int(fixed.tables["t"].touched.sum())
 
 
+@pytest.mark.parametrize("row_dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=lambda o: o.name)
-def test_the_native_push_over_many_chunks_and_a_refused_one_match_the_tensor_path(opt, monkeypatch):
+def test_the_native_push_over_many_chunks_and_a_refused_one_match_the_tensor_path(opt, row_dtype, monkeypatch):
     """Chunks of 8 slots (so a push spans a dozen of them): the native push and het's tensor
-    push give the same rows, state and meta, and a push that would overflow leaves both as they
-    were, its new keys unstored."""
+    push give the same rows (in half precision: the same bits, each rounded stochastically by
+    its key), state and meta, and a push that would overflow leaves both as they were, its new
+    keys unstored."""
     if native.ops is None:
         pytest.skip("the native core is not built")
     monkeypatch.setattr(Chunks.__init__, "__defaults__", (8, False))
     rng = np.random.default_rng(3)
-    fast, slow = shard(None, optimizer=opt), shard(None, optimizer=opt)
+    fast, slow = shard(None, optimizer=opt, row_dtype=row_dtype), shard(None, optimizer=opt, row_dtype=row_dtype)
     slow.tables["t"].native = False
     assert fast.tables["t"].native and len(fast.tables["t"].meta.parts) == 0
     for step in range(1, 30):
@@ -84,7 +86,9 @@ def test_the_native_push_over_many_chunks_and_a_refused_one_match_the_tensor_pat
     keys = torch.from_numpy(np.sort(a.keys.items()[0].numpy()))
     assert torch.equal(keys, torch.from_numpy(np.sort(b.keys.items()[0].numpy()))) and 10**12 not in keys.tolist()
     sa, sb = a.locate(keys)[:, 1], b.locate(keys)[:, 1]
-    assert torch.equal(a.store.weight.gather(sa), b.store.weight.gather(sb))
+    wa, wb = a.store.weight.gather(sa), b.store.weight.gather(sb)
+    assert wa.dtype == wb.dtype and torch.equal(wa.view(torch.int16 if wa.itemsize == 2 else torch.int32),
+                                                wb.view(torch.int16 if wb.itemsize == 2 else torch.int32))
     assert torch.equal(a.meta.gather(sa), b.meta.gather(sb))
     if a.store.state is not None:
         assert torch.equal(a.store.state.gather(sa), b.store.state.gather(sb))

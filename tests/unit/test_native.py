@@ -417,7 +417,9 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
 
 @needs_build
 # fp16 holds no row near 3e38 to overflow; its own failure is a finite value past 65504 ("unfit")
-@pytest.mark.parametrize("table, fails", [(table, fails) for table in ("fixed", "dynamic", "fixed bf16", "fixed fp16")
+@pytest.mark.parametrize("table, fails", [(table, fails)
+                                          for table in ("fixed", "dynamic", "fixed bf16", "fixed fp16", "dynamic bf16",
+                                                        "dynamic fp16")
                                           for fails in (None, "sum", "clock", "unfit" if "fp16" in table else "row")])
 def test_an_adagrad_push_refused_part_way_puts_everything_back(table, fails):
     """An Adagrad push moves the sums, then the rows, in place: one refused after others moved
@@ -430,7 +432,7 @@ def test_an_adagrad_push_refused_part_way_puts_everything_back(table, fails):
     from het.ps.shard import Shard
     from het.ps.store.fixed import FixedRows
 
-    dynamic, dtype = table == "dynamic", table.split()[-1] if " " in table else "fp32"
+    dynamic, dtype = table.startswith("dynamic"), table.split()[-1] if " " in table else "fp32"
     lr = {"row": 3e38, "unfit": 4e4}.get(fails, 0.05)  # a step moves a row by about lr
     cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=OptimizerConfig("adagrad", lr=lr),
                       row_dtype=dtype)

@@ -95,7 +95,7 @@ class DynamicRows:
         self._expiry_checked = 0
         # pushes in one native pass over the chunks (kernels.native_push_args), where the rows
         # are all in memory and each state is a row's width, as a fixed table's native push
-        self.native = (native.ops is not None and isinstance(self.store, MemoryRows) and self.dtype == torch.float32
+        self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
                        and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
                        and all(widths[n] == cfg.dim for n in self.state_names))
         # replies' rows gathered into reused buffers, as a fixed table's (a new one faults its pages in)

@@ -159,15 +159,22 @@ class NativeHalfPush:
         if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's steps of a push taken apart: torch's
             return HalfPush(TorchPush())(t, local, grads, counts, step, sq)
         kind, args = native_push_args(opt, local, grads, counts, step, sq)
-        if opt.accepts_duplicates:  # SGD: each row once (its gradients added in order), not pushed in place
-            rows, inverse = native.unique_inverse(local)
-            args[:3] = [rows.contiguous(), inverse.contiguous(), inverse.contiguous()]
+        each_row_once(opt, args)
         failed = native.ops.table_push_half(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks,
                                             t.touched, t.cfg.row_rounding == "stochastic", t.num_shards, t.index,
                                             *args)
         if failed == 102:
             halves.refuse(t.weight.dtype, native.ops.refused_value())
         raise_push_failure(failed, opt)
+
+
+def each_row_once(opt, args: list) -> None:
+    """A half table's native push writes each row once: under SGD, whose arguments name a row
+    per gradient (:func:`native_push_args`), its gradients are added in order to the row's one
+    copy instead of pushed in place."""
+    if opt.accepts_duplicates:
+        rows, inverse = native.unique_inverse(args[0])
+        args[:3] = [rows.contiguous(), inverse.contiguous(), inverse.contiguous()]
 
 
 _IOTA = [torch.arange(0)]  # 0, 1, 2, ...: the native kernels read it, nothing writes it
@@ -218,11 +225,15 @@ def raise_push_failure(failed: int, opt) -> None:
         raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
 
 
+_NO_KEYS = torch.empty(0, dtype=torch.int64)
+
+
 def push_chunks(table, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                 sq: torch.Tensor | None) -> None:
     """A dynamic table's push (:meth:`het.ps.store.dynamic.DynamicRows.push`, all in memory) in
-    one native pass over its chunks (``native.ops.chunk_push``): new keys are given slots with
-    their initial rows first, and lose them if the push fails."""
+    one native pass over its chunks (``native.ops.chunk_push``), rows stored in half rounded as a
+    fixed table's, by their keys: new keys are given slots with their initial rows first (a half
+    table's exact in its dtype), and lose them if the push fails."""
     slots = at[:, 1].clone()
     missing = (slots < 0).nonzero().flatten()
     new_keys = new_slots = None
@@ -238,11 +249,15 @@ def push_chunks(table, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tens
     if int(step) > torch.iinfo(torch.int32).max and table.meta.dtype != torch.int64:
         table.meta.widen(torch.int64)
     kind, args = native_push_args(table.optimizer, slots, grads, counts, step, sq)
-    store = table.store
+    store, keys = table.store, _NO_KEYS
+    if table.dtype != torch.float32:  # half rows: rounded by their keys
+        each_row_once(table.optimizer, args)
+        keys = table.keys.keys_of(args[0]).contiguous()
     while True:
         failed = native.ops.chunk_push(kind, store.weight.parts, store.state.parts if store.state is not None else [],
                                        table.meta.parts, store.weight.first.bit_length() - 1, False,
-                                       len(table.state_names), int(step), *args)
+                                       len(table.state_names), int(step), table.cfg.row_rounding == "stochastic",
+                                       keys, *args)
         if failed != 101:
             break
         table.meta.widen(torch.int64)  # a clock outgrew 32 bits: nothing was written
@@ -250,6 +265,8 @@ def push_chunks(table, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tens
         table.keys.remove(new_keys)
         table.meta.scatter(new_slots, torch.full((len(new_slots), 2), -1, dtype=table.meta.dtype))
         table.free = torch.cat([table.free, new_slots])
+    if failed == 102:
+        halves.refuse(table.dtype, native.ops.refused_value())
     raise_push_failure(failed, table.optimizer)
     if new_keys is not None:
         table.counters["admitted"] += len(new_keys)
