@@ -6,6 +6,7 @@
 #include <cstring>
 #include <vector>
 
+#include "adagrad.h"
 #include "common.h"
 #include "push_store.h"
 
@@ -74,32 +75,136 @@ inline bool is_permutation(const int64_t* a, int64_t n) {
   return true;
 }
 
+// What an in-place push with one gradient a row keeps of the i-th row it changes, to put it
+// back if the push fails: the row's old values (float32) or bits (half), its sums' (state 0),
+// and its meta. The buffers are the thread's, kept between pushes.
+template <typename Store>
+class Kept {
+ public:
+  Kept(const Store& t, int64_t n, int64_t D) : t_(t), D_(D) {
+    thread_local std::vector<float> rows, sums;
+    thread_local std::vector<uint16_t> bits;
+    thread_local std::vector<typename Store::Undo> meta;
+    grow(sums, n * D);
+    if constexpr (Store::kFloat) grow(rows, n * D);
+    else grow(bits, n * D);
+    grow(meta, n);
+    rows_ = rows.data();
+    sums_ = sums.data();
+    bits_ = bits.data();
+    meta_ = meta.data();
+  }
+  void sum(int64_t i, int64_t row) const {
+    const float* acc = t_.state(0, row);
+    std::copy(acc, acc + D_, sums_ + i * D_);
+  }
+  void row(int64_t i, int64_t row) const {
+    if constexpr (Store::kFloat) {
+      const float* w = t_.row(row);
+      std::copy(w, w + D_, rows_ + i * D_);
+    } else {
+      t_.copy_bits(row, bits_ + i * D_);
+    }
+    meta_[i] = t_.undo(row);
+  }
+  // every row 0 .. n - 1 kept put back, last change first
+  void put_back(const int64_t* r, const int64_t* a, int64_t n) const {
+    for (int64_t i = n - 1; i >= 0; --i) {
+      const int64_t row = r[a[i]];
+      if constexpr (Store::kFloat) std::copy(rows_ + i * D_, rows_ + (i + 1) * D_, t_.row(row));
+      else t_.store_row(row, bits_ + i * D_);
+      std::copy(sums_ + i * D_, sums_ + (i + 1) * D_, t_.state(0, row));
+      t_.restore(row, meta_[i]);
+    }
+  }
+
+ private:
+  template <typename T>
+  static void grow(std::vector<T>& v, int64_t size) {
+    if (v.size() < size_t(size)) v.resize(size_t(size));
+  }
+  const Store& t_;
+  int64_t D_;
+  float *rows_, *sums_;
+  uint16_t* bits_;
+  typename Store::Undo* meta_;
+};
+
+// Each row's clock after the push, in slot order (nc, n of them, holding the clocks before):
+// the counts of `inv` (counted of them) added; returns the worst clock failure (clock_failure),
+// 0 if none.
+template <typename Store>
+int64_t new_clocks(const Store& t, const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n,
+                   int64_t max_clock, int64_t* nc) {
+  for (int64_t k = 0; k < counted; ++k) nc[inv[k]] += cn[k];
+  const int64_t limit = t.limit(max_clock);
+  int64_t why = 0;
+  for (int64_t j = 0; j < n && why != 100; ++j) why = std::max(why, clock_failure(nc[j], max_clock, limit));
+  return why;
+}
+
+// A half row (Store not float32): its values widened into `wide`, for the push to move; else
+// the row itself.
+template <typename Store>
+float* row_to_move(const Store& t, int64_t row, float* wide) {
+  if constexpr (Store::kFloat) {
+    (void)wide;
+    return t.row(row);
+  } else {
+    t.load_row(row, wide);
+    return wide;
+  }
+}
+
+// A half row moved (in `wide`) rounded by its key and new clock and stored; false, storing
+// nothing, if a value does not fit its dtype (the first such, in slot order, named).
+template <typename Store>
+bool store_moved(const Store& t, int64_t row, int64_t j, int64_t clock, const float* wide, uint16_t* rounded,
+                 int64_t& unfit_slot) {
+  if constexpr (Store::kFloat) {
+    return true;
+  } else {
+    const int64_t c = t.round(row, j, clock, wide, rounded);
+    if (c < 0) {
+      t.store_row(row, rounded);
+      return true;
+    }
+    if (j < unfit_slot) {  // named as the reference names it: the first in slot order
+      unfit_slot = j;
+      het_halves::refused = wide[c];
+    }
+    return false;
+  }
+}
+
+inline bool not_finite(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, 4);
+  return (bits & 0x7f800000u) == 0x7f800000u;
+}
+
 // Adagrad in place, one gradient per row (`a` a permutation of the slots), in two passes over
 // the gradients in order, the sums or rows ahead prefetched: the first adds each gradient's
 // squares to its row's sums and keeps the new sums aside in slot order, whose square roots torch
 // then takes in one call (its bits, as the general path's); the second moves each row by
 // lr * g / (sqrt + eps), a row stored in half precision widened as it is read and rounded as it
 // is written (by its key and new clock). Each row's and sum's old value, and its meta, are kept
-// aside before they change; if any value is not finite, a clock would pass max_clock or what the
-// store's meta holds, or a half row's value its dtype cannot hold (102, after the others),
-// everything is put back, last change first. The same floats and failures as the general path,
-// without copying every row and sum aside and back.
+// aside before they change (Kept); if any value is not finite, a clock would pass max_clock or
+// what the store's meta holds, or a half row's value its dtype cannot hold (102, after the
+// others), everything is put back, last change first. The same floats and failures as the
+// general path, without copying every row and sum aside and back.
 template <typename Store>
 int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
                               const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n, int64_t D,
                               float nlr, float feps, int64_t max_clock) {
-  constexpr uint32_t kExponent = 0x7f800000u;
-  thread_local std::vector<float> undo, roots;  // undo: float32 rows' (n, D) old values, then (n, D) sums
-  thread_local std::vector<typename Store::Undo> undo_meta;
+  const Kept<Store> kept(t, n, D);
+  thread_local std::vector<float> roots, wide;  // wide: a half row widened
   thread_local std::vector<int64_t> nc;
-  const int64_t kept = Store::kFloat ? n * D : 0;  // a half row's old bits are kept in old_bits
-  if (undo.size() < size_t(kept + n * D)) undo.resize(size_t(kept + n * D));
+  thread_local std::vector<uint16_t> rounded;
   if (roots.size() < size_t(n * D)) roots.resize(size_t(n * D));
-  if (undo_meta.size() < size_t(n)) undo_meta.resize(size_t(n));
   if (nc.size() < size_t(n)) nc.resize(size_t(n));
-  float* old_rows = undo.data();
-  float* old_sums = old_rows + kept;
-  uint32_t bad_sum = 0, bad_row = 0;
+  if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
+  bool bad_sum = false, bad_row = false;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
       prefetch(t.state(0, r[a[i + kAhead]]), D * 4, true);
@@ -109,75 +214,101 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
     float* acc = t.state(0, row);
     float* root = roots.data() + j * D;
     const float* gi = g + i * D;
-    std::copy(acc, acc + D, old_sums + i * D);
+    kept.sum(i, row);
+    uint32_t bad = 0;
     for (int64_t d = 0; d < D; ++d) {
       const float sq = gi[d] * gi[d];
       const float after = acc[d] + sq;
-      uint32_t bits;
-      std::memcpy(&bits, &after, 4);
-      bad_sum |= uint32_t((bits & kExponent) == kExponent);
+      bad |= uint32_t(not_finite(after));
       acc[d] = after;
       root[d] = after;
     }
+    bad_sum |= bad != 0;
     nc[size_t(j)] = t.clock(row);
   }
-  for (int64_t k = 0; k < counted; ++k) nc[size_t(inv[k])] += cn[k];
-  const int64_t limit = t.limit(max_clock);
-  int64_t why = 0;
-  for (int64_t j = 0; j < n && why != 100; ++j) why = std::max(why, clock_failure(nc[size_t(j)], max_clock, limit));
+  const int64_t why = new_clocks(t, inv, cn, counted, n, max_clock, nc.data());
   torch::from_blob(roots.data(), {n, D}, torch::kFloat32).sqrt_();  // torch's own kernel, as the reference's
-  thread_local std::vector<uint16_t> old_bits;  // half rows: their old bits
-  thread_local std::vector<float> wide;         // ... and one row widened, then rounded into `rounded`
-  thread_local std::vector<uint16_t> rounded;
-  if constexpr (!Store::kFloat) {
-    if (old_bits.size() < size_t(n * D)) old_bits.resize(size_t(n * D));
-    if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
-  }
-  int64_t unfit = 0, unfit_slot = n;  // half rows: a value the dtype cannot hold (102, after the failures above)
+  int64_t unfit_slot = n;  // half rows: the first slot with a value its dtype cannot hold (102)
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
     const int64_t j = a[i], row = r[j];
     const float* rj = roots.data() + j * D;
     const float* gi = g + i * D;
-    float* wi;
-    if constexpr (Store::kFloat) {
-      wi = t.row(row);
-      std::copy(wi, wi + D, old_rows + i * D);
-    } else {
-      wi = wide.data();
-      t.load_row(row, wi);
-      t.copy_bits(row, old_bits.data() + i * D);
-    }
+    kept.row(i, row);
+    float* wi = row_to_move(t, row, wide.data());
+    uint32_t bad = 0;
     for (int64_t d = 0; d < D; ++d) {
       const float q = gi[d] / (rj[d] + feps);
       const float after = std::fma(q, nlr, wi[d]);
-      uint32_t bits;
-      std::memcpy(&bits, &after, 4);
-      bad_row |= uint32_t((bits & kExponent) == kExponent);
+      bad |= uint32_t(not_finite(after));
       wi[d] = after;
     }
-    if constexpr (!Store::kFloat) {  // rounded by the row's key and new clock, as the general path
-      const int64_t c = t.round(row, j, nc[size_t(j)], wi, rounded.data());
-      if (c < 0) {
-        t.store_row(row, rounded.data());
-      } else if (j < unfit_slot) {  // named as the reference names it: the first in slot order
-        unfit = 102, unfit_slot = j;
-        het_halves::refused = wi[c];
-      }
-    }
-    undo_meta[size_t(i)] = t.undo(row);
+    bad_row |= bad != 0;
+    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);
     t.written(row, nc[size_t(j)]);
   }
-  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit;
-  if (failed) {
-    for (int64_t i = n - 1; i >= 0; --i) {  // put back, last change first
-      const int64_t row = r[a[i]];
-      if constexpr (Store::kFloat) std::copy(old_rows + i * D, old_rows + (i + 1) * D, t.row(row));
-      else t.store_row(row, old_bits.data() + i * D);
-      std::copy(old_sums + i * D, old_sums + (i + 1) * D, t.state(0, row));
-      t.restore(row, undo_meta[size_t(i)]);
-    }
+  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit_slot < n ? 102 : 0;
+  if (failed) kept.put_back(r, a, n);
+  return failed;
+}
+
+// Adagrad with a push of several steps in place (het.ps.store.optim.Adagrad with Pushed; the
+// general path's "adagrad_steps"), one gradient per row (`a` a permutation of the slots), in
+// one pass over the gradients in order, each row and its sums ahead prefetched: row j's
+// gradient sums u[i] steps whose squares sum to sq[i] (one float a row, W = 1, shared out in
+// proportion to the gradient's squares; or one a coordinate, W = D); each coordinate's sum grows
+// by its share and the row moves by lr * g * adagrad_factor (Follow). Kept and put back as
+// adagrad_push_in_place, with the same failures; the same floats as the general path.
+template <typename Store>
+int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
+                                    const int64_t* inv, const int64_t* cn, int64_t counted, const int64_t* u,
+                                    const float* sqp, const Follow& follow, int64_t n, float nlr,
+                                    int64_t max_clock) {
+  const int64_t D = follow.D, W = follow.W;
+  const Kept<Store> kept(t, n, D);
+  thread_local std::vector<float> wide;
+  thread_local std::vector<int64_t> nc;
+  thread_local std::vector<uint16_t> rounded;
+  if (nc.size() < size_t(n)) nc.resize(size_t(n));
+  if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
+  for (int64_t j = 0; j < n; ++j) {
+    if (j + kAhead < n) t.prefetch_meta(r[j + kAhead]);
+    nc[size_t(j)] = t.clock(r[j]);
   }
+  const int64_t why = new_clocks(t, inv, cn, counted, n, max_clock, nc.data());
+  bool bad_sum = false, bad_row = false;
+  int64_t unfit_slot = n;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n) {
+      const int64_t ahead = r[a[i + kAhead]];
+      prefetch(t.row_at(ahead), D * (Store::kFloat ? 4 : 2), true);
+      prefetch(t.state(0, ahead), D * 4, true);
+      t.prefetch_meta(ahead);
+    }
+    const int64_t j = a[i], row = r[j];
+    float* acc = t.state(0, row);
+    const float* gi = g + i * D;
+    kept.sum(i, row);
+    kept.row(i, row);
+    float* wi = row_to_move(t, row, wide.data());
+    const float mean = W == 1 ? sum_squares(gi, D) / float(D) : 0.0f;
+    uint32_t bad_s = 0, bad_w = 0;
+    for (int64_t d = 0; d < D; ++d) {
+      float q = gi[d] * gi[d];
+      if (u[i] > 1) q = W == D ? sqp[i * D + d] : (mean > 0 ? q * (sqp[i] / mean) : sqp[i]);
+      const float f = follow.factor(acc[d], q, u[i]);
+      acc[d] += q;
+      bad_s |= uint32_t(not_finite(acc[d]));
+      wi[d] = std::fma(gi[d] * f, nlr, wi[d]);
+      bad_w |= uint32_t(not_finite(wi[d]));
+    }
+    bad_sum |= bad_s != 0;
+    bad_row |= bad_w != 0;
+    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);
+    t.written(row, nc[size_t(j)]);
+  }
+  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit_slot < n ? 102 : 0;
+  if (failed) kept.put_back(r, a, n);
   return failed;
 }
 

@@ -37,14 +37,16 @@ static torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
 namespace {
 
 using het_push::adagrad_push_in_place;
+using het_push::adagrad_steps_push_in_place;
 using het_push::ChunkStore;
 using het_push::clock_failure;
 using het_push::FlatStore;
 using het_push::is_permutation;
 using het_push::sgd_push_in_place;
 
-// A push, all or nothing: SGD on float32 rows and Adagrad in place (push_in_place.h), the rest
-// with the new rows and optimizer state of the unique `rows` computed aside and checked first
+// A push, all or nothing: SGD on float32 rows and Adagrad, of one step or several, in place
+// (push_in_place.h); the rest with the new rows and optimizer state of the unique `rows`
+// computed aside and checked first
 // (every value finite, no clock past max_clock), and written only if they pass. `at` gives each
 // gradient's place in `rows`, and `inverse` each count's. SGD applies the gradients in order,
 // duplicates one after another; Adagrad and Adam take one gradient per
@@ -75,7 +77,20 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
       return sgd_push_in_place(t, r, a, g, cn, n, D, float(-lr), max_clock);
     }
   }
-  if (kind == "adagrad" && S == 1 && n == m && is_permutation(a, n)) {
+  const bool several = kind == "adagrad_steps";  // Adagrad with pushes of several steps: their counts and squares
+  if (several) {
+    check(steps, torch::kInt64, "steps");
+    check(sq, torch::kFloat32, "sq");
+    TORCH_CHECK(steps.numel() == n && sq.dim() == 2 && sq.size(0) == n && (sq.size(1) == 1 || sq.size(1) == D),
+                "steps, sq: expected (", n, ") and (", n, ", 1 or ", D, "), got ", steps.sizes(), " and ",
+                sq.sizes());
+  }
+  if ((kind == "adagrad" || several) && S == 1 && n == m && is_permutation(a, n)) {
+    if (several) {
+      return adagrad_steps_push_in_place(t, r, a, g, inv, cn, inverse.numel(), steps.data_ptr<int64_t>(),
+                                         sq.data_ptr<float>(), Follow{float(lr), float(eps), sq.size(1), D}, n,
+                                         float(-lr), max_clock);
+    }
     return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
   }
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh
@@ -127,16 +142,12 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
         wj[d] = std::fma(q, nlr, wj[d]);
       }
     }
-  } else if (kind == "adagrad_steps") {
+  } else if (several) {
     // het.ps.store.optim.Adagrad with a push of several steps (Pushed): row j's gradient sums steps[j]
     // steps whose squares sum to sq[j] (one float a row, shared out in proportion to the sum's
     // squares, or one a coordinate); the accumulator grows by them and the row moves by
     // lr * g * adagrad_factor. One gradient per row (at is the identity).
-    check(steps, torch::kInt64, "steps");
-    check(sq, torch::kFloat32, "sq");
     const int64_t W = sq.size(1);
-    TORCH_CHECK(steps.numel() == n && sq.size(0) == n && (W == 1 || W == D), "steps, sq: expected (", n,
-                ") and (", n, ", 1 or ", D, "), got ", steps.sizes(), " and ", sq.sizes());
     const int64_t* u = steps.data_ptr<int64_t>();
     const float* sqp = sq.data_ptr<float>();
     const Follow follow{flr, feps, W, D};
