@@ -252,25 +252,62 @@ int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a
   return failed;
 }
 
+// Adagrad's move of one row (w, its sums acc) by a gradient g that sums u steps whose squares
+// sum to sq (W = 1: one float; W = D: one a coordinate): each coordinate's sum grows by its share
+// of them (W = 1: in proportion to g's squares) and the row moves by lr * g * adagrad_factor
+// (Follow::factor's arithmetic, its branches out of the loops: they vectorise). bad_s, bad_w:
+// set where a sum or a row value is not finite. `shares`: D floats of scratch.
+inline void adagrad_steps_row(float* acc, float* w, const float* g, int64_t u, const float* sq, int64_t W, int64_t D,
+                              float eps, float nlr, float* shares, uint32_t& bad_s, uint32_t& bad_w) {
+  if (u > 1) {
+    float* q = shares;
+    if (W == D) {
+      std::copy(sq, sq + D, q);
+    } else if (const float mean = sum_squares(g, D) / float(D); mean > 0) {
+      const float scale = sq[0] / mean;
+      for (int64_t d = 0; d < D; ++d) q[d] = g[d] * g[d] * scale;
+    } else {
+      std::fill(q, q + D, sq[0]);
+    }
+    const float twice_u = float(2 * u), two_eps = 2.0f * eps;
+    for (int64_t d = 0; d < D; ++d) {
+      const float h = q[d] / twice_u;
+      const float f = 2.0f / (std::sqrt(acc[d] + q[d] + h) + std::sqrt(acc[d] + h) + two_eps);
+      acc[d] += q[d];
+      bad_s |= uint32_t(not_finite(acc[d]));
+      w[d] = std::fma(g[d] * f, nlr, w[d]);
+      bad_w |= uint32_t(not_finite(w[d]));
+    }
+  } else {
+    for (int64_t d = 0; d < D; ++d) {
+      const float q = g[d] * g[d];
+      const float f = 1.0f / (std::sqrt(acc[d] + q) + eps);
+      acc[d] += q;
+      bad_s |= uint32_t(not_finite(acc[d]));
+      w[d] = std::fma(g[d] * f, nlr, w[d]);
+      bad_w |= uint32_t(not_finite(w[d]));
+    }
+  }
+}
+
 // Adagrad with a push of several steps in place (het.ps.store.optim.Adagrad with Pushed; the
 // general path's "adagrad_steps"), one gradient per row (`a` a permutation of the slots), in
 // one pass over the gradients in order, each row and its sums ahead prefetched: row j's
 // gradient sums u[i] steps whose squares sum to sq[i] (one float a row, W = 1, shared out in
 // proportion to the gradient's squares; or one a coordinate, W = D); each coordinate's sum grows
-// by its share and the row moves by lr * g * adagrad_factor (Follow). Kept and put back as
-// adagrad_push_in_place, with the same failures; the same floats as the general path.
+// by its share and the row moves by lr * g * adagrad_factor (adagrad_steps_row). Kept and put
+// back as adagrad_push_in_place, with the same failures; the same floats as the general path.
 template <typename Store>
 int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
                                     const int64_t* inv, const int64_t* cn, int64_t counted, const int64_t* u,
-                                    const float* sqp, const Follow& follow, int64_t n, float nlr,
+                                    const float* sqp, int64_t W, int64_t n, int64_t D, float nlr, float feps,
                                     int64_t max_clock) {
-  const int64_t D = follow.D, W = follow.W;
   const Kept<Store> kept(t, n, D);
-  thread_local std::vector<float> wide;
+  thread_local std::vector<float> wide, shares;  // a half row widened; a row's squares, shared out
   thread_local std::vector<int64_t> nc;
   thread_local std::vector<uint16_t> rounded;
   if (nc.size() < size_t(n)) nc.resize(size_t(n));
-  if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
+  if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D)), shares.resize(size_t(D));
   for (int64_t j = 0; j < n; ++j) {
     if (j + kAhead < n) t.prefetch_meta(r[j + kAhead]);
     nc[size_t(j)] = t.clock(r[j]);
@@ -291,17 +328,9 @@ int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int6
     kept.sum(i, row);
     kept.row(i, row);
     float* wi = row_to_move(t, row, wide.data());
-    const float mean = W == 1 ? sum_squares(gi, D) / float(D) : 0.0f;
     uint32_t bad_s = 0, bad_w = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      float q = gi[d] * gi[d];
-      if (u[i] > 1) q = W == D ? sqp[i * D + d] : (mean > 0 ? q * (sqp[i] / mean) : sqp[i]);
-      const float f = follow.factor(acc[d], q, u[i]);
-      acc[d] += q;
-      bad_s |= uint32_t(not_finite(acc[d]));
-      wi[d] = std::fma(gi[d] * f, nlr, wi[d]);
-      bad_w |= uint32_t(not_finite(wi[d]));
-    }
+    adagrad_steps_row(acc, wi, gi, u[i], W == D ? sqp + i * D : sqp + i, W, D, feps, nlr, shares.data(), bad_s,
+                      bad_w);
     bad_sum |= bad_s != 0;
     bad_row |= bad_w != 0;
     store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);

@@ -88,8 +88,7 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   if ((kind == "adagrad" || several) && S == 1 && n == m && is_permutation(a, n)) {
     if (several) {
       return adagrad_steps_push_in_place(t, r, a, g, inv, cn, inverse.numel(), steps.data_ptr<int64_t>(),
-                                         sq.data_ptr<float>(), Follow{float(lr), float(eps), sq.size(1), D}, n,
-                                         float(-lr), max_clock);
+                                         sq.data_ptr<float>(), sq.size(1), n, D, float(-lr), float(eps), max_clock);
     }
     return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
   }
@@ -112,7 +111,7 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
       std::copy(sj, sj + D, ns + (i * m + j) * D);
     }
   }
-  const float flr = float(lr), nlr = float(-lr), feps = float(eps);
+  const float nlr = float(-lr), feps = float(eps);
   if (kind == "sgd") {
     for (int64_t i = 0; i < n; ++i) {  // grads.mul_(-lr), then index_add_ in order
       float* dst = nw + a[i] * D;
@@ -150,20 +149,13 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
     const int64_t W = sq.size(1);
     const int64_t* u = steps.data_ptr<int64_t>();
     const float* sqp = sq.data_ptr<float>();
-    const Follow follow{flr, feps, W, D};
+    thread_local std::vector<float> shares;
+    if (shares.size() < size_t(D)) shares.resize(size_t(D));
+    uint32_t bad = 0;  // checked below, with every row and sum
     for (int64_t i = 0; i < n; ++i) {
       const int64_t j = a[i];
-      float* wj = nw + j * D;
-      float* acc = ns + j * D;
-      const float* gi = g + i * D;
-      const float mean = W == 1 ? sum_squares(gi, D) / float(D) : 0.0f;
-      for (int64_t d = 0; d < D; ++d) {
-        float q = gi[d] * gi[d];
-        if (u[i] > 1) q = W == D ? sqp[i * D + d] : (mean > 0 ? q * (sqp[i] / mean) : sqp[i]);
-        const float f = follow.factor(acc[d], q, u[i]);
-        acc[d] += q;
-        wj[d] = std::fma(gi[d] * f, nlr, wj[d]);
-      }
+      het_push::adagrad_steps_row(ns + j * D, nw + j * D, g + i * D, u[i], W == D ? sqp + i * D : sqp + i, W, D,
+                                  feps, nlr, shares.data(), bad, bad);
     }
   } else if (kind == "adam") {
     const float c1 = float(1 - beta1), c2 = float(1 - beta2), nstep = float(-step_size);
@@ -194,7 +186,6 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   } else {
     TORCH_CHECK(false, "optimizer: expected sgd, adagrad or adam, got ", kind);
   }
-  (void)flr;
   if (!all_finite(nw, m * D)) return 1;
   for (int i = 0; i < S; ++i) {
     if (!all_finite(ns + int64_t(i) * m * D, m * D)) return 2 + i;
