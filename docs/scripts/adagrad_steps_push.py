@@ -1,5 +1,6 @@
-"""A push of several Adagrad steps (issue 15's rule) on a fixed table's shard slice, native
-against the PyTorch reference, in-process, in turn (issue 14: the shard's push natively).
+"""A push of several Adagrad steps (a worker's cached row flushed after several steps, with its
+squares: het.adagrad's rule) on a fixed table's shard slice, native against the PyTorch
+reference, in-process, in turn.
 
     .venv/bin/python docs/scripts/adagrad_steps_push.py
 

@@ -1,4 +1,4 @@
-"""Candidate disk stores for a PS shard's disk tier (issue 13), measured from Python.
+"""Candidate disk stores for a PS shard's disk tier, measured from Python.
 
 A record is one embedding row plus its Adagrad state: 2 * dim float32. For each candidate and
 dim, the script loads N records (keys 0..N-1), then measures, in batches of random existing

@@ -1,4 +1,4 @@
-"""How fast a local `het train` job notices a failure (issue 11, item 7): kill -9 its PS shard, then
+"""How fast a local `het train` job notices a failure: kill -9 its PS shard, then
 (in a second job) its launcher, and time the launcher's line, its exit, and the last process gone.
 Run from the repository root: `.venv/bin/python docs/scripts/failure_timings.py shard` (or `launcher`)."""
 import json, os, signal, subprocess, sys, threading, time, tempfile

@@ -1,4 +1,4 @@
-"""The default job with and without a lookahead window, in turn, pair by pair (issue 14):
+"""The default job with and without a lookahead window, in turn, pair by pair:
 samples/s and sparse bytes per sample of each, and their ratios.
 
     .venv/bin/python docs/scripts/lookahead_default.py --depths 0,8,32 --pairs 3 --steps 600

@@ -1,5 +1,5 @@
 """How far the gradients het pushes would compress without loss: a probe for the next step on
-the sparse bytes (issue 14's 88% target).
+the sparse bytes (a target of 88% fewer).
 
     .venv/bin/python docs/scripts/push_compressibility.py
 

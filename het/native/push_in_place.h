@@ -76,27 +76,29 @@ inline bool is_permutation(const int64_t* a, int64_t n) {
 }
 
 // What an in-place push with one gradient a row keeps of the i-th row it changes, to put it
-// back if the push fails: the row's old values (float32) or bits (half), its sums' (state 0),
-// and its meta. The buffers are the thread's, kept between pushes.
+// back if the push fails: the row's old values (float32) or bits (half), its S states', and its
+// meta. The buffers are the thread's, kept between pushes.
 template <typename Store>
 class Kept {
  public:
-  Kept(const Store& t, int64_t n, int64_t D) : t_(t), D_(D) {
-    thread_local std::vector<float> rows, sums;
+  Kept(const Store& t, int64_t n, int64_t D, int S) : t_(t), D_(D), S_(S) {
+    thread_local std::vector<float> rows, states;
     thread_local std::vector<uint16_t> bits;
     thread_local std::vector<typename Store::Undo> meta;
-    grow(sums, n * D);
+    grow(states, n * D * S);
     if constexpr (Store::kFloat) grow(rows, n * D);
     else grow(bits, n * D);
     grow(meta, n);
     rows_ = rows.data();
-    sums_ = sums.data();
+    states_ = states.data();
     bits_ = bits.data();
     meta_ = meta.data();
   }
-  void sum(int64_t i, int64_t row) const {
-    const float* acc = t_.state(0, row);
-    std::copy(acc, acc + D_, sums_ + i * D_);
+  void states(int64_t i, int64_t row) const {
+    for (int k = 0; k < S_; ++k) {
+      const float* s = t_.state(k, row);
+      std::copy(s, s + D_, states_ + (i * S_ + k) * D_);
+    }
   }
   void row(int64_t i, int64_t row) const {
     if constexpr (Store::kFloat) {
@@ -113,7 +115,10 @@ class Kept {
       const int64_t row = r[a[i]];
       if constexpr (Store::kFloat) std::copy(rows_ + i * D_, rows_ + (i + 1) * D_, t_.row(row));
       else t_.store_row(row, bits_ + i * D_);
-      std::copy(sums_ + i * D_, sums_ + (i + 1) * D_, t_.state(0, row));
+      for (int k = 0; k < S_; ++k) {
+        const float* s = states_ + (i * S_ + k) * D_;
+        std::copy(s, s + D_, t_.state(k, row));
+      }
       t_.restore(row, meta_[i]);
     }
   }
@@ -125,7 +130,8 @@ class Kept {
   }
   const Store& t_;
   int64_t D_;
-  float *rows_, *sums_;
+  int S_;
+  float *rows_, *states_;
   uint16_t* bits_;
   typename Store::Undo* meta_;
 };
@@ -183,71 +189,93 @@ inline bool not_finite(float x) {
   return (bits & 0x7f800000u) == 0x7f800000u;
 }
 
-// Adagrad in place, one gradient per row (`a` a permutation of the slots), in two passes over
-// the gradients in order, the sums or rows ahead prefetched: the first adds each gradient's
-// squares to its row's sums and keeps the new sums aside in slot order, whose square roots torch
-// then takes in one call (its bits, as the general path's); the second moves each row by
-// lr * g / (sqrt + eps), a row stored in half precision widened as it is read and rounded as it
-// is written (by its key and new clock). Each row's and sum's old value, and its meta, are kept
-// aside before they change (Kept); if any value is not finite, a clock would pass max_clock or
-// what the store's meta holds, or a half row's value its dtype cannot hold (102, after the
-// others), everything is put back, last change first. The same floats and failures as the
-// general path, without copying every row and sum aside and back.
+// What a rooted push (Adagrad's, Adam's) takes besides the gradients: Adam's moment rates
+// (1 - beta1, 1 - beta2), and the step: each row moves by scale * x / (sqrt(s) + eps), x the
+// gradient (Adagrad: scale -lr, s its sums) or the first moment (Adam: -step_size, s the second).
+struct Rooted {
+  bool adam;
+  float c1, c2, scale, eps;
+};
+
+// Adagrad or Adam in place, one gradient per row (`a` a permutation of the slots), in two passes
+// over the gradients in order, the states or rows ahead prefetched: the first moves each row's
+// states (Adagrad's sums by the gradient's squares; Adam's moments, as the general path) and
+// keeps the new sums (second moments) aside in slot order, whose square roots torch then takes
+// in one call (its bits, as the general path's); the second moves each row (Rooted), a row
+// stored in half precision widened as it is read and rounded as it is written (by its key and
+// new clock). Each row's and state's old value, and its meta, are kept aside before they change
+// (Kept); if any value is not finite, a clock would pass max_clock or what the store's meta
+// holds, or a half row's value its dtype cannot hold (102, after the others), everything is put
+// back, last change first. The same floats and failures as the general path (1 a row, 2 + k
+// state k), without copying every row and state aside and back.
 template <typename Store>
-int64_t adagrad_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
-                              const int64_t* inv, const int64_t* cn, int64_t counted, int64_t n, int64_t D,
-                              float nlr, float feps, int64_t max_clock) {
-  const Kept<Store> kept(t, n, D);
+int64_t rooted_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g, const int64_t* inv,
+                             const int64_t* cn, int64_t counted, int64_t n, int64_t D, const Rooted& opt,
+                             int64_t max_clock) {
+  const int S = opt.adam ? 2 : 1;
+  const Kept<Store> kept(t, n, D, S);
   thread_local std::vector<float> roots, wide;  // wide: a half row widened
   thread_local std::vector<int64_t> nc;
   thread_local std::vector<uint16_t> rounded;
   if (roots.size() < size_t(n * D)) roots.resize(size_t(n * D));
   if (nc.size() < size_t(n)) nc.resize(size_t(n));
   if (wide.size() < size_t(D)) wide.resize(size_t(D)), rounded.resize(size_t(D));
-  bool bad_sum = false, bad_row = false;
+  uint32_t bad_state[2] = {0, 0}, bad_row = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
-      prefetch(t.state(0, r[a[i + kAhead]]), D * 4, true);
+      for (int k = 0; k < S; ++k) prefetch(t.state(k, r[a[i + kAhead]]), D * 4, true);
       t.prefetch_meta(r[a[i + kAhead]]);
     }
     const int64_t j = a[i], row = r[j];
-    float* acc = t.state(0, row);
     float* root = roots.data() + j * D;
     const float* gi = g + i * D;
-    kept.sum(i, row);
-    uint32_t bad = 0;
-    for (int64_t d = 0; d < D; ++d) {
-      const float sq = gi[d] * gi[d];
-      const float after = acc[d] + sq;
-      bad |= uint32_t(not_finite(after));
-      acc[d] = after;
-      root[d] = after;
+    kept.states(i, row);
+    if (opt.adam) {
+      float* mj = t.state(0, row);
+      float* vj = t.state(1, row);
+      for (int64_t d = 0; d < D; ++d) {
+        const float dm = (gi[d] - mj[d]) * opt.c1;
+        mj[d] += dm;
+        const float sq = gi[d] * gi[d];
+        const float dv = (sq - vj[d]) * opt.c2;
+        vj[d] += dv;
+        bad_state[0] |= uint32_t(not_finite(mj[d]));
+        bad_state[1] |= uint32_t(not_finite(vj[d]));
+        root[d] = vj[d];
+      }
+    } else {
+      float* acc = t.state(0, row);
+      for (int64_t d = 0; d < D; ++d) {
+        const float sq = gi[d] * gi[d];
+        acc[d] += sq;
+        bad_state[0] |= uint32_t(not_finite(acc[d]));
+        root[d] = acc[d];
+      }
     }
-    bad_sum |= bad != 0;
     nc[size_t(j)] = t.clock(row);
   }
   const int64_t why = new_clocks(t, inv, cn, counted, n, max_clock, nc.data());
   torch::from_blob(roots.data(), {n, D}, torch::kFloat32).sqrt_();  // torch's own kernel, as the reference's
   int64_t unfit_slot = n;  // half rows: the first slot with a value its dtype cannot hold (102)
   for (int64_t i = 0; i < n; ++i) {
-    if (i + kAhead < n) prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
+    if (i + kAhead < n) {
+      prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
+      if (opt.adam) prefetch(t.state(0, r[a[i + kAhead]]), D * 4, false);
+    }
     const int64_t j = a[i], row = r[j];
     const float* rj = roots.data() + j * D;
-    const float* gi = g + i * D;
+    const float* x = opt.adam ? t.state(0, row) : g + i * D;  // the first moment, moved; or the gradient
     kept.row(i, row);
     float* wi = row_to_move(t, row, wide.data());
-    uint32_t bad = 0;
     for (int64_t d = 0; d < D; ++d) {
-      const float q = gi[d] / (rj[d] + feps);
-      const float after = std::fma(q, nlr, wi[d]);
-      bad |= uint32_t(not_finite(after));
-      wi[d] = after;
+      const float q = x[d] / (rj[d] + opt.eps);
+      wi[d] = std::fma(q, opt.scale, wi[d]);
+      bad_row |= uint32_t(not_finite(wi[d]));
     }
-    bad_row |= bad != 0;
     store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);
     t.written(row, nc[size_t(j)]);
   }
-  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit_slot < n ? 102 : 0;
+  const int64_t failed = bad_row ? 1 : bad_state[0] ? 2 : bad_state[1] ? 3 : why ? why : unfit_slot < n ? 102 : 0;
   if (failed) kept.put_back(r, a, n);
   return failed;
 }
@@ -296,13 +324,13 @@ inline void adagrad_steps_row(float* acc, float* w, const float* g, int64_t u, c
 // gradient sums u[i] steps whose squares sum to sq[i] (one float a row, W = 1, shared out in
 // proportion to the gradient's squares; or one a coordinate, W = D); each coordinate's sum grows
 // by its share and the row moves by lr * g * adagrad_factor (adagrad_steps_row). Kept and put
-// back as adagrad_push_in_place, with the same failures; the same floats as the general path.
+// back as rooted_push_in_place, with the same failures; the same floats as the general path.
 template <typename Store>
 int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int64_t* a, const float* g,
                                     const int64_t* inv, const int64_t* cn, int64_t counted, const int64_t* u,
                                     const float* sqp, int64_t W, int64_t n, int64_t D, float nlr, float feps,
                                     int64_t max_clock) {
-  const Kept<Store> kept(t, n, D);
+  const Kept<Store> kept(t, n, D, 1);
   thread_local std::vector<float> wide, shares;  // a half row widened; a row's squares, shared out
   thread_local std::vector<int64_t> nc;
   thread_local std::vector<uint16_t> rounded;
@@ -325,7 +353,7 @@ int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int6
     const int64_t j = a[i], row = r[j];
     float* acc = t.state(0, row);
     const float* gi = g + i * D;
-    kept.sum(i, row);
+    kept.states(i, row);
     kept.row(i, row);
     float* wi = row_to_move(t, row, wide.data());
     uint32_t bad_s = 0, bad_w = 0;

@@ -36,16 +36,16 @@ static torch::Tensor torch_sqrt(float* values, int64_t m, int64_t D) {
 
 namespace {
 
-using het_push::adagrad_push_in_place;
 using het_push::adagrad_steps_push_in_place;
 using het_push::ChunkStore;
 using het_push::clock_failure;
 using het_push::FlatStore;
 using het_push::is_permutation;
+using het_push::rooted_push_in_place;
 using het_push::sgd_push_in_place;
 
-// A push, all or nothing: SGD on float32 rows and Adagrad, of one step or several, in place
-// (push_in_place.h); the rest with the new rows and optimizer state of the unique `rows`
+// A push, all or nothing: SGD on float32 rows, Adagrad (of one step or several) and Adam in
+// place (push_in_place.h); the rest with the new rows and optimizer state of the unique `rows`
 // computed aside and checked first
 // (every value finite, no clock past max_clock), and written only if they pass. `at` gives each
 // gradient's place in `rows`, and `inverse` each count's. SGD applies the gradients in order,
@@ -85,12 +85,14 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
                 "steps, sq: expected (", n, ") and (", n, ", 1 or ", D, "), got ", steps.sizes(), " and ",
                 sq.sizes());
   }
-  if ((kind == "adagrad" || several) && S == 1 && n == m && is_permutation(a, n)) {
+  const bool adam = kind == "adam" && S == 2;
+  if ((((kind == "adagrad" || several) && S == 1) || adam) && n == m && is_permutation(a, n)) {
     if (several) {
       return adagrad_steps_push_in_place(t, r, a, g, inv, cn, inverse.numel(), steps.data_ptr<int64_t>(),
                                          sq.data_ptr<float>(), sq.size(1), n, D, float(-lr), float(eps), max_clock);
     }
-    return adagrad_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, float(-lr), float(eps), max_clock);
+    const het_push::Rooted opt{adam, float(1 - beta1), float(1 - beta2), float(adam ? -step_size : -lr), float(eps)};
+    return rooted_push_in_place(t, r, a, g, inv, cn, inverse.numel(), n, D, opt, max_clock);
   }
   // the new values, aside: rows, then each state. The scratch is kept between calls (a fresh
   // megabyte-sized block a push costs page faults) and not zero-filled: every value is copied
