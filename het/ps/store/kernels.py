@@ -133,10 +133,9 @@ def _restore(t, rows: torch.Tensor, saved: dict) -> None:
 class NativePush:
     """The push in one native call (het.native), with the reference's bits (a push of several
     steps of Adagrad: its values to rounding, its square roots being IEEE's). SGD applies the
-    gradients one after another, duplicates too, in place in one pass; Adagrad moves the sums,
-    then the rows, in place in two; each row's old values are kept aside and put back if the push
-    fails. Adam, and Adagrad's steps, compute the new values aside and check them before any is
-    written."""
+    gradients one after another, duplicates too, in place in one pass; Adagrad and Adam move the
+    states, then the rows, in place in two, and Adagrad's pushes of several steps both in one;
+    each row's old values are kept aside and put back if the push fails."""
 
     def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                  sq: torch.Tensor | None) -> None:
