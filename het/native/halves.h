@@ -65,8 +65,8 @@ inline float stochastic(float x, uint32_t r) {
   }
 }
 
-// The value a half push of this thread last refused (102) because its dtype cannot hold it: the
-// first in the push's slot order, as the reference names (halves.refuse).
+// The value a half push of this thread last refused (102) because its dtype cannot hold it: in
+// the row of the least key, as the reference names it (halves.refuse).
 inline thread_local float refused = 0.0f;
 
 // Each of D columns' 16 random bits: column c takes the (c % 4)-th quarter, lowest first, of

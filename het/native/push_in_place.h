@@ -162,11 +162,25 @@ float* row_to_move(const Store& t, int64_t row, float* wide) {
   }
 }
 
+// The first value a half push could not round into its dtype, as the reference names it: that
+// of the row with the least key (halves.round_rows over the rows in key order).
+struct Unfit {
+  bool any = false;
+  int64_t key = 0;
+  // the row `key`'s column c of `values` does not fit: kept (het_halves::refused) if first
+  void saw(int64_t row_key, const float* values, int64_t c) {
+    if (any && key <= row_key) return;
+    any = true;
+    key = row_key;
+    het_halves::refused = values[c];
+  }
+};
+
 // A half row moved (in `wide`) rounded by its key and new clock and stored; false, storing
-// nothing, if a value does not fit its dtype (the first such, in slot order, named).
+// nothing, if a value does not fit its dtype (seen by `unfit`).
 template <typename Store>
 bool store_moved(const Store& t, int64_t row, int64_t j, int64_t clock, const float* wide, uint16_t* rounded,
-                 int64_t& unfit_slot) {
+                 Unfit& unfit) {
   if constexpr (Store::kFloat) {
     return true;
   } else {
@@ -175,10 +189,7 @@ bool store_moved(const Store& t, int64_t row, int64_t j, int64_t clock, const fl
       t.store_row(row, rounded);
       return true;
     }
-    if (j < unfit_slot) {  // named as the reference names it: the first in slot order
-      unfit_slot = j;
-      het_halves::refused = wide[c];
-    }
+    unfit.saw(t.key_of(row, j), wide, c);
     return false;
   }
 }
@@ -256,7 +267,7 @@ int64_t rooted_push_in_place(const Store& t, const int64_t* r, const int64_t* a,
   }
   const int64_t why = new_clocks(t, inv, cn, counted, n, max_clock, nc.data());
   torch::from_blob(roots.data(), {n, D}, torch::kFloat32).sqrt_();  // torch's own kernel, as the reference's
-  int64_t unfit_slot = n;  // half rows: the first slot with a value its dtype cannot hold (102)
+  Unfit unfit;  // half rows: a value its dtype cannot hold (102)
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
       prefetch(t.row_at(r[a[i + kAhead]]), D * (Store::kFloat ? 4 : 2), true);
@@ -272,10 +283,10 @@ int64_t rooted_push_in_place(const Store& t, const int64_t* r, const int64_t* a,
       wi[d] = std::fma(q, opt.scale, wi[d]);
       bad_row |= uint32_t(not_finite(wi[d]));
     }
-    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);
+    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit);
     t.written(row, nc[size_t(j)]);
   }
-  const int64_t failed = bad_row ? 1 : bad_state[0] ? 2 : bad_state[1] ? 3 : why ? why : unfit_slot < n ? 102 : 0;
+  const int64_t failed = bad_row ? 1 : bad_state[0] ? 2 : bad_state[1] ? 3 : why ? why : unfit.any ? 102 : 0;
   if (failed) kept.put_back(r, a, n);
   return failed;
 }
@@ -342,7 +353,7 @@ int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int6
   }
   const int64_t why = new_clocks(t, inv, cn, counted, n, max_clock, nc.data());
   bool bad_sum = false, bad_row = false;
-  int64_t unfit_slot = n;
+  Unfit unfit;
   for (int64_t i = 0; i < n; ++i) {
     if (i + kAhead < n) {
       const int64_t ahead = r[a[i + kAhead]];
@@ -361,10 +372,10 @@ int64_t adagrad_steps_push_in_place(const Store& t, const int64_t* r, const int6
                       bad_w);
     bad_sum |= bad_s != 0;
     bad_row |= bad_w != 0;
-    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit_slot);
+    store_moved(t, row, j, nc[size_t(j)], wi, rounded.data(), unfit);
     t.written(row, nc[size_t(j)]);
   }
-  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit_slot < n ? 102 : 0;
+  const int64_t failed = bad_row ? 1 : bad_sum ? 2 : why ? why : unfit.any ? 102 : 0;
   if (failed) kept.put_back(r, a, n);
   return failed;
 }

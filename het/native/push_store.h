@@ -83,54 +83,51 @@ struct ChunkMeta {
   }
 };
 
-// A dynamic table's float32 rows, and a slot's S states of D floats packed in a record of SW.
-struct ChunkStore : ChunkMeta {
-  static constexpr bool kFloat = true;
-  std::vector<float*> w, st;
+// A dynamic table's rows (T: float, or a half dtype's bits) and a slot's S states of D floats
+// packed in a record of SW, chunk by chunk.
+template <typename T>
+struct ChunkRows : ChunkMeta {
+  std::vector<T*> w;
+  std::vector<float*> st;
   int64_t D, SW, S;
-  float* row(int64_t r) const {
+  T* at(int64_t r) const {
     auto [c, o] = locate(r);
     return w[c] + o * D;
   }
-  const void* row_at(int64_t r) const { return row(r); }
-  void load_row(int64_t r, float* dst) const {
-    const float* src = row(r);
-    std::copy(src, src + D, dst);
-  }
+  const void* row_at(int64_t r) const { return at(r); }
   float* state(int i, int64_t r) const {
     auto [c, o] = locate(r);
     return st[c] + o * SW + i * D;
   }
 };
 
+// A dynamic table's float32 rows.
+struct ChunkStore : ChunkRows<float> {
+  static constexpr bool kFloat = true;
+  float* row(int64_t r) const { return at(r); }
+  void load_row(int64_t r, float* dst) const {
+    const float* src = at(r);
+    std::copy(src, src + D, dst);
+  }
+};
+
 // A dynamic table whose rows are stored in half precision (H as HalfStore's), each rounded as
 // HalfStore rounds it, by its key: the push's j-th row (slot rows[j]) is keys[j].
 template <typename H>
-struct ChunkHalfStore : ChunkMeta {
+struct ChunkHalfStore : ChunkRows<uint16_t> {
   static constexpr bool kFloat = false;
-  std::vector<uint16_t*> w;
-  std::vector<float*> st;
-  int64_t D, SW, S;
   const int64_t* keys;
   bool stochastic;
-  uint16_t* bits_at(int64_t r) const {
-    auto [c, o] = locate(r);
-    return w[c] + o * D;
-  }
-  const void* row_at(int64_t r) const { return bits_at(r); }
-  void load_row(int64_t r, float* dst) const { het_halves::widen_row<H>(bits_at(r), dst, D); }
-  int64_t round(int64_t, int64_t j, int64_t clock, const float* values, uint16_t* out) const {
-    const int64_t salt = stochastic ? het_halves::salt_of(keys[j], clock) : 0;
+  void load_row(int64_t r, float* dst) const { het_halves::widen_row<H>(at(r), dst, D); }
+  int64_t key_of(int64_t, int64_t j) const { return keys[j]; }
+  int64_t round(int64_t r, int64_t j, int64_t clock, const float* values, uint16_t* out) const {
+    const int64_t salt = stochastic ? het_halves::salt_of(key_of(r, j), clock) : 0;
     return het_halves::round_row<H>(values, out, salt, D, stochastic);
   }
-  void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, bits_at(r)); }
+  void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, at(r)); }
   void copy_bits(int64_t r, uint16_t* dst) const {
-    const uint16_t* src = bits_at(r);
+    const uint16_t* src = at(r);
     std::copy(src, src + D, dst);
-  }
-  float* state(int i, int64_t r) const {
-    auto [c, o] = locate(r);
-    return st[c] + o * SW + i * D;
   }
 };
 
@@ -151,9 +148,10 @@ struct HalfStore {
   void load_row(int64_t r, float* dst) const {
     het_halves::widen_row<H>(w + r * D, dst, D);
   }
+  int64_t key_of(int64_t r, int64_t) const { return r * shards + index; }
   // row r (the push's j-th) rounded from `values` into out (D); -1, or a column its dtype cannot hold
-  int64_t round(int64_t r, int64_t, int64_t clock, const float* values, uint16_t* out) const {
-    const int64_t salt = stochastic ? het_halves::salt_of(r * shards + index, clock) : 0;
+  int64_t round(int64_t r, int64_t j, int64_t clock, const float* values, uint16_t* out) const {
+    const int64_t salt = stochastic ? het_halves::salt_of(key_of(r, j), clock) : 0;
     return het_halves::round_row<H>(values, out, salt, D, stochastic);
   }
   void store_row(int64_t r, const uint16_t* bits) const { std::copy(bits, bits + D, w + r * D); }

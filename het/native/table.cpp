@@ -202,13 +202,12 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
   if constexpr (!Store::kFloat) {  // half rows: all rounded, and each checked to fit, before any is written
     thread_local std::vector<uint16_t> bits;
     if (bits.size() < size_t(m * D)) bits.resize(size_t(m * D));
+    het_push::Unfit unfit;
     for (int64_t j = 0; j < m; ++j) {
       const int64_t c = t.round(r[j], j, nc[j], nw + j * D, bits.data() + j * D);
-      if (c >= 0) {
-        het_halves::refused = nw[j * D + c];
-        return 102;
-      }
+      if (c >= 0) unfit.saw(t.key_of(r[j], j), nw + j * D, c);
     }
+    if (unfit.any) return 102;
     for (int64_t j = 0; j < m; ++j) t.store_row(r[j], bits.data() + j * D);
   }
   for (int64_t j = 0; j < m; ++j) {  // all checked: write
@@ -265,6 +264,15 @@ int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vect
                                                 weight.size(1), shards, index, stochastic});
 }
 
+// A dynamic table's chunks, their rows as T.
+template <typename T>
+static het_push::ChunkRows<T> chunk_rows(const het_push::ChunkMeta& where, const std::vector<void*>& w,
+                                         const std::vector<float*>& st, int64_t D, int64_t S) {
+  het_push::ChunkRows<T> rows{where, {}, st, D, S * D, S};
+  for (void* p : w) rows.w.push_back(static_cast<T*>(p));
+  return rows;
+}
+
 // DynamicRows.push for a dynamic table's stored slots (push_rows above), its storage in chunks
 // (het.ps.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim; float32, or float16 or
 // bfloat16: then the j-th row written is rounded as table_push_half rounds it, by its key
@@ -316,19 +324,12 @@ int64_t chunk_push(const std::string& kind, std::vector<torch::Tensor> weight, s
     return push_rows(t, int(S), kind, rows, at, inverse, grads, counts, lr, eps, beta1, beta2, step_size, max_clock,
                      steps, sq);
   };
-  if (dtype == torch::kFloat32) {
-    ChunkStore t{where, {}, st, D, S * D, S};
-    for (void* p : w) t.w.push_back(static_cast<float*>(p));
-    return run(t);
-  }
+  if (dtype == torch::kFloat32) return run(ChunkStore{chunk_rows<float>(where, w, st, D, S)});
   check(keys, torch::kInt64, "keys");
   TORCH_CHECK(keys.numel() == rows.numel(), "keys: expected ", rows.numel(), ", got ", keys.numel());
-  std::vector<uint16_t*> halves;
-  for (void* p : w) halves.push_back(static_cast<uint16_t*>(p));
+  const auto halves = chunk_rows<uint16_t>(where, w, st, D, S);
   if (dtype == torch::kHalf) {
-    return run(het_push::ChunkHalfStore<c10::Half>{where, halves, st, D, S * D, S, keys.data_ptr<int64_t>(),
-                                                    stochastic});
+    return run(het_push::ChunkHalfStore<c10::Half>{halves, keys.data_ptr<int64_t>(), stochastic});
   }
-  return run(het_push::ChunkHalfStore<c10::BFloat16>{where, halves, st, D, S * D, S, keys.data_ptr<int64_t>(),
-                                                      stochastic});
+  return run(het_push::ChunkHalfStore<c10::BFloat16>{halves, keys.data_ptr<int64_t>(), stochastic});
 }

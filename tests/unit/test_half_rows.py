@@ -117,6 +117,30 @@ def test_a_row_float16_cannot_hold_refuses_the_push_and_changes_nothing():
         assert t.clocks_of(t.locate(torch.tensor([1, 2]))).tolist() == [0, 0]
 
 
+@pytest.mark.skipif(native.ops is None, reason="het's native core is not built")
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])  # computed aside; in place
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_refused_half_push_names_the_value_of_the_least_key_as_the_reference(optimizer, dynamic):
+    """Two rows pushed past float16's range: the value named is that of the least key, natively
+    as by the reference, whatever slots the keys hold (a dynamic table's, in the order they came:
+    key 9 before key 5)."""
+    opt = OptimizerConfig(optimizer, lr=1.0 if optimizer == "sgd" else 1e5, initial_accumulator=1.0)
+    cfg = TableConfig("t", rows=None if dynamic else 16, dim=2, row_dtype="fp16", optimizer=opt)
+    fast = DynamicRows(cfg, 0, 1) if dynamic else FixedRows(cfg, 0, 1)
+    ref = DynamicRows(cfg, 0, 1) if dynamic else FixedRows(cfg, 0, 1, native=False)
+    ref.native = False
+    messages = []
+    for t in (fast, ref):
+        for key in (9, 5):  # stored, unmoved
+            t.push(t.locate(torch.tensor([key])), torch.zeros(1, 2), torch.ones(1, dtype=torch.int64), step=1)
+        # key 5 to about 70,000 (SGD: 7e4; Adagrad: 1e5 / sqrt(2)), key 9 past 80,000
+        grads = torch.tensor([[-7e4, 0.0], [-8e4, 0.0]]) if optimizer == "sgd" else torch.tensor([[-1.0, 0], [-3, 0]])
+        with pytest.raises(ValueError, match="does not fit float16") as e:
+            t.push(t.locate(torch.tensor([5, 9])), grads, torch.ones(2, dtype=torch.int64), step=2)
+        messages.append(str(e.value))
+    assert messages[0] == messages[1] and "a row value 70" in messages[0], messages
+
+
 def test_saves_keep_half_rows_and_a_float32_save_loads_rounded(tmp_path):
     opt = OptimizerConfig("adagrad", lr=0.1)
     half_cfg = TableConfig("t", rows=50, dim=4, row_dtype="fp16", optimizer=opt)

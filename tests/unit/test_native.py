@@ -415,6 +415,26 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
             assert torch.equal(fast.optimizer.state[name], ref.optimizer.state[name]), (name, step)
 
 
+def native_and_reference_shards(table: str, optimizer: OptimizerConfig, seed: int):
+    """Two in-process shards of a 64-key table of dim 16 (``table``: "fixed" or "dynamic", then
+    the rows' dtype if not fp32), one pushing natively, one by the torch reference, and the 64
+    keys in a random order (a dynamic table's spread over a wide range)."""
+    from het.config import ShardConfig
+    from het.ps.shard import Shard
+    from het.ps.store.fixed import FixedRows
+
+    dynamic, dtype = table.startswith("dynamic"), table.split()[-1] if " " in table else "fp32"
+    cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=optimizer, row_dtype=dtype)
+    fast, ref = Shard(ShardConfig((cfg,))), Shard(ShardConfig((cfg,)))
+    if dynamic:
+        ref.tables["t"].native = False
+    else:
+        ref.tables["t"] = FixedRows(cfg, 0, 1, native=False)
+    assert fast.tables["t"].native and not ref.tables["t"].native
+    keys = torch.randperm(64, generator=torch.Generator().manual_seed(seed)).numpy() * (7919 if dynamic else 1)
+    return fast, ref, keys
+
+
 @needs_build
 # fp16 holds no row near 3e38 to overflow; its own failure is a finite value past 65504 ("unfit")
 @pytest.mark.parametrize("several", [False, True], ids=["one step", "several steps"])
@@ -430,22 +450,11 @@ def test_an_adagrad_push_refused_part_way_puts_everything_back(table, fails, sev
     Pushes of several steps (their squares sent along) too: equal to the reference to float
     rounding (their square roots IEEE's, the reference's torch's). A quarter of the keys are new
     to the push."""
-    from het.config import ShardConfig
     from het.ps.limits import MAX_CLOCK, MAX_COUNT
-    from het.ps.shard import Shard
-    from het.ps.store.fixed import FixedRows
 
-    dynamic, dtype = table.startswith("dynamic"), table.split()[-1] if " " in table else "fp32"
+    dynamic = table.startswith("dynamic")
     lr = {"row": 3e38, "unfit": 6e4 if several else 4e4}.get(fails, 0.05)  # a step moves a row by about lr
-    cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=OptimizerConfig("adagrad", lr=lr),
-                      row_dtype=dtype)
-    fast, ref = Shard(ShardConfig((cfg,))), Shard(ShardConfig((cfg,)))
-    if dynamic:
-        ref.tables["t"].native = False
-    else:
-        ref.tables["t"] = FixedRows(cfg, 0, 1, native=False)
-    assert fast.tables["t"].native and not ref.tables["t"].native
-    keys = torch.randperm(64, generator=torch.Generator().manual_seed(1)).numpy() * (7919 if dynamic else 1)
+    fast, ref, keys = native_and_reference_shards(table, OptimizerConfig("adagrad", lr=lr), seed=1)
 
     def held(s):  # every key's row, clock and sums (a sync that asks for them all), marks or meta, rows stored
         index, rows, clocks, sums = s.sync("t", keys, np.full(64, -1), bound=0, state="full")
@@ -496,7 +505,7 @@ def test_an_adagrad_push_refused_part_way_puts_everything_back(table, fails, sev
         assert errors[0] == errors[1]
     for a, b in zip(held(fast), held(ref)):
         if several and a.dtype == np.float32:
-            np.testing.assert_allclose(a, b, rtol=1e-2 if dtype != "fp32" else 1e-5, atol=1e-6)
+            np.testing.assert_allclose(a, b, rtol=1e-2 if " " in table else 1e-5, atol=1e-6)
         else:
             assert np.array_equal(a, b)
     if refused:
@@ -516,21 +525,9 @@ def test_an_adam_push_refused_part_way_puts_everything_back(table, fails):
     through the same code) leaves every row, moment, clock, mark and stored key as it was, with
     the reference's message; one that passes equals the reference bit for bit. A quarter of the
     keys are new to the push."""
-    from het.config import ShardConfig
-    from het.ps.shard import Shard
-    from het.ps.store.fixed import FixedRows
-
-    dynamic, dtype = table.startswith("dynamic"), table.split()[-1] if " " in table else "fp32"
+    dynamic = table.startswith("dynamic")
     lr = 4e4 if fails == "unfit" else 0.05  # Adam's first step moves a row by lr
-    cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=OptimizerConfig("adam", lr=lr),
-                      row_dtype=dtype)
-    fast, ref = Shard(ShardConfig((cfg,))), Shard(ShardConfig((cfg,)))
-    if dynamic:
-        ref.tables["t"].native = False
-    else:
-        ref.tables["t"] = FixedRows(cfg, 0, 1, native=False)
-    assert fast.tables["t"].native and not ref.tables["t"].native
-    keys = torch.randperm(64, generator=torch.Generator().manual_seed(2)).numpy() * (7919 if dynamic else 1)
+    fast, ref, keys = native_and_reference_shards(table, OptimizerConfig("adam", lr=lr), seed=2)
 
     def held(s):  # every key's row and clock, its moments, marks or meta, rows stored
         _, rows, clocks = s.sync("t", keys, np.full(64, -1), bound=0)
