@@ -1,7 +1,7 @@
 // The pushes that change a table's rows where they live (table.cpp's push_rows takes them where
-// they apply): SGD on float32 rows, and Adagrad with one gradient a row. Each keeps the old
-// values it overwrites and puts them back if the push fails, so a push is all or nothing without
-// copying every row aside and back.
+// they apply): SGD on float32 rows; Adagrad, of one step or several, and Adam, with one gradient
+// a row, on any rows. Each keeps the old values it overwrites and puts them back if the push
+// fails, so a push is all or nothing without copying every row aside and back.
 #pragma once
 #include <cstring>
 #include <vector>

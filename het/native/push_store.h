@@ -18,7 +18,7 @@ namespace het_push {
 // half precision. The push below reads and writes rows only through these, so all take the
 // same floats.
 struct FlatStore {
-  static constexpr bool kFloat = true;  // rows are float32: SGD pushes in place (Adagrad does on any rows)
+  static constexpr bool kFloat = true;  // rows are float32: SGD pushes in place (Adagrad and Adam do on any rows)
   float* w;
   std::vector<float*> st;
   int64_t* ck;

@@ -46,11 +46,10 @@ using het_push::sgd_push_in_place;
 
 // A push, all or nothing: SGD on float32 rows, Adagrad (of one step or several) and Adam in
 // place (push_in_place.h); the rest with the new rows and optimizer state of the unique `rows`
-// computed aside and checked first
-// (every value finite, no clock past max_clock), and written only if they pass. `at` gives each
-// gradient's place in `rows`, and `inverse` each count's. SGD applies the gradients in order,
-// duplicates one after another; Adagrad and Adam take one gradient per
-// row (duplicates summed by the caller). The floats follow het.ps.store.optim's tensor ops:
+// computed aside and checked first (every value finite, no clock past max_clock), and written
+// only if they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD
+// applies the gradients in order, duplicates one after another; Adagrad and Adam take one
+// gradient per row (duplicates summed by the caller). The floats follow het.ps.store.optim's tensor ops:
 // torch's index_add_(alpha) is a fused multiply-add (its kernel: vec::fmadd), and square roots
 // are torch's. Returns 0, or what failed: 1 rows, 2 + i state i, 100 a clock, 101 the meta's width.
 template <typename Store>
