@@ -286,18 +286,19 @@ def test_a_request_of_no_keys_sends_nothing_and_gives_empty_results(shards):
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 @pytest.mark.parametrize("lr", [1.0, 1e-30])
+@pytest.mark.parametrize("rows", [20, None], ids=["fixed", "dynamic"])
 def test_a_table_that_refuses_non_finite_gradients_itself_names_them_as_the_check_would(monkeypatch, optimizer,
-                                                                                        bad, lr):
-    """A fixed table's native push refuses any non-finite result: the shard spares the gradients'
-    pass before it, and when the push is refused says what the pass would have said, counts it
-    an error (not a refused update) and changes nothing. A push that overflows is refused as
-    the table names it."""
+                                                                                        bad, lr, rows):
+    """A native push of float32 rows, fixed or dynamic, refuses any non-finite result: the shard
+    spares the gradients' pass before it, and when the push is refused says what the pass would
+    have said, counts it an error (not a refused update) and changes nothing, a new key of a
+    dynamic table left unstored. A push that overflows is refused as the table names it."""
     from het import native
     from het.ps.wire import checks
 
     if native.ops is None:
         pytest.skip("het's native core is not built")
-    table = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig(optimizer, lr=lr))
+    table = TableConfig("t", rows=rows, dim=3, optimizer=OptimizerConfig(optimizer, lr=lr))
     shard = Shard(ShardConfig((table,)))
     assert shard.tables["t"].refuses_non_finite_grads
     passes = []
@@ -305,15 +306,33 @@ def test_a_table_that_refuses_non_finite_gradients_itself_names_them_as_the_chec
     keys, counts = np.array([1, 4, 1]), np.array([1, 1, 1])
     assert shard.push("t", keys, np.ones((3, 3), np.float32), counts) == 3 and not passes  # no pass when taken
     rows = shard.pull("t", np.arange(20))[0].copy()
-    grads = np.ones((3, 3), np.float32)
+    stored = shard.tables["t"].stats()["rows"]
+    grads = np.ones((4, 3), np.float32)
     grads[2, 1] = bad
     with pytest.raises(ValueError, match=r"^grads for table 't' hold NaN or inf: refused, nothing changed$"):
-        shard.push("t", keys, grads, counts)
+        shard.push("t", np.array([1, 4, 1, 9]), grads, np.array([1, 1, 1, 1]))  # key 9 new to a dynamic table
     assert shard.stats["refused_pushes"] == 0 and np.array_equal(shard.pull("t", np.arange(20))[0], rows)
+    assert shard.tables["t"].stats()["rows"] == stored
     if optimizer == "sgd" and lr == 1.0:  # key 1 twice: -6e38 is past float32's range
         with pytest.raises(ValueError, match=r"refused, nothing changed: the update would make rows non-finite"):
             shard.push("t", keys, np.full((3, 3), 3e38, np.float32), counts)
         assert shard.stats["refused_pushes"] == 1 and np.array_equal(shard.pull("t", np.arange(20))[0], rows)
+
+
+@pytest.mark.parametrize("table", [dict(admit_after=2), dict(row_dtype="bf16")], ids=["admitting", "bf16"])
+def test_a_dynamic_table_that_may_not_see_every_gradient_keeps_the_pass(table):
+    """A dynamic table that admits keys after several sightings drops the gradients of keys not
+    yet admitted unseen, so its push cannot be the gradients' check: the shard's pass runs and
+    refuses a NaN for such a key, counting nothing. Half rows keep the pass too, as a fixed
+    table's."""
+    shard = Shard(ShardConfig((TableConfig("t", rows=None, dim=3, optimizer=OptimizerConfig("sgd", lr=0.1),
+                                           **table),)))
+    assert not shard.tables["t"].refuses_non_finite_grads
+    grads = np.array([[math.nan, 0, 0]], np.float32)
+    with pytest.raises(ValueError, match=r"^grads for table 't' hold NaN or inf: refused, nothing changed$"):
+        shard.push("t", np.array([5]), grads, np.array([1]))
+    assert shard.tables["t"].stats()["rows"] == 0
+    assert shard.push("t", np.array([5]), np.ones((1, 3), np.float32), np.array([1])) == 1
 
 
 @pytest.mark.parametrize("logged", [False, True])
