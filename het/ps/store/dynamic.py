@@ -97,8 +97,7 @@ class DynamicRows:
         self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
                        and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
                        and all(widths[n] == cfg.dim for n in self.state_names))
-        # a native push of float32 rows refuses any result that is not finite, as a fixed table's:
-        # the shard spares the gradients' pass before it; not where admission drops gradients unseen
+        # a native float32 push refuses non-finite results, sparing the shard's pass (not where admission drops some)
         self.refuses_non_finite_grads = self.native and self.dtype == torch.float32 and self.sketch is None
         # replies' rows gathered into reused buffers, as a fixed table's (a new one faults its pages in)
         self._replies = (kernels.ReplyBuffers(cfg.dim) if isinstance(self.store, MemoryRows)
