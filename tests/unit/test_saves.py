@@ -117,12 +117,27 @@ def test_a_save_is_on_disk_before_it_takes_its_name(tmp_path, monkeypatch):
 
 # -- the disk tier ---------------------------------------------------------------------------
 
-@PROPERTY
-@given(st.sampled_from(["cut", "flip"]), st.floats(0, 1, exclude_max=True), st.integers(0, 7))
+DAMAGE = (st.sampled_from(["cut", "flip"]), st.floats(0, 1, exclude_max=True), st.integers(0, 7))
+
+
+@settings(PROPERTY, max_examples=10)
+@given(*DAMAGE)
 def test_no_damage_to_a_segment_file_serves_a_wrong_row(tmp_path_factory, how, where, which):
     """A save's segments damaged: its load is refused or loads every row as saved. The live
     tier's damaged: each pull is refused or answers every row as pushed."""
-    tmp = tmp_path_factory.mktemp("tier")
+    segment_damaged(tmp_path_factory.mktemp("tier"), how, where, which)
+
+
+@pytest.mark.slow
+@settings(PROPERTY, max_examples=100)
+@given(*DAMAGE)
+def test_no_damage_to_a_segment_file_serves_a_wrong_row_in_many_places(tmp_path_factory, how, where, which):
+    segment_damaged(tmp_path_factory.mktemp("tier"), how, where, which)
+
+
+def segment_damaged(tmp, how: str, where: float, which: int) -> None:
+    """A disk tier's save and live segments damaged ``how`` at fraction ``where`` of segment
+    ``which``: every load and pull refused or right."""
     source = pushed(shard(tmp / "a", memory=1 << 16))
     source.save(str(tmp / "a" / "s.pt"))
     expected = rows(source)
