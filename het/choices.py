@@ -155,6 +155,7 @@ class Split(Choice):
 
     TRAIN = "train"
     TEST = "test"
+    VAL = "val"
 
 
 POLICIES, PUSH_DTYPES, SPLITS = Policy.values(), PushDtype.values(), Split.values()  # as plain strings

@@ -212,6 +212,13 @@ class EmbeddingCache:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
         return self._take((self.updates > 0).nonzero().flatten(), stay=True)
 
+    def forget(self) -> None:
+        """Make every cached copy ask the PS again at its next lookup (after the PS's rows were
+        put back to an earlier save). Only a flushed cache may forget: no update is dropped."""
+        if bool((self.updates > 0).any()):
+            raise RuntimeError("the cache holds unpushed updates: flush it before it forgets its copies")
+        self.clock.fill_(-1)
+
     def take_idle(self, share: float) -> Rows:
         """``ceil(share * k)`` of the ``k`` rows with unpushed updates that no announced step
         uses (the lookahead window's), nor the last ``protect`` lookups, to push now; they stay

@@ -24,7 +24,6 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from het.choices import SPLITS
 from het.data.batch import Batch
 from het.files import atomic_directory, create
 
@@ -32,6 +31,7 @@ __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS"
            "SkipReport", "SplitWriter", "check_inputs", "print_summary", "split_is_test", "summary", "writing"]
 
 ARRAYS = {"dense": np.float32, "sparse": np.int64, "labels": np.float32}  # per split
+SPLITS = ("train", "test")  # what a prepared directory stores (validation is carved from train: het.data.validation)
 HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
 MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
 _HEADER_BYTES = 128  # an .npy header of fixed size, rewritten in place once the row count is known
@@ -289,6 +289,17 @@ class PreparedDataset:
             take = lambda a: np.take(a, idx, axis=0)  # noqa: E731
         return Batch(*(torch.from_numpy(take(self._arrays[split, name])) for name in ARRAYS))
 
+
+    def take(self, split: str, rows: np.ndarray) -> Batch:
+        """The samples at ``rows`` (indices into ``split``), in that order. Shape: as :meth:`batch`."""
+        rows = np.asarray(rows, np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.rows[split]):
+            raise ValueError(f"rows {rows.min()}..{rows.max()} out of split {split!r}'s {self.rows[split]}")
+        order = np.argsort(rows, kind="stable")  # read in file order, put back in the order asked
+        back = np.empty_like(order)
+        back[order] = np.arange(len(order))
+        return Batch(*(torch.from_numpy(np.take(self._arrays[split, name], rows[order], axis=0)[back])
+                       for name in ARRAYS))
 
     def rows_between(self, split: str, lo: int, hi: int) -> Batch:
         """Samples ``lo .. hi - 1`` of ``split``, in order (no wrapping). Shape: as :meth:`batch`.

@@ -33,15 +33,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from het.data.hashing import hash_strings
+from het.data.labels import Positive
+from het.data.numbers import parse_numbers
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_summary, split_is_test, summary, writing)
 from het.data.sketch import DistinctSketch
 from het.data.table_reader import batches, check_columns
+from het.data.transforms import KINDS, DenseStats, apply_all, describe
 
 __all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "parse_numbers",
            "prepare_table"]
 
-_NUMBER = r"^[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$"
 _OK = -1
 
 
@@ -53,8 +55,13 @@ class TableSpec:
     dense: tuple[str, ...]
     sparse: tuple[str, ...]
     log_dense: bool = False
+    positive: str | None = None  # which labels are 1 (het.data.labels); None: 0 or 1 only
+    dense_transform: str = "auto"  # fitted on the training rows (het.data.transforms); log_dense: Criteo's
 
     def __post_init__(self):
+        Positive(self.positive)  # a malformed --positive is refused before any file is read
+        if self.dense_transform not in KINDS:
+            raise ValueError(f"dense transform must be one of {KINDS}, got {self.dense_transform!r}")
         columns = self.columns
         if not self.label or not self.sparse:
             raise ValueError(f"expected a label column and at least one sparse column, got label "
@@ -66,6 +73,11 @@ class TableSpec:
     @property
     def columns(self) -> list[str]:
         return [self.label, *self.dense, *self.sparse]
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the dense columns get transforms fitted on the training rows."""
+        return bool(self.dense) and not self.log_dense and self.dense_transform != "none"
 
     def check(self, names: list[str], path: str) -> None:
         """Refuse a file that lacks a column, naming each missing one and the ones it has, or
@@ -81,23 +93,6 @@ class TableSpec:
 
 
 # ---- one batch -> arrays ------------------------------------------------------------------------
-
-def parse_numbers(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(values float64, missing, bad) of a column of numbers or of their text. Shape: (n,) x3."""
-    if pa.types.is_dictionary(arr.type):
-        arr = arr.dictionary_decode()
-    if pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type):
-        text = pc.utf8_trim_whitespace(arr)
-        missing = pc.fill_null(pc.equal(pc.utf8_length(text), 0), True)
-        ok = pc.fill_null(pc.match_substring_regex(text, _NUMBER), False)
-        values = pc.cast(pc.if_else(ok, text, None), pa.float64()).to_numpy(zero_copy_only=False)
-        missing, ok = missing.to_numpy(zero_copy_only=False), ok.to_numpy(zero_copy_only=False)
-        bad = ~missing & (~ok | ~np.isfinite(np.where(ok, values, 0.0)))
-        return np.where(ok, values, 0.0), missing, bad
-    values = pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False)  # nulls -> NaN
-    missing = np.isnan(values)
-    return np.where(missing, 0.0, values), missing, np.isinf(values)
-
 
 def hash_column(name: str, arr: pa.Array) -> np.ndarray:
     """Keys of a column's values; nulls are the empty string (missing). Short values (at most
@@ -141,13 +136,16 @@ def _convert(batch: pa.RecordBatch, spec: TableSpec):
     """(labels (n,) float32, dense (n, D) float32, sparse (n, F) int64, bad column (n,) int:
     -1 for a valid row, else the index in ``spec.columns`` of its first bad column)."""
     n = batch.num_rows
-    label, missing, bad = parse_numbers(batch.column(spec.label))
-    bads = [bad | missing | ((label != 0) & (label != 1))]
+    label, bad = Positive(spec.positive).labels(batch.column(spec.label))
+    bads = [bad]
     dense = np.zeros((n, len(spec.dense)), np.float32)
     for j, name in enumerate(spec.dense):
-        x, _, bad = parse_numbers(batch.column(name))
+        x, missing, bad = parse_numbers(batch.column(name))
         bads.append(bad)
-        dense[:, j] = np.log1p(np.where(x > 0, x, 0.0)) if spec.log_dense else x  # -0.0 -> 0, as Criteo
+        if spec.fitted:  # raw, NaN where missing: the transform is fitted and applied after the pass
+            dense[:, j] = np.where(missing, np.nan, x)
+        else:
+            dense[:, j] = np.log1p(np.where(x > 0, x, 0.0)) if spec.log_dense else x  # -0.0 -> 0, as Criteo
     sparse = np.empty((n, len(spec.sparse)), np.int64)
     for j, name in enumerate(spec.sparse):
         sparse[:, j] = hash_column(name, batch.column(name))
@@ -161,14 +159,17 @@ def _reason(batch: pa.RecordBatch, spec: TableSpec, i: int, col: int) -> str:
     name = spec.columns[col]
     text = batch.column(name)[i].as_py()
     text = repr("" if text is None else str(text)[:40])
-    return f"label {name!r}: {text} is not 0 or 1" if col == 0 else f"{name}: {text} is not a finite number"
+    if col == 0:
+        return f"label {name!r}: {text} is not {Positive(spec.positive).describe()}" if spec.positive is None \
+            else f"label {name!r}: {text} is missing or not a number"
+    return f"{name}: {text} is not a finite number"
 
 
 # ---- the pass -----------------------------------------------------------------------------------
 
 def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: str | None = None,
                   names: list[str] | None = None, max_rows: int | None = None, test_fraction: float = 0.1,
-                  seed: int = 0, progress: bool = True) -> dict:
+                  seed: int = 0, progress: bool = True, max_skipped: float = 0.01) -> dict:
     """Hash CSV, TSV or Parquet files into ``out_dir`` in one pass; see the module docstring.
 
     Args:
@@ -178,6 +179,7 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         spec: the label, dense and sparse columns.
         names: the column names of CSV/TSV files without a header line (None: the first line).
         max_rows, test_fraction, seed, progress: as in :func:`het.data.criteo.prepare`.
+        max_skipped: the largest share of the lines that may be skipped; past it nothing is written.
 
     Returns:
         The summary: ``meta.json``'s content plus ``seconds`` and ``rows_per_second``.
@@ -187,8 +189,8 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         >>> d = tempfile.mkdtemp()
         >>> with open(f"{d}/t.csv", "w") as f:
         ...     _ = f.write("y,price,city\\n1,2.5,Paris\\n0,,Oslo\\n2,1,Rome\\n1,abc,Oslo\\n0,3\\n")
-        >>> s = prepare_table(f"{d}/t.csv", f"{d}/out", TableSpec("y", ("price",), ("city",)), test_fraction=0.0,
-        ...                   progress=False)
+        >>> spec = TableSpec("y", ("price",), ("city",), dense_transform="none")
+        >>> s = prepare_table(f"{d}/t.csv", f"{d}/out", spec, test_fraction=0.0, progress=False, max_skipped=0.7)
         >>> s["rows"], s["skipped"], [(e["line"], e["reason"]) for e in s["first_skipped"]]
         (2, 3, [(4, "label 'y': '2' is not 0 or 1"), (5, "price: 'abc' is not a finite number"), (6, "expected 3 ','-separated columns, got 2")])
         >>> data = TableDataset(f"{d}/out")
@@ -200,15 +202,18 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     check_columns(paths, spec, sep, names)
     started = time.perf_counter()
     with writing(out_dir, len(spec.dense), len(spec.sparse)) as writer:
-        stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
-        if stats["rows"] == 0:
-            raise ValueError(f"no valid rows in {paths}: {stats['skipped']} lines skipped, "
-                             f"the first: {stats['first_skipped'][:3]}")
+        stats, dense_stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
+        _check_rows(stats, spec, paths, max_skipped)
+        transforms = dense_stats.fit(list(spec.dense), spec.dense_transform) if spec.fitted else None
+        if transforms:
+            _transform_in_place(writer.out_dir, transforms)
         meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "table", **stats,
                 "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(spec.sparse),
                 "num_dense": len(spec.dense), "num_rows": None, "label": spec.label, "dense": list(spec.dense),
                 "sparse": list(spec.sparse), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
-                "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else "x, missing -> 0",
+                "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else
+                ("fitted on the training rows: " + describe(transforms) if transforms else "x, missing -> 0"),
+                "dense_transforms": transforms, "positive": spec.positive,
                 "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
                 "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
         writer.write_meta(meta)
@@ -219,7 +224,8 @@ def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progr
     """The one pass: convert, split and write every valid row; count the distinct keys."""
     from tqdm import tqdm
 
-    sketch, report = DistinctSketch(), SkipReport()
+    sketch, report, dense_stats = DistinctSketch(), SkipReport(), DenseStats(len(spec.dense))
+    by_reason = {"label": 0, "dense": 0, "columns": 0}
     rows = positives = 0
     with tqdm(unit=" rows", desc="table", disable=not progress) as bar:
         for src, before, batch, lines, rejected in batches(paths, spec, sep, names):
@@ -229,8 +235,14 @@ def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progr
             labels, dense, sparse, bad_col, lines = arrays
             ok = bad_col == _OK
             n = int(ok.sum())
-            writer.add(dense[ok], sparse[ok], labels[ok], split_is_test(rows + np.arange(n), seed, test_fraction))
+            is_test = split_is_test(rows + np.arange(n), seed, test_fraction)
+            writer.add(dense[ok], sparse[ok], labels[ok], is_test)
+            if spec.fitted:
+                dense_stats.add(dense[ok][~is_test])
             sketch.add(sparse[ok])
+            by_reason["label"] += int((bad_col == 0).sum())
+            by_reason["dense"] += int((bad_col > 0).sum())
+            by_reason["columns"] += len(rejected)
             report.add(len(rejected) + len(bad_col) - n,
                        [] if report.full else _entries(paths[src], before, batch, spec, lines, bad_col, rejected))
             rows, positives = rows + n, positives + int(labels[ok].sum())
@@ -239,8 +251,38 @@ def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progr
                 break
     sizes = writer.close()
     return {"rows": rows, "train_rows": sizes["train"], "test_rows": sizes["test"], "positives": positives,
-            "skipped": report.skipped, "first_skipped": report.first, "num_ids": sketch.estimate(),
-            "num_ids_exact": sketch.exact}
+            "skipped": report.skipped, "skipped_by_reason": by_reason, "first_skipped": report.first,
+            "num_ids": sketch.estimate(), "num_ids_exact": sketch.exact}, dense_stats
+
+
+def _check_rows(stats: dict, spec: TableSpec, paths: list[str], max_skipped: float) -> None:
+    """Refuse a preparation with no rows, too many lines skipped, or a label of one class."""
+    rows, skipped = stats["rows"], stats["skipped"]
+    named = {"label": "bad label", "dense": "bad dense value", "columns": "wrong number of columns"}
+    reasons = ", ".join(f"{n:,} {named[why]}" for why, n in stats["skipped_by_reason"].items() if n)
+    if rows == 0:
+        raise ValueError(f"no valid rows in {paths}: {skipped:,} lines skipped ({reasons}), "
+                         f"the first: {stats['first_skipped'][:3]}")
+    if skipped > max_skipped * (rows + skipped):
+        hint = (f"; to map label {spec.label!r} to 0/1 give --positive (a list of values, or a comparison "
+                f"such as '>=4')") if stats["skipped_by_reason"]["label"] and spec.positive is None else ""
+        raise ValueError(f"{skipped:,} of {rows + skipped:,} lines skipped ({reasons}), more than "
+                         f"--max-skipped {max_skipped:g} of them; the first: "
+                         f"{[e['reason'] for e in stats['first_skipped'][:3]]}{hint}")
+    if stats["positives"] in (0, rows):
+        raise ValueError(f"label {spec.label!r} has one class in all {rows:,} rows read (positives: "
+                         f"{stats['positives']:,}): expected both 0 and 1"
+                         f"{'' if spec.positive else '; give --positive to say which values are 1'}")
+
+
+def _transform_in_place(directory: str, transforms: list[dict]) -> None:
+    """Each split's dense array, written raw (NaN where missing), made its transformed values."""
+    for split in ("train", "test"):
+        arr = np.load(os.path.join(directory, f"{split}_dense.npy"), mmap_mode="r+")
+        for lo in range(0, len(arr), 1 << 16):
+            arr[lo:lo + (1 << 16)] = apply_all(np.asarray(arr[lo:lo + (1 << 16)]), transforms)
+        arr.flush()
+        del arr
 
 
 def _head(batch, arrays, rejected, rows_left: int):
@@ -286,7 +328,15 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--sep", default=None, help="CSV/TSV separator (default: tab for .tsv, else comma)")
     p.add_argument("--no-header", action="store_true", help="CSV/TSV files have no header line: give --names")
     p.add_argument("--names", default=None, help="comma-separated column names of header-less files")
-    p.add_argument("--log-dense", action="store_true", help="dense x -> log(max(x, 0) + 1), as Criteo")
+    p.add_argument("--positive", default=None, help="which label values are 1: a comma-separated list "
+                   "(e.g. '>50K') or a comparison with a number (e.g. '>=4'); default: labels are 0 or 1")
+    p.add_argument("--dense-transform", default="auto", choices=KINDS,
+                   help="dense columns' transform, fitted on the training rows and kept with the data (auto: "
+                   "log1p then standardised for a non-negative right-skewed column, else standardised)")
+    p.add_argument("--max-skipped", type=float, default=0.01,
+                   help="the largest share of lines that may be skipped (malformed); past it nothing is written")
+    p.add_argument("--log-dense", action="store_true", help="dense x -> log(max(x, 0) + 1), as Criteo, "
+                   "nothing fitted (instead of --dense-transform)")
     add_common_flags(p)
     p.set_defaults(func=cmd_prepare_table)
     return p
@@ -300,10 +350,13 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
         if args.no_header != bool(args.names):
             raise ValueError(f"--no-header and --names go together, got --no-header {args.no_header} "
                              f"and --names {args.names!r}")
-        spec = TableSpec(args.label, split(args.dense), split(args.sparse), log_dense=args.log_dense)
+        if not 0 <= args.max_skipped <= 1:
+            raise ValueError(f"--max-skipped must lie in [0, 1], got {args.max_skipped}")
+        spec = TableSpec(args.label, split(args.dense), split(args.sparse), log_dense=args.log_dense,
+                         positive=args.positive, dense_transform=args.dense_transform)
         s = prepare_table(args.files, args.out, spec, sep=args.sep, names=list(split(args.names)) or None,
                           max_rows=args.max_rows, test_fraction=args.test_fraction, seed=args.seed,
-                          progress=not args.quiet)
+                          progress=not args.quiet, max_skipped=args.max_skipped)
     except (ValueError, OSError) as e:
         raise SystemExit(f"het data prepare table: {e}") from None
     if args.json:

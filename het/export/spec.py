@@ -6,8 +6,9 @@ What a CTR job reads comes from one of four sources, and its spec says which:
 - ``synthetic``: the generator's settings (``het train --data synthetic-criteo``, ``-1tb``). Raw
   columns are ``I1..I13`` (dense values as the generator gives them, ``log(count + 1)``) and
   ``C1..C26``, each field's own id ``0 .. cardinality - 1`` (a list of ids for a multi-hot field).
-- ``table``: ``het data prepare table``'s columns: the label, the dense columns (``--log-dense``:
-  ``log(max(x, 0) + 1)``; missing -> 0) and the sparse ones, each value's text hashed with its
+- ``table``: ``het data prepare table``'s columns: the label, the dense columns (under the
+  transforms fitted on the training rows, :mod:`het.data.transforms`; or ``--log-dense``:
+  ``log(max(x, 0) + 1)``, missing -> 0) and the sparse ones, each value's text hashed with its
   column's name (missing: the empty string, its column's own key).
 - ``criteo``: ``het data prepare criteo``'s label-encoding: ``C1..C26`` hex ids looked up in the
   vocabulary it kept (an id rarer than its ``--min-freq``: the field's rare key; missing: its
@@ -29,7 +30,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from het.data.hashing import hash_fields
-from het.data.table import hash_column, parse_numbers
+from het.data.labels import Positive
+from het.data.numbers import parse_numbers
+from het.data.table import hash_column
+from het.data.transforms import apply
 
 SOURCES = ("synthetic", "table", "criteo", "criteo-hashed")
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -52,6 +56,10 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
         log = str(meta.get("dense_transform", "")).startswith("log")
         spec = {"source": source, "label": meta["label"], "dense": list(meta["dense"]), "sparse": list(meta["sparse"]),
                 "log_dense": log, "bag_sizes": [1] * len(meta["sparse"]), "hash_ids": False}
+        if meta.get("dense_transforms"):  # fitted on the training rows: applied here as there
+            spec["dense_transforms"] = meta["dense_transforms"]
+        if meta.get("positive") is not None:  # the label's values that were 1
+            spec["positive"] = meta["positive"]
         return spec, {}
     spec = {"source": "criteo", "label": "label", "dense": list(CRITEO_DENSE), "sparse": list(CRITEO_SPARSE),
             "log_dense": True, "bag_sizes": [1] * 26, "offsets": meta["offsets"],
@@ -169,7 +177,7 @@ class Inputs:
         bads, reasons = [], {}
         labels = None
         if self.label in names:
-            labels, bad = _labels(_column(table, self.label))
+            labels, bad = Positive(self.spec.get("positive")).labels(_column(table, self.label))
             bads.append(bad)
         else:
             bads.append(np.zeros(n, bool))
@@ -188,7 +196,9 @@ class Inputs:
 
     def _dense(self, arr: pa.Array, name: str) -> tuple[np.ndarray, np.ndarray]:
         _check_flat(arr, name)
-        x, _, bad = parse_numbers(arr)
+        x, missing, bad = parse_numbers(arr)
+        if self.spec.get("dense_transforms"):
+            return apply(x, missing, self.spec["dense_transforms"][self.dense.index(name)]), bad
         if self.spec.get("log_dense"):
             x = np.log1p(np.where(x > 0, x, 0.0))
         return x, bad
@@ -289,11 +299,6 @@ def hex_ids(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
     nibbles = np.where(chars <= 57, chars - 48, (chars | 32) - 87).astype(np.int64)
     ids = (nibbles << (4 * np.arange(7, -1, -1))).sum(1)
     return np.where(valid, ids, -1), ~valid & (lengths > 0)
-
-
-def _labels(arr: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    y, missing, bad = parse_numbers(arr)
-    return y.astype(np.float32), bad | missing | ((y != 0) & (y != 1))
 
 
 def _ids(arr: pa.Array, name: str, size: int) -> tuple[np.ndarray, np.ndarray]:

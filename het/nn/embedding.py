@@ -218,6 +218,12 @@ class Embedding(nn.Module):
         for out in self._outbox.values():
             out.step = step
 
+    def forget(self) -> None:
+        """Every cache's copies read again from the PS at their next lookup (the PS's rows were
+        put back to a save); call after :meth:`flush`."""
+        for cache in self.caches.values():
+            cache.forget()
+
     def pending_updates(self) -> int:
         """Row updates this worker made and has not pushed (in its caches and its outbox): what
         its death would lose."""

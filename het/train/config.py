@@ -29,6 +29,7 @@ from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, 
 from het.config import parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
+from het.train.sections import ExportConfig, GraphConfig, PublishConfig, SyntheticConfig, ValidationConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -84,80 +85,6 @@ MODEL_DEFAULTS = {
 
 
 @dataclass(frozen=True)
-class SyntheticConfig:
-    """Size and skew of the synthetic Criteo-like data (``[synthetic]``, ``--synthetic-KEY``)."""
-
-    cap: int | None = setting(100_000, "cap on each synthetic field's cardinality")
-    scale: float = setting(1.0, "multiplies every field's cardinality (before the cap)")
-    alpha: float = setting(1.05, "power-law exponent of the synthetic ids' popularity")
-    seed: int = setting(0, "seed of the synthetic data set (ids, features, planted model)")
-
-    def __post_init__(self) -> None:
-        check_fields(self, "synthetic.")
-        require(self.cap is None or self.cap >= 1, f"synthetic.cap must be >= 1, got {self.cap}")
-        require(self.scale > 0, f"synthetic.scale must be > 0, got {self.scale}")
-
-
-@dataclass(frozen=True)
-class GraphConfig:
-    """GraphSAGE's settings (``[graph]``, ``--graph-KEY``); CTR jobs ignore them."""
-
-    fanouts: tuple[int, ...] = setting((10, 5), "neighbours sampled per layer, e.g. 10,5", aliases=("--fanouts",))
-    hidden: int = setting(128, "GraphSAGE's hidden width", aliases=("--hidden",))
-    dropout: float = setting(0.5, "dropout between GraphSAGE's layers", aliases=("--dropout",))
-    # A training node's own id row can memorise its label: without this dropout the final step
-    # fell below the best validated one on small graphs (docs/RESULTS.md, "GraphSAGE on Cora").
-    embedding_dropout: float = setting(0.5, "dropout on the node-id rows alone, before dropout",
-                                       aliases=("--embedding-dropout",))
-    eval_every: int = setting(10, "evaluate every N steps and report the metrics of the best validation "
-                              "(0: the final step's)", aliases=("--eval-every",))
-
-    def __post_init__(self) -> None:
-        check_fields(self, "graph.")
-        require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,
-                 f"graph.fanouts must be positive integers, got {self.fanouts}")
-        require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
-        require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
-        require(0 <= self.embedding_dropout < 1,
-                 f"graph.embedding_dropout must lie in [0, 1), got {self.embedding_dropout}")
-        require(self.eval_every >= 0, f"graph.eval_every must be >= 0, got {self.eval_every}")
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    """Exports of the model while it trains (``[export]``, ``--export DIR --export-every N``)."""
-
-    dir: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory",
-                              aliases=("--export",))
-    every: int = setting(0, "steps between exports, and the last step (needs a directory); written in the background")
-    dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
-
-    def __post_init__(self) -> None:
-        check_fields(self, "export.")
-        require(self.every >= 0, f"export.every must be >= 0, got {self.every}")
-        require(not self.every or self.dir, "export.every needs export.dir (--export DIR)")
-
-
-@dataclass(frozen=True)
-class PublishConfig:
-    """Updates for servers that follow the job (``[publish]``, ``--publish DIR --publish-every S``):
-    the rows pushes changed and the dense weights every ``every`` seconds, a full base every
-    ``base_every`` of them (:mod:`het.train.publish`)."""
-
-    dir: str | None = setting(None, "CTR models: publish updates here for het serve-model --follow DIR",
-                              aliases=("--publish",))
-    every: float = setting(10.0, "seconds between deltas (the rows pushes changed since the last one)")
-    base_every: int = setting(30, "deltas between full bases (a follower starting late begins at the newest)")
-    keep: int = setting(2, "bases kept, with the deltas after the oldest of them")
-
-    def __post_init__(self) -> None:
-        check_fields(self, "publish.")
-        require(self.every > 0, f"publish.every must be > 0 (seconds), got {self.every}")
-        require(self.base_every >= 1 and self.keep >= 1,
-                f"publish.base_every and publish.keep must be >= 1, got {self.base_every}, {self.keep}")
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """A training job. ``batch`` is per worker; ``lr`` is the sparse (PS) learning rate. Fields
     left ``None`` take their model's default (:data:`MODEL_DEFAULTS`).
@@ -179,6 +106,8 @@ class TrainConfig:
                          "PS too (TF-PS)")
     staleness: float | None = setting(None, "the bound s: an integer (0: BSP) or inf", kind="staleness")
     steps: int | None = setting(None, "training steps")
+    epochs: float | None = setting(None, "prepared tables and graphs: train this many passes over the training "
+                                   "split across all workers (instead of steps)")
     time_limit_s: float | None = setting(None, "stop at the first step boundary after N seconds of training, "
                                          "then flush, evaluate and report the steps run (none: no limit)",
                                          aliases=("--time-limit",))
@@ -269,6 +198,7 @@ class TrainConfig:
     powersgd_rank: int = setting(4, "with dense_compression powersgd: the rank of its factors")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
+    validation: ValidationConfig = setting(help="validation and the kept model", factory=ValidationConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
 
@@ -299,6 +229,7 @@ class TrainConfig:
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
             (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),
             (self.eval_curve >= 0, f"eval_curve must be >= 0 (steps), got {self.eval_curve}"),
+            (self.epochs is None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
             (self.workers >= 1 and self.servers >= 1,
              f"workers and servers must be >= 1, got {self.workers} and {self.servers}"),
             (self.time_limit_s is None or self.time_limit_s > 0,

@@ -30,6 +30,7 @@ class Exporter:
         self.snapshot: str | None = None
         self.log = None
         self.written, self.failed = 0, []
+        self.step: int | None = None  # the step of the model exported last
 
     def __call__(self, step: int) -> None:
         if step % self.cfg.export.every == 0 or step == self.cfg.steps:
@@ -38,6 +39,7 @@ class Exporter:
     def export(self, step: int) -> None:
         """Snapshot the model at ``step`` (every rank) and start exporting it (rank 0)."""
         self.wait()
+        self.step = step
         snapshot = f"{self.out}.snapshot-{step}"
         checkpoint.save(self.worker, snapshot, step)
         if self.worker.rank != 0:
@@ -89,13 +91,17 @@ class Outputs:
         self.exports, self.publishes = exporter(worker, cfg), publisher(worker, cfg)
         self.hooks = [h for h in (self.exports, self.publishes) if h is not None]
 
-    def finish(self, step: int) -> dict:
+    def finish(self, step: int, kept: int | None = None) -> dict:
         """After the last step (every cache flushed): the last publication, and the export in
-        flight waited for; the summary's entries."""
+        flight waited for; the summary's entries. ``kept``: the step of the model the job ends
+        with, when validation put an earlier one back: it is exported and published whole."""
+        kept = step if kept is None else kept
         out = {}
         if self.publishes is not None:
-            out["published"] = self.publishes.finish(step)
+            out["published"] = self.publishes.finish(kept, base=kept != step)
         if self.exports is not None:
+            if self.exports.step != kept or kept != step:
+                self.exports.export(kept)
             self.exports.wait()
             out["exports"] = self.exports.summary()
         return out

@@ -14,7 +14,7 @@ from het.config import parse_bytes
 from het.dist.launch import ClusterError, LocalCluster
 from het.train import checkpoint
 from het.train.config import TrainConfig
-from het.train.tasks import job_tables
+from het.train.tasks import job_tables, resolve_epochs
 
 
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
@@ -30,7 +30,7 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
-    cfg = with_restart_checkpoints(cfg, log_dir)
+    cfg = with_restart_checkpoints(resolve_epochs(cfg, cfg.workers), log_dir)
     if cfg.max_restarts and not cfg.rejoin_dir:
         cfg = dataclasses.replace(cfg, rejoin_dir=os.path.join(log_dir, "rejoin"))
     if cfg.tensorboard_every and not cfg.tensorboard_dir:

@@ -28,7 +28,8 @@ from het.train.config import TrainConfig
 from het.train.board import Board
 from het.train.exports import Outputs
 from het.train.rejoin import Rejoin, directory as rejoin_directory
-from het.train.tasks import EMBEDDING_TABLE, make_task
+from het.train.selection import Keeper, eval_every
+from het.train.tasks import EMBEDDING_TABLE, make_task, resolve_epochs
 from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
@@ -69,6 +70,7 @@ class Worker:
         self.last_loss = math.nan
         self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
+        self.early_stop = False  # validation stopped improving (het.train.selection): every rank alike
         self.out_of_time = False  # cfg.time_limit_s passed on some rank: every rank stops at that step
 
     def _dense_sync(self) -> DenseSync:
@@ -125,7 +127,7 @@ class Worker:
                             **disk_postfix(timeline.last), refresh=False)
             if on_step is not None:
                 on_step(step + 1)  # a checkpoint or an evaluation: the next step prefetches again
-            if self._stop_requested(time.perf_counter() - start_time):
+            if self._stop_requested(time.perf_counter() - start_time) or self.early_stop:
                 break
         self._flush()
         barrier(self.world)
@@ -153,9 +155,9 @@ class Worker:
         self.out_of_time = bool(flags[1].item())
         return bool(flags.max().item())
 
-    def evaluate(self, samples: int) -> dict:
-        """Held-out metrics, computed by all ranks together: every rank must call it. Each
-        scores its share of the held-out data, reading rows as the PS holds them (the cache's
+    def evaluate(self, samples: int, split: str = "test") -> dict:
+        """Held-out metrics of ``split`` (test, or val), computed by all ranks together: every
+        rank must call it. Each scores its share of the held-out data, reading rows as the PS holds them (the cache's
         bound is 0 meanwhile: ``Embedding.fresh``), and every rank gets the metrics of the
         whole. In mode ps the dense parameters are pulled first, so every rank scores with the
         same, latest ones."""
@@ -164,7 +166,7 @@ class Worker:
         try:
             with self.embedding.fresh():
                 return self.task.evaluate(self.model, samples, self.device, self.rank, self.world,
-                                          lambda part: gather(part, self.world))
+                                          lambda part: gather(part, self.world), split=split)
         finally:
             self.model.train()
 
@@ -241,6 +243,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
     """Train as one rank (rank and world from torchrun's environment variables); rank 0
     returns the job's summary, the other ranks None."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cfg = resolve_epochs(cfg, world)
     device = local_device()
     join_group(world, device)
     # with write-ahead logs a shard that dies is started again in place: wait for it, re-send
@@ -251,34 +254,39 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         worker = Worker(cfg, client, rank, world, device)
         rejoin = Rejoin(worker, rejoin_directory(cfg.rejoin_dir), cfg.dense_snapshot_s)  # a group re-formed
         start = rejoin.begin(lambda: checkpoint.restore(worker, cfg.resume) if cfg.resume else 0)
-        selector = _Selector(worker, cfg.graph.eval_every)
+        keeper = Keeper(worker, eval_every(cfg, worker.task, world), cfg.eval_samples)
         board = Board(worker, cfg.tensorboard_dir, cfg.tensorboard_every)
         curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples,
                        board.evaluation)
         outputs = Outputs(worker, cfg)  # exports and publications while it trains
-        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, selector, curve, board, rejoin) if h]
+        hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, keeper, curve, board, rejoin) if h]
         # SIGTERM: stop at the next step boundary, flush, exit 143; a peer's death: flush, exit for a rejoin
         with _stop_on_sigterm(worker), rejoin.guard(lambda: start + worker.step_count):
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])
         _exit_if_stopped(worker, start)
-        steps = worker.step_count  # cfg.steps - start, or fewer when the time limit stopped training
-        written = outputs.finish(start + steps)  # every cache flushed: the last publication
+        steps = worker.step_count  # cfg.steps - start, or fewer when the time limit or validation stopped it
+        kept = keeper.finish(start + steps) if keeper else start + steps  # the best validated model, put back
+        if kept != start + steps and cfg.checkpoint:
+            checkpoint.save(worker, cfg.checkpoint, kept)  # the checkpoint holds the model the job ends with
+        written = outputs.finish(start + steps, kept)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         board.evaluation(start + steps, metrics)
         summary = None
         if rank == 0:
-            if cfg.checkpoint:  # a checkpoint of the last step holds the model just evaluated
-                checkpoint.record_evaluation(cfg.checkpoint, start + steps, metrics)
-            metrics = selector.pick(metrics, start + steps)
+            if cfg.checkpoint:  # a checkpoint of the kept step holds the model just evaluated
+                checkpoint.record_evaluation(cfg.checkpoint, kept, metrics)
             summary = summarise(cfg, world, client.num_shards, steps, run["wall_s"], per_rank, metrics,
                                 worker.task.num_ids)
             # every rank flushed before the gather above
             summary.update(ps=ps_summary(client.stats(), run["timeline"]), timeline=run["timeline"])
             if curve:
                 summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
-            if worker.out_of_time:
+            if worker.out_of_time or worker.early_stop:
                 summary["stopped_at_step"] = start + steps
+            if keeper:
+                summary["validation"] = keeper.summary(start + steps)
+                summary["best_step"] = kept
             summary.update(written, **rejoin.summary(start, steps))
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
@@ -289,7 +297,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         client.close()
         if board is not None:
             board.close()
-        worker = selector = curve = hooks = outputs = board = None  # DDP's reducer goes before the process group it uses
+        worker = keeper = curve = hooks = outputs = board = None  # DDP's reducer goes before the process group it uses
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
@@ -301,35 +309,6 @@ def _exit_if_stopped(worker: Worker, start: int) -> None:
         _say(f"het train: worker {worker.rank} stopped by SIGTERM after step {start + worker.step_count}, "
              f"its cache flushed")
         raise SystemExit(143)
-
-
-class _Selector:
-    """Model selection on held-out data, as published node-classification figures report it:
-    every ``every`` steps the ranks evaluate together, and the summary gives the metrics of the
-    evaluation with the best validation accuracy (``best_step``) beside the final ones
-    (``final_*``)."""
-
-    def __init__(self, worker: Worker, every: int):
-        self.worker, self.every = worker, every
-        self.best: tuple[float, int, dict] | None = None
-
-    def __bool__(self) -> bool:
-        return self.every > 0 and hasattr(self.worker.task, "selection_metric")
-
-    def __call__(self, step: int) -> None:
-        if step % self.every == 0:  # a collective: every rank evaluates its share
-            metrics = self.worker.evaluate(0)
-            score = metrics[self.worker.task.selection_metric]
-            if self.best is None or score > self.best[0]:
-                self.best = (score, step, metrics)
-
-    def pick(self, final: dict, last_step: int) -> dict:
-        if not self or self.best is None or not final:
-            return final
-        score, step, metrics = self.best
-        if final[self.worker.task.selection_metric] >= score:
-            step, metrics = last_step, final
-        return {**metrics, "best_step": step, **{f"final_{k}": v for k, v in final.items()}}
 
 
 class _Curve:

@@ -92,11 +92,17 @@ class Publisher:
         if self.deltas_since_base >= self.cfg.publish.base_every:
             self._base(step)
 
-    def finish(self, step: int) -> dict:
-        """The last delta (every cache flushed before), the base in flight waited for."""
+    def finish(self, step: int, base: bool = False) -> dict:
+        """The last delta (every cache flushed before), the base in flight waited for; with
+        ``base``, a base instead of the delta (the PS's rows were put back to a kept save, which
+        the changed-key record does not see)."""
         if self.worker.rank == 0:
             self.version += 1
-            self._delta(self.version, step)
+            if base:
+                self._wait_delta()
+                self._base(step)
+            else:
+                self._delta(self.version, step)
             self._wait_delta()
             self._wait_base()
             self._prune()

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -20,6 +21,7 @@ from het.choices import Ids, Mode, Model, Pooling
 from het.config import OptimizerConfig, TableConfig
 from het.data.batch import Batch
 from het.data.hashed import HashedIds
+from het.data.validation import ValidatedTable
 from het.dist.dense import dense_table
 from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.nn.bags import FieldBags
@@ -46,6 +48,8 @@ class CTRTask:
             s = cfg.synthetic
             preset = criteo_1tb if cfg.data == "synthetic-criteo-1tb" else SyntheticCriteoConfig
             self.data = SyntheticCriteo(preset(alpha=s.alpha, cap=s.cap, scale=s.scale, seed=s.seed))
+        if hasattr(self.data, "rows"):  # a prepared table: validation rows apart, training reshuffled every epoch
+            self.data = ValidatedTable(self.data, cfg.validation.frac, cfg.seed)
         hashed = cfg.ids == Ids.HASHED or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
         if hashed and self.data.num_rows is not None:  # (prepared hashed data is hashed already)
             self.data = HashedIds(self.data)
@@ -70,19 +74,24 @@ class CTRTask:
     def keys(batch: Batch) -> torch.Tensor:
         return batch.sparse
 
+    def steps_per_epoch(self, world: int) -> int | None:
+        """Steps of one pass over the training split by ``world`` ranks (None: an endless stream)."""
+        rows = getattr(self.data, "rows", None)
+        return None if rows is None else max(1, math.ceil(rows["train"] / (self.cfg.batch * world)))
+
     def loss(self, model, batch: Batch) -> torch.Tensor:
         return self.loss_fn(model(batch.dense, batch.sparse), batch.labels)
 
     @torch.no_grad()
     def evaluate(self, model, samples: int, device, rank: int = 0, world: int = 1, gather=None,
-                 batch_size: int = 8192) -> dict:
-        """AUC and log loss on the first ``samples`` held-out samples (and the planted AUC).
+                 batch_size: int = 8192, split: str = "test") -> dict:
+        """AUC and log loss on the first ``samples`` samples of ``split`` (and the planted AUC).
 
         With ``world`` ranks, rank ``r`` scores the held-out batches ``r, r + world, ...`` and
         ``gather`` (an all-gather of Python objects: every rank's object, in rank order) brings
         the scores together, so every rank returns the same metrics.
         """
-        parts = (gather or _alone)(self.test_scores(model, samples, device, rank, world, batch_size))
+        parts = (gather or _alone)(self.test_scores(model, samples, device, rank, world, batch_size, split))
         y, p, q = (_cat([part[k] for part in parts]) for k in range(3))
         from sklearn.metrics import log_loss  # here: sklearn costs 1.5 s of every het command's start
 
@@ -93,7 +102,7 @@ class CTRTask:
 
     @torch.no_grad()
     def test_scores(self, model, samples: int, device, rank: int = 0, world: int = 1,
-                    batch_size: int = 8192) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    batch_size: int = 8192, split: str = "test") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(labels, probabilities, planted logits)`` of rank ``rank``'s share of the first
         ``samples`` held-out samples (batches ``rank, rank + world, ...`` of ``batch_size``), in
         order; the planted logits are empty for data without a planted model."""
@@ -101,10 +110,10 @@ class CTRTask:
         has_planted = hasattr(self.data, "planted_logits")
         stored = hasattr(self.data, "rows")  # a prepared split: batch i of k samples holds samples i*k ..
         if stored:
-            samples = min(samples, self.data.rows["test"])
+            samples = min(samples, self.data.rows[split])
         for i in range(rank, math.ceil(samples / batch_size), world):
             size = min(batch_size, samples - i * batch_size)
-            b = self.data.batch("test", i, batch_size if stored else size)
+            b = self.data.batch(split, i, batch_size if stored else size)
             b = Batch(b.dense[:size], b.sparse[:size], b.labels[:size])  # the last stored batch: its head
             preds.append(torch.sigmoid(model(b.dense.to(device), b.sparse.to(device))).cpu().numpy())
             labels.append(b.labels.numpy())
@@ -125,7 +134,6 @@ class GraphBatch:
 
 
 class GraphTask:
-    selection_metric = "val_acc"  # what model selection (graph.eval_every) maximises
     pooling = None  # one row per key
 
     def __init__(self, cfg: TrainConfig):
@@ -172,13 +180,17 @@ class GraphTask:
     def keys(batch: GraphBatch) -> torch.Tensor:
         return batch.input_nodes
 
+    def steps_per_epoch(self, world: int) -> int:
+        return max(1, math.ceil(len(self.train_nodes) / (self.cfg.batch * world)))
+
     def loss(self, model, batch: GraphBatch) -> torch.Tensor:
         return self.loss_fn(model(batch.input_nodes, batch.features, batch.blocks), batch.labels)
 
     @torch.no_grad()
     def evaluate(self, model, samples: int, device, rank: int = 0, world: int = 1, gather=None,
-                 batch_size: int = 1024) -> dict:
-        """Accuracy on the validation and test nodes, over their whole neighbourhoods. With
+                 batch_size: int = 1024, split: str = "test") -> dict:
+        """Accuracy on the validation and test nodes (both, whichever ``split``), over their whole
+        neighbourhoods. With
         ``world`` ranks each classifies every ``world``-th batch of nodes and ``gather`` (as in
         :meth:`CTRTask.evaluate`) sums the counts, so every rank returns the same metrics."""
         from het.data.sampler import NeighborSampler
@@ -258,3 +270,14 @@ def _cat(arrays: list) -> np.ndarray:
 
 def _np(x) -> np.ndarray:
     return x.numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+
+def resolve_epochs(cfg: TrainConfig, world: int) -> TrainConfig:
+    """``cfg`` with ``steps`` for its ``epochs`` (passes over the training split by ``world``
+    ranks), or ``cfg`` itself without epochs."""
+    if cfg.epochs is None:
+        return cfg
+    per_epoch = make_task(cfg).steps_per_epoch(world)
+    if per_epoch is None:
+        raise ValueError(f"epochs: {cfg.data} is an endless stream; give steps instead")
+    return dataclasses.replace(cfg, steps=max(1, math.ceil(cfg.epochs * per_epoch)))

@@ -336,7 +336,8 @@ def test_graphsage_on_cora(tmp_path):
     s = het("train", "--model", "graphsage", "--data", "cora", "--json", "--quiet", "--log-dir", str(tmp_path))
     assert s["workers"] == 2 and s["hit_rate"] > 0
     assert s["test_acc"] > 0.74 and s["val_acc"] > 0.7  # published GraphSAGE-style: about 0.80
-    assert s["best_step"] % 10 == 0 and s["val_acc"] >= s["final_val_acc"]  # chosen on validation
+    v = s["validation"]  # the kept model: the validation best, put back with its rows on the PS
+    assert s["best_step"] == v["best_step"] and s["val_acc"] == max(p["val_acc"] for p in v["curve"])
 
 
 @pytest.mark.slow  # about 40 s

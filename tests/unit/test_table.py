@@ -108,7 +108,7 @@ def test_parquet_integer_and_null_columns_hash_as_their_csv_text(tmp_path):
     (tmp_path / "t.csv").write_text("y,x,n\n1,1.5,7\n0,,\n1,-2,123456789012\n")
     pq.write_table(pa.table({"y": pa.array([1, 0, 1], pa.int8()), "x": [1.5, None, -2.0],
                              "n": pa.array([7, None, 123456789012], pa.int64())}), tmp_path / "t.parquet")
-    spec = TableSpec("y", ("x",), ("n",))
+    spec = TableSpec("y", ("x",), ("n",), dense_transform="none")
     for name in ("csv", "parquet"):
         prepare_table(str(tmp_path / f"t.{name}"), str(tmp_path / name), spec, test_fraction=0.0, progress=False)
     assert_same_arrays(str(tmp_path / "csv"), str(tmp_path / "parquet"))
@@ -129,8 +129,9 @@ def test_bad_lines_are_counted_and_named_across_blocks_and_files(tmp_path, monke
     (tmp_path / "a.csv").write_text("\n".join(["y,x,c"] + lines) + "\n")
     (tmp_path / "b.csv").write_text("y,x,c\n0,1,a\n1\n")
     s = prepare_table([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")], str(tmp_path / "out"),
-                      TableSpec("y", ("x",), ("c",)), progress=False)
+                      TableSpec("y", ("x",), ("c",), dense_transform="none"), progress=False, max_skipped=0.05)
     assert (s["rows"], s["skipped"]) == (201, 7)
+    assert s["skipped_by_reason"] == {"label": 2, "dense": 2, "columns": 3}
     assert [e["source_line"] for e in s["first_skipped"]] == [*bad, 3]
     for e, reason in zip(s["first_skipped"], [*bad.values(), "got 1"]):
         assert reason in e["reason"], (e, reason)
@@ -167,7 +168,7 @@ def test_missing_columns_and_bad_flags_are_clear_errors(tmp_path):
 def test_json_summary_is_the_last_line_and_the_human_one_names_the_lines(tmp_path, capsys):
     (tmp_path / "t.csv").write_text("y,x,c\n1,2,a\n0,3\n0,1,b\n")
     argv = ["table", str(tmp_path / "t.csv"), str(tmp_path / "out"), "--label", "y", "--dense", "x", "--sparse",
-            "c", "--quiet"]
+            "c", "--quiet", "--max-skipped", "0.5"]
     run_cli(argv + ["--json"])
     s = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert (s["rows"], s["skipped"], s["num_fields"], s["num_dense"], s["num_rows"]) == (2, 1, 1, 1, None)

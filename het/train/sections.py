@@ -1,0 +1,108 @@
+"""The job config's nested tables (``[synthetic]``, ``[graph]``, ``[validation]``, ``[export]``,
+``[publish]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from het.config import setting
+from het.train.fields import check_fields, require
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """Size and skew of the synthetic Criteo-like data (``[synthetic]``, ``--synthetic-KEY``)."""
+
+    cap: int | None = setting(100_000, "cap on each synthetic field's cardinality")
+    scale: float = setting(1.0, "multiplies every field's cardinality (before the cap)")
+    alpha: float = setting(1.05, "power-law exponent of the synthetic ids' popularity")
+    seed: int = setting(0, "seed of the synthetic data set (ids, features, planted model)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "synthetic.")
+        require(self.cap is None or self.cap >= 1, f"synthetic.cap must be >= 1, got {self.cap}")
+        require(self.scale > 0, f"synthetic.scale must be > 0, got {self.scale}")
+
+
+@dataclass(frozen=True)
+class GraphConfig:
+    """GraphSAGE's settings (``[graph]``, ``--graph-KEY``); CTR jobs ignore them."""
+
+    fanouts: tuple[int, ...] = setting((10, 5), "neighbours sampled per layer, e.g. 10,5", aliases=("--fanouts",))
+    hidden: int = setting(128, "GraphSAGE's hidden width", aliases=("--hidden",))
+    dropout: float = setting(0.5, "dropout between GraphSAGE's layers", aliases=("--dropout",))
+    # A training node's own id row can memorise its label: without this dropout the final step
+    # fell below the best validated one on small graphs (docs/RESULTS.md, "GraphSAGE on Cora").
+    embedding_dropout: float = setting(0.5, "dropout on the node-id rows alone, before dropout",
+                                       aliases=("--embedding-dropout",))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "graph.")
+        require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,
+                 f"graph.fanouts must be positive integers, got {self.fanouts}")
+        require(self.hidden >= 1, f"graph.hidden must be >= 1, got {self.hidden}")
+        require(0 <= self.dropout < 1, f"graph.dropout must lie in [0, 1), got {self.dropout}")
+        require(0 <= self.embedding_dropout < 1,
+                 f"graph.embedding_dropout must lie in [0, 1), got {self.embedding_dropout}")
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    """Exports of the model while it trains (``[export]``, ``--export DIR --export-every N``)."""
+
+    dir: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory",
+                              aliases=("--export",))
+    every: int = setting(0, "steps between exports, and the last step (needs a directory); written in the background")
+    dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "export.")
+        require(self.every >= 0, f"export.every must be >= 0, got {self.every}")
+        require(not self.every or self.dir, "export.every needs export.dir (--export DIR)")
+
+
+@dataclass(frozen=True)
+class PublishConfig:
+    """Updates for servers that follow the job (``[publish]``, ``--publish DIR --publish-every S``):
+    the rows pushes changed and the dense weights every ``every`` seconds, a full base every
+    ``base_every`` of them (:mod:`het.train.publish`)."""
+
+    dir: str | None = setting(None, "CTR models: publish updates here for het serve-model --follow DIR",
+                              aliases=("--publish",))
+    every: float = setting(10.0, "seconds between deltas (the rows pushes changed since the last one)")
+    base_every: int = setting(30, "deltas between full bases (a follower starting late begins at the newest)")
+    keep: int = setting(2, "bases kept, with the deltas after the oldest of them")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "publish.")
+        require(self.every > 0, f"publish.every must be > 0 (seconds), got {self.every}")
+        require(self.base_every >= 1 and self.keep >= 1,
+                f"publish.base_every and publish.keep must be >= 1, got {self.base_every}, {self.keep}")
+
+
+SELECT = ("logloss", "auc")
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    """Validation and the kept model (``[validation]``, ``--val-frac``, ``--eval-every``,
+    ``--select``, ``--patience``): every ``every`` steps the job scores its validation split;
+    the best evaluation's model (rows on the PS included) is the one the job ends with: reported,
+    checkpointed, exported and published (:mod:`het.train.selection`)."""
+
+    frac: float = setting(0.1, "CTR tables: the share of the training rows kept apart for validation, chosen "
+                          "by a hash of the row and the seed (synthetic data: a stream of its own; graphs: "
+                          "their validation nodes)", aliases=("--val-frac",))
+    every: int | None = setting(None, "evaluate on validation every N steps and keep the best model (0: off; "
+                                "default: twice an epoch on a prepared table, every 10 steps on a graph, off "
+                                "on synthetic data)", aliases=("--eval-every",))
+    select: str = setting("logloss", "CTR models: the validation metric that picks the kept model (graphs: "
+                          "accuracy)", choices=SELECT, aliases=("--select",))
+    patience: int = setting(0, "stop after N evaluations without a better one (0: train every step)",
+                            aliases=("--patience",))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "validation.")
+        require(0 <= self.frac < 1, f"validation.frac must lie in [0, 1), got {self.frac}")
+        require(self.every is None or self.every >= 0, f"validation.every must be >= 0, got {self.every}")
+        require(self.patience >= 0, f"validation.patience must be >= 0, got {self.patience}")

@@ -1,0 +1,148 @@
+"""Labels mapped to 0/1, dense transforms fitted on the training rows and applied unchanged when
+scoring, and the validation split carved from the training rows."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from het.data.labels import Positive
+from het.data.prepared import PreparedDataset
+from het.data.table import TableSpec, prepare_table
+from het.data.transforms import DenseStats, apply
+from het.data.validation import ValidatedTable
+from het.export.spec import Inputs, build_spec
+
+
+def _write(path, columns: dict) -> str:
+    pcsv.write_csv(pa.table(columns), path)
+    return str(path)
+
+
+def test_a_five_class_label_is_refused_without_positive_and_trains_with_it(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 400
+    src = _write(tmp_path / "r.csv", {"rating": rng.integers(1, 6, n), "user": rng.integers(0, 9, n).astype(str)})
+    spec = TableSpec("rating", (), ("user",))
+    with pytest.raises(ValueError, match="--positive"):
+        prepare_table(src, str(tmp_path / "out"), spec, progress=False)
+    assert not os.path.exists(tmp_path / "out")  # refused: nothing written
+    s = prepare_table(src, str(tmp_path / "out"), TableSpec("rating", (), ("user",), positive=">=4"), progress=False)
+    ratings = pcsv.read_csv(src).column("rating").to_numpy()
+    assert s["rows"] == n and s["skipped"] == 0 and s["positives"] == int((ratings >= 4).sum())
+
+
+def test_one_class_after_mapping_is_refused(tmp_path):
+    src = _write(tmp_path / "r.csv", {"y": ["no"] * 50, "c": ["a"] * 50})
+    with pytest.raises(ValueError, match="one class"):
+        prepare_table(src, str(tmp_path / "out"), TableSpec("y", (), ("c",), positive="yes"), progress=False)
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("text, values, expected", [
+    (">50K", [">50K", "<=50K", " >50K ", None], ([1, 0, 1, 0], [False, False, False, True])),
+    ("yes,y", ["y", "no", "yes", ""], ([1, 0, 1, 0], [False, False, False, True])),
+    ("<0", ["-1", "0", "x", "2"], ([1, 0, 0, 0], [False, False, True, False])),
+    (None, ["1", "0", "2", "0.0"], ([1, 0, 0, 0], [False, False, True, False])),
+])
+def test_positive_maps_values_and_comparisons(text, values, expected):
+    y, bad = Positive(text).labels(pa.array(values))
+    assert (y.tolist(), bad.tolist()) == (list(map(float, expected[0])), expected[1])
+
+
+def test_a_malformed_positive_is_refused_before_any_file_is_read():
+    with pytest.raises(ValueError, match="--positive"):
+        TableSpec("y", (), ("c",), positive=" , ")
+
+
+def test_the_transforms_are_fitted_on_the_training_rows_alone(tmp_path):
+    rng = np.random.default_rng(1)
+    n = 3000
+    counts = rng.exponential(50, n).round()
+    src = _write(tmp_path / "t.csv", {"y": rng.integers(0, 2, n), "count": counts, "age": rng.normal(40, 10, n),
+                                      "c": rng.integers(0, 5, n).astype(str)})
+    s = prepare_table(src, str(tmp_path / "out"), TableSpec("y", ("count", "age"), ("c",)), test_fraction=0.2,
+                      progress=False)
+    kinds = {t["column"]: t["kind"] for t in s["dense_transforms"]}
+    assert kinds == {"count": "log-standard", "age": "standard"}  # right-skewed counts get log1p first
+    data = PreparedDataset(str(tmp_path / "out"))
+    train = np.asarray(data.take("train", np.arange(data.rows["train"])).dense)
+    assert np.allclose(train.mean(0), 0, atol=1e-5) and np.allclose(train.std(0), 1, atol=1e-4)
+    test = np.asarray(data.take("test", np.arange(data.rows["test"])).dense)
+    assert not np.allclose(test.mean(0), 0, atol=1e-5)  # test rows were not fitted on
+
+
+rows = st.lists(st.tuples(st.sampled_from(["0", "1"]),
+                          st.one_of(st.just(""), st.floats(-1e6, 1e9, allow_nan=False).map(repr)),
+                          st.one_of(st.just(""), st.integers(0, 10 ** 7).map(str)),
+                          st.text("abcxyz", max_size=4)), min_size=8, max_size=60)
+
+
+@settings(max_examples=25, deadline=None)
+@given(train=rows, scored=rows, kind=st.sampled_from(["auto", "standard", "log", "log-standard", "none"]))
+def test_prepared_arrays_and_the_export_spec_agree_bit_for_bit(tmp_path_factory, train, scored, kind):
+    """Rows with missing values, values outside the training range and unseen ids: the
+    prepared arrays and the input spec an export applies to the raw file are equal."""
+    d = tmp_path_factory.mktemp("t")
+    train = [("0", "1.0", "5", "a"), ("1", "2.0", "7", "b")] + train  # both classes
+    header = "y,x,n,c\n"
+    (d / "train.csv").write_text(header + "".join(",".join(r) + "\n" for r in train))
+    spec = TableSpec("y", ("x", "n"), ("c",), dense_transform=kind)
+    prepare_table(str(d / "train.csv"), str(d / "out"), spec, test_fraction=0.0, progress=False)
+    inputs = Inputs(build_spec({"data": f"table:{d / 'out'}", "ids": "encoded"})[0], str(d))
+    data = PreparedDataset(str(d / "out"))
+    table = pcsv.read_csv(d / "train.csv", convert_options=pcsv.ConvertOptions(
+        column_types={c: pa.string() for c in "yxnc"}))
+    parsed = inputs.parse(table)
+    stored = data.take("train", np.arange(data.rows["train"]))
+    assert np.array_equal(parsed.dense.view(np.uint32), stored.dense.numpy().view(np.uint32))
+    assert np.array_equal(parsed.keys, stored.sparse.numpy())
+    (d / "scored.csv").write_text(header + "".join(",".join(r) + "\n" for r in scored))
+    other = inputs.parse(pcsv.read_csv(d / "scored.csv", convert_options=pcsv.ConvertOptions(
+        column_types={c: pa.string() for c in "yxnc"})))
+    meta = json.load(open(d / "out" / "meta.json"))
+    for j, t in enumerate(meta["dense_transforms"] or []):  # out-of-range values land in the fitted range
+        given = np.array([r[1 + j] != "" for r in scored])
+        if t["lo"] is not None:
+            assert (other.dense[given, j] >= np.float32(t["lo"]) - 1e-6).all()
+            assert (other.dense[given, j] <= np.float32(t["hi"]) + 1e-6).all()
+
+
+def test_apply_leaves_a_missing_value_at_the_training_mean():
+    s = DenseStats(1)
+    s.add(np.array([[1.0], [2.0], [6.0], [np.nan]], np.float32))
+    t = s.fit(["x"], "standard")[0]
+    out = apply(np.array([3.0, 0.0, 100.0]), np.array([False, True, False]), t)
+    assert out[0] == 0.0 and out[1] == 0.0 and out[2] == np.float32(t["hi"])
+
+
+def test_the_validation_split_is_apart_and_each_epoch_a_permutation(tmp_path):
+    from het.data.prepared import HASHED_FORMAT, HASHED_VERSION, SplitWriter
+
+    w = SplitWriter(str(tmp_path), num_dense=1, num_fields=1)
+    n = 1000
+    w.add(np.arange(n, dtype=np.float32)[:, None], np.arange(n)[:, None], np.zeros(n), np.arange(n) >= 900)
+    sizes = w.close()
+    w.write_meta({"format": HASHED_FORMAT, "version": HASHED_VERSION, "num_rows": None, "num_ids": n,
+                  "num_dense": 1, "num_fields": 1, "train_rows": sizes["train"], "test_rows": sizes["test"]})
+    data = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=3)
+    train, val = data.rows["train"], data.rows["val"]
+    assert train + val == 900 and 60 < val < 140
+    keys = lambda split, i, k: data.batch(split, i, k).sparse.flatten().tolist()  # noqa: E731
+    val_keys = set(keys("val", 0, val))
+    epochs = [keys("train", 0, train), keys("train", 1, train)]
+    for epoch in epochs:
+        assert sorted(epoch) == sorted(set(range(900)) - val_keys)  # every training row once, no val row
+    assert epochs[0] != epochs[1]  # a fresh order each epoch
+    assert keys("train", 5, 64) == keys("train", 5, 64)  # a batch is a function of its index
+    straddling = keys("train", 0, train + 10)
+    assert straddling[:train] == epochs[0] and straddling[train:] == epochs[1][:10]
+    assert set(keys("test", 0, 100)) == set(range(900, 1000))
+    other = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=4)
+    assert set(other.batch("val", 0, other.rows["val"]).sparse.flatten().tolist()) != val_keys
