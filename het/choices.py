@@ -56,6 +56,7 @@ class Optimizer(Choice):
     ADAGRAD = "adagrad"
     ROWWISE_ADAGRAD = "rowwise_adagrad"
     ADAM = "adam"
+    FTRL = "ftrl"
 
 
 DENSE_OPTIMIZERS = (Optimizer.SGD, Optimizer.ADAGRAD, Optimizer.ADAM)  # row-wise Adagrad is for embedding rows

@@ -77,6 +77,8 @@ class OptimizerConfig:
         eps: added to the denominator (Adagrad, Adam).
         betas: Adam's moment decay rates.
         initial_accumulator: Adagrad's starting sum of squares.
+        l1, l2, beta: FTRL-Proximal's regularisation of the rows (per coordinate, L1 giving exact
+            zeros) and its learning-rate offset; ``lr`` is its alpha (McMahan et al. 2013).
 
     Example:
         >>> OptimizerConfig("adam", lr=0.01).eps, OptimizerConfig("adagrad").eps  # torch's defaults
@@ -84,7 +86,7 @@ class OptimizerConfig:
         >>> OptimizerConfig("rmsprop")
         Traceback (most recent call last):
         ...
-        ValueError: optimizer must be one of ('sgd', 'adagrad', 'rowwise_adagrad', 'adam'), got 'rmsprop'
+        ValueError: optimizer must be one of ('sgd', 'adagrad', 'rowwise_adagrad', 'adam', 'ftrl'), got 'rmsprop'
     """
 
     name: Optimizer = setting(Optimizer.SGD, "the tables' optimizer")
@@ -92,9 +94,18 @@ class OptimizerConfig:
     eps: float | None = setting(None, "added to the optimizer's denominator (Adagrad, Adam; default: torch's)")
     betas: tuple[float, float] = setting((0.9, 0.999), "Adam's moment decay rates, e.g. 0.9,0.999")
     initial_accumulator: float = setting(0.0, "Adagrad's starting sum of squares")
+    l1: float = setting(0.0, "FTRL's L1 on the rows, per coordinate (exact zeros)")
+    l2: float = setting(0.0, "FTRL's L2 on the rows, per coordinate")
+    beta: float = setting(0.0, "FTRL's beta: its per-coordinate rate is lr / (beta + sqrt(sum of squares))")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", Optimizer.parse(self.name, "optimizer"))
+        for name in ("l1", "l2", "beta"):
+            value = getattr(self, name)
+            _require(math.isfinite(value) and value >= 0, f"{name} must be a number >= 0, got {value}")
+        _require(self.name == Optimizer.FTRL or not (self.l1 or self.l2 or self.beta),
+                 f"l1, l2 and beta are FTRL's (optimizer ftrl); {self.name} takes none, got l1 {self.l1}, "
+                 f"l2 {self.l2}, beta {self.beta}")
         _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
         if self.eps is None:
             # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8 (row-wise Adagrad as Adagrad).

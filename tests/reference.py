@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-from het.ps.store.optim import RowWiseAdagradTorch
+from het.ps.store.optim import FTRLTorch, RowWiseAdagradTorch
 
 
 class ExactLRU:
@@ -128,6 +128,7 @@ TORCH_OPTIMIZERS = {
     "adagrad": lambda params, lr: torch.optim.Adagrad(params, lr=lr),
     "adam": lambda params, lr: torch.optim.SparseAdam(params, lr=lr),
     "rowwise_adagrad": lambda params, lr: RowWiseAdagradTorch(params, lr=lr),  # torch has none: ours
+    "ftrl": lambda params, lr: FTRLTorch(params, lr=lr),
 }
 
 

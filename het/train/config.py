@@ -116,9 +116,11 @@ class TrainConfig:
     optimizer: Optimizer | None = setting(None, "the sparse optimizer, applied by the PS")
     lr: float | None = setting(None, "the sparse learning rate")
     dense_optimizer: Optimizer | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
-                                          "Adagrad under row-wise Adagrad)", choices=DENSE_OPTIMIZERS)
+                                          "Adagrad under row-wise Adagrad and FTRL)", choices=DENSE_OPTIMIZERS)
     dense_lr: float | None = setting(None, "the dense learning rate")
     weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
+    row_l1: float = setting(0.0, "optimizer ftrl: L1 on the embedding rows, per coordinate (exact zeros)")
+    row_l2: float = setting(0.0, "optimizer ftrl: L2 on the embedding rows, per coordinate, exactly lazy")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
     cache_memory: str = setting("2GiB", "the most a worker's cache of cache_frac rows may take (at "
@@ -225,6 +227,9 @@ class TrainConfig:
              f"steps >= 0, batch > 0 and dim > 0 expected, got {self.steps}, {self.batch}, {self.dim}"),
             (self.lr > 0 and self.dense_lr > 0, f"lr and dense_lr must be > 0, got {self.lr} and {self.dense_lr}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
+            (self.row_l1 >= 0 and self.row_l2 >= 0, f"row_l1 and row_l2 must be >= 0, got {self.row_l1}, {self.row_l2}"),
+            (self.optimizer == Optimizer.FTRL or not (self.row_l1 or self.row_l2),
+             f"row_l1 and row_l2 regularise the rows under optimizer ftrl; got optimizer {self.optimizer}"),
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
             (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),

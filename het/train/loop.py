@@ -36,6 +36,7 @@ from het.train.timeline import Timeline, disk_postfix
 STOP_GRACE_S = 1.0
 TORCH_OPTIMIZERS = {Optimizer.SGD: torch.optim.SGD, Optimizer.ADAGRAD: torch.optim.Adagrad,
                     Optimizer.ADAM: torch.optim.Adam}  # the dense layers' (DENSE_OPTIMIZERS)
+DENSE_DEFAULT = {Optimizer.ROWWISE_ADAGRAD: Optimizer.ADAGRAD, Optimizer.FTRL: Optimizer.ADAGRAD}
 
 
 class Worker:
@@ -78,8 +79,8 @@ class Worker:
             dense = PSDense(self.model, self.client, self.world, self.rank)
             barrier(self.world)  # rank 0 has written the initial dense values
             return dense
-        # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum)
-        optimizer = TORCH_OPTIMIZERS[self.cfg.dense_optimizer or Optimizer(self.cfg.optimizer.removeprefix("rowwise_"))]
+        # dense layers under a row-wise Adagrad table get plain Adagrad (no rows to share a sum), as under FTRL
+        optimizer = TORCH_OPTIMIZERS[self.cfg.dense_optimizer or DENSE_DEFAULT.get(self.cfg.optimizer, self.cfg.optimizer)]
         return AllReduceDense(self.model, self.world, self.device, optimizer, self.cfg.dense_compression,
                               powersgd_rank=self.cfg.powersgd_rank, lr=self.cfg.dense_lr,
                               weight_decay=self.cfg.weight_decay)

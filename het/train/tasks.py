@@ -226,17 +226,24 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     if (task.num_rows is not None and cfg.ps_memory is None
             and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None}):
         table = TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
-                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
+                            optimizer=row_optimizer(cfg), seed=cfg.seed,
                             row_dtype=cfg.row_dtype, row_rounding=cfg.row_rounding)
     else:  # hashed ids, or label-encoded ones under admission, expiry or a budget (rows or memory)
         table = TableConfig(EMBEDDING_TABLE, rows=None, dim=cfg.dim,
-                            optimizer=OptimizerConfig(cfg.optimizer, lr=cfg.lr), seed=cfg.seed,
+                            optimizer=row_optimizer(cfg), seed=cfg.seed,
                             admit_counters=cfg.admit_counters, row_dtype=cfg.row_dtype,
                             row_rounding=cfg.row_rounding, **dynamic)
     tables = [table]
     if cfg.mode == Mode.PS:
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
     return tables
+
+
+def row_optimizer(cfg: TrainConfig) -> OptimizerConfig:
+    """The embedding table's optimizer: ``cfg.optimizer`` at ``cfg.lr`` (FTRL with its L1 and L2)."""
+    if cfg.optimizer == "ftrl":
+        return OptimizerConfig(cfg.optimizer, lr=cfg.lr, l1=cfg.row_l1, l2=cfg.row_l2)
+    return OptimizerConfig(cfg.optimizer, lr=cfg.lr)
 
 
 def dense_params(cfg: TrainConfig, task=None) -> int:

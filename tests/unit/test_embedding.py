@@ -11,7 +11,7 @@ from het.ps.client import PSClient
 from reference import train_side_by_side
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_shards):
     rows, lr = 60, 0.05
@@ -24,7 +24,7 @@ def test_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_
     assert stats["hits"] > 0 and stats["evictions"] > 0  # the cache was really in the loop
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam", "ftrl"])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_a_dynamic_table_at_staleness_zero_matches_torch_embedding(cluster_factory, optimizer, num_shards):
     """Raw int64 ids (negative ones, int64's extremes, the cache's empty marker) through a dynamic

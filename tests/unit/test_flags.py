@@ -12,7 +12,7 @@ from het.train.config import TrainConfig
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
 
 EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"},  # settings that need another
-         "ps_wal_max": {"ps_wal": True}}
+         "ps_wal_max": {"ps_wal": True}, "row_l1": {"optimizer": "ftrl"}, "row_l2": {"optimizer": "ftrl"}}
 
 
 def a_value(key, f, hint):
@@ -99,7 +99,7 @@ def test_help_lists_the_choices_of_every_closed_setting(capsys):
     for flag, choices in (("--model", "{wdl,deepfm,dcn,dlrm,graphsage}"), ("--mode", "{het,hybrid,ps}"),
                           ("--policy", "{lru,lfu}"), ("--push-dtype", "{f32,bf16}"),
                           ("--dense-optimizer", "{sgd,adagrad,adam}"), ("--ids", "{encoded,hashed}"),
-                          ("--optimizer", "{sgd,adagrad,rowwise_adagrad,adam}")):
+                          ("--optimizer", "{sgd,adagrad,rowwise_adagrad,adam,ftrl}")):
         assert f"{flag} {choices}" in text, flag
 
 

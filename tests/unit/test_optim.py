@@ -13,7 +13,7 @@ from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.adagrad import adagrad_factor
 from het.ps.store import wal
 from het.ps.client import PSClient
-from het.ps.store.optim import RowWiseAdagradTorch
+from het.ps.store.optim import FTRLTorch, RowWiseAdagradTorch
 from het.ps.wire.protocol import PSError
 from het.ps.store.fixed import FixedRows
 
@@ -254,3 +254,56 @@ def test_an_lr_whose_step_passes_float32s_largest_value_is_refused_by_name(name,
         return
     with pytest.raises(ValueError, match=r"^lr must be at most [0-9.e+]+ .*got [0-9.e+]+$"):
         OptimizerConfig(name, lr=lr, betas=betas)
+
+
+def test_ftrl_on_the_ps_equals_its_torch_reference_with_l1_l2_and_beta():
+    cfg = OptimizerConfig("ftrl", lr=0.05, l1=0.01, l2=0.1, beta=0.5)
+    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    ref = torch.nn.Embedding(20, 6, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(table.weight)
+    opt = FTRLTorch(ref.parameters(), lr=0.05, l1=0.01, l2=0.1, beta=0.5)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(30):
+        keys = torch.randint(0, 20, (9,), generator=gen)
+        target = torch.randn(9, 6, generator=gen) * 0.1
+        opt.zero_grad()
+        ((ref(keys) - target) ** 2).sum().backward()
+        grad = ref.weight.grad.coalesce()
+        table.push(grad.indices()[0], grad.values().clone(), torch.ones(len(grad.indices()[0]), dtype=torch.int64), 1)
+        opt.step()
+    assert torch.equal(table.weight, ref.weight.detach())
+    assert torch.equal(table.optimizer.state["z"], opt.state[ref.weight]["z"])
+    touched = table.optimizer.state["n"] > 0
+    assert (table.weight[touched] == 0).any()  # L1 gives exact zeros
+
+
+def test_ftrl_applied_only_at_pushes_equals_applying_it_every_step():
+    """The lazy identity: every row stepped every step (untouched rows with a zero gradient) ends
+    where pushing only the touched rows leaves it, bit for bit, under L1 and L2."""
+    from het.ps.store.optim import ftrl_step
+
+    cfg = OptimizerConfig("ftrl", lr=0.1, l1=0.001, l2=0.5)
+    gen = torch.Generator().manual_seed(2)
+    weight = torch.rand(12, 4, generator=gen) - 0.5
+    lazy = [weight.clone(), torch.zeros(12, 4), torch.zeros(12, 4)]
+    eager = [weight.clone(), torch.zeros(12, 4), torch.zeros(12, 4)]
+    everything = torch.arange(12)
+    for _ in range(40):
+        rows = torch.randperm(12, generator=gen)[:3]
+        grads = torch.randn(3, 4, generator=gen)
+        ftrl_step(*lazy, rows, grads.clone(), cfg)
+        dense = torch.zeros(12, 4).index_copy_(0, rows, grads)
+        ftrl_step(*eager, everything, dense, cfg)
+    for a, b in zip(lazy, eager):
+        assert torch.equal(a, b)
+
+
+def test_l1_and_l2_belong_to_ftrl():
+    with pytest.raises(ValueError, match="FTRL"):
+        OptimizerConfig("adagrad", l2=0.1)
+    from het.train.config import TrainConfig
+
+    with pytest.raises(ValueError, match="ftrl"):
+        TrainConfig(row_l2=0.1)
+    assert TrainConfig(optimizer="ftrl", row_l1=0.1).row_l1 == 0.1

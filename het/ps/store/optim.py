@@ -7,7 +7,8 @@ Each follows the torch optimizer a user would otherwise pair with
 SparseAdam uses its global step count). ``RowWiseAdagrad`` is FBGEMM's and TorchRec's row-wise
 Adagrad: one accumulator per row, the mean of the squared gradient over its coordinates, so its
 state is one float a row instead of one a coordinate (torch has no such optimizer:
-:class:`RowWiseAdagradTorch` is its reference for ``nn.Embedding``).
+:class:`RowWiseAdagradTorch` is its reference for ``nn.Embedding``). ``FTRL`` is FTRL-Proximal with
+per-coordinate L1 and L2 (:class:`FTRLTorch` its reference).
 """
 
 from __future__ import annotations
@@ -174,6 +175,70 @@ class Adam(SparseOptimizer):
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
 
 
+class FTRL(SparseOptimizer):
+    """FTRL-Proximal per coordinate (McMahan et al., KDD 2013, Algorithm 1), the optimizer of
+    Google's ad click paper and of Monolith, on pushed rows: with ``alpha = lr``,
+
+        sigma = (sqrt(n + g^2) - sqrt(n)) / alpha;   z += g - sigma * w;   n += g^2
+        w = 0 where |z| <= l1, else -(z - sign(z) l1) / ((beta + sqrt(n)) / alpha + l2)
+
+    A coordinate no gradient reached (``n`` 0) keeps its initial value. Its regularisation is
+    exactly lazy: a row no push touches would not move under the steps it missed (their
+    gradients are 0, so ``z`` and ``n`` stay), so applying it only at pushes equals applying it
+    every step. A push summing several steps is applied as one step of their sum."""
+
+    state_names = ("z", "n")
+
+    def apply(self, weight, rows, grads, step, state=None, pushed=None):
+        ftrl_step(weight, (state or self.state)["z"], (state or self.state)["n"], rows, grads, self.cfg)
+
+
+def ftrl_step(weight, z, n, rows, grads, cfg) -> None:
+    """One FTRL-Proximal step of unique ``rows`` (see :class:`FTRL`). Shape: (k,), (k, D)."""
+    w, old_n = weight.index_select(0, rows), n.index_select(0, rows)
+    new_n = old_n + grads * grads
+    sigma = (new_n.sqrt() - old_n.sqrt()) / cfg.lr
+    new_z = z.index_select(0, rows) + grads - sigma * w
+    shrunk = new_z - new_z.sign() * cfg.l1
+    solved = -shrunk / ((cfg.beta + new_n.sqrt()) / cfg.lr + cfg.l2)
+    new_w = torch.where(new_z.abs() <= cfg.l1, torch.zeros_like(w), solved)
+    z.index_copy_(0, rows, new_z)
+    n.index_copy_(0, rows, new_n)
+    weight.index_copy_(0, rows, torch.where(new_n > 0, new_w, w))
+
+
+class FTRLTorch(torch.optim.Optimizer):
+    """:class:`FTRL` as a torch optimizer for ``nn.Embedding(sparse=True)`` (and dense 2-D
+    parameters): the reference the shard's FTRL is held to.
+
+    Example:
+        >>> emb = torch.nn.Embedding(3, 2, sparse=True)
+        >>> with torch.no_grad():
+        ...     _ = emb.weight.fill_(0.5)
+        >>> opt = FTRLTorch(emb.parameters(), lr=0.1)
+        >>> emb(torch.tensor([1])).sum().backward()
+        >>> opt.step()
+        >>> emb.weight[1].tolist()  # w - alpha * sign(g) on a first step, l1 = l2 = beta = 0
+        [0.4000000059604645, 0.4000000059604645]
+    """
+
+    def __init__(self, params, lr: float = 0.01, l1: float = 0.0, l2: float = 0.0, beta: float = 0.0):
+        super().__init__(params, {"lr": lr, "l1": l1, "l2": l2, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            cfg = OptimizerConfig("ftrl", lr=group["lr"], l1=group["l1"], l2=group["l2"], beta=group["beta"])
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "z" not in state:
+                    state["z"], state["n"] = torch.zeros_like(p), torch.zeros_like(p)
+                grad = p.grad.coalesce() if p.grad.is_sparse else p.grad.to_sparse(1)
+                ftrl_step(p, state["z"], state["n"], grad.indices()[0], grad.values(), cfg)
+
+
 ADAM_POINTS = 8  # a push's first steps taken one by one, and the runs the rest is taken in
 
 
@@ -292,7 +357,7 @@ class RowWiseAdagradTorch(torch.optim.Optimizer):
                 p.index_add_(0, rows, values / std, alpha=-group["lr"])
 
 
-_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam}
+_BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam, "ftrl": FTRL}
 
 
 def make(cfg: OptimizerConfig, num_rows: int, dim: int) -> SparseOptimizer:
