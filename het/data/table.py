@@ -22,8 +22,6 @@ Parquet rows from 1. The split is Criteo's (:func:`het.data.prepared.split_is_te
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -38,11 +36,11 @@ from het.data.numbers import parse_numbers
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_summary, split_is_test, summary, writing)
 from het.data.sketch import DistinctSketch
+from het.files import create
 from het.data.table_reader import batches, check_columns
 from het.data.transforms import KINDS, DenseStats, apply_all, describe
 
-__all__ = ["TableDataset", "TableSpec", "add_prepare_parser", "cmd_prepare_table", "hash_column", "parse_numbers",
-           "prepare_table"]
+__all__ = ["TableDataset", "TableSpec", "hash_column", "parse_numbers", "prepare_table"]
 
 _OK = -1
 
@@ -169,7 +167,7 @@ def _reason(batch: pa.RecordBatch, spec: TableSpec, i: int, col: int) -> str:
 
 def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: str | None = None,
                   names: list[str] | None = None, max_rows: int | None = None, test_fraction: float = 0.1,
-                  seed: int = 0, progress: bool = True, max_skipped: float = 0.01) -> dict:
+                  seed: int = 0, progress: bool = True, max_skipped: float = 0.01, schema_toml: str | None = None) -> dict:
     """Hash CSV, TSV or Parquet files into ``out_dir`` in one pass; see the module docstring.
 
     Args:
@@ -180,6 +178,7 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         names: the column names of CSV/TSV files without a header line (None: the first line).
         max_rows, test_fraction, seed, progress: as in :func:`het.data.criteo.prepare`.
         max_skipped: the largest share of the lines that may be skipped; past it nothing is written.
+        schema_toml: the schema used, written beside the data as ``schema.toml`` (``--schema`` reads it).
 
     Returns:
         The summary: ``meta.json``'s content plus ``seconds`` and ``rows_per_second``.
@@ -216,6 +215,9 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
                 "dense_transforms": transforms, "positive": spec.positive,
                 "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
                 "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
+        if schema_toml is not None:
+            with create(os.path.join(writer.out_dir, "schema.toml")) as f:
+                f.write(schema_toml.encode())
         writer.write_meta(meta)
     return summary(meta, started)
 
@@ -308,59 +310,3 @@ class TableDataset(PreparedDataset):
 
     kind = "table"
     command = "het data prepare table FILE... {out} --label COL --sparse COLS"
-
-
-# ---- `het data prepare table` -------------------------------------------------------------------
-
-def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
-    """Add the ``table`` command to ``subparsers`` (``het data prepare``'s)."""
-    p = subparsers.add_parser(
-        "table", help="your own CSV, TSV (.gz too) or Parquet: hashed ids, memory-mappable arrays",
-        description="One streaming pass over the files: a 0/1 label, dense columns as floats, sparse "
-                    "columns hashed with their column name to int64 keys (a dynamic PS table); writes "
-                    "OUT/{train,test}_{dense,sparse,labels}.npy and OUT/meta.json. Malformed lines are "
-                    "skipped and reported. Train with `het train --data table:OUT`.")
-    p.add_argument("files", nargs="+", help="CSV, TSV or Parquet files, read in order as one input")
-    p.add_argument("out", help="output directory")
-    p.add_argument("--label", required=True, help="the label column (0 or 1)")
-    p.add_argument("--dense", default="", help="comma-separated dense (numeric) columns")
-    p.add_argument("--sparse", required=True, help="comma-separated categorical columns")
-    p.add_argument("--sep", default=None, help="CSV/TSV separator (default: tab for .tsv, else comma)")
-    p.add_argument("--no-header", action="store_true", help="CSV/TSV files have no header line: give --names")
-    p.add_argument("--names", default=None, help="comma-separated column names of header-less files")
-    p.add_argument("--positive", default=None, help="which label values are 1: a comma-separated list "
-                   "(e.g. '>50K') or a comparison with a number (e.g. '>=4'); default: labels are 0 or 1")
-    p.add_argument("--dense-transform", default="auto", choices=KINDS,
-                   help="dense columns' transform, fitted on the training rows and kept with the data (auto: "
-                   "log1p then standardised for a non-negative right-skewed column, else standardised)")
-    p.add_argument("--max-skipped", type=float, default=0.01,
-                   help="the largest share of lines that may be skipped (malformed); past it nothing is written")
-    p.add_argument("--log-dense", action="store_true", help="dense x -> log(max(x, 0) + 1), as Criteo, "
-                   "nothing fitted (instead of --dense-transform)")
-    add_common_flags(p)
-    p.set_defaults(func=cmd_prepare_table)
-    return p
-
-
-def cmd_prepare_table(args: argparse.Namespace) -> dict:
-    """Run :func:`prepare_table` with the parsed flags and print its summary."""
-    def split(text):
-        return tuple(c.strip() for c in text.split(",") if c.strip()) if text else ()
-    try:
-        if args.no_header != bool(args.names):
-            raise ValueError(f"--no-header and --names go together, got --no-header {args.no_header} "
-                             f"and --names {args.names!r}")
-        if not 0 <= args.max_skipped <= 1:
-            raise ValueError(f"--max-skipped must lie in [0, 1], got {args.max_skipped}")
-        spec = TableSpec(args.label, split(args.dense), split(args.sparse), log_dense=args.log_dense,
-                         positive=args.positive, dense_transform=args.dense_transform)
-        s = prepare_table(args.files, args.out, spec, sep=args.sep, names=list(split(args.names)) or None,
-                          max_rows=args.max_rows, test_fraction=args.test_fraction, seed=args.seed,
-                          progress=not args.quiet, max_skipped=args.max_skipped)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"het data prepare table: {e}") from None
-    if args.json:
-        print(json.dumps(s, sort_keys=True))
-    else:
-        print_summary("table", s, args.out, "table")
-    return s

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+
+from het.data.table_cli import add_reading_flags, reading
 
 
 def add_parser(sub) -> None:
@@ -24,6 +27,7 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_reading_flags(p)
     p.set_defaults(func=_predict)
 
 
@@ -34,8 +38,12 @@ def _predict(args: argparse.Namespace) -> dict:
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    try:
+        sep, names = reading(args, args.data.split(",")[0]) if os.path.isfile(args.data.split(",")[0]) else (None, None)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"het predict: {e}") from None
     s = predict(args.export, args.data, split=args.split, out=args.out, batch=args.batch, samples=args.samples,
-                progress=not args.quiet, verify=True if args.verify else None)
+                progress=not args.quiet, verify=True if args.verify else None, sep=sep, names=names)
     if args.json:
         print(json.dumps(s, sort_keys=True, default=str))
         return s

@@ -18,13 +18,15 @@ from het.export.chunk import Chunk, Skipped
 from het.export.spec import Inputs
 
 
-def raw_chunks(paths: list[str], inputs: Inputs, samples: int | None, chunk: int, skipped: Skipped) -> Iterator[Chunk]:
+def raw_chunks(paths: list[str], inputs: Inputs, samples: int | None, chunk: int, skipped: Skipped,
+               sep: str | None = None, names: list[str] | None = None) -> Iterator[Chunk]:
     """The rows of ``paths`` read, in order, ``chunk`` at most at a time (``samples``: stop after so
-    many); rows that cannot be read go to ``skipped``."""
-    if inputs.source in ("criteo", "criteo-hashed") and all(_is_criteo_tsv(p) for p in paths):
+    many); rows that cannot be read go to ``skipped``. ``sep``, ``names``: how CSV/TSV files are
+    read (the separator; the column names of header-less files)."""
+    if inputs.source in ("criteo", "criteo-hashed") and names is None and all(_is_criteo_tsv(p) for p in paths):
         parts = _criteo_tsv(paths, inputs, skipped)
     else:
-        parts = _tables(paths, inputs, skipped)
+        parts = _tables(paths, inputs, skipped, sep, names)
     done = 0
     for part in parts:
         for lo in range(0, len(part.rows), chunk):
@@ -56,12 +58,12 @@ class _Columns:
         self.columns = [c for c in self.inputs.columns if c in names]
 
 
-def _tables(paths, inputs: Inputs, skipped: Skipped) -> Iterator[Chunk]:
+def _tables(paths, inputs: Inputs, skipped: Skipped, sep=None, names=None) -> Iterator[Chunk]:
     from het.data.table_reader import batches
 
     columns = _Columns(inputs)
     read = 0
-    for src, before, batch, lines, rejected in batches(paths, columns, None, None):
+    for src, before, batch, lines, rejected in batches(paths, columns, sep, names):
         parsed = inputs.parse(batch)
         ok = parsed.ok
         bad = np.flatnonzero(~ok)

@@ -38,6 +38,14 @@ def cmd_train(args) -> None:
     else:
         cfg = config_from_args(args)
     secret = load_secret(args.secret_file)
+    if not args.config_json and int(os.environ.get("RANK", 0)) == 0:
+        from het.train.tasks import data_warnings
+
+        try:
+            for line in data_warnings(cfg, cfg.workers if not args.ps else int(os.environ.get("WORLD_SIZE", 1))):
+                print(f"het train: warning: {line}", file=sys.stderr, flush=True)
+        except (ValueError, OSError):
+            pass  # the job itself names what is wrong with the data
     if args.ps:  # a worker of a multi-node job (torchrun) or of the local launcher
         from het.train.loop import run_worker
 
@@ -81,6 +89,10 @@ def format_summary(summary: dict) -> str:
     split = summary["time_split"]
     metrics = ", ".join(f"{k} {summary[k]:.4f}" for k in ("auc", "planted_auc", "logloss", "val_acc", "test_acc")
                         if k in summary)
+    if "auc_ci95" in summary:
+        metrics += f" (auc's 95% interval {summary['auc_ci95'][0]:.3f}-{summary['auc_ci95'][1]:.3f}: a small test split)"
+    if "best_step" in summary:
+        metrics += f"; the model of step {summary['best_step']} (best on validation)"
     return (f"het train: {summary['mode']} s={summary['staleness']}, {summary['workers']} workers x "
             f"{summary['servers']} servers, {summary['steps']} steps in {summary['wall_s']:.1f} s "
             f"({summary['samples_per_s']:,.0f} samples/s)\n"

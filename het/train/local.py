@@ -30,12 +30,12 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ``restarts`` and says which step the last run ``resumed_from_step``. Raises the
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
+    check_job(cfg)
     cfg = with_restart_checkpoints(resolve_epochs(cfg, cfg.workers), log_dir)
     if cfg.max_restarts and not cfg.rejoin_dir:
         cfg = dataclasses.replace(cfg, rejoin_dir=os.path.join(log_dir, "rejoin"))
     if cfg.tensorboard_every and not cfg.tensorboard_dir:
         cfg = dataclasses.replace(cfg, tensorboard_dir=os.path.join(log_dir, "tensorboard"))
-    check_job(cfg)
     if cfg.checkpoint:  # what interrupted saves of an earlier job left beside it
         checkpoint.remove_stale(cfg.checkpoint)
     first, restarts, rejoins = cfg, [], 0

@@ -146,3 +146,68 @@ def test_the_validation_split_is_apart_and_each_epoch_a_permutation(tmp_path):
     assert set(keys("test", 0, 100)) == set(range(900, 1000))
     other = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=4)
     assert set(other.batch("val", 0, other.rows["val"]).sparse.flatten().tolist()) != val_keys
+
+
+ADULT_DENSE = ["age", "fnlwgt", "educational-num", "capital-gain", "capital-loss", "hours-per-week"]
+ADULT_SPARSE = ["workclass", "education", "marital-status", "occupation", "relationship", "race", "gender",
+                "native-country"]
+
+
+def test_inference_on_adult_and_the_criteo_rows_chooses_the_hand_written_roles():
+    from het.data.schema import criteo_schema, infer, looks_like_criteo, sample
+    from jobs import shared_file
+
+    adult = infer(sample(shared_file("data", "adult", "adult.parquet")), "income")
+    assert (adult.label, adult.dense, adult.sparse, adult.ignored) == ("income", ADULT_DENSE, ADULT_SPARSE, {})
+    path = shared_file("data", "criteo_kaggle_head1000.tsv")
+    names, header = looks_like_criteo(path, "\t")
+    inferred = infer(sample(path, "\t", names))
+    hand = criteo_schema(names)
+    assert not header and (inferred.label, inferred.dense, inferred.sparse) == (hand.label, hand.dense, hand.sparse)
+
+
+def test_a_row_id_and_a_constant_column_are_left_out(tmp_path):
+    from het.data.schema import infer, sample
+
+    n = 2000
+    rng = np.random.default_rng(0)
+    src = _write(tmp_path / "t.csv", {"id": np.arange(n), "click": rng.integers(0, 2, n), "site": ["s1"] * n,
+                                      "ad_id": rng.integers(0, 30, n), "price": rng.random(n),
+                                      "city": rng.choice(["Oslo", "Rome"], n)})
+    s = infer(sample(src))
+    assert s.label == "click" and s.dense == ["price"] and s.sparse == ["ad_id", "city"]  # integers named as ids
+    assert set(s.ignored) == {"id", "site"}
+
+
+def run_het(argv, capsys):
+    from het import cli
+
+    cli.main(argv)
+    return capsys.readouterr().out
+
+
+def test_prepare_without_column_flags_writes_the_schema_it_used_and_reads_it_back(tmp_path, capsys):
+    rng = np.random.default_rng(2)
+    n = 500
+    src = _write(tmp_path / "t.csv", {"y": rng.choice(["yes", "no"], n), "n": rng.integers(0, 9, n),
+                                      "c": rng.choice(list("abcde"), n)})
+    out = run_het(["data", "prepare", "table", src, str(tmp_path / "a"), "--label", "y", "--positive", "yes",
+                   "--quiet"], capsys)
+    assert "schema (inferred from the head" in out
+    text = (tmp_path / "a" / "schema.toml").read_text()
+    assert 'label = "y"' in text and 'positive = "yes"' in text and 'dense = ["n"]' in text
+    again = run_het(["data", "prepare", "table", src, str(tmp_path / "b"), "--schema",
+                     str(tmp_path / "a" / "schema.toml"), "--quiet", "--json"], capsys)
+    s = json.loads(again.strip().splitlines()[-1])
+    assert (s["label"], s["dense"], s["sparse"], s["positive"]) == ("y", ["n"], ["c"], "yes")
+    for name in ("train_dense.npy", "train_sparse.npy", "train_labels.npy"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_describe_writes_nothing_and_names_each_role(tmp_path, capsys):
+    src = _write(tmp_path / "t.csv", {"label": [0, 1] * 10, "x": [1.5] * 19 + [2.0], "c": ["a", "b"] * 10})
+    before = sorted(os.listdir(tmp_path))
+    out = run_het(["data", "describe", src], capsys)
+    assert sorted(os.listdir(tmp_path)) == before
+    rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[2:]}
+    assert rows == {"label": "label", "x": "dense", "c": "sparse"}

@@ -1,0 +1,45 @@
+"""A raw file to a score with no hand-wired columns: Adult and the Criteo rows prepared by
+inference, trained, and Kaggle's Criteo test layout (no label) scored line by line."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from jobs import het, shared_file
+
+pytestmark = pytest.mark.cluster
+
+
+def test_the_criteo_test_layout_is_scored_one_line_each_in_order(tmp_path):
+    raw = shared_file("data", "criteo_kaggle_head1000.tsv")
+    het("data", "prepare", "table", raw, str(tmp_path / "prep"), "--preset", "criteo", "--quiet", "--json")
+    s = het("train", "--data", f"table:{tmp_path / 'prep'}", "--steps", "10", "--batch", "64", "--export",
+            str(tmp_path / "export"), "--export-every", "10", "--json", "--quiet", "--log-dir", str(tmp_path / "logs"))
+    assert s["exports"]["written"] >= 1 and not s["exports"]["failed"]
+    lines = open(raw).read().splitlines()
+    (tmp_path / "test.tsv").write_text("".join(line.split("\t", 1)[1] + "\n" for line in lines))  # 39 columns
+    scores = {}
+    for name, path in (("test", tmp_path / "test.tsv"), ("train", raw)):
+        out = tmp_path / f"{name}.csv"
+        p = het("predict", str(tmp_path / "export"), "--data", str(path), "--preset", "criteo", "--out", str(out),
+                "--json", "--quiet")
+        assert p["rows"] == len(lines) and p["skipped"] == 0
+        with open(out) as f:
+            rows = list(csv.DictReader(f))
+        assert [int(r["row"]) for r in rows] == list(range(len(lines)))
+        assert [int(r["line"]) for r in rows] == list(range(1, len(lines) + 1))
+        scores[name] = np.array([float(r["score"]) for r in rows])
+    assert np.array_equal(scores["test"], scores["train"])  # the label column changes no score
+
+
+def test_adult_prepared_without_column_flags_trains(tmp_path):
+    raw = shared_file("data", "adult", "adult.parquet")
+    p = het("data", "prepare", "table", raw, str(tmp_path / "adult"), "--label", "income", "--positive", ">50K",
+            "--quiet", "--json")
+    assert p["num_dense"] == 6 and p["num_fields"] == 8 and 0.2 < p["positive_rate"] < 0.3
+    s = het("train", "--model", "deepfm", "--data", f"table:{tmp_path / 'adult'}", "--steps", "40", "--json",
+            "--quiet", "--log-dir", str(tmp_path / "logs"))
+    assert s["auc"] > 0.85 and s["validation"]["best_step"] >= 1
