@@ -26,6 +26,8 @@ extras, ``pip install 'het[bench]'``) are left out, said in ``skipped``.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -56,7 +58,7 @@ class Split:
 
     def __init__(self, directory: str, val_frac: float):
         data = PreparedDataset(directory)
-        table = ValidatedTable(data, val_frac, seed=0)
+        table = ValidatedTable(data, val_frac, seed=0)  # the validation rows het train's jobs use
         parts = {"train": data.take("train", table.train_rows), "val": data.take("train", table.val_rows),
                  "test": data.take("test", np.arange(data.rows["test"]))}
         keys = np.concatenate([parts[p].sparse.numpy() for p in parts])
@@ -109,13 +111,16 @@ def run_deepctr(split: Split, point: dict, seed: int, max_epochs: int = 30, pati
     nf, nd = split.sparse["train"].shape[1], split.dense["train"].shape[1]
     columns = ([SparseFeat(f"C{j}", split.cardinalities[j], embedding_dim=point["dim"]) for j in range(nf)]
                + [DenseFeat(f"I{j}", 1) for j in range(nd)])
-    model = DeepFM(columns, columns, l2_reg_embedding=point["l2"], seed=seed, device="cpu")
+    with contextlib.redirect_stdout(io.StringIO()):
+        model = DeepFM(columns, columns, l2_reg_embedding=point["l2"], seed=seed, device="cpu")
     model.compile("adam", "binary_crossentropy")
+    quiet = contextlib.redirect_stdout(io.StringIO())  # DeepCTR prints its progress to stdout
     x = {p: {**{f"C{j}": split.sparse[p][:, j] for j in range(nf)}, **{f"I{j}": split.dense[p][:, j] for j in range(nd)}}
          for p in split.sparse}
     best, best_state, since = math.inf, None, 0
     for _ in range(max_epochs):  # the validation-best epoch, as early stopping with restored weights
-        model.fit(x["train"], split.labels["train"], batch_size=256, epochs=1, verbose=0)
+        with quiet:
+            model.fit(x["train"], split.labels["train"], batch_size=256, epochs=1, verbose=0)
         loss = _metrics(split.labels["val"], model.predict(x["val"], 4096).ravel())["logloss"]
         if loss < best:
             best, best_state, since = loss, {k: v.clone() for k, v in model.state_dict().items()}, 0

@@ -20,7 +20,9 @@ VALIDATION_SALT = 0x76616C  # "val": the validation split's hash differs from th
 
 class ValidatedTable:
     """``data`` (a :class:`het.data.prepared.PreparedDataset`) with splits ``train``, ``val``
-    and ``test``; every other attribute is ``data``'s.
+    and ``test``; every other attribute is ``data``'s. The validation rows are a function of
+    ``split_seed`` (default: the seed the data was prepared with, as its test rows are), so
+    jobs of every ``seed`` (the training order's) validate on the same rows.
 
     Example:
         >>> import tempfile
@@ -39,10 +41,11 @@ class ValidatedTable:
         True
     """
 
-    def __init__(self, data, frac: float, seed: int):
+    def __init__(self, data, frac: float, seed: int, split_seed: int | None = None):
         self.data, self.seed = data, seed
         n = data.rows["train"]
-        is_val = split_is_test(np.arange(n), seed ^ VALIDATION_SALT, frac) if frac > 0 else np.zeros(n, bool)
+        split_seed = int(getattr(data, "meta", {}).get("seed", 0) or 0) if split_seed is None else split_seed
+        is_val = split_is_test(np.arange(n), split_seed ^ VALIDATION_SALT, frac) if frac > 0 else np.zeros(n, bool)
         self.train_rows, self.val_rows = np.flatnonzero(~is_val), np.flatnonzero(is_val)
         self.rows = {"train": len(self.train_rows), "val": len(self.val_rows), "test": data.rows["test"]}
         if self.rows["train"] == 0:

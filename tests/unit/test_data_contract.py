@@ -144,7 +144,10 @@ def test_the_validation_split_is_apart_and_each_epoch_a_permutation(tmp_path):
     straddling = keys("train", 0, train + 10)
     assert straddling[:train] == epochs[0] and straddling[train:] == epochs[1][:10]
     assert set(keys("test", 0, 100)) == set(range(900, 1000))
-    other = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=4)
+    same = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=4)  # another training order
+    assert set(same.batch("val", 0, same.rows["val"]).sparse.flatten().tolist()) == val_keys
+    assert keys("train", 0, 64) != same.batch("train", 0, 64).sparse.flatten().tolist()
+    other = ValidatedTable(PreparedDataset(str(tmp_path)), frac=0.1, seed=3, split_seed=1)
     assert set(other.batch("val", 0, other.rows["val"]).sparse.flatten().tolist()) != val_keys
 
 
