@@ -43,7 +43,7 @@ from het.data.prepared import PreparedDataset
 from het.data.validation import ValidatedTable
 
 GRIDS = {
-    "het": [{}, {"lr": 0.05}, {"dense-lr": 0.003}, {"lr": 0.05, "dense-lr": 0.003}, {"lr": 0.003}],
+    "het": [{}, {"dim": 32}, {"dense-lr": 0.003}, {"lr": 0.003}, {"lr": 0.05}],
     "logreg": [{"C": 1.0}, {"C": 0.1}, {"C": 10.0}, {"C": 0.01}, {"C": 100.0}],
     "lightgbm": [{"num_leaves": 31, "learning_rate": 0.05}, {"num_leaves": 15, "learning_rate": 0.05},
                  {"num_leaves": 63, "learning_rate": 0.05}, {"num_leaves": 31, "learning_rate": 0.1},
