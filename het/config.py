@@ -15,6 +15,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from het.choices import Choice, LocalUpdate, Optimizer, Policy, RowDtype, RowRounding
+from het.schedule import Schedule
 from het.staleness import check_staleness
 
 
@@ -97,12 +98,17 @@ class OptimizerConfig:
     l1: float = setting(0.0, "FTRL's L1 on the rows, per coordinate (exact zeros)")
     l2: float = setting(0.0, "FTRL's L2 on the rows, per coordinate")
     beta: float = setting(0.0, "FTRL's beta: its per-coordinate rate is lr / (beta + sqrt(sum of squares))")
+    schedule: Schedule = setting(help="the lr's warmup and decay by the step a push carries", factory=Schedule)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", Optimizer.parse(self.name, "optimizer"))
         for name in ("l1", "l2", "beta"):
             value = getattr(self, name)
             _require(math.isfinite(value) and value >= 0, f"{name} must be a number >= 0, got {value}")
+        if isinstance(self.schedule, dict):
+            object.__setattr__(self, "schedule", Schedule(**self.schedule))
+        _require(not (self.name == Optimizer.FTRL and self.schedule.active),
+                 "FTRL's lr is its alpha, fixed by its closed form: a schedule applies to the other optimizers")
         _require(self.name == Optimizer.FTRL or not (self.l1 or self.l2 or self.beta),
                  f"l1, l2 and beta are FTRL's (optimizer ftrl); {self.name} takes none, got l1 {self.l1}, "
                  f"l2 {self.l2}, beta {self.beta}")
@@ -124,6 +130,10 @@ class OptimizerConfig:
         _require(self.lr <= _FLOAT32_MAX,
                  f"lr must be at most {_FLOAT32_MAX:.4g} (float32's largest value: a larger step makes rows inf), "
                  f"got {self.lr:g}")
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate at ``step`` under the schedule."""
+        return self.lr * self.schedule.factor(step) if self.schedule.active else self.lr
 
 
 @dataclass(frozen=True)

@@ -100,12 +100,15 @@ class EmbeddingCache:
         # the row's mean all the same: its pushes carry them, and the shard takes their steps apart
         self.sq = memory.zeros(n, 1 if opt.name == "adam" else width, device=dev)
         self.lr, self.eps = opt.lr, opt.eps or 0.0
+        self.base_lrs = (self.local_lr, self.lr)  # a schedule scales both (scale_lr)
         # a copy whose own updates are the server's (SGD at the table's lr; Adagrad followed
         # from its whole state: row-wise Adagrad's float a row, or "full") counts them as seen
         # once pushed: c_s += u (see _take). Per-coordinate Adagrad followed from a float a row
-        # ("row", the default) only approximates the server: its pushed copies are refreshed.
-        self.own_seen = ((opt.name == "sgd" and self.local_lr == opt.lr)
-                         or (self.rule == "row" and opt.name == "rowwise_adagrad") or self.rule == "full")
+        # ("row", the default) only approximates the server: its pushed copies are refreshed; so
+        # are they under a schedule (the shard's step is at the push's step's rate, the copy's at each one's).
+        self.own_seen = not opt.schedule.active and ((opt.name == "sgd" and self.local_lr == opt.lr)
+                                                     or (self.rule == "row" and opt.name == "rowwise_adagrad")
+                                                     or self.rule == "full")
         # else a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
         self.clear_clock = not self.own_seen and table.rows is None and table.admit_after > 1
         self.counters = Counter()
@@ -211,6 +214,10 @@ class EmbeddingCache:
     def flush(self) -> Rows:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
         return self._take((self.updates > 0).nonzero().flatten(), stay=True)
+
+    def scale_lr(self, factor: float) -> None:
+        """Local updates at the learning rates this cache was built with, times ``factor``."""
+        self.local_lr, self.lr = self.base_lrs[0] * factor, self.base_lrs[1] * factor
 
     def forget(self) -> None:
         """Make every cached copy ask the PS again at its next lookup (after the PS's rows were

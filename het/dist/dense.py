@@ -24,6 +24,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_
 
 from het.choices import DenseCompression
 from het.config import OptimizerConfig, TableConfig
+from het.schedule import Schedule
 
 DENSE_TABLE = "dense"
 DENSE_ROW = 256  # floats per row of the dense table
@@ -47,6 +48,10 @@ class DenseSync(Protocol):
 
     def after_backward(self) -> None:
         """Apply the step's dense gradients (a local optimizer step, or a push to the PS)."""
+
+    def scale_lr(self, factor: float) -> None:
+        """The dense learning rate at this step: its base times ``factor`` (mode ps: the shard
+        applies the schedule itself, at the step each push carries)."""
 
     def counters(self) -> dict:
         """``{"dense": bytes sent, "wait_ps_s": s, "allreduce_s": s}`` so far."""
@@ -92,6 +97,11 @@ class AllReduceDense:
 
     def after_backward(self) -> None:
         self.optimizer.step()
+
+    def scale_lr(self, factor: float) -> None:
+        """Set the dense learning rate to its base value times ``factor`` (a schedule's)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = group.setdefault("base_lr", group["lr"]) * factor
         self.steps += 1
 
     def counters(self) -> dict:
@@ -138,10 +148,11 @@ def _timed_allreduce(state: AllReduceDense, bucket):
     return fut.then(done)
 
 
-def dense_table(numel: int, lr: float) -> TableConfig:
-    """The PS table that holds ``numel`` dense parameters in mode ``ps`` (SGD on the shard)."""
+def dense_table(numel: int, lr: float, schedule: Schedule | None = None) -> TableConfig:
+    """The PS table that holds ``numel`` dense parameters in mode ``ps`` (SGD on the shard, under
+    the job's ``schedule``)."""
     return TableConfig(DENSE_TABLE, rows=math.ceil(numel / DENSE_ROW), dim=DENSE_ROW,
-                       optimizer=OptimizerConfig("sgd", lr=lr), init_scale=0.0)
+                       optimizer=OptimizerConfig("sgd", lr=lr, schedule=schedule or Schedule()), init_scale=0.0)
 
 
 def ps_dense_bytes(numel: int) -> int:

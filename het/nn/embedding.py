@@ -218,6 +218,12 @@ class Embedding(nn.Module):
         for out in self._outbox.values():
             out.step = step
 
+    def scale_lr(self, factor: float) -> None:
+        """The caches' local updates at their table's learning rate times ``factor`` (a schedule's
+        at this step, as the shards scale theirs)."""
+        for name, cache in self.caches.items():
+            cache.scale_lr(factor)
+
     def forget(self) -> None:
         """Every cache's copies read again from the PS at their next lookup (the PS's rows were
         put back to a save); call after :meth:`flush`."""

@@ -29,7 +29,8 @@ from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, 
 from het.config import parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
-from het.train.sections import ExportConfig, GraphConfig, PublishConfig, SyntheticConfig, ValidationConfig
+from het.train.sections import (ExportConfig, GraphConfig, PublishConfig, ScheduleConfig, SyntheticConfig,
+                                ValidationConfig)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -211,6 +212,7 @@ class TrainConfig:
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)
     graph: GraphConfig = setting(help="GraphSAGE's settings", factory=GraphConfig)
     validation: ValidationConfig = setting(help="validation and the kept model", factory=ValidationConfig)
+    schedule: ScheduleConfig = setting(help="the learning rates' warmup and decay", factory=ScheduleConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
 
@@ -242,6 +244,8 @@ class TrainConfig:
             (self.lr > 0 and self.dense_lr > 0, f"lr and dense_lr must be > 0, got {self.lr} and {self.dense_lr}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.row_l1 >= 0 and self.row_l2 >= 0, f"row_l1 and row_l2 must be >= 0, got {self.row_l1}, {self.row_l2}"),
+            (not (self.optimizer == Optimizer.FTRL and (self.schedule.warmup or self.schedule.decay != "none")),
+             "optimizer ftrl: its lr is its alpha, fixed by its closed form; a schedule needs another optimizer"),
             (self.optimizer == Optimizer.FTRL or not (self.row_l1 or self.row_l2),
              f"row_l1 and row_l2 regularise the rows under optimizer ftrl; got optimizer {self.optimizer}"),
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),

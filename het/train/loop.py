@@ -68,6 +68,8 @@ class Worker:
         self.upcoming.follow(lambda step: self.task.batch(step, rank, world, self.device), self.task.keys,
                              ahead=self.lookahead, early=self.prefetch)
         self.step_count = 0
+        self.start = 0  # the step training starts from (a resumed job's)
+        self.schedule = cfg.schedule.of(cfg.steps)
         self.last_loss = math.nan
         self.flush_s, self.flush_bytes = 0.0, 0  # the final flushes': time and sparse bytes
         self.stop = False  # set by SIGTERM; every rank stops at the same step boundary
@@ -87,6 +89,7 @@ class Worker:
 
     def step(self, batch, next_batch=None) -> float:
         """One training step; returns the loss. Reads top to bottom."""
+        self._schedule(self.start + self.step_count + 1)          # the learning rates of this step
         self.dense.before_forward()                               # mode ps: pull the dense parameters
         self.upcoming.send_early(batch, next_batch)               # syncs fly while this step computes
         loss = self.task.loss(self.dense.forward_module, batch)   # rows: cache, or the prefetched sync
@@ -100,6 +103,16 @@ class Worker:
         self.last_loss = float(loss.detach())
         return self.last_loss
 
+    def _schedule(self, step: int) -> None:
+        """Both learning rates at ``step`` (1, 2, ...) under the job's schedule: the dense
+        optimizer's, and the caches' local updates' (the shards scale their own by the step each
+        push carries)."""
+        if not self.schedule.active:
+            return
+        factor = self.schedule.factor(step)
+        self.dense.scale_lr(factor)
+        self.embedding.scale_lr(factor)
+
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
         bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
@@ -108,6 +121,7 @@ class Worker:
                             self.cfg.batch * self.world, start)
         barrier(self.world)  # every rank's clock starts together: the time limit and samples/s are the job's
         start_time = time.perf_counter()
+        self.start = start
         batch = self.upcoming.batch(start, end=steps) if start < steps else None
         loss = math.nan
         for step in range(start, steps):

@@ -1,11 +1,12 @@
-"""The job config's nested tables (``[synthetic]``, ``[graph]``, ``[validation]``, ``[export]``,
-``[publish]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
+"""The job config's nested tables (``[synthetic]``, ``[graph]``, ``[validation]``, ``[schedule]``,
+``[export]``, ``[publish]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from het.config import setting
+from het.schedule import DECAYS, Schedule
 from het.train.fields import check_fields, require
 
 
@@ -106,3 +107,24 @@ class ValidationConfig:
         require(0 <= self.frac < 1, f"validation.frac must lie in [0, 1), got {self.frac}")
         require(self.every is None or self.every >= 0, f"validation.every must be >= 0, got {self.every}")
         require(self.patience >= 0, f"validation.patience must be >= 0, got {self.patience}")
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    """The learning rates' schedule, dense and sparse alike (``[schedule]``, ``--lr-warmup``,
+    ``--lr-decay``, ``--lr-floor``; :mod:`het.schedule`): the shards apply the sparse one at the
+    step each push carries."""
+
+    warmup: int = setting(0, "steps of linear warmup of both learning rates", aliases=("--lr-warmup",))
+    decay: str = setting("none", "after the warmup, both learning rates fall to floor x lr at the last step",
+                         choices=DECAYS, aliases=("--lr-decay",))
+    floor: float = setting(0.0, "the share of each learning rate left at the last step", aliases=("--lr-floor",))
+
+    def __post_init__(self) -> None:
+        check_fields(self, "schedule.")
+        require(self.warmup >= 0, f"schedule.warmup must be >= 0 (steps), got {self.warmup}")
+        require(0 <= self.floor <= 1, f"schedule.floor must lie in [0, 1], got {self.floor}")
+
+    def of(self, steps: int) -> Schedule:
+        """The schedule of a job of ``steps`` steps."""
+        return Schedule(self.warmup, self.decay, max(steps, self.warmup + 1), self.floor)

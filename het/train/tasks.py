@@ -237,15 +237,16 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
                             row_rounding=cfg.row_rounding, **dynamic)
     tables = [table]
     if cfg.mode == Mode.PS:
-        tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr))
+        tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr, cfg.schedule.of(cfg.steps)))
     return tables
 
 
 def row_optimizer(cfg: TrainConfig) -> OptimizerConfig:
-    """The embedding table's optimizer: ``cfg.optimizer`` at ``cfg.lr`` (FTRL with its L1 and L2)."""
+    """The embedding table's optimizer: ``cfg.optimizer`` at ``cfg.lr`` under the job's schedule
+    (FTRL with its L1 and L2, unscheduled)."""
     if cfg.optimizer == "ftrl":
         return OptimizerConfig(cfg.optimizer, lr=cfg.lr, l1=cfg.row_l1, l2=cfg.row_l2)
-    return OptimizerConfig(cfg.optimizer, lr=cfg.lr)
+    return OptimizerConfig(cfg.optimizer, lr=cfg.lr, schedule=cfg.schedule.of(cfg.steps))
 
 
 def dense_params(cfg: TrainConfig, task=None) -> int:
@@ -313,7 +314,7 @@ def auc_interval(auc: float, positives: int, negatives: int) -> tuple[float, flo
 
     Example:
         >>> lo, hi = auc_interval(0.8, 20, 80); round(lo, 3), round(hi, 3)
-        (0.689, 0.911)
+        (0.677, 0.923)
     """
     q1, q2 = auc / (2 - auc), 2 * auc * auc / (1 + auc)
     var = (auc * (1 - auc) + (positives - 1) * (q1 - auc * auc) + (negatives - 1) * (q2 - auc * auc)) / max(

@@ -25,7 +25,7 @@ ROOT = pathlib.Path(het.__file__).parent
 # before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
 # __main__, above everything, goes without saying there).
 LAYERS = (
-    ("staleness", "process", "memory", "native", "adagrad", "choices", "files"),
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "schedule"),
     ("arrayfile", "lock"),
     ("config",),
     ("data", "cache"),

@@ -307,3 +307,33 @@ def test_l1_and_l2_belong_to_ftrl():
     with pytest.raises(ValueError, match="ftrl"):
         TrainConfig(row_l2=0.1)
     assert TrainConfig(optimizer="ftrl", row_l1=0.1).row_l1 == 0.1
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
+def test_a_schedule_at_staleness_zero_matches_torch_with_the_same_schedule(cluster_factory, optimizer):
+    """Warmup then cosine decay: the shards scale the lr by the step each push carries, the
+    caches' local updates by the worker's step; nn.Embedding under LambdaLR agrees."""
+    from het.schedule import Schedule
+    from reference import TORCH_OPTIMIZERS
+
+    schedule = Schedule(warmup=4, decay="cosine", steps=30, floor=0.1)
+    rows, dim, lr = 40, 6, 0.1
+    table = TableConfig("embedding", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=lr, schedule=schedule))
+    emb = Embedding(tables=table, client=cluster_factory([table], 2).client(),
+                    cache=CacheConfig(capacity=16, staleness=0, ways=4))
+    ref = torch.nn.Embedding(rows, dim, sparse=True)
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(torch.arange(rows)))
+    ref_opt = TORCH_OPTIMIZERS[optimizer](ref.parameters(), lr)
+    lambda_lr = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda t: schedule.factor(t + 1))
+    g = torch.Generator().manual_seed(4)
+    for step in range(1, 31):
+        emb.scale_lr(schedule.factor(step))
+        keys = torch.randint(0, rows, (12, 2), generator=g)
+        target = torch.randn(12, 2, dim, generator=g)
+        ((emb(keys) - target) ** 2).mean().backward()
+        ref_opt.zero_grad()
+        ((ref(keys) - target) ** 2).mean().backward()
+        ref_opt.step()
+        lambda_lr.step()
+    assert float((emb.read(torch.arange(rows)) - ref.weight.detach()).abs().max()) <= 1e-5

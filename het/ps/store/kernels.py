@@ -206,9 +206,10 @@ def native_push_args(opt, local: torch.Tensor, grads: torch.Tensor, counts: torc
                 steps, sq = sum_rows(counts, inverse, len(rows)), sum_rows(sq, inverse, len(rows))
     cfg, step = opt.cfg, max(int(step), 1)
     b1, b2 = cfg.betas
-    step_size = cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
+    step_size = cfg.lr_at(step) * math.sqrt(1 - b2 ** step) / (1 - b1 ** step) if cfg.name == "adam" else 0.0
     return (cfg.name if sq is None else "adagrad_steps",
-            [rows.contiguous(), at.contiguous(), inverse.contiguous(), grads.contiguous(), counts.contiguous(), cfg.lr,
+            [rows.contiguous(), at.contiguous(), inverse.contiguous(), grads.contiguous(), counts.contiguous(),
+             cfg.lr_at(step),
              cfg.eps or 0.0, b1, b2, step_size, limits.MAX_CLOCK,
              torch.empty(0, dtype=torch.int64) if sq is None else steps.contiguous(),
              torch.empty(0, 1) if sq is None else sq.float().contiguous()])

@@ -94,7 +94,7 @@ class SGD(SparseOptimizer):
     accepts_duplicates = True  # a sum of steps is the step of the sum
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
-        weight.index_add_(0, rows, grads.mul_(-self.cfg.lr))  # grads are the shard's own buffer
+        weight.index_add_(0, rows, grads.mul_(-self.cfg.lr_at(step)))  # grads are the shard's own buffer
 
 
 class Adagrad(SparseOptimizer):
@@ -118,10 +118,10 @@ class Adagrad(SparseOptimizer):
             else:
                 sq = pushed.sq
             return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, grads * grads),
-                                  pushed.counts, self.cfg)
+                                  pushed.counts, self.cfg, step)
         acc.index_add_(0, rows, grads * grads)
         std = acc.index_select(0, rows).sqrt_().add_(self.cfg.eps)
-        weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr)
+        weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr_at(step))
 
 
 class RowWiseAdagrad(SparseOptimizer):
@@ -147,10 +147,10 @@ class RowWiseAdagrad(SparseOptimizer):
             sq = pushed.sq if pushed.sq.shape[1] == 1 else pushed.sq.mean(1, keepdim=True)
             one = (grads * grads).mean(1, keepdim=True)
             return _adagrad_steps(weight, acc, rows, grads, torch.where(pushed.counts[:, None] > 1, sq, one),
-                                  pushed.counts, self.cfg)
+                                  pushed.counts, self.cfg, step)
         acc.index_add_(0, rows, (grads * grads).mean(1, keepdim=True))
         std = acc.index_select(0, rows).sqrt_().add_(self.cfg.eps)
-        weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr)
+        weight.index_add_(0, rows, grads / std, alpha=-self.cfg.lr_at(step))
 
 
 class Adam(SparseOptimizer):
@@ -171,7 +171,7 @@ class Adam(SparseOptimizer):
         m.index_copy_(0, rows, new_m)
         v.index_copy_(0, rows, new_v)
         step = max(int(step), 1)
-        step_size = self.cfg.lr * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+        step_size = self.cfg.lr_at(step) * math.sqrt(1 - b2 ** step) / (1 - b1 ** step)
         weight.index_add_(0, rows, new_m / new_v.sqrt().add_(self.cfg.eps), alpha=-step_size)
 
 
@@ -263,7 +263,7 @@ def _adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
     p1 = torch.tensor([b1 ** i for i in range(top + 1)], dtype=grads.dtype)
     p2 = torch.tensor([b2 ** i for i in range(top + 1)], dtype=grads.dtype)
     # the bias-corrected step size of step `step - top + i`, i in 0..top
-    sizes = torch.tensor([cfg.lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+    sizes = torch.tensor([cfg.lr_at(t) * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
                           for t in (max(step - top + i, 1) for i in range(top + 1))], dtype=grads.dtype)
     u = counts[:, None]
     g = grads / u.to(grads.dtype)
@@ -295,12 +295,12 @@ def sums_several_steps(pushed: Pushed | None) -> bool:
     return pushed is not None and bool((pushed.counts > 1).any())
 
 
-def _adagrad_steps(weight, acc, rows, grads, sq, counts, cfg) -> None:
+def _adagrad_steps(weight, acc, rows, grads, sq, counts, cfg, step: int = 1) -> None:
     """Adagrad's steps summed in ``grads``: the accumulator grows by ``sq`` and the rows move by
     ``-lr * grads * adagrad_factor``. Shape: rows (n,), grads (n, D), sq like acc's rows."""
     factor = adagrad_factor(acc.index_select(0, rows), sq, counts[:, None], cfg.eps)
     acc.index_add_(0, rows, sq)
-    weight.index_add_(0, rows, grads * factor, alpha=-cfg.lr)
+    weight.index_add_(0, rows, grads * factor, alpha=-cfg.lr_at(step))
 
 
 def sum_rows(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
