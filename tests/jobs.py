@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+
+import httpx
 
 
 def het(*args, timeout=600, env=None) -> dict:
@@ -37,3 +40,42 @@ def shared_file(*parts) -> str:
     if not path.exists():
         pytest.skip(f"the shared data is not here: {path} (set HET_SHARED)")
     return str(path)
+
+
+class Server:
+    """``het serve-model ARGS`` on a free loopback port, stopped (and its children) on exit."""
+
+    def __init__(self, *args, env=None):
+        self.proc = subprocess.Popen([sys.executable, "-m", "het", "serve-model", *args, "--bind", "127.0.0.1:0"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()
+        if "serving" not in line:
+            self.stop()
+            raise AssertionError(f"het serve-model did not start: {line}{self.proc.stderr.read()[-2000:]}")
+        self.url = line.strip().split(" on ")[1].split(" ")[0]
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+
+    def predict(self, body, **kw) -> httpx.Response:
+        if isinstance(body, (dict, list)):
+            return self.client.post("/v1/predict", json=body, **kw)
+        return self.client.post("/v1/predict", content=body, **kw)
+
+    def rss(self) -> int:
+        with open(f"/proc/{self.proc.pid}/statm") as f:
+            return int(f.read().split()[1]) * 4096
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -16,48 +16,10 @@ import numpy as np
 import pytest
 
 from het.bench.predict import trained_export
+from jobs import Server
 from het.train.config import TrainConfig
 
 pytestmark = pytest.mark.cluster
-
-
-class Server:
-    """``het serve-model ARGS`` on a free loopback port, stopped (and its children) on exit."""
-
-    def __init__(self, *args, env=None):
-        self.proc = subprocess.Popen([sys.executable, "-m", "het", "serve-model", *args, "--bind", "127.0.0.1:0"],
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
-        line = self.proc.stdout.readline()
-        if "serving" not in line:
-            self.stop()
-            raise AssertionError(f"het serve-model did not start: {line}{self.proc.stderr.read()[-2000:]}")
-        self.url = line.strip().split(" on ")[1].split(" ")[0]
-        self.client = httpx.Client(base_url=self.url, timeout=30)
-
-    def predict(self, body, **kw) -> httpx.Response:
-        if isinstance(body, (dict, list)):
-            return self.client.post("/v1/predict", json=body, **kw)
-        return self.client.post("/v1/predict", content=body, **kw)
-
-    def rss(self) -> int:
-        with open(f"/proc/{self.proc.pid}/statm") as f:
-            return int(f.read().split()[1]) * 4096
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
 
 @pytest.fixture(scope="module")
