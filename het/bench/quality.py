@@ -199,6 +199,32 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(result: dict, path: str) -> None:
+    """Each model's test AUC (mean and spread over the seeds), at its chosen point and its
+    default's, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result["models"])
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    for k, (which, color) in enumerate((("default", "#bbbbbb"), ("chosen", "#3366aa"))):
+        means = [result["models"][n][which]["test_auc"] for n in names]
+        spreads = [result["models"][n][which]["test_auc_std"] for n in names]
+        ax.bar([i + 0.38 * k for i in range(len(names))], means, 0.36, yerr=spreads, color=color,
+               label="defaults" if which == "default" else "chosen on validation", capsize=3)
+    low = min(result["models"][n][w]["test_auc"] for n in names for w in ("default", "chosen"))
+    ax.set_ylim(low - 0.01, None)
+    ax.set_xticks([i + 0.19 for i in range(len(names))], names)
+    ax.set_ylabel("test AUC")
+    ax.set_title(f"{os.path.basename(result['data'].rstrip('/'))}: {result['seeds']} seeds, grid of {result['grid']}")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def add_parser(bsub) -> None:
     p = bsub.add_parser("quality", help="het's model beside logistic regression, LightGBM and DeepCTR-torch's "
                         "DeepFM on one prepared table, each tuned on validation")
@@ -210,6 +236,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--val-frac", type=float, default=0.1, help="the validation share of the training rows")
     p.add_argument("--het-model", default="deepfm", help="het train --model")
     p.add_argument("--het-args", default="", help="more het train flags, e.g. '--steps 2000'")
+    p.add_argument("--plot", default=None, metavar="PNG", help="draw the test AUCs here")
     p.add_argument("--json", action="store_true", help="the last line of stdout is the result as JSON")
     p.set_defaults(func=cmd)
 
@@ -225,6 +252,8 @@ def cmd(args) -> dict:
     except (ValueError, OSError, RuntimeError) as e:
         raise SystemExit(f"het bench quality: {e}") from None
     print(table(result))
+    if args.plot:
+        plot(result, args.plot)
     if args.json:
         print(json.dumps(result, sort_keys=True))
     return result

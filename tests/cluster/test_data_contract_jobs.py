@@ -35,6 +35,7 @@ def test_the_criteo_test_layout_is_scored_one_line_each_in_order(tmp_path):
     assert np.array_equal(scores["test"], scores["train"])  # the label column changes no score
 
 
+@pytest.mark.slow  # DeepFM on Adult's 44k rows: about 25 s
 def test_adult_prepared_without_column_flags_trains(tmp_path):
     raw = shared_file("data", "adult", "adult.parquet")
     p = het("data", "prepare", "table", raw, str(tmp_path / "adult"), "--label", "income", "--positive", ">50K",

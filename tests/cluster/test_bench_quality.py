@@ -1,0 +1,47 @@
+"""`het bench quality`: every model on one split, chosen on validation, its table and plot."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pcsv
+import pytest
+
+from het.bench import quality
+from het.data.table import TableSpec, prepare_table
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    d = tmp_path_factory.mktemp("quality")
+    rng = np.random.default_rng(0)
+    n = 2500
+    a, b = rng.integers(0, 20, n), rng.integers(0, 8, n)
+    x = rng.normal(size=n)
+    y = (rng.random(n) < 1 / (1 + np.exp(-(np.sin(a) + (b == 3) + x)))).astype(int)
+    pcsv.write_csv(pa.table({"y": y, "x": x, "a": a.astype(str), "b": b.astype(str)}), d / "t.csv")
+    prepare_table(str(d / "t.csv"), str(d / "prep"), TableSpec("y", ("x",), ("a", "b")), progress=False)
+    return str(d / "prep")
+
+
+def test_the_split_is_het_trains_and_every_peer_sees_the_same_rows(table):
+    split = quality.Split(table, 0.1)
+    assert split.rows["train"] + split.rows["val"] == 2500 - split.rows["test"]
+    assert all(split.sparse[p].max(0).tolist() < split.cardinalities for p in split.sparse)
+
+
+@pytest.mark.slow  # eight short jobs and the peers: about 90 s
+def test_models_are_chosen_on_validation_and_drawn(table, tmp_path):
+    models = ["het", "logreg"] + [m for m in ("lightgbm",) if quality._available(m)]
+    r = quality.run(table, models, seeds=2, grid=2, val_frac=0.1, het_model="wdl", het_extra=["--steps", "20"],
+                    progress=False)
+    for name in models:
+        m = r["models"][name]
+        assert m["chosen"]["val_logloss"] == min(p["val_logloss"] for p in m["points"])  # validation chose
+        assert len(m["points"]) == 2 and all(len(p["runs"]) == 2 for p in m["points"])
+        assert 0.5 < m["chosen"]["test_auc"] < 1
+    assert "| logreg |" in quality.table(r)
+    quality.plot(r, str(tmp_path / "q.png"))
+    assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
