@@ -26,13 +26,16 @@ RAW_SUFFIXES = (".csv", ".tsv", ".txt", ".parquet", ".pq", ".gz")
 
 
 def open_source(data: str, inputs: Inputs, manifest: dict, split: str | None, samples: int | None,
-                chunk: int, skipped: Skipped, sep: str | None = None,
-                names: list[str] | None = None) -> tuple[Iterator[Chunk], int | None, str]:
+                chunk: int, skipped: Skipped, sep: str | None = None, names: list[str] | None = None,
+                keep: list[str] = ()) -> tuple[Iterator[Chunk], int | None, str]:
     """``(chunks, total rows or None, split)`` of a ``--data`` spec; ``sep`` and ``names``: how
-    raw CSV/TSV files are read (:func:`het.data.table_reader.batches`)."""
+    raw CSV/TSV files are read (:func:`het.data.table_reader.batches`); ``keep``: raw columns
+    carried through (raw files only)."""
     if data in SYNTHETIC:
         return _synthetic(data, inputs, manifest, split or "test", samples, chunk)
     kind, _, directory = data.partition(":")
+    if keep and (data in SYNTHETIC or (kind in ("table", "criteo") and directory)):
+        raise ValueError(f"--keep carries columns of raw files; {data!r} is not one (its raw columns are gone)")
     if kind in ("table", "criteo") and directory:
         return _prepared(kind, directory, inputs, split or "test", samples, chunk)
     paths = data.split(",")
@@ -44,7 +47,7 @@ def open_source(data: str, inputs: Inputs, manifest: dict, split: str | None, sa
         raise ValueError(f"--split {split}: raw files are read whole (--split all), their rows have no split")
     from het.export.raw import raw_chunks
 
-    return raw_chunks(paths, inputs, samples, chunk, skipped, sep, names), None, "all"
+    return raw_chunks(paths, inputs, samples, chunk, skipped, sep, names, keep), None, "all"
 
 
 def _synthetic(data, inputs: Inputs, manifest, split, samples, chunk):

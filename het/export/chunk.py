@@ -12,13 +12,15 @@ import numpy as np
 class Chunk:
     """Rows to score. Shapes: dense (n, D) float32, keys (n, L) int64 (the table's), labels (n,)
     float32 or None, rows (n,) int64 (position in the input: 0-based, of the rows read), lines
-    (n,) int64 or None (line in the raw input, as ``het data prepare`` numbers them)."""
+    (n,) int64 or None (line in the raw input, as ``het data prepare`` numbers them), kept
+    (``--keep``): raw input columns carried into the output, each (n,)."""
 
     dense: np.ndarray
     keys: np.ndarray
     labels: np.ndarray | None
     rows: np.ndarray
     lines: np.ndarray | None = None
+    kept: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -25,7 +25,8 @@ OUT_SUFFIXES = (".csv", ".parquet")
 
 def predict(export_dir: str, data: str, split: str | None = None, out: str | None = None, batch: int = 4096,
             samples: int | None = None, progress: bool = False, verify: bool | None = None,
-            model: ExportedModel | None = None, sep: str | None = None, names: list[str] | None = None) -> dict:
+            model: ExportedModel | None = None, sep: str | None = None, names: list[str] | None = None,
+            keep: list[str] = ()) -> dict:
     """Score ``data`` with the export at ``export_dir``; the summary (rows scored and skipped,
     AUC and log loss where there are labels, samples/s, the output's path).
 
@@ -41,6 +42,7 @@ def predict(export_dir: str, data: str, split: str | None = None, out: str | Non
             training job's evaluation size).
         sep, names: how raw CSV/TSV files are read: the separator, the column names of files
             without a header (a file without the label column is scored all the same).
+        keep: raw columns written beside each score, as read (raw files; e.g. an id).
     """
     if not isinstance(batch, int) or batch < 1:
         raise ValueError(f"batch must be an int >= 1, got {batch!r}")
@@ -50,7 +52,8 @@ def predict(export_dir: str, data: str, split: str | None = None, out: str | Non
         raise ValueError(f"--out must end in {' or '.join(OUT_SUFFIXES)}, got {out!r}")
     model = model or load_model(export_dir, verify=verify)
     skipped = Skipped()
-    chunks, total, split = open_source(data, model.inputs, model.manifest, split, samples, batch, skipped, sep, names)
+    chunks, total, split = open_source(data, model.inputs, model.manifest, split, samples, batch, skipped, sep, names,
+                                       list(keep))
     metrics, writer = _Metrics(), _Writer(out) if out else None
     start, rows, bar = time.perf_counter(), 0, None
     try:
@@ -147,6 +150,7 @@ class _Writer:
             cols["line"] = c.lines.astype(np.int64)
         if c.labels is not None:
             cols["label"] = c.labels.astype(np.float32)
+        cols.update(c.kept)
         cols["score"] = scores.astype(np.float32)
         table = pa.table(cols)
         if self.parquet:

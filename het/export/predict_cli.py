@@ -28,6 +28,8 @@ def add_parser(sub) -> None:
     p.add_argument("--json", action="store_true", help="the last line of stdout is the summary as JSON")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_reading_flags(p)
+    p.add_argument("--keep", default="", help="raw files: comma-separated input columns written beside each score "
+                   "in --out (e.g. id,user)")
     p.set_defaults(func=_predict)
 
 
@@ -43,7 +45,8 @@ def _predict(args: argparse.Namespace) -> dict:
     except (ValueError, OSError) as e:
         raise SystemExit(f"het predict: {e}") from None
     s = predict(args.export, args.data, split=args.split, out=args.out, batch=args.batch, samples=args.samples,
-                progress=not args.quiet, verify=True if args.verify else None, sep=sep, names=names)
+                progress=not args.quiet, verify=True if args.verify else None, sep=sep, names=names,
+                keep=[c.strip() for c in args.keep.split(",") if c.strip()])
     if args.json:
         print(json.dumps(s, sort_keys=True, default=str))
         return s

@@ -19,14 +19,16 @@ from het.export.spec import Inputs
 
 
 def raw_chunks(paths: list[str], inputs: Inputs, samples: int | None, chunk: int, skipped: Skipped,
-               sep: str | None = None, names: list[str] | None = None) -> Iterator[Chunk]:
+               sep: str | None = None, names: list[str] | None = None, keep: list[str] = ()) -> Iterator[Chunk]:
     """The rows of ``paths`` read, in order, ``chunk`` at most at a time (``samples``: stop after so
     many); rows that cannot be read go to ``skipped``. ``sep``, ``names``: how CSV/TSV files are
-    read (the separator; the column names of header-less files)."""
-    if inputs.source in ("criteo", "criteo-hashed") and names is None and all(_is_criteo_tsv(p) for p in paths):
+    read (the separator; the column names of header-less files); ``keep``: columns carried into
+    each chunk's ``kept`` as they are."""
+    if inputs.source in ("criteo", "criteo-hashed") and names is None and not keep \
+            and all(_is_criteo_tsv(p) for p in paths):
         parts = _criteo_tsv(paths, inputs, skipped)
     else:
-        parts = _tables(paths, inputs, skipped, sep, names)
+        parts = _tables(paths, inputs, skipped, sep, names, list(keep))
     done = 0
     for part in parts:
         for lo in range(0, len(part.rows), chunk):
@@ -36,7 +38,7 @@ def raw_chunks(paths: list[str], inputs: Inputs, samples: int | None, chunk: int
             if hi <= lo:
                 return
             yield Chunk(part.dense[lo:hi], part.keys[lo:hi], None if part.labels is None else part.labels[lo:hi],
-                        part.rows[lo:hi] + 0, part.lines[lo:hi])
+                        part.rows[lo:hi] + 0, part.lines[lo:hi], {k: v[lo:hi] for k, v in part.kept.items()})
             done += hi - lo
             if samples is not None and done >= samples:
                 return
@@ -46,22 +48,25 @@ class _Columns:
     """What :func:`het.data.table_reader.batches` reads of a file: the spec's columns, the label
     only where the file has it."""
 
-    def __init__(self, inputs: Inputs):
-        self.inputs = inputs
-        self.columns = list(inputs.columns)
+    def __init__(self, inputs: Inputs, keep: list[str]):
+        self.inputs, self.keep = inputs, keep
+        self.columns = list(dict.fromkeys([*inputs.columns, *keep]))
 
     def check(self, names: list[str], path: str) -> None:
         missing = [c for c in self.inputs.columns[1:] if c not in names]
         if missing:
             raise ValueError(f"{path}: column(s) {_few(missing)} not found; the model reads "
                              f"{_few(self.inputs.columns[1:])} and the file has {_few(names)}")
-        self.columns = [c for c in self.inputs.columns if c in names]
+        absent = [c for c in self.keep if c not in names]
+        if absent:
+            raise ValueError(f"{path}: --keep column(s) {_few(absent)} not found; the file has {_few(names)}")
+        self.columns = list(dict.fromkeys([*(c for c in self.inputs.columns if c in names), *self.keep]))
 
 
-def _tables(paths, inputs: Inputs, skipped: Skipped, sep=None, names=None) -> Iterator[Chunk]:
+def _tables(paths, inputs: Inputs, skipped: Skipped, sep=None, names=None, keep=()) -> Iterator[Chunk]:
     from het.data.table_reader import batches
 
-    columns = _Columns(inputs)
+    columns = _Columns(inputs, list(keep))
     read = 0
     for src, before, batch, lines, rejected in batches(paths, columns, sep, names):
         parsed = inputs.parse(batch)
@@ -73,8 +78,9 @@ def _tables(paths, inputs: Inputs, skipped: Skipped, sep=None, names=None) -> It
                     for line, reason in rejected]
         skipped.add(len(bad) + len(rejected), sorted(entries, key=lambda e: e["line"]))
         n = int(ok.sum())
+        kept = {c: batch.column(c).to_numpy(zero_copy_only=False)[ok] for c in keep}
         yield Chunk(parsed.dense[ok], parsed.keys[ok], None if parsed.labels is None else parsed.labels[ok],
-                    read + np.arange(n), before + lines[ok])
+                    read + np.arange(n), before + lines[ok], kept)
         read += n
 
 

@@ -254,16 +254,18 @@ class Inputs:
 
 
 def to_arrow(columns) -> pa.Table:
-    """Raw columns as Arrow: a dict of columns (lists or arrays), a pandas DataFrame, or an Arrow
-    table or record batch. ValueError names a column Arrow cannot read."""
+    """Raw columns as Arrow: a dict of columns (lists or arrays), a pandas or polars DataFrame, or
+    an Arrow table or record batch. ValueError names a column Arrow cannot read."""
     if isinstance(columns, pa.Table):
         return columns
     if isinstance(columns, pa.RecordBatch):
         return pa.Table.from_batches([columns])
     if hasattr(columns, "to_dict") and hasattr(columns, "columns") and hasattr(columns, "dtypes"):  # pandas
         return pa.Table.from_pandas(columns, preserve_index=False)
+    if type(columns).__module__.startswith("polars") and hasattr(columns, "to_arrow"):  # polars, where installed
+        return columns.to_arrow()
     if not isinstance(columns, dict):
-        raise ValueError(f"expected columns as a dict, a pandas DataFrame or a pyarrow Table, "
+        raise ValueError(f"expected columns as a dict, a pandas or polars DataFrame or a pyarrow Table, "
                          f"got {type(columns).__name__}")
     arrays, lengths = {}, {}
     for name, values in columns.items():

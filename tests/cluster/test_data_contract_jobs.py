@@ -25,12 +25,13 @@ def test_the_criteo_test_layout_is_scored_one_line_each_in_order(tmp_path):
     for name, path in (("test", tmp_path / "test.tsv"), ("train", raw)):
         out = tmp_path / f"{name}.csv"
         p = het("predict", str(tmp_path / "export"), "--data", str(path), "--preset", "criteo", "--out", str(out),
-                "--json", "--quiet")
+                "--keep", "C1,I2", "--json", "--quiet")
         assert p["rows"] == len(lines) and p["skipped"] == 0
         with open(out) as f:
             rows = list(csv.DictReader(f))
         assert [int(r["row"]) for r in rows] == list(range(len(lines)))
         assert [int(r["line"]) for r in rows] == list(range(1, len(lines) + 1))
+        assert [(r["C1"], r["I2"]) for r in rows] == [tuple(line.split("\t")[j] for j in (14, 2)) for line in lines]
         scores[name] = np.array([float(r["score"]) for r in rows])
     assert np.array_equal(scores["test"], scores["train"])  # the label column changes no score
 
