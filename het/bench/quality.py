@@ -214,12 +214,12 @@ def plot(result: dict, path: str) -> None:
         spreads = [result["models"][n][which]["test_auc_std"] for n in names]
         ax.bar([i + 0.38 * k for i in range(len(names))], means, 0.36, yerr=spreads, color=color,
                label="defaults" if which == "default" else "chosen on validation", capsize=3)
-    low = min(result["models"][n][w]["test_auc"] for n in names for w in ("default", "chosen"))
-    ax.set_ylim(low - 0.01, None)
+    aucs = [result["models"][n][w]["test_auc"] for n in names for w in ("default", "chosen")]
+    ax.set_ylim(min(aucs) - 0.01, max(aucs) + 0.012)
     ax.set_xticks([i + 0.19 for i in range(len(names))], names)
     ax.set_ylabel("test AUC")
     ax.set_title(f"{os.path.basename(result['data'].rstrip('/'))}: {result['seeds']} seeds, grid of {result['grid']}")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
