@@ -3,6 +3,7 @@ validation score, rows on the PS included, and stops early when asked."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -39,14 +40,16 @@ def _train(table, tmp_path, name, *flags):
 
 
 def test_the_kept_model_is_the_validation_best_and_scores_as_it_did_when_kept(noisy_table, tmp_path):
-    ck = tmp_path / "ck"
-    s = _train(noisy_table, tmp_path, "long", "--steps", "60", "--eval-every", "5", "--checkpoint", str(ck))
+    ck, ex = tmp_path / "ck", tmp_path / "export"
+    s = _train(noisy_table, tmp_path, "long", "--steps", "60", "--eval-every", "5", "--checkpoint", str(ck),
+               "--export", str(ex), "--export-every", "30")
     v = s["validation"]
     best = min(v["curve"], key=lambda p: p["logloss"])
     assert v["best_step"] == best["step"] == s["best_step"] < 60  # chosen on validation, before the end
     assert v["curve"][-1]["step"] == 60 and v["curve"][-1]["logloss"] > best["logloss"]
     assert v["keeps"] >= 1
     assert checkpoint.saved_step(str(ck)) == s["best_step"]  # the checkpoint holds the kept model
+    assert json.loads((ex / "export.json").read_text())["manifest"]["step"] == s["best_step"]  # and the export
     # the model put back, rows on the PS and dense layers, scores on validation as it did when kept
     assert v["restored"] == {k: val for k, val in best.items() if k != "step"}
 
