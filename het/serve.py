@@ -23,7 +23,7 @@ from het.train.flags import add_flag, default_help, flag_name
 GENERATED = {
     "shard": (ShardConfig, ("tables",), {"index": "--shard-index"}),
     "table": (TableConfig, ("name", "rows", "dim", "optimizer"), {}),
-    "optimizer": (OptimizerConfig, (), {"name": "--optimizer"}),
+    "optimizer": (OptimizerConfig, ("schedule",), {"name": "--optimizer"}),  # a schedule comes with a job (--job)
 }
 
 

@@ -257,7 +257,11 @@ class PreparedDataset:
         self.num_ids = int(meta.get("num_ids", self.num_rows))
         self.num_dense, self.num_fields = int(meta["num_dense"]), int(meta["num_fields"])
         self.rows = {"train": int(meta["train_rows"]), "test": int(meta["test_rows"])}
-        shapes = {"dense": (self.num_dense,), "sparse": (self.num_fields,), "labels": ()}
+        if meta.get("bag_sizes"):  # multi-hot columns (het.data.multi): bags of keys, padded
+            self.bag_sizes = tuple(int(b) for b in meta["bag_sizes"])
+            self.pad_key, self.pooling = int(meta["pad_key"]), str(meta.get("pooling", "mean"))
+        shapes = {"dense": (self.num_dense,), "sparse": (sum(getattr(self, "bag_sizes", (1,) * self.num_fields)),),
+                  "labels": ()}
         self._arrays = {}
         for split in SPLITS:
             for name, dtype in ARRAYS.items():

@@ -11,6 +11,8 @@ file's for Parquet) and gives each column a role:
   model can learn from;
 - ``sparse``: integers in a column named as ids (``user_id``, ``itemId``, ``id``);
 - ``dense``: other numbers (integers or floats);
+- ``multi``: text whose values are lists (``Action|Comedy``: ``|`` or ``;`` in at least half of
+  them, their parts repeating across rows), each part an id;
 - ``sparse``: anything else (text), each value an id.
 
 A schema file (``--schema FILE``, TOML) names the roles itself, and flags override both::
@@ -43,6 +45,7 @@ else:  # pragma: no cover
 
 SAMPLE_ROWS = 100_000
 LABEL_NAMES = ("label", "click", "clicked", "target", "y")
+LIST_SEPARATORS = ("|", ";")
 _ID_NAME = re.compile(r"(^|[^a-z])id$|Id$|_id$|^id_|ID$", re.IGNORECASE)  # user_id, itemId, movie_id, id
 CRITEO_NAMES = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
 
@@ -59,6 +62,7 @@ class Column:
     missing: float
     low: float | None = None
     high: float | None = None
+    sep: str | None = None  # a multi-hot column's separator
 
 
 @dataclass
@@ -70,6 +74,7 @@ class Schema:
     sparse: list[str]
     ignored: dict[str, str] = field(default_factory=dict)
     positive: str | None = None
+    multi: dict[str, str] = field(default_factory=dict)  # multi-hot columns (among sparse) and their separators
     columns: list[Column] = field(default_factory=list)  # what inference saw, when it ran
 
     def to_toml(self) -> str:
@@ -80,6 +85,8 @@ class Schema:
         if self.positive is not None:
             lines.append(f"positive = {q(self.positive)}")
         lines += [f"dense = [{', '.join(map(q, self.dense))}]", f"sparse = [{', '.join(map(q, self.sparse))}]"]
+        if self.multi:
+            lines += ["", "[multi]", *(f"{q(k)} = {q(v)}" for k, v in self.multi.items())]
         if self.ignored:
             lines += ["", "[ignored]", *(f"{q(k)} = {q(v)}" for k, v in self.ignored.items())]
         return "\n".join(lines) + "\n"
@@ -93,7 +100,8 @@ def read_schema(path: str) -> dict:
             d = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
-    kinds = {"label": str, "positive": str, "dense": list, "sparse": list, "dense_transform": str, "ignored": dict}
+    kinds = {"label": str, "positive": str, "dense": list, "sparse": list, "dense_transform": str, "ignored": dict,
+             "multi": dict}
     for key, value in d.items():
         if key not in kinds:
             raise ValueError(f"{path}: unknown key {key!r}; a schema has {sorted(kinds)}")
@@ -132,26 +140,34 @@ def sample(path: str, sep: str | None = None, names: list[str] | None = None, ro
 def infer(table: pa.Table, label: str | None = None) -> Schema:
     """Each column's role in ``table`` (a :func:`sample`); ``label`` names the label column."""
     names = table.schema.names
+    twice = sorted({c for c in names if names.count(c) > 1})
+    if twice:
+        raise ValueError(f"column(s) {twice} appear more than once among the columns: rename them")
     if label is not None and label not in names:
-        raise ValueError(f"label column {label!r} not found; the columns are {names}")
+        raise ValueError(f"label column(s) [{label!r}] not found; its columns are {names}")
     if label is None:
         label = next((c for c in names if c.lower() in LABEL_NAMES), None)
-    columns, dense, sparse, ignored = [], [], [], {}
+    columns, dense, sparse, ignored, multi = [], [], [], {}, {}
     for name in names:
         col = _look(name, table.column(name), label)
         columns.append(col)
         if col.role == "dense":
             dense.append(name)
-        elif col.role == "sparse":
+        elif col.role in ("sparse", "multi"):
             sparse.append(name)
+            if col.role == "multi":
+                multi[name] = col.sep
         elif col.role == "ignored":
             ignored[name] = col.why
-    return Schema(label, dense, sparse, ignored, columns=columns)
+    return Schema(label, dense, sparse, ignored, columns=columns, multi=multi)
 
 
 def _look(name: str, arr: pa.ChunkedArray, label: str | None) -> Column:
     n = len(arr)
     kind = arr.type
+    if pa.types.is_nested(kind):
+        return Column(name, str(kind), "ignored", "nested values (lists, structs, maps): give --multi COL:SEP for "
+                      "a list of ids", 0, arr.null_count / n if n else 0.0)
     if pa.types.is_dictionary(kind):
         arr, kind = arr.cast(kind.value_type), kind.value_type
     text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
@@ -172,6 +188,9 @@ def _look(name: str, arr: pa.ChunkedArray, label: str | None) -> Column:
         col.role, col.why = "ignored", "one value" if distinct else "no value"
     elif present >= 1000 and distinct == present and not pa.types.is_floating(kind):
         col.role, col.why = "ignored", "every value differs: a row id"
+    elif text and (sep := _list_separator(arr)):
+        col.role, col.why = "multi", f"lists of ids separated by {sep!r}"
+        col.sep = sep
     elif numeric and _ID_NAME.search(name) and not pa.types.is_floating(kind):
         col.role, col.why = "sparse", "integers named as ids: each value an id"
     elif numeric:
@@ -179,6 +198,21 @@ def _look(name: str, arr: pa.ChunkedArray, label: str | None) -> Column:
     else:
         col.role, col.why = "sparse", "text: each value an id"
     return col
+
+
+def _list_separator(arr) -> str | None:
+    """The separator of a text column of lists ("Action|Comedy"): one of ``|``, ``;`` found in
+    at least half its values, whose parts repeat across rows more than the values do."""
+    values = arr.drop_null()
+    if len(values) == 0:
+        return None
+    for sep in LIST_SEPARATORS:
+        has = pc.sum(pc.cast(pc.match_substring(values, sep), pa.int64())).as_py() or 0
+        if has * 2 >= len(values):
+            parts = pc.list_flatten(pc.split_pattern(values, sep))
+            if len(pc.unique(parts)) < len(pc.unique(values)):
+                return sep
+    return None
 
 
 def describe(schema: Schema, rows: int) -> str:

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from het.data.hashing import hash_strings
 from het.data.labels import Positive
+from het.data.multi import PAD, POOLINGS, multi_keys
 from het.data.numbers import parse_numbers
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_summary, split_is_test, summary, writing)
@@ -55,6 +56,9 @@ class TableSpec:
     log_dense: bool = False
     positive: str | None = None  # which labels are 1 (het.data.labels); None: 0 or 1 only
     dense_transform: str = "auto"  # fitted on the training rows (het.data.transforms); log_dense: Criteo's
+    multi: tuple[tuple[str, str], ...] = ()  # sparse columns holding lists: (column, separator)
+    bag: int = 8  # a multi-hot column's slots: its first `bag` ids kept
+    pooling: str = "mean"  # how a multi-hot column's rows pool into its field's row
 
     def __post_init__(self):
         Positive(self.positive)  # a malformed --positive is refused before any file is read
@@ -64,6 +68,10 @@ class TableSpec:
         if not self.label or not self.sparse:
             raise ValueError(f"expected a label column and at least one sparse column, got label "
                              f"{self.label!r} and sparse {list(self.sparse)}")
+        stray = [c for c, _ in self.multi if c not in self.sparse]
+        if stray or self.bag < 1 or self.pooling not in POOLINGS:
+            raise ValueError(f"multi-hot columns must be sparse ones, with --multi-size >= 1 and --pooling one of "
+                             f"{POOLINGS}; got {stray or ''} size {self.bag}, pooling {self.pooling!r}")
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
             raise ValueError(f"each column may appear once among label, dense and sparse, got {repeated} twice")
@@ -71,6 +79,12 @@ class TableSpec:
     @property
     def columns(self) -> list[str]:
         return [self.label, *self.dense, *self.sparse]
+
+    @property
+    def bag_sizes(self) -> list[int]:
+        """Keys a sample holds of each sparse column: 1, or ``bag`` for a multi-hot one."""
+        seps = dict(self.multi)
+        return [self.bag if c in seps else 1 for c in self.sparse]
 
     @property
     def fitted(self) -> bool:
@@ -144,9 +158,15 @@ def _convert(batch: pa.RecordBatch, spec: TableSpec):
             dense[:, j] = np.where(missing, np.nan, x)
         else:
             dense[:, j] = np.log1p(np.where(x > 0, x, 0.0)) if spec.log_dense else x  # -0.0 -> 0, as Criteo
-    sparse = np.empty((n, len(spec.sparse)), np.int64)
-    for j, name in enumerate(spec.sparse):
-        sparse[:, j] = hash_column(name, batch.column(name))
+    seps, sizes = dict(spec.multi), spec.bag_sizes
+    sparse = np.empty((n, sum(sizes)), np.int64)
+    col = 0
+    for name, size in zip(spec.sparse, sizes):
+        if name in seps:  # truncated lists are counted in the summary, not refused
+            sparse[:, col:col + size] = multi_keys(name, batch.column(name), seps[name], size)[0]
+        else:
+            sparse[:, col] = hash_column(name, batch.column(name))
+        col += size
     bads = np.stack(bads + [np.zeros(n, bool)] * len(spec.sparse), axis=1)  # (n, columns)
     bad_col = np.where(bads.any(axis=1), bads.argmax(axis=1), _OK)
     return label.astype(np.float32), dense, sparse, bad_col
@@ -200,7 +220,7 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     check_inputs(paths, "table file", max_rows, test_fraction, seed)
     check_columns(paths, spec, sep, names)
     started = time.perf_counter()
-    with writing(out_dir, len(spec.dense), len(spec.sparse)) as writer:
+    with writing(out_dir, len(spec.dense), sum(spec.bag_sizes)) as writer:
         stats, dense_stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
         _check_rows(stats, spec, paths, max_skipped)
         transforms = dense_stats.fit(list(spec.dense), spec.dense_transform) if spec.fitted else None
@@ -210,6 +230,8 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
                 "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(spec.sparse),
                 "num_dense": len(spec.dense), "num_rows": None, "label": spec.label, "dense": list(spec.dense),
                 "sparse": list(spec.sparse), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
+                **({"bag_sizes": spec.bag_sizes, "multi": dict(spec.multi), "pad_key": PAD, "pooling": spec.pooling}
+                   if spec.multi else {}),
                 "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else
                 ("fitted on the training rows: " + describe(transforms) if transforms else "x, missing -> 0"),
                 "dense_transforms": transforms, "positive": spec.positive,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from het.data.multi import POOLINGS, parse_multi
 from het.data.prepared import add_common_flags, print_summary
 from het.data.schema import Schema, criteo_schema, describe, infer, looks_like_criteo, read_schema, sample
 from het.data.table import TableSpec, prepare_table
@@ -45,8 +46,8 @@ def schema_of(args, path: str, sep, names) -> tuple[Schema, str]:
     if args.preset == "criteo":
         columns = names or list(sample(path, sep, None, rows=1).schema.names)
         base, source = criteo_schema(columns), "Criteo's layout"
-    elif given.get("dense") is not None and given.get("sparse") is not None or (args.dense is not None
-                                                                                and args.sparse is not None):
+    elif given.get("dense") is not None or given.get("sparse") is not None or args.dense is not None \
+            or args.sparse is not None:  # any column flag: the columns are as given (the others none)
         base, source = Schema(None, [], []), "given"
     else:
         base, source = infer(sample(path, sep, names), args.label or given.get("label")), "inferred from the head"
@@ -56,10 +57,14 @@ def schema_of(args, path: str, sep, names) -> tuple[Schema, str]:
     dense = [c for c in dense if c != label]
     sparse = [c for c in sparse if c != label]
     positive = args.positive if args.positive is not None else given.get("positive")
+    multi = {**base.multi, **given.get("multi", {}), **dict(parse_multi(m) for m in args.multi or ())}
+    multi = {c: sep for c, sep in multi.items() if c != label}
+    dense = [c for c in dense if c not in multi]
+    sparse += [c for c in multi if c not in sparse]
     if label is None:
         raise ValueError(f"no label column: give --label COL (inference looks for a column named label, click, "
                          f"clicked, target or y); the columns are {[c.name for c in base.columns] or 'unread'}")
-    return Schema(label, dense, sparse, base.ignored, positive, base.columns), source
+    return Schema(label, dense, sparse, base.ignored, positive, columns=base.columns, multi=multi), source
 
 
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
@@ -82,6 +87,12 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     add_reading_flags(p)
     p.add_argument("--positive", default=None, help="which label values are 1: a comma-separated list "
                    "(e.g. '>50K') or a comparison with a number (e.g. '>=4'); default: labels are 0 or 1")
+    p.add_argument("--multi", action="append", metavar="COL:SEP", help="a column of lists of ids (e.g. "
+                   "genres:|), one bag a sample; repeat for several (default: inferred)")
+    p.add_argument("--multi-size", type=int, default=8, help="a multi-hot column's ids kept a sample (the first; "
+                   "default: %(default)s)")
+    p.add_argument("--pooling", choices=POOLINGS, default="mean", help="how a multi-hot column's rows pool into "
+                   "one (default: %(default)s)")
     p.add_argument("--dense-transform", default=None, choices=KINDS,
                    help="dense columns' transform, fitted on the training rows and kept with the data (default "
                    "auto: log1p then standardised for a non-negative right-skewed column, else standardised)")
@@ -103,7 +114,8 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
         schema, source = schema_of(args, args.files[0], sep, names)
         transform = args.dense_transform or (read_schema(args.schema).get("dense_transform") if args.schema else None)
         spec = TableSpec(schema.label, tuple(schema.dense), tuple(schema.sparse), log_dense=args.log_dense,
-                         positive=schema.positive, dense_transform=transform or "auto")
+                         positive=schema.positive, dense_transform=transform or "auto",
+                         multi=tuple(schema.multi.items()), bag=args.multi_size, pooling=args.pooling)
         s = prepare_table(args.files, args.out, spec, sep=sep, names=names, max_rows=args.max_rows,
                           test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet,
                           max_skipped=args.max_skipped, schema_toml=schema.to_toml())
@@ -116,7 +128,8 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
         print_summary("table", s, args.out, "table")
         print(f"schema ({source}; in {args.out}/schema.toml): label {schema.label!r}"
               f"{' positive ' + repr(schema.positive) if schema.positive else ''}; dense {schema.dense}; "
-              f"sparse {schema.sparse}" + (f"; ignored {schema.ignored}" if schema.ignored else ""))
+              f"sparse {schema.sparse}" + (f"; multi-hot {schema.multi}" if schema.multi else "")
+              + (f"; ignored {schema.ignored}" if schema.ignored else ""))
         if s.get("dense_transforms"):
             print(f"dense transforms: {s['dense_transform']}")
     return s

@@ -28,15 +28,15 @@ class ExportedEmbedding(nn.Module):
     ``nn.Embedding`` / ``nn.EmbeddingBag`` (and ``het.Embedding``) take them, pooled by the same
     rules (:func:`het.nn.bags.pool`) so the rows match training's bit for bit."""
 
-    def __init__(self, table: ExportedTable, mode: str | None = None):
+    def __init__(self, table: ExportedTable, mode: str | None = None, padding_idx: int | None = None):
         super().__init__()
-        self.table, self.mode = table, mode
+        self.table, self.mode, self.padding_idx = table, mode, padding_idx
 
     def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None) -> torch.Tensor:
         keys = keys.cpu()
         if self.mode is None:
             return self.table.rows(keys.reshape(-1)).reshape(*keys.shape, self.table.dim)
-        flat, bag, bags = bag_keys(keys, None if offsets is None else offsets.cpu())
+        flat, bag, bags = bag_keys(keys, None if offsets is None else offsets.cpu(), self.padding_idx)
         return pool(self.table.rows(flat), bag, bags, self.mode)             # (B, D)
 
 
@@ -58,7 +58,8 @@ class ExportedModel(nn.Module):
         self.uses_program = uses_program
         bags = manifest["model"]["bag_sizes"]
         if max(bags) > 1:  # multi-hot fields: each field's bag pooled, as training pooled them
-            self.lookup = FieldBags(ExportedEmbedding(table, "sum"), bags)
+            spec = manifest["input"]
+            self.lookup = FieldBags(ExportedEmbedding(table, spec.get("pooling", "sum"), spec.get("pad_key")), bags)
         else:
             self.lookup = ExportedEmbedding(table)
         self.inputs = Inputs(manifest["input"], root)

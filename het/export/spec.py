@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from het.data.hashing import hash_fields
 from het.data.labels import Positive
+from het.data.multi import multi_keys
 from het.data.numbers import parse_numbers
 from het.data.table import hash_column
 from het.data.transforms import apply
@@ -60,6 +61,9 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
             spec["dense_transforms"] = meta["dense_transforms"]
         if meta.get("positive") is not None:  # the label's values that were 1
             spec["positive"] = meta["positive"]
+        if meta.get("multi"):  # multi-hot columns: their separators, bags, padding and pooling
+            spec.update(bag_sizes=list(meta["bag_sizes"]), multi=dict(meta["multi"]), pad_key=int(meta["pad_key"]),
+                        pooling=meta.get("pooling", "mean"))
         return spec, {}
     spec = {"source": "criteo", "label": "label", "dense": list(CRITEO_DENSE), "sparse": list(CRITEO_SPARSE),
             "log_dense": True, "bag_sizes": [1] * 26, "offsets": meta["offsets"],
@@ -207,12 +211,16 @@ class Inputs:
         """The table keys of every row, and a bad mask per sparse column."""
         n = table.num_rows
         if self.source in ("table", "criteo-hashed"):
-            keys, bads = np.empty((n, len(self.sparse)), np.int64), []
-            for j, name in enumerate(self.sparse):
+            keys, bads, col, seps = np.empty((n, self.num_keys), np.int64), [], 0, self.spec.get("multi", {})
+            for name, size in zip(self.sparse, self.bag_sizes):
                 arr = _column(table, name)
-                _check_flat(arr, name)
-                keys[:, j] = hash_column(name, _lower(arr) if self.source == "criteo-hashed" else arr)
+                if name in seps:  # a list, or its separated text: a bag of keys (het.data.multi)
+                    keys[:, col:col + size] = multi_keys(name, arr, seps[name], size)[0]
+                else:
+                    _check_flat(arr, name)
+                    keys[:, col] = hash_column(name, _lower(arr) if self.source == "criteo-hashed" else arr)
                 bads.append(np.zeros(n, bool))
+                col += size
             return keys, bads
         if self.source == "criteo":
             raw, bads = np.empty((n, 26), np.int64), []

@@ -55,13 +55,14 @@ def instances_of(body: bytes, inputs: Inputs, max_instances: int) -> list[dict]:
         raise BadRequest(413, f"instances: at most {max_instances} a request, got {len(instances)}")
     fields = inputs.columns[1:]
     known = set(inputs.columns)
-    bags = dict(zip(inputs.sparse, inputs.bag_sizes))
+    bags = {name: size for name, size in zip(inputs.sparse, inputs.bag_sizes) if name not in inputs.spec.get("multi", {})}
+    lists = set(inputs.spec.get("multi", {}))
     for i, instance in enumerate(instances):
-        _check_instance(i, instance, fields, known, bags)
+        _check_instance(i, instance, fields, known, bags, lists)
     return instances
 
 
-def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict) -> None:
+def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict, lists: set = frozenset()) -> None:
     if not isinstance(instance, dict):
         raise BadRequest(400, f"instances[{i}]: expected an object of fields, got {_kind(instance)}")
     for name in fields:
@@ -72,7 +73,12 @@ def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict)
         raise BadRequest(400, f"instances[{i}]: unknown field(s) {_few(unknown)} (this model reads {_few(fields)})")
     for name in fields:
         value = instance[name]
-        if bags.get(name, 1) > 1:
+        if name in lists:  # a multi-hot column: a list of ids, or their separated text
+            if not (isinstance(value, SCALARS) or (isinstance(value, list) and all(
+                    isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value))):
+                raise BadRequest(400, f"instances[{i}].{name}: expected a list of ids (strings or numbers) or their "
+                                      f"separated text, got {_kind(value)}")
+        elif bags.get(name, 1) > 1:
             if not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
                 raise BadRequest(400, f"instances[{i}].{name}: expected a list of {bags[name]} integer ids, "
                                       f"got {_kind(value)}")
@@ -80,12 +86,18 @@ def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict)
             raise BadRequest(400, f"instances[{i}].{name}: expected a string, a number or null, got {_kind(value)}")
 
 
-def columns_of(instances: list[dict], fields: list[str]) -> dict:
+def columns_of(instances: list[dict], fields: list[str], multi: dict | None = None) -> dict:
     """Instances (checked) -> one list per field, as :meth:`het.export.ExportedModel.predict`
-    takes columns. A column mixing numbers and text is made text (as a CSV reads it)."""
+    takes columns. A column mixing numbers and text is made text (as a CSV reads it); a
+    multi-hot column's lists become their text joined by its separator (``multi``: column ->
+    separator), as a file holds them."""
     columns = {}
     for name in fields:
         values = [inst[name] for inst in instances]
+        if name in (multi or {}):
+            columns[name] = [None if v is None else multi[name].join(map(_text, v)) if isinstance(v, list)
+                             else _text(v) for v in values]
+            continue
         kinds = {type(v) for v in values if v is not None}
         if int in kinds and any(type(v) is int and not _INT64[0] <= v <= _INT64[1] for v in values):
             kinds.add(str)  # past int64: as text, what a CSV of the same value gives
@@ -95,6 +107,12 @@ def columns_of(instances: list[dict], fields: list[str]) -> dict:
             values = [None if v is None else float(v) for v in values]
         columns[name] = values
     return columns
+
+
+def _text(value) -> str:
+    """A value as a CSV spells it (an integral float without its ``.0`` is not what a CSV holds:
+    kept as Python writes it)."""
+    return value if isinstance(value, str) else repr(value) if isinstance(value, float) else str(value)
 
 
 def _kind(value) -> str:

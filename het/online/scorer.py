@@ -101,7 +101,7 @@ class Scorer:
         fields = model.inputs.columns[1:]
         flat = [inst for r in requests for inst in r]
         try:
-            parsed = model.inputs.parse(to_arrow(columns_of(flat, fields)))
+            parsed = model.inputs.parse(to_arrow(columns_of(flat, fields, model.inputs.spec.get("multi"))))
         except ValueError as e:
             if len(requests) == 1:
                 return [BadRequest(400, str(e))]
@@ -131,7 +131,7 @@ class Scorer:
 
 
 def _reason_alone(model, instance: dict, fields: list[str]) -> str:
-    parsed = model.inputs.parse(to_arrow(columns_of([instance], fields)))
+    parsed = model.inputs.parse(to_arrow(columns_of([instance], fields, model.inputs.spec.get("multi"))))
     return parsed.reasons.get(0, "cannot be read")
 
 

@@ -57,7 +57,8 @@ class Worker:
         cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
                             lookahead=cfg.lookahead if capacity else 0, local_update=cfg.local_update)
         self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
-                                   grad_scale=1.0 / world, push_dtype=cfg.push_dtype, mode=self.task.pooling)
+                                   grad_scale=1.0 / world, push_dtype=cfg.push_dtype, mode=self.task.pooling,
+                                   padding_idx=self.task.padding_key)
         self.model = self.task.build_model(self.embedding).to(self.device)
         self.dense = self._dense_sync()
         self.bsp = cfg.staleness == 0

@@ -53,8 +53,11 @@ class CTRTask:
         hashed = cfg.ids == Ids.HASHED or cfg.data == "synthetic-criteo-1tb"  # MLPerf's shape: raw ids, always
         if hashed and self.data.num_rows is not None:  # (prepared hashed data is hashed already)
             self.data = HashedIds(self.data)
-        # Multi-hot fields: the embedding pools each field's bag ("sum"), the model sees one row a field.
-        self.pooling = Pooling.SUM if max(getattr(self.data, "bag_sizes", (1,))) > 1 else None
+        # Multi-hot fields: the embedding pools each field's bag (a table's by its pooling, its padding
+        # left out; synthetic bags by "sum"), the model sees one row a field.
+        multi = max(getattr(self.data, "bag_sizes", (1,))) > 1
+        self.pooling = Pooling(getattr(self.data, "pooling", Pooling.SUM)) if multi else None
+        self.padding_key = getattr(self.data, "pad_key", None) if multi else None
         self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
         self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -136,7 +139,7 @@ class GraphBatch:
 
 
 class GraphTask:
-    pooling = None  # one row per key
+    pooling = padding_key = None  # one row per key
 
     def __init__(self, cfg: TrainConfig):
         from het.data.graph import load, normalize_features

@@ -2,7 +2,8 @@
 trained on a prepared table scores its test rows the same from the prepared arrays, from the
 raw file through `het predict`, from `het.load_model(...).predict(DataFrame)` and from
 `het serve-model` over HTTP, bit for bit, and so do random rows (missing values, values out of
-the training range, unseen ids)."""
+the training range, unseen ids, lists of any length in a multi-hot column: text in a file and a
+DataFrame, a JSON list over HTTP)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from het.train.config import TrainConfig
 from jobs import Server
 
 pytestmark = pytest.mark.cluster
-COLUMNS = ("y", "count", "age", "city", "ad_id")
+COLUMNS = ("y", "count", "age", "city", "ad_id", "genres")
+GENRES = ["Action", "Comedy", "Drama", "Horror", "Romance"]
 
 
 def _text(rows: list[tuple]) -> str:
@@ -45,12 +47,13 @@ def trained(tmp_path_factory):
     ad = rng.integers(0, 60, n)
     count = np.where(rng.random(n) < 0.1, "", rng.exponential(30, n).round().astype(int).astype(str))
     age = np.where(rng.random(n) < 0.05, "", rng.normal(40, 12, n).round(1).astype(str))
-    logit = (city == "Rome") * 1.5 - (ad % 7 == 0) * 1.0 + 0.3 * (age != "")
+    genres = ["|".join(rng.choice(GENRES, rng.integers(0, 5), replace=False)) for _ in range(n)]
+    logit = (city == "Rome") * 1.5 - (ad % 7 == 0) * 1.0 + 0.3 * (age != "") + np.char.count(genres, "Comedy")
     y = (rng.random(n) < 1 / (1 + np.exp(-(logit - 0.5)))).astype(int).astype(str)
-    rows = list(zip(y, count, age, city, ad.astype(str)))
+    rows = list(zip(y, count, age, city, ad.astype(str), genres))
     (d / "raw.csv").write_text(_text(rows))
-    prepare_table(str(d / "raw.csv"), str(d / "prep"), TableSpec("y", ("count", "age"), ("city", "ad_id")),
-                  progress=False)
+    prepare_table(str(d / "raw.csv"), str(d / "prep"), TableSpec("y", ("count", "age"), ("city", "ad_id", "genres"),
+                                                                  multi=(("genres", "|"),), bag=3), progress=False)
     cfg = TrainConfig.from_dict({"data": f"table:{d / 'prep'}", "batch": 64, "dim": 8, "eval_samples": 100_000,
                                  "lookahead": 4})
     _, export, _, (labels, probs) = trained_export(cfg, 30, str(d), scores=True)
@@ -78,7 +81,8 @@ values = st.one_of(st.none(), st.sampled_from(["0", "1", "3", "25"]), st.floats(
                    st.integers(-5, 10 ** 6).map(str))
 row = st.tuples(st.sampled_from(["0", "1"]), values, values,
                 st.one_of(st.none(), st.sampled_from(["Oslo", "Rome", "Atlantis", "x" * 40])),
-                st.one_of(st.none(), st.integers(-3, 10 ** 12).map(str)))
+                st.one_of(st.none(), st.integers(-3, 10 ** 12).map(str)),
+                st.lists(st.sampled_from(GENRES + ["Noir", "x" * 30]), max_size=7))  # past the bag's 3 too
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -86,12 +90,13 @@ row = st.tuples(st.sampled_from(["0", "1"]), values, values,
 def test_random_rows_score_alike_everywhere(trained, rows):
     d, export, _, server = trained
     model = load_model(export)
-    frame = pd.DataFrame(rows, columns=COLUMNS)
+    text = [(*r[:5], "|".join(r[5]) or None) for r in rows]  # a list as a file holds it
+    frame = pd.DataFrame(text, columns=COLUMNS)
     by_frame = model.predict(frame)
     parsed = model.inputs.parse(to_arrow(frame))  # the arrays the spec makes, scored by the model itself
     by_arrays = model(torch.from_numpy(parsed.dense), torch.from_numpy(parsed.keys)).numpy()
     path = d / "random.csv"
-    path.write_text(_text([tuple("" if v is None else v for v in r) for r in rows]))
+    path.write_text(_text([tuple("" if v is None else v for v in r) for r in text]))
     out = d / "random_scores.csv"
     s = predict(export, str(path), out=str(out))
     assert s["rows"] == len(rows) and parsed.ok.all()

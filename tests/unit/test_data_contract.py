@@ -214,3 +214,38 @@ def test_describe_writes_nothing_and_names_each_role(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == before
     rows = {line.split()[0]: line.split()[1] for line in out.splitlines()[2:]}
     assert rows == {"label": "label", "x": "dense", "c": "sparse"}
+
+
+def test_a_multi_hot_column_becomes_a_padded_bag_and_trains_pooled(tmp_path):
+    from het.data.multi import PAD
+    from het.data.schema import infer, sample
+    from het.data.table import hash_column
+
+    rng = np.random.default_rng(5)
+    n = 400
+    genres = ["|".join(rng.choice(["Action", "Comedy", "Drama"], rng.integers(0, 4), replace=False)) for _ in range(n)]
+    src = _write(tmp_path / "m.csv", {"click": rng.integers(0, 2, n), "genres": genres, "c": rng.choice(["a", "b"], n)})
+    schema = infer(sample(src))
+    assert schema.multi == {"genres": "|"} and schema.sparse == ["genres", "c"]
+    s = prepare_table(src, str(tmp_path / "out"), TableSpec("click", (), ("genres", "c"), multi=(("genres", "|"),), bag=2),
+                      test_fraction=0.0, progress=False)
+    assert s["bag_sizes"] == [2, 1] and s["num_fields"] == 2
+    data = PreparedDataset(str(tmp_path / "out"))
+    keys = data.take("train", np.arange(n)).sparse.numpy()
+    assert keys.shape == (n, 3) and data.bag_sizes == (2, 1) and data.pooling == "mean"
+    for row, text in zip(keys[:50], genres[:50]):
+        tokens = [t for t in text.split("|") if t][:2]
+        expected = hash_column("genres", pa.array(tokens)).tolist() + [PAD] * (2 - len(tokens))
+        assert row[:2].tolist() == expected
+
+
+def test_a_multi_hot_field_in_a_request_takes_a_list_or_text_and_refuses_the_rest():
+    from het.online.requests import BadRequest, columns_of, instances_of
+
+    spec = {"source": "table", "label": "y", "dense": [], "sparse": ["g"], "bag_sizes": [3], "multi": {"g": "|"}}
+    inputs = Inputs(spec, ".")
+    body = json.dumps({"instances": [{"g": ["a", "b"]}, {"g": "a|c"}, {"g": None}, {"g": [1, 2.5]}]}).encode()
+    columns = columns_of(instances_of(body, inputs, 8), ["g"], spec["multi"])
+    assert columns == {"g": ["a|b", "a|c", None, "1|2.5"]}
+    with pytest.raises(BadRequest, match="expected a list of ids"):
+        instances_of(json.dumps({"instances": [{"g": {"x": 1}}]}).encode(), inputs, 8)

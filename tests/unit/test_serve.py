@@ -70,7 +70,7 @@ def test_a_launchers_json_is_the_shard_config_it_was_made_from():
 
 @pytest.mark.parametrize("argv, message", [
     (["--memory-policy", "mru"], "argument --memory-policy: expected one of lru, lfu, got 'mru'"),
-    (["--optimizer", "rmsprop"], "argument --optimizer: expected one of sgd, adagrad, rowwise_adagrad, adam, got "
+    (["--optimizer", "rmsprop"], "argument --optimizer: expected one of sgd, adagrad, rowwise_adagrad, adam, ftrl, got "
                                  "'rmsprop'"),
     (["--memory", "lots"], "argument --memory: expected a size such as 2GiB, 256MiB or 4096 (bytes) or none, got "
                            "'lots'"),
@@ -89,5 +89,5 @@ def test_help_shows_each_generated_flags_default(capsys):
     text = "".join(capsys.readouterr().out.split())
     for expected in ("--max-keysMAX_KEYS", "(default:262144)", "--admit-countersADMIT_COUNTERS", "(default:4194304)",
                      "--memorySIZE", "--memory-policy{lru,lfu}", "--page-in,--no-page-in,--prefetch,--no-prefetch",
-                     "--optimizer{sgd,adagrad,rowwise_adagrad,adam}", "thetables'learningrate(default:0.01)"):
+                     "--optimizer{sgd,adagrad,rowwise_adagrad,adam,ftrl}", "thetables'learningrate(default:0.01)"):
         assert expected in text, expected
