@@ -292,7 +292,11 @@ def local_rule(optimizer: str, asked: str) -> str:
     Example:
         >>> local_rule("adagrad", "full"), local_rule("rowwise_adagrad", "full"), local_rule("adam", "row")
         ('full', 'row', 'sgd')
+        >>> local_rule("ftrl", "row")
+        'row'
     """
     if optimizer == "rowwise_adagrad" and asked != "sgd":
         return "row"
-    return asked if optimizer == "adagrad" else "sgd"
+    # FTRL's sum of squares is Adagrad's accumulator, and without L1, L2 or beta its step is
+    # Adagrad's at lr alpha: its copies follow it by Adagrad's rule
+    return asked if optimizer in ("adagrad", "ftrl") else "sgd"

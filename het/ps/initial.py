@@ -23,7 +23,7 @@ from het.ps.halves import DTYPES
 from het.config import TableConfig
 from het.ps import partition
 
-FOLLOWED = ("adagrad", "rowwise_adagrad")  # the optimizers whose state a worker's cache follows
+FOLLOWED = ("adagrad", "rowwise_adagrad", "ftrl")  # the optimizers whose state a worker's cache follows
 
 
 def initial_counters(table: TableConfig, keys: np.ndarray) -> tuple[np.ndarray, np.uint64]:

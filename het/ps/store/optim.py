@@ -188,15 +188,30 @@ class FTRL(SparseOptimizer):
     every step. A push summing several steps is applied as one step of their sum."""
 
     state_names = ("z", "n")
+    followed = True  # its sum of squares, as Adagrad's accumulator: a worker's copies follow Adagrad's rule
+
+    def local_state(self, state, full):
+        return state["n"] if full else state["n"].mean(1, keepdim=True)
 
     def apply(self, weight, rows, grads, step, state=None, pushed=None):
-        ftrl_step(weight, (state or self.state)["z"], (state or self.state)["n"], rows, grads, self.cfg)
+        sq = None
+        if sums_several_steps(pushed):  # the sum of squares grows by the steps' squares, not the sum's
+            sq = grads * grads
+            if pushed.sq.shape[1] == 1:  # shared out in proportion to the sum's, as Adagrad's
+                mean = sq.mean(1, keepdim=True)
+                sq = torch.where(mean > 0, sq * (pushed.sq / mean), pushed.sq.expand_as(sq))
+            else:
+                sq = pushed.sq
+            sq = torch.where(pushed.counts[:, None] > 1, sq, grads * grads)
+        ftrl_step(weight, (state or self.state)["z"], (state or self.state)["n"], rows, grads, self.cfg, sq)
 
 
-def ftrl_step(weight, z, n, rows, grads, cfg) -> None:
-    """One FTRL-Proximal step of unique ``rows`` (see :class:`FTRL`). Shape: (k,), (k, D)."""
+def ftrl_step(weight, z, n, rows, grads, cfg, sq=None) -> None:
+    """One FTRL-Proximal step of unique ``rows`` (see :class:`FTRL`); ``sq``: what the sum of
+    squares grows by, when ``grads`` sum several steps (default: their square). Shape: (k,),
+    (k, D), sq (k, D)."""
     w, old_n = weight.index_select(0, rows), n.index_select(0, rows)
-    new_n = old_n + grads * grads
+    new_n = old_n + (grads * grads if sq is None else sq)
     sigma = (new_n.sqrt() - old_n.sqrt()) / cfg.lr
     new_z = z.index_select(0, rows) + grads - sigma * w
     shrunk = new_z - new_z.sign() * cfg.l1
