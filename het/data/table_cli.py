@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from het.data.multi import POOLINGS, parse_multi
 from het.data.prepared import add_common_flags, print_summary
@@ -67,6 +68,19 @@ def schema_of(args, path: str, sep, names) -> tuple[Schema, str]:
     return Schema(label, dense, sparse, base.ignored, positive, columns=base.columns, multi=multi), source
 
 
+def column_warnings(path: str, sep, names, schema: Schema) -> list[str]:
+    """One line for each column the schema uses that carries nothing (one value) or that looks
+    like a row id (every value differs), from the file's head."""
+    used = [*schema.dense, *schema.sparse]
+    seen = {c.name: c for c in schema.columns} or {c.name: c for c in infer(sample(path, sep, names)).columns}
+    out = []
+    for name in used:
+        c = seen.get(name)
+        if c is not None and c.role == "ignored":
+            out.append(f"column {name!r} ({c.why}) carries nothing a model can learn from")
+    return out
+
+
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     """Add the ``table`` command to ``subparsers`` (``het data prepare``'s)."""
     p = subparsers.add_parser(
@@ -122,6 +136,9 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
     except (ValueError, OSError) as e:
         raise SystemExit(f"het data prepare table: {e}") from None
     s["schema_source"] = source
+    s["warnings"] = column_warnings(args.files[0], sep, names, schema)
+    for line in s["warnings"]:
+        print(f"het data prepare table: warning: {line}", file=sys.stderr)
     if args.json:
         print(json.dumps(s, sort_keys=True))
     else:

@@ -249,3 +249,16 @@ def test_a_multi_hot_field_in_a_request_takes_a_list_or_text_and_refuses_the_res
     assert columns == {"g": ["a|b", "a|c", None, "1|2.5"]}
     with pytest.raises(BadRequest, match="expected a list of ids"):
         instances_of(json.dumps({"instances": [{"g": {"x": 1}}]}).encode(), inputs, 8)
+
+
+def test_a_row_id_or_a_constant_column_given_by_hand_is_warned_of(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    n = 1500
+    src = _write(tmp_path / "w.csv", {"y": rng.integers(0, 2, n), "rid": [f"r{i}" for i in range(n)], "site": ["s"] * n,
+                                      "c": rng.choice(["a", "b"], n)})
+    from het import cli
+
+    cli.main(["data", "prepare", "table", src, str(tmp_path / "o"), "--label", "y", "--sparse", "rid,site,c", "--quiet"])
+    err = capsys.readouterr().err
+    assert "column 'rid' (every value differs: a row id)" in err and "column 'site' (one value)" in err
+    assert "column 'c'" not in err
