@@ -18,22 +18,30 @@ from het.ps.wire.protocol import PSError
 from het.ps.store.fixed import FixedRows
 
 
-def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
-    cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
-    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
-    ref = torch.nn.Embedding(20, 6, sparse=True)
+def pushed_beside(table, make_opt, steps: int, seed: int, scale: float = 1.0):
+    """The same batches' gradients pushed to ``table`` (a shard's) and stepped by the torch
+    optimizer ``make_opt(params)`` on an nn.Embedding of the same rows; the reference and its
+    optimizer."""
+    ref = torch.nn.Embedding(table.cfg.rows, table.cfg.dim, sparse=True)
     with torch.no_grad():
         ref.weight.copy_(table.weight)
-    opt = RowWiseAdagradTorch(ref.parameters(), lr=0.05)
-    gen = torch.Generator().manual_seed(3)
-    for _ in range(20):
-        keys = torch.randint(0, 20, (9,), generator=gen)  # duplicates on purpose
-        target = torch.randn(9, 6, generator=gen)
+    opt = make_opt(ref.parameters())
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        keys = torch.randint(0, table.cfg.rows, (9,), generator=gen)  # duplicates on purpose
+        target = torch.randn(9, table.cfg.dim, generator=gen) * scale
         opt.zero_grad()
         ((ref(keys) - target) ** 2).sum().backward()
         grad = ref.weight.grad.coalesce()
         table.push(grad.indices()[0], grad.values().clone(), torch.ones(len(grad.indices()[0]), dtype=torch.int64), 1)
         opt.step()
+    return ref, opt
+
+
+def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
+    cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
+    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    ref, opt = pushed_beside(table, lambda params: RowWiseAdagradTorch(params, lr=0.05), 20, 3)
     assert torch.equal(table.weight, ref.weight.detach())
     assert table.optimizer.state["sum"].shape == (20, 1)  # one float a row
     assert torch.equal(table.optimizer.state["sum"], opt.state[ref.weight]["sum"])
@@ -259,19 +267,7 @@ def test_an_lr_whose_step_passes_float32s_largest_value_is_refused_by_name(name,
 def test_ftrl_on_the_ps_equals_its_torch_reference_with_l1_l2_and_beta():
     cfg = OptimizerConfig("ftrl", lr=0.05, l1=0.01, l2=0.1, beta=0.5)
     table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
-    ref = torch.nn.Embedding(20, 6, sparse=True)
-    with torch.no_grad():
-        ref.weight.copy_(table.weight)
-    opt = FTRLTorch(ref.parameters(), lr=0.05, l1=0.01, l2=0.1, beta=0.5)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(30):
-        keys = torch.randint(0, 20, (9,), generator=gen)
-        target = torch.randn(9, 6, generator=gen) * 0.1
-        opt.zero_grad()
-        ((ref(keys) - target) ** 2).sum().backward()
-        grad = ref.weight.grad.coalesce()
-        table.push(grad.indices()[0], grad.values().clone(), torch.ones(len(grad.indices()[0]), dtype=torch.int64), 1)
-        opt.step()
+    ref, opt = pushed_beside(table, lambda params: FTRLTorch(params, lr=0.05, l1=0.01, l2=0.1, beta=0.5), 30, 5, 0.1)
     assert torch.equal(table.weight, ref.weight.detach())
     assert torch.equal(table.optimizer.state["z"], opt.state[ref.weight]["z"])
     touched = table.optimizer.state["n"] > 0
