@@ -268,9 +268,47 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+def not_raw_criteo(path: str) -> str | None:
+    """Why the file at ``path`` is not Criteo's raw layout (40 tab-separated columns, a 0/1
+    label first, no header), pointing to ``prepare table``; None when its first line is a
+    tab-separated row (a malformed one is the preparation's to skip).
+
+    Example:
+        >>> import tempfile
+        >>> path = tempfile.mktemp(suffix=".csv")
+        >>> _ = open(path, "w").write("label,I1,C1\\n1,5,68fd1e64\\n")
+        >>> "3 comma-separated fields" in not_raw_criteo(path), "prepare table" in not_raw_criteo(path)
+        (True, True)
+    """
+    import gzip
+
+    try:
+        with open(path, "rb") as f:
+            gz = f.read(2) == b"\x1f\x8b"
+        with (gzip.open if gz else open)(path, "rb") as f:
+            first = f.readline(1 << 16).decode(errors="replace").rstrip("\r\n")
+    except OSError:
+        return None  # the preparation names what cannot be read
+    fields = first.split("\t")
+    label = fields[0].strip()
+    header = bool(label) and not label.lstrip("+-").replace(".", "", 1).isdigit()
+    if len(fields) > 1 and not header:  # tab-separated rows (a malformed one is skipped, counted)
+        return None
+    commas = len(first.split(","))
+    shape = f"{len(fields)} tab-separated fields" if commas < len(fields) else f"{commas} comma-separated fields"
+    return (f"{path} is not Criteo's raw layout (40 tab-separated columns, a 0/1 label first, no header): its "
+            f"first line has {shape}, starting {first[:40]!r}; prepare it with `het data prepare table {path} OUT "
+            f"--preset criteo` (Criteo's columns, with or without label and header) or `het data prepare table "
+            f"{path} OUT` (any table, its columns' roles inferred)")
+
+
 def cmd_prepare_criteo(args: argparse.Namespace) -> dict:
     """Run :func:`prepare` (or, with ``--hash``, :func:`het.data.criteo_hashed.prepare_hashed`)
-    with the parsed flags and print its summary."""
+    with the parsed flags and print its summary; a file not in Criteo's raw layout is refused
+    first, pointing to ``prepare table``."""
+    problem = next((p for p in map(not_raw_criteo, args.raw) if p), None)
+    if problem:
+        raise SystemExit(f"het data prepare criteo: {problem}")
     if getattr(args, "hash", False):
         from het.data.criteo_hashed import cmd_prepare_hashed
 

@@ -45,3 +45,18 @@ def test_adult_prepared_without_column_flags_trains(tmp_path):
     s = het("train", "--model", "deepfm", "--data", f"table:{tmp_path / 'adult'}", "--steps", "40", "--json",
             "--quiet", "--log-dir", str(tmp_path / "logs"))
     assert s["auc"] > 0.85 and s["validation"]["best_step"] >= 1
+
+
+def test_a_five_class_rating_mapped_by_positive_trains(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 2000
+    users, items = rng.integers(0, 40, n), rng.integers(0, 60, n)
+    rating = np.clip(np.round(3 + (users % 5 - 2) * 0.8 + rng.normal(0, 0.7, n)), 1, 5).astype(int)
+    lines = ["user_id,item_id,rating"] + [f"{u},{i},{r}" for u, i, r in zip(users, items, rating)]
+    (tmp_path / "r.csv").write_text("\n".join(lines) + "\n")
+    p = het("data", "prepare", "table", str(tmp_path / "r.csv"), str(tmp_path / "prep"), "--label", "rating",
+            "--positive", ">=4", "--quiet", "--json")
+    assert p["rows"] == n and p["positives"] == int((rating >= 4).sum())
+    s = het("train", "--data", f"table:{tmp_path / 'prep'}", "--steps", "30", "--batch", "64", "--json", "--quiet",
+            "--log-dir", str(tmp_path / "logs"))
+    assert s["auc"] > 0.6  # a user's mean rating is learnt

@@ -262,3 +262,13 @@ def test_a_row_id_or_a_constant_column_given_by_hand_is_warned_of(tmp_path, caps
     err = capsys.readouterr().err
     assert "column 'rid' (every value differs: a row id)" in err and "column 'site' (one value)" in err
     assert "column 'c'" not in err
+
+
+def test_prepare_criteo_on_a_headed_csv_points_to_prepare_table(tmp_path):
+    from het import cli
+
+    (tmp_path / "c.csv").write_text("label," + ",".join(f"I{i}" for i in range(1, 14)) + ","
+                                    + ",".join(f"C{i}" for i in range(1, 27)) + "\n" + "1," * 39 + "1\n")
+    with pytest.raises(SystemExit, match="het data prepare table .* --preset criteo") as e:
+        cli.main(["data", "prepare", "criteo", str(tmp_path / "c.csv"), str(tmp_path / "o")])
+    assert "{" not in str(e.value) and not os.path.exists(tmp_path / "o")
