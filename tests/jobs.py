@@ -49,12 +49,15 @@ class Server:
         self.proc = subprocess.Popen([sys.executable, "-m", "het", "serve-model", *args, "--bind", "127.0.0.1:0"],
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                      start_new_session=True)
-        line = self.proc.stdout.readline()
-        if "serving" not in line:
+        try:
+            line = self.proc.stdout.readline()
+            if "serving" not in line:
+                raise AssertionError(f"het serve-model did not start: {line}{self.proc.stderr.read()[-2000:]}")
+            self.url = line.strip().split(" on ")[1].split(" ")[0]
+            self.client = httpx.Client(base_url=self.url, timeout=30)
+        except BaseException:  # whatever stops the start, the server goes with it
             self.stop()
-            raise AssertionError(f"het serve-model did not start: {line}{self.proc.stderr.read()[-2000:]}")
-        self.url = line.strip().split(" on ")[1].split(" ")[0]
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+            raise
 
     def predict(self, body, **kw) -> httpx.Response:
         if isinstance(body, (dict, list)):

@@ -149,7 +149,7 @@ def infer(table: pa.Table, label: str | None = None) -> Schema:
         label = next((c for c in names if c.lower() in LABEL_NAMES), None)
     columns, dense, sparse, ignored, multi = [], [], [], {}, {}
     for name in names:
-        col = _look(name, table.column(name), label)
+        col = look(name, table.column(name), label)
         columns.append(col)
         if col.role == "dense":
             dense.append(name)
@@ -162,7 +162,8 @@ def infer(table: pa.Table, label: str | None = None) -> Schema:
     return Schema(label, dense, sparse, ignored, columns=columns, multi=multi)
 
 
-def _look(name: str, arr: pa.ChunkedArray, label: str | None) -> Column:
+def look(name: str, arr: pa.ChunkedArray, label: str | None) -> Column:
+    """What inference sees of one column, and its role (``label`` names the label column)."""
     n = len(arr)
     kind = arr.type
     if pa.types.is_nested(kind):

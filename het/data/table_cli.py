@@ -10,7 +10,7 @@ import sys
 
 from het.data.multi import POOLINGS, parse_multi
 from het.data.prepared import add_common_flags, print_summary
-from het.data.schema import Schema, criteo_schema, describe, infer, looks_like_criteo, read_schema, sample
+from het.data.schema import Schema, criteo_schema, describe, infer, look, looks_like_criteo, read_schema, sample
 from het.data.table import TableSpec, prepare_table
 from het.data.transforms import KINDS
 
@@ -72,13 +72,13 @@ def column_warnings(path: str, sep, names, schema: Schema) -> list[str]:
     """One line for each column the schema uses that carries nothing (one value) or that looks
     like a row id (every value differs), from the file's head."""
     used = [*schema.dense, *schema.sparse]
-    seen = {c.name: c for c in schema.columns} or {c.name: c for c in infer(sample(path, sep, names)).columns}
-    out = []
-    for name in used:
-        c = seen.get(name)
-        if c is not None and c.role == "ignored":
-            out.append(f"column {name!r} ({c.why}) carries nothing a model can learn from")
-    return out
+    seen = {c.name: c for c in schema.columns}
+    if not seen:  # the columns were given: look at the ones used (a repeated column not read is no matter)
+        head = sample(path, sep, names)
+        names_read = head.schema.names
+        seen = {name: look(name, head.column(name), None) for name in used if names_read.count(name) == 1}
+    return [f"column {name!r} ({seen[name].why}) carries nothing a model can learn from"
+            for name in used if name in seen and seen[name].role == "ignored"]
 
 
 def add_prepare_parser(subparsers) -> argparse.ArgumentParser:

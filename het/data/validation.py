@@ -48,9 +48,6 @@ class ValidatedTable:
         is_val = split_is_test(np.arange(n), split_seed ^ VALIDATION_SALT, frac) if frac > 0 else np.zeros(n, bool)
         self.train_rows, self.val_rows = np.flatnonzero(~is_val), np.flatnonzero(is_val)
         self.rows = {"train": len(self.train_rows), "val": len(self.val_rows), "test": data.rows["test"]}
-        if self.rows["train"] == 0:
-            raise ValueError(f"no training rows left: the {n} rows of the training split all went to validation "
-                             f"(frac {frac})")
         self._orders: dict[int, np.ndarray] = {}
 
     def __getattr__(self, name):
@@ -74,7 +71,8 @@ class ValidatedTable:
             raise ValueError(f"split must be one of {tuple(self.rows)}, got {split!r}")
         n = self.rows[split]
         if n == 0:
-            raise ValueError(f"split {split!r} has no rows (validation frac 0?)")
+            raise ValueError(f"split {split!r} has no rows ({self.data.rows['train']} training rows, of which "
+                             f"{len(self.val_rows)} validate)")
         position = index * size + np.arange(size)
         if split == "val":
             rows = self.val_rows[position % n]

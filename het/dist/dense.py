@@ -97,12 +97,12 @@ class AllReduceDense:
 
     def after_backward(self) -> None:
         self.optimizer.step()
+        self.steps += 1
 
     def scale_lr(self, factor: float) -> None:
         """Set the dense learning rate to its base value times ``factor`` (a schedule's)."""
         for group in self.optimizer.param_groups:
             group["lr"] = group.setdefault("base_lr", group["lr"]) * factor
-        self.steps += 1
 
     def counters(self) -> dict:
         dense = self.bytes_per_step() * self.steps

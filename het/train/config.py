@@ -236,7 +236,12 @@ class TrainConfig:
             except ValueError as e:
                 raise ValueError(f"{name}: {e}") from None
             require(value is None or value > 0, f"{name} must be > 0, got {getattr(self, name)!r}")
-        checks = [
+        for ok, message in self._checks():
+            require(ok, message)
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """Each rule across the fields, with the line that names it when broken."""
+        return [
             (self._data_fits_model(), f"model {self.model!r} takes data "
              f"{GRAPH_DATA if self.is_graph else CTR_DATA}, got {self.data!r}"),
             (self.steps >= 0 and self.batch > 0 and self.dim > 0,
@@ -281,8 +286,6 @@ class TrainConfig:
              f"row_dtype {self.row_dtype} with ps_memory: a shard's disk tier stores float32 records; "
              f"use row_dtype fp32 there"),
         ]
-        for ok, message in checks:
-            require(ok, message)
 
     def _data_fits_model(self) -> bool:
         for kind in (GRAPH_DATA if self.is_graph else CTR_DATA):

@@ -292,17 +292,7 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         if rank == 0:
             if cfg.checkpoint:  # a checkpoint of the kept step holds the model just evaluated
                 checkpoint.record_evaluation(cfg.checkpoint, kept, metrics)
-            summary = summarise(cfg, world, client.num_shards, steps, run["wall_s"], per_rank, metrics,
-                                worker.task.num_ids)
-            # every rank flushed before the gather above
-            summary.update(ps=ps_summary(client.stats(), run["timeline"]), timeline=run["timeline"])
-            if curve:
-                summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
-            if worker.out_of_time or worker.early_stop:
-                summary["stopped_at_step"] = start + steps
-            if keeper:
-                summary["validation"] = keeper.summary(start + steps)
-                summary["best_step"] = kept
+            summary = _job_summary(worker, run, per_rank, metrics, start, kept, curve, keeper)
             summary.update(written, **rejoin.summary(start, steps))
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
@@ -317,6 +307,25 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _job_summary(worker: Worker, run: dict, per_rank: list[dict], metrics: dict, start: int, kept: int, curve,
+                 keeper) -> dict:
+    """Rank 0's summary of the job: :func:`summarise`, what the shards hold, the curve, where
+    the job stopped and the model it kept."""
+    cfg, steps = worker.cfg, worker.step_count
+    summary = summarise(cfg, worker.world, worker.client.num_shards, steps, run["wall_s"], per_rank, metrics,
+                        worker.task.num_ids)
+    # every rank flushed before the gather of the counters
+    summary.update(ps=ps_summary(worker.client.stats(), run["timeline"]), timeline=run["timeline"])
+    if curve:
+        summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
+    if worker.out_of_time or worker.early_stop:
+        summary["stopped_at_step"] = start + steps
+    if keeper:
+        summary["validation"] = keeper.summary(start + steps)
+        summary["best_step"] = kept
+    return summary
 
 
 def _exit_if_stopped(worker: Worker, start: int) -> None:

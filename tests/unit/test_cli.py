@@ -28,7 +28,7 @@ def test_help_lists_every_command_in_order_with_its_help(capsys):
     for command, line in (("train", "train a model: a local cluster by default"), ("export", "a training checkpoint "
                           "-> a self-contained model directory"), ("predict", "score a data set with an export"),
                           ("serve", "run one PS shard in "
-                          "the foreground"), ("data", "prepare data sets"), ("bench", "benchmarks; each prints one "
+                          "the foreground"), ("data", "describe and prepare data sets"), ("bench", "benchmarks; each prints one "
                           "JSON object with --json")):
         assert f"{command} {line}" in words, command
 

@@ -85,6 +85,8 @@ def test_hashed_prepared_criteo_reads_back_its_keys(tmp_path):
     prepare([head], str(tmp_path), test_fraction=0.1, progress=False)
     task = CTRTask(TrainConfig(data=f"criteo:{tmp_path}", ids="hashed"))
     plain = CriteoDataset(str(tmp_path))
-    assert task.num_rows is None and task.num_ids == plain.num_rows and task.data.rows == plain.rows
-    keys = task.data.batch("train", 0, 64).sparse.numpy()
-    assert np.array_equal(task.data.unhash(keys), plain.batch("train", 0, 64).sparse.numpy())
+    rows = task.data.rows  # the training split less the validation rows carved from it
+    assert task.num_rows is None and task.num_ids == plain.num_rows and rows["test"] == plain.rows["test"]
+    assert rows["train"] + rows["val"] == plain.rows["train"]
+    keys = task.data.batch("test", 0, 64).sparse.numpy()
+    assert np.array_equal(task.data.unhash(keys), plain.batch("test", 0, 64).sparse.numpy())
