@@ -13,6 +13,7 @@ from jobs import het, shared_file
 pytestmark = pytest.mark.cluster
 
 
+@pytest.mark.slow  # three commands on the Criteo rows: about 40 s
 def test_the_criteo_test_layout_is_scored_one_line_each_in_order(tmp_path):
     raw = shared_file("data", "criteo_kaggle_head1000.tsv")
     het("data", "prepare", "table", raw, str(tmp_path / "prep"), "--preset", "criteo", "--quiet", "--json")
@@ -47,6 +48,7 @@ def test_adult_prepared_without_column_flags_trains(tmp_path):
     assert s["auc"] > 0.85 and s["validation"]["best_step"] >= 1
 
 
+@pytest.mark.slow  # a preparation and a job: about 20 s
 def test_a_five_class_rating_mapped_by_positive_trains(tmp_path):
     rng = np.random.default_rng(3)
     n = 2000

@@ -54,6 +54,7 @@ def test_the_kept_model_is_the_validation_best_and_scores_as_it_did_when_kept(no
     assert v["restored"] == {k: val for k, val in best.items() if k != "step"}
 
 
+@pytest.mark.slow  # two jobs: about 25 s
 def test_patience_stops_the_job_and_epochs_count_passes(noisy_table, tmp_path):
     s = _train(noisy_table, tmp_path, "patient", "--steps", "400", "--eval-every", "5", "--patience", "2")
     v = s["validation"]
