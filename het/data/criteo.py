@@ -43,6 +43,7 @@ from het.data.criteo_tsv import COLUMNS, NUM_COLUMNS, NUM_FIELDS, _rows, skipped
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_skipped_and_written, split_is_test, summary, writing)
 from het.data.synthetic import NUM_DENSE
+from het.data.vocab import KeyCounter
 
 __all__ = ["COLUMNS", "FORMAT", "NUM_COLUMNS", "NUM_FIELDS", "VERSION", "VOCABULARY", "CriteoDataset", "Vocabulary",
            "add_prepare_parser", "cmd_prepare_criteo", "prepare"]
@@ -52,33 +53,6 @@ VOCABULARY = "vocab.npy"  # the kept ids, (field << 32) | id ascending: what tur
 
 
 # ---- the two passes -------------------------------------------------------------------------
-
-class _IdCounter:
-    """Occurrences of every key, as sorted (keys, counts); merges are batched, so the cost is
-    amortised O(distinct ids log) per row block instead of O(vocabulary)."""
-
-    def __init__(self):
-        self.keys, self.counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
-        self._pending, self._pending_size = [], 0
-
-    def add(self, keys: np.ndarray) -> None:
-        uniq, counts = np.unique(keys[keys >= 0], return_counts=True)
-        self._pending.append((uniq, counts))
-        self._pending_size += len(uniq)
-        if self._pending_size > max(len(self.keys), 1 << 20):
-            self.merge()
-
-    def merge(self) -> None:
-        keys = np.concatenate([self.keys, *(k for k, _ in self._pending)])
-        counts = np.concatenate([self.counts, *(c for _, c in self._pending)])
-        if len(keys):
-            order = np.argsort(keys, kind="stable")
-            keys, counts = keys[order], counts[order]
-            first = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-            keys, counts = keys[first], np.add.reduceat(counts, first)
-        self.keys, self.counts = keys, counts
-        self._pending, self._pending_size = [], 0
-
 
 @dataclass(frozen=True)
 class Vocabulary:
@@ -98,8 +72,8 @@ class Vocabulary:
     offsets: np.ndarray
 
     @classmethod
-    def build(cls, counter: _IdCounter, min_freq: int) -> Vocabulary:
-        return cls.from_keys(counter.keys[counter.counts >= min_freq])
+    def build(cls, counter: KeyCounter, min_freq: int) -> Vocabulary:
+        return cls.from_keys(counter.at_least(min_freq))
 
     @classmethod
     def from_keys(cls, keys: np.ndarray) -> Vocabulary:
@@ -118,13 +92,13 @@ class Vocabulary:
         return local + self.offsets
 
 
-def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[_IdCounter, dict]:
+def _count(paths, max_rows, seed, test_fraction, progress) -> tuple[KeyCounter, dict]:
     """Pass 1: id counts, rows per split, positives, skipped lines."""
-    counter, report = _IdCounter(), SkipReport()
+    counter, report = KeyCounter(), SkipReport()
     stats = {"rows": 0, "test_rows": 0, "positives": 0, "lines": 0}
     for src, line_no, block in _rows(paths, max_rows, "criteo pass 1/2: count ids", progress):
         n = len(block.labels)
-        counter.add(block.keys)
+        counter.add(block.keys[block.keys >= 0])
         stats["test_rows"] += int(split_is_test(stats["rows"] + np.arange(n), seed, test_fraction).sum())
         stats["positives"] += int(block.labels.sum())
         report.add(*skipped_lines(block, paths[src], line_no, stats["lines"], 0 if report.full else 10))

@@ -22,6 +22,9 @@ A schema file (``--schema FILE``, TOML) names the roles itself, and flags overri
     dense = ["age", "hours-per-week"]
     sparse = ["workclass", "education"]
     dense_transform = "auto"
+    bucket = ["age"]   # dense columns made quantile-bucket ids
+    buckets = 10
+    min_freq = 2       # ids seen once in training share their column's out-of-vocabulary key
 """
 
 from __future__ import annotations
@@ -76,6 +79,10 @@ class Schema:
     positive: str | None = None
     multi: dict[str, str] = field(default_factory=dict)  # multi-hot columns (among sparse) and their separators
     columns: list[Column] = field(default_factory=list)  # what inference saw, when it ran
+    bucket: list[str] = field(default_factory=list)  # dense columns made quantile-bucket ids
+    buckets: int | None = None  # their buckets at most (None: the default)
+    min_freq: int | None = None  # sparse ids rarer in training share an out-of-vocabulary key (None: 1)
+    dense_transform: str | None = None  # the dense columns' transform (None: auto)
 
     def to_toml(self) -> str:
         """The schema as the TOML ``--schema`` reads."""
@@ -85,6 +92,11 @@ class Schema:
         if self.positive is not None:
             lines.append(f"positive = {q(self.positive)}")
         lines += [f"dense = [{', '.join(map(q, self.dense))}]", f"sparse = [{', '.join(map(q, self.sparse))}]"]
+        if self.dense_transform is not None:
+            lines.append(f"dense_transform = {q(self.dense_transform)}")
+        if self.bucket:
+            lines.append(f"bucket = [{', '.join(map(q, self.bucket))}]")
+        lines += [f"{k} = {v}" for k, v in (("buckets", self.buckets), ("min_freq", self.min_freq)) if v is not None]
         if self.multi:
             lines += ["", "[multi]", *(f"{q(k)} = {q(v)}" for k, v in self.multi.items())]
         if self.ignored:
@@ -93,19 +105,21 @@ class Schema:
 
 
 def read_schema(path: str) -> dict:
-    """A schema TOML file's keys (``label``, ``positive``, ``dense``, ``sparse``,
-    ``dense_transform``, ``ignored``); any other key, or a value of the wrong type, is refused."""
+    """A schema TOML file's keys (``label``, ``positive``, ``dense``, ``sparse``, ``multi``,
+    ``dense_transform``, ``bucket``, ``buckets``, ``min_freq``, ``ignored``); any other key, or a
+    value of the wrong type, is refused."""
     try:
         with open(path, "rb") as f:
             d = tomllib.load(f)
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{path}: not valid TOML: {e}") from None
     kinds = {"label": str, "positive": str, "dense": list, "sparse": list, "dense_transform": str, "ignored": dict,
-             "multi": dict}
+             "multi": dict, "bucket": list, "buckets": int, "min_freq": int}
     for key, value in d.items():
         if key not in kinds:
             raise ValueError(f"{path}: unknown key {key!r}; a schema has {sorted(kinds)}")
-        if not isinstance(value, kinds[key]) or (kinds[key] is list and not all(isinstance(v, str) for v in value)):
+        if not isinstance(value, kinds[key]) or (kinds[key] is list and not all(isinstance(v, str) for v in value)) \
+                or (kinds[key] is int and isinstance(value, bool)):
             raise ValueError(f"{path}: {key} must be {'a list of column names' if kinds[key] is list else kinds[key].__name__}, "
                              f"got {value!r}")
     return d

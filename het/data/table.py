@@ -39,7 +39,8 @@ from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, S
 from het.data.sketch import DistinctSketch
 from het.files import create
 from het.data.table_reader import batches, check_columns
-from het.data.transforms import KINDS, DenseStats, apply_all, describe
+from het.data.fitted import Fitter, rewrite
+from het.data.transforms import KINDS, describe
 
 __all__ = ["TableDataset", "TableSpec", "hash_column", "parse_numbers", "prepare_table"]
 
@@ -59,11 +60,23 @@ class TableSpec:
     multi: tuple[tuple[str, str], ...] = ()  # sparse columns holding lists: (column, separator)
     bag: int = 8  # a multi-hot column's slots: its first `bag` ids kept
     pooling: str = "mean"  # how a multi-hot column's rows pool into its field's row
+    bucket: tuple[str, ...] = ()  # dense columns made quantile-bucket ids (het.data.buckets); all under "bucket"
+    buckets: int = 10  # a bucketed column's buckets at most
+    min_freq: int = 1  # ids rarer in the training rows share their column's out-of-vocabulary key (het.data.vocab)
 
     def __post_init__(self):
         Positive(self.positive)  # a malformed --positive is refused before any file is read
         if self.dense_transform not in KINDS:
             raise ValueError(f"dense transform must be one of {KINDS}, got {self.dense_transform!r}")
+        if self.dense_transform == "bucket":
+            object.__setattr__(self, "bucket", tuple(self.dense))
+        if [c for c in self.bucket if c not in self.dense] or (self.bucket and self.log_dense):
+            raise ValueError(f"bucketed columns must be dense ones, without --log-dense; got {list(self.bucket)} "
+                             f"of dense {list(self.dense)}, --log-dense {self.log_dense}")
+        if not isinstance(self.buckets, int) or not 2 <= self.buckets <= 1000 or not isinstance(self.min_freq, int) \
+                or self.min_freq < 1:
+            raise ValueError(f"expected --buckets in [2, 1000] and --min-freq >= 1, got {self.buckets!r} and "
+                             f"{self.min_freq!r}")
         columns = self.columns
         if not self.label or not self.sparse:
             raise ValueError(f"expected a label column and at least one sparse column, got label "
@@ -88,8 +101,19 @@ class TableSpec:
 
     @property
     def fitted(self) -> bool:
-        """Whether the dense columns get transforms fitted on the training rows."""
-        return bool(self.dense) and not self.log_dense and self.dense_transform != "none"
+        """Whether the dense columns are written raw, to be transformed or bucketed by what the
+        training rows fit (:mod:`het.data.fitted`)."""
+        return bool(self.dense) and not self.log_dense and (self.dense_transform != "none" or bool(self.bucket))
+
+    @property
+    def fields(self) -> list[str]:
+        """The model's sparse fields: the sparse columns, then the bucketed ones."""
+        return [*self.sparse, *self.bucket]
+
+    @property
+    def model_dense(self) -> list[str]:
+        """The model's dense inputs: the dense columns not bucketed."""
+        return [c for c in self.dense if c not in self.bucket]
 
     def check(self, names: list[str], path: str) -> None:
         """Refuse a file that lacks a column, naming each missing one and the ones it has, or
@@ -221,22 +245,12 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     check_columns(paths, spec, sep, names)
     started = time.perf_counter()
     with writing(out_dir, len(spec.dense), sum(spec.bag_sizes)) as writer:
-        stats, dense_stats = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
+        stats, fitter = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
         _check_rows(stats, spec, paths, max_skipped)
-        transforms = dense_stats.fit(list(spec.dense), spec.dense_transform) if spec.fitted else None
-        if transforms:
-            _transform_in_place(writer.out_dir, transforms)
-        meta = {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "table", **stats,
-                "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(spec.sparse),
-                "num_dense": len(spec.dense), "num_rows": None, "label": spec.label, "dense": list(spec.dense),
-                "sparse": list(spec.sparse), "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
-                **({"bag_sizes": spec.bag_sizes, "multi": dict(spec.multi), "pad_key": PAD, "pooling": spec.pooling}
-                   if spec.multi else {}),
-                "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else
-                ("fitted on the training rows: " + describe(transforms) if transforms else "x, missing -> 0"),
-                "dense_transforms": transforms, "positive": spec.positive,
-                "id_layout": "hashed: hash_strings(column name, the value's text), missing = the empty string",
-                "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
+        fitted = fitter.fit()
+        if any(v is not None for v in fitted.values()):
+            rewrite(writer.out_dir, spec, fitted)
+        meta = _meta(spec, stats, fitted, paths, max_rows, test_fraction, seed)
         if schema_toml is not None:
             with create(os.path.join(writer.out_dir, "schema.toml")) as f:
                 f.write(schema_toml.encode())
@@ -244,11 +258,36 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     return summary(meta, started)
 
 
-def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress) -> dict:
+def _meta(spec: TableSpec, stats: dict, fitted: dict, paths, max_rows, test_fraction, seed) -> dict:
+    """``meta.json``: the rows, the model's columns and what was fitted on the training rows."""
+    transforms, buckets, vocab = fitted["dense_transforms"], fitted["buckets"], fitted["vocabulary"]
+    fields, sizes = spec.fields, spec.bag_sizes + [1] * len(spec.bucket)
+    num_ids = (vocab["ids"] + len(spec.sparse)) if vocab else stats["num_ids"]
+    num_ids += sum(t["buckets"] + 1 for t in buckets or [])
+    layout = "hashed: hash_strings(column name, the value's text), missing = the empty string"
+    if vocab:
+        layout += f"; ids seen fewer than {spec.min_freq} times in the training rows: the column's oov key"
+    described = [describe(transforms)] if transforms else []
+    described += [f"{t['column']} {t['buckets']} buckets" for t in buckets or []]
+    return {"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "table", **stats,
+            "num_ids": num_ids, "num_ids_exact": bool(vocab) or stats["num_ids_exact"],
+            "positive_rate": stats["positives"] / stats["rows"], "num_fields": len(fields),
+            "num_dense": len(spec.model_dense), "num_rows": None, "label": spec.label, "dense": spec.model_dense,
+            "sparse": fields, "max_rows": max_rows, "test_fraction": test_fraction, "seed": seed,
+            **({"bag_sizes": sizes, "multi": dict(spec.multi), "pad_key": PAD, "pooling": spec.pooling}
+               if spec.multi else {}),
+            "dense_transform": "log(max(x, 0) + 1), missing -> 0" if spec.log_dense else
+            ("fitted on the training rows: " + ", ".join(described) if described else "x, missing -> 0"),
+            "dense_transforms": transforms, "buckets": buckets, "positive": spec.positive,
+            "vocabulary": {k: v for k, v in vocab.items() if k != "keys"} if vocab else None,
+            "id_layout": layout, "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
+
+
+def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress) -> tuple[dict, Fitter]:
     """The one pass: convert, split and write every valid row; count the distinct keys."""
     from tqdm import tqdm
 
-    sketch, report, dense_stats = DistinctSketch(), SkipReport(), DenseStats(len(spec.dense))
+    sketch, report, fitter = DistinctSketch(), SkipReport(), Fitter(spec)
     by_reason = {"label": 0, "dense": 0, "columns": 0}
     rows = positives = 0
     with tqdm(unit=" rows", desc="table", disable=not progress) as bar:
@@ -261,8 +300,7 @@ def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progr
             n = int(ok.sum())
             is_test = split_is_test(rows + np.arange(n), seed, test_fraction)
             writer.add(dense[ok], sparse[ok], labels[ok], is_test)
-            if spec.fitted:
-                dense_stats.add(dense[ok][~is_test])
+            fitter.add(dense[ok][~is_test], sparse[ok][~is_test], rows + np.flatnonzero(~is_test))
             sketch.add(sparse[ok])
             by_reason["label"] += int((bad_col == 0).sum())
             by_reason["dense"] += int((bad_col > 0).sum())
@@ -276,7 +314,7 @@ def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progr
     sizes = writer.close()
     return {"rows": rows, "train_rows": sizes["train"], "test_rows": sizes["test"], "positives": positives,
             "skipped": report.skipped, "skipped_by_reason": by_reason, "first_skipped": report.first,
-            "num_ids": sketch.estimate(), "num_ids_exact": sketch.exact}, dense_stats
+            "num_ids": sketch.estimate(), "num_ids_exact": sketch.exact}, fitter
 
 
 def _check_rows(stats: dict, spec: TableSpec, paths: list[str], max_skipped: float) -> None:
@@ -297,16 +335,6 @@ def _check_rows(stats: dict, spec: TableSpec, paths: list[str], max_skipped: flo
         raise ValueError(f"label {spec.label!r} has one class in all {rows:,} rows read (positives: "
                          f"{stats['positives']:,}): expected both 0 and 1"
                          f"{'' if spec.positive else '; give --positive to say which values are 1'}")
-
-
-def _transform_in_place(directory: str, transforms: list[dict]) -> None:
-    """Each split's dense array, written raw (NaN where missing), made its transformed values."""
-    for split in ("train", "test"):
-        arr = np.load(os.path.join(directory, f"{split}_dense.npy"), mmap_mode="r+")
-        for lo in range(0, len(arr), 1 << 16):
-            arr[lo:lo + (1 << 16)] = apply_all(np.asarray(arr[lo:lo + (1 << 16)]), transforms)
-        arr.flush()
-        del arr
 
 
 def _head(batch, arrays, rejected, rows_left: int):

@@ -65,7 +65,14 @@ def schema_of(args, path: str, sep, names) -> tuple[Schema, str]:
     if label is None:
         raise ValueError(f"no label column: give --label COL (inference looks for a column named label, click, "
                          f"clicked, target or y); the columns are {[c.name for c in base.columns] or 'unread'}")
-    return Schema(label, dense, sparse, base.ignored, positive, columns=base.columns, multi=multi), source
+    def setting(name):
+        flag = getattr(args, name)
+        return flag if flag is not None else given.get(name)
+
+    bucket = list(_split(args.bucket)) if args.bucket is not None else given.get("bucket", [])
+    return Schema(label, dense, sparse, base.ignored, positive, columns=base.columns, multi=multi, bucket=bucket,
+                  buckets=setting("buckets"), min_freq=setting("min_freq"),
+                  dense_transform=setting("dense_transform")), source
 
 
 def column_warnings(path: str, sep, names, schema: Schema) -> list[str]:
@@ -110,6 +117,11 @@ def add_prepare_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--dense-transform", default=None, choices=KINDS,
                    help="dense columns' transform, fitted on the training rows and kept with the data (default "
                    "auto: log1p then standardised for a non-negative right-skewed column, else standardised)")
+    p.add_argument("--bucket", default=None, metavar="COLS", help="comma-separated dense columns made ids: "
+                   "quantile buckets fitted on the training rows (--dense-transform bucket: every dense column)")
+    p.add_argument("--buckets", type=int, default=None, help="a bucketed column's buckets at most (default 10)")
+    p.add_argument("--min-freq", type=int, default=None, help="ids seen fewer times in the training rows share "
+                   "their column's out-of-vocabulary key, as unseen ones do (default 1: every id its own key)")
     p.add_argument("--max-skipped", type=float, default=0.01,
                    help="the largest share of lines that may be skipped (malformed); past it nothing is written")
     p.add_argument("--log-dense", action="store_true", help="dense x -> log(max(x, 0) + 1), as Criteo, "
@@ -126,10 +138,11 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
             raise ValueError(f"--max-skipped must lie in [0, 1], got {args.max_skipped}")
         sep, names = reading(args, args.files[0])
         schema, source = schema_of(args, args.files[0], sep, names)
-        transform = args.dense_transform or (read_schema(args.schema).get("dense_transform") if args.schema else None)
         spec = TableSpec(schema.label, tuple(schema.dense), tuple(schema.sparse), log_dense=args.log_dense,
-                         positive=schema.positive, dense_transform=transform or "auto",
-                         multi=tuple(schema.multi.items()), bag=args.multi_size, pooling=args.pooling)
+                         positive=schema.positive, dense_transform=schema.dense_transform or "auto",
+                         multi=tuple(schema.multi.items()), bag=args.multi_size, pooling=args.pooling,
+                         bucket=tuple(c for c in schema.bucket if c in schema.dense), buckets=schema.buckets or 10,
+                         min_freq=schema.min_freq or 1)
         s = prepare_table(args.files, args.out, spec, sep=sep, names=names, max_rows=args.max_rows,
                           test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet,
                           max_skipped=args.max_skipped, schema_toml=schema.to_toml())

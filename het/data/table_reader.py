@@ -79,8 +79,23 @@ def _csv_options(sep: str, names: list[str] | None, on_invalid=None):
 
 
 def _csv_header(path: str, read, parse) -> list[str]:
+    """The column names of a CSV/TSV file: ``read``'s own, else its first line's. Only that line
+    is parsed, fully and with no Python row handler: a streaming reader left reading ahead with
+    one lets Arrow's I/O thread take the GIL while the interpreter exits, which aborts the
+    process ("terminate called without an active exception")."""
+    if read.column_names:
+        return list(read.column_names)
+    head = bytearray()
     with _open(path) as peek:
-        return pcsv.open_csv(peek, read_options=read, parse_options=parse).schema.names
+        while b"\n" not in head:
+            block = peek.read(1 << 16)
+            if not block:
+                break
+            head += block
+    line = bytes(head).split(b"\n", 1)[0] + b"\n"
+    options = pcsv.ReadOptions(use_threads=False)
+    only = pcsv.ParseOptions(delimiter=parse.delimiter, quote_char=parse.quote_char)
+    return pcsv.read_csv(pa.BufferReader(line), read_options=options, parse_options=only).schema.names
 
 
 def _open(path: str):

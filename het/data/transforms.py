@@ -16,7 +16,8 @@ Kinds: ``none`` (x, missing -> 0: the column as given), ``log``, ``standard``, `
 ``auto`` chooses per column from the training rows: ``log-standard`` for a non-negative column
 skewed to the right (skewness over 1: counts, amounts, durations), else ``standard``. Dense
 inputs fed raw cost a real CTR table 0.014 AUC (``shared/docs/QUALITY.md``): ``auto`` is the
-default of ``het data prepare table``.
+default of ``het data prepare table``. ``bucket`` makes the columns ids instead
+(:mod:`het.data.buckets`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ import math
 
 import numpy as np
 
-KINDS = ("auto", "none", "log", "standard", "log-standard")
+TRANSFORMS = ("auto", "none", "log", "standard", "log-standard")
+KINDS = (*TRANSFORMS, "bucket")  # bucket: quantile buckets as ids instead (het.data.buckets)
 SKEW_FOR_LOG = 1.0  # auto: log1p first when a non-negative column's skewness passes this
 
 
@@ -73,8 +75,8 @@ class DenseStats:
 
     def fit(self, names: list[str], kind: str = "auto") -> list[dict]:
         """One transform a column (see the module docstring), of ``kind`` or chosen by ``auto``."""
-        if kind not in KINDS:
-            raise ValueError(f"dense transform must be one of {KINDS}, got {kind!r}")
+        if kind not in TRANSFORMS:
+            raise ValueError(f"dense transform must be one of {TRANSFORMS}, got {kind!r}")
         out = []
         for j, name in enumerate(names):
             chosen = kind

@@ -105,11 +105,16 @@ class ExportedModel(nn.Module):
             rows = self.lookup(keys.to("cpu", torch.int64)).to(self.device)
             return self.dense(dense.to(self.device, torch.float32), rows)
 
-    def predict(self, columns, errors: str = "raise") -> np.ndarray:
-        """Probabilities of raw rows: a dict of columns, a pandas DataFrame or a pyarrow Table,
-        read through the export's input spec. ``errors="raise"``: a row that cannot be read is a
-        ValueError naming it, its column and what was expected; ``"skip"``: its probability is
-        NaN. Shape: n rows -> (n,) float32.
+    def predict(self, columns, errors: str = "raise"):
+        """Probabilities of raw rows: a dict of columns, a pandas or polars DataFrame or a
+        pyarrow Table, read through the export's input spec. ``errors="raise"``: a row that
+        cannot be read is a ValueError naming it, its column and what was expected; ``"skip"``:
+        its probability is NaN.
+
+        Returns:
+            float32 scores in row order: a pandas Series named ``score`` on the DataFrame's index
+            for a pandas DataFrame (so ``df["score"] = model.predict(df)`` lines up), a polars
+            Series for a polars one, else an ndarray. Shape: n rows -> (n,).
 
         Example (an export at ``out``): ``model.predict({"user": ["u1"], "price": [2.5]})``.
         """
@@ -124,7 +129,21 @@ class ExportedModel(nn.Module):
         if len(ok):
             dense, keys = torch.from_numpy(parsed.dense[ok]), torch.from_numpy(parsed.keys[ok])
             out[ok] = self(dense, keys).cpu().numpy()
-        return out
+        return _like(columns, out)
+
+
+def _like(columns, scores: np.ndarray):
+    """Scores as the kind of table they came from: a pandas or polars Series, else the array."""
+    module = type(columns).__module__
+    if module.startswith("pandas"):
+        import pandas as pd
+
+        return pd.Series(scores, index=columns.index, name="score")
+    if module.startswith("polars"):
+        import polars as pl
+
+        return pl.Series("score", scores)
+    return scores
 
 
 def load_model(path: str, verify: bool | None = None, use_program: bool = True) -> ExportedModel:

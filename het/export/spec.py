@@ -9,7 +9,9 @@ What a CTR job reads comes from one of four sources, and its spec says which:
 - ``table``: ``het data prepare table``'s columns: the label, the dense columns (under the
   transforms fitted on the training rows, :mod:`het.data.transforms`; or ``--log-dense``:
   ``log(max(x, 0) + 1)``, missing -> 0) and the sparse ones, each value's text hashed with its
-  column's name (missing: the empty string, its column's own key).
+  column's name (missing: the empty string, its column's own key), then looked up in the
+  vocabulary fitted on the training rows where there is one (:mod:`het.data.vocab`); last the
+  bucketed dense columns, each value's quantile bucket as a key (:mod:`het.data.buckets`).
 - ``criteo``: ``het data prepare criteo``'s label-encoding: ``C1..C26`` hex ids looked up in the
   vocabulary it kept (an id rarer than its ``--min-freq``: the field's rare key; missing: its
   missing key), ``I1..I13`` as ``log(max(x, 0) + 1)``.
@@ -29,12 +31,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from het.data.buckets import bucket_keys
 from het.data.hashing import hash_fields
 from het.data.labels import Positive
 from het.data.multi import multi_keys
 from het.data.numbers import parse_numbers
 from het.data.table import hash_column
 from het.data.transforms import apply
+from het.data.vocab import apply_vocab
 
 SOURCES = ("synthetic", "table", "criteo", "criteo-hashed")
 CRITEO_DENSE = tuple(f"I{i}" for i in range(1, 14))
@@ -64,6 +68,11 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
         if meta.get("multi"):  # multi-hot columns: their separators, bags, padding and pooling
             spec.update(bag_sizes=list(meta["bag_sizes"]), multi=dict(meta["multi"]), pad_key=int(meta["pad_key"]),
                         pooling=meta.get("pooling", "mean"))
+        if meta.get("buckets"):  # dense columns made ids: their boundaries, fitted on the training rows
+            spec["buckets"] = meta["buckets"]
+        if meta.get("vocabulary"):  # the ids kept a key of their own, and each column's out-of-vocabulary key
+            spec["vocabulary"], spec["oov"] = VOCAB_FILE, dict(meta["vocabulary"]["oov"])
+            return spec, {VOCAB_FILE: os.path.join(directory, meta["vocabulary"]["file"])}
         return spec, {}
     spec = {"source": "criteo", "label": "label", "dense": list(CRITEO_DENSE), "sparse": list(CRITEO_SPARSE),
             "log_dense": True, "bag_sizes": [1] * 26, "offsets": meta["offsets"],
@@ -132,6 +141,10 @@ class Inputs:
         self.label, self.dense, self.sparse = spec["label"], list(spec["dense"]), list(spec["sparse"])
         self.bag_sizes = [int(b) for b in spec["bag_sizes"]]
         self.key_fields = np.repeat(np.arange(len(self.sparse)), self.bag_sizes)
+        self.buckets = {t["column"]: t for t in spec.get("buckets") or []}
+        hashed = [c for c in self.sparse if c not in self.buckets]
+        self.oov_slots = np.repeat([int(spec["oov"][c]) for c in hashed], self.bag_sizes[:len(hashed)]) \
+            if spec.get("oov") else np.zeros(0, np.int64)  # each hashed key's column's out-of-vocabulary key
         self._vocab = None
 
     @property
@@ -152,6 +165,12 @@ class Inputs:
             return data_keys
         offsets = np.asarray(self.spec["offsets"], dtype=np.int64)[self.key_fields]
         return hash_fields(self.key_fields, data_keys - offsets)
+
+    def kept_ids(self) -> np.ndarray:
+        """A ``table`` spec's vocabulary: the sorted keys that keep their own (het.data.vocab)."""
+        if self._vocab is None:
+            self._vocab = np.load(os.path.join(self.root, self.spec["vocabulary"]))
+        return self._vocab
 
     def vocabulary(self):
         """The label-encoding of a ``criteo`` spec (het.data.criteo.Vocabulary)."""
@@ -214,13 +233,21 @@ class Inputs:
             keys, bads, col, seps = np.empty((n, self.num_keys), np.int64), [], 0, self.spec.get("multi", {})
             for name, size in zip(self.sparse, self.bag_sizes):
                 arr = _column(table, name)
+                bad = np.zeros(n, bool)
                 if name in seps:  # a list, or its separated text: a bag of keys (het.data.multi)
                     keys[:, col:col + size] = multi_keys(name, arr, seps[name], size)[0]
+                elif name in self.buckets:  # a number's quantile bucket (het.data.buckets)
+                    _check_flat(arr, name)
+                    x, missing, bad = parse_numbers(arr)
+                    keys[:, col] = bucket_keys(x, missing, self.buckets[name])
                 else:
                     _check_flat(arr, name)
                     keys[:, col] = hash_column(name, _lower(arr) if self.source == "criteo-hashed" else arr)
-                bads.append(np.zeros(n, bool))
+                bads.append(bad)
                 col += size
+            if self.spec.get("vocabulary"):  # the bucketed columns are last, their keys all kept
+                width = len(self.oov_slots)
+                keys[:, :width] = apply_vocab(keys[:, :width], self.kept_ids(), self.oov_slots)
             return keys, bads
         if self.source == "criteo":
             raw, bads = np.empty((n, 26), np.int64), []
@@ -249,7 +276,7 @@ class Inputs:
     def _expected(self, column: str) -> str:
         if column == self.label:
             return "is not a label 0 or 1"
-        if column in self.dense:
+        if column in self.dense or column in self.buckets:
             return "is not a finite number"
         if self.source == "criteo":
             return "is not a Criteo id (8 hex digits, or empty for missing)"

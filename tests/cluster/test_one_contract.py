@@ -3,11 +3,13 @@ trained on a prepared table scores its test rows the same from the prepared arra
 raw file through `het predict`, from `het.load_model(...).predict(DataFrame)` and from
 `het serve-model` over HTTP, bit for bit, and so do random rows (missing values, values out of
 the training range, unseen ids, lists of any length in a multi-hot column: text in a file and a
-DataFrame, a JSON list over HTTP)."""
+DataFrame, a JSON list over HTTP). The table holds every kind of fitted input: dense transforms,
+a dense column made quantile buckets, and a vocabulary whose rare and unseen ids share a key."""
 
 from __future__ import annotations
 
 import csv
+import json
 
 import numpy as np
 import pandas as pd
@@ -44,7 +46,7 @@ def trained(tmp_path_factory):
     rng = np.random.default_rng(0)
     n = 3000
     city = rng.choice(["Oslo", "Rome", "Lima", "Pune", ""], n)
-    ad = rng.integers(0, 60, n)
+    ad = rng.integers(0, 400, n)  # about 7 a value: a tail rarer than the vocabulary's 3
     count = np.where(rng.random(n) < 0.1, "", rng.exponential(30, n).round().astype(int).astype(str))
     age = np.where(rng.random(n) < 0.05, "", rng.normal(40, 12, n).round(1).astype(str))
     genres = ["|".join(rng.choice(GENRES, rng.integers(0, 5), replace=False)) for _ in range(n)]
@@ -53,7 +55,8 @@ def trained(tmp_path_factory):
     rows = list(zip(y, count, age, city, ad.astype(str), genres))
     (d / "raw.csv").write_text(_text(rows))
     prepare_table(str(d / "raw.csv"), str(d / "prep"), TableSpec("y", ("count", "age"), ("city", "ad_id", "genres"),
-                                                                  multi=(("genres", "|"),), bag=3), progress=False)
+                                                                  multi=(("genres", "|"),), bag=3, bucket=("age",),
+                                                                  min_freq=3), progress=False)
     cfg = TrainConfig.from_dict({"data": f"table:{d / 'prep'}", "batch": 64, "dim": 8, "eval_samples": 100_000,
                                  "lookahead": 4})
     _, export, _, (labels, probs) = trained_export(cfg, 30, str(d), scores=True)
@@ -64,6 +67,17 @@ def trained(tmp_path_factory):
             yield d, export, probs, server
     finally:
         torch.set_num_threads(threads)
+
+
+def test_the_table_holds_a_vocabulary_and_a_bucketed_column(trained):
+    d = trained[0]
+    meta = json.loads((d / "prep" / "meta.json").read_text())
+    assert meta["dense"] == ["count"] and meta["sparse"] == ["city", "ad_id", "genres", "age"]
+    assert meta["buckets"][0]["column"] == "age" and meta["buckets"][0]["buckets"] == 10
+    train = np.load(d / "prep" / "train_sparse.npy")
+    oov = meta["vocabulary"]["oov"]["ad_id"]
+    assert 0 < (train[:, 1] == oov).sum() < len(train) // 2  # the rare ids share one key
+    assert len(np.unique(train[:, -1])) == 11  # ten buckets and the missing key
 
 
 def test_the_test_rows_score_alike_from_the_arrays_and_the_raw_file(trained):
@@ -91,8 +105,9 @@ def test_random_rows_score_alike_everywhere(trained, rows):
     d, export, _, server = trained
     model = load_model(export)
     text = [(*r[:5], "|".join(r[5]) or None) for r in rows]  # a list as a file holds it
-    frame = pd.DataFrame(text, columns=COLUMNS)
+    frame = pd.DataFrame(text, columns=COLUMNS, index=np.arange(len(text)) * 3 + 7)
     by_frame = model.predict(frame)
+    assert isinstance(by_frame, pd.Series) and by_frame.name == "score" and by_frame.index.equals(frame.index)
     parsed = model.inputs.parse(to_arrow(frame))  # the arrays the spec makes, scored by the model itself
     by_arrays = model(torch.from_numpy(parsed.dense), torch.from_numpy(parsed.keys)).numpy()
     path = d / "random.csv"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+from collections import Counter
 
 import numpy as np
 import pyarrow as pa
@@ -12,11 +14,14 @@ import pyarrow.csv as pcsv
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from het.data.buckets import QuantileSample, bucket_keys
 from het.data.labels import Positive
+from het.data.multi import PAD
 from het.data.prepared import PreparedDataset
 from het.data.table import TableSpec, prepare_table
 from het.data.transforms import DenseStats, apply
 from het.data.validation import ValidatedTable
+from het.data.vocab import KeyCounter, apply_vocab, oov_keys
 from het.export.spec import Inputs, build_spec
 
 
@@ -85,17 +90,24 @@ rows = st.lists(st.tuples(st.sampled_from(["0", "1"]),
 
 
 @settings(max_examples=25, deadline=None)
-@given(train=rows, scored=rows, kind=st.sampled_from(["auto", "standard", "log", "log-standard", "none"]))
-def test_prepared_arrays_and_the_export_spec_agree_bit_for_bit(tmp_path_factory, train, scored, kind):
-    """Rows with missing values, values outside the training range and unseen ids: the
-    prepared arrays and the input spec an export applies to the raw file are equal."""
+@given(train=rows, scored=rows, kind=st.sampled_from(["auto", "standard", "log", "log-standard", "none", "bucket"]),
+       bucket=st.sampled_from([(), ("n",)]), min_freq=st.sampled_from([1, 2, 3]))
+def test_prepared_arrays_and_the_export_spec_agree_bit_for_bit(tmp_path_factory, train, scored, kind, bucket,
+                                                               min_freq):
+    """Rows with missing values, values outside the training range and unseen ids, under every
+    dense transform, quantile buckets and vocabularies: the prepared arrays and the input spec
+    an export applies to the raw file are equal."""
     d = tmp_path_factory.mktemp("t")
     train = [("0", "1.0", "5", "a"), ("1", "2.0", "7", "b")] + train  # both classes
     header = "y,x,n,c\n"
     (d / "train.csv").write_text(header + "".join(",".join(r) + "\n" for r in train))
-    spec = TableSpec("y", ("x", "n"), ("c",), dense_transform=kind)
+    spec = TableSpec("y", ("x", "n"), ("c",), dense_transform=kind, bucket=bucket, buckets=4, min_freq=min_freq)
     prepare_table(str(d / "train.csv"), str(d / "out"), spec, test_fraction=0.0, progress=False)
-    inputs = Inputs(build_spec({"data": f"table:{d / 'out'}", "ids": "encoded"})[0], str(d))
+    input_spec, files = build_spec({"data": f"table:{d / 'out'}", "ids": "encoded"})
+    for name, source in files.items():  # as an export holds them
+        os.makedirs(d / os.path.dirname(name), exist_ok=True)
+        shutil.copy(source, d / name)
+    inputs = Inputs(input_spec, str(d))
     data = PreparedDataset(str(d / "out"))
     table = pcsv.read_csv(d / "train.csv", convert_options=pcsv.ConvertOptions(
         column_types={c: pa.string() for c in "yxnc"}))
@@ -112,6 +124,65 @@ def test_prepared_arrays_and_the_export_spec_agree_bit_for_bit(tmp_path_factory,
         if t["lo"] is not None:
             assert (other.dense[given, j] >= np.float32(t["lo"]) - 1e-6).all()
             assert (other.dense[given, j] <= np.float32(t["hi"]) + 1e-6).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(blocks=st.lists(st.lists(st.integers(-2 ** 63, 2 ** 63 - 1) | st.integers(-3, 3), max_size=40), max_size=6),
+       min_freq=st.integers(1, 4))
+def test_the_key_counter_counts_as_a_counter_does(blocks, min_freq):
+    c, ref = KeyCounter(), Counter()
+    for b in blocks:
+        c.add(np.array(b, np.int64))
+        ref.update(b)
+    assert c.at_least(min_freq).tolist() == sorted(k for k, v in ref.items() if v >= min_freq)
+
+
+def test_a_vocabulary_gives_rare_and_unseen_ids_their_columns_key_and_keeps_the_padding():
+    oov = oov_keys(["a", "b"])
+    keys = np.array([[1, 2], [7, PAD], [1, 9]])
+    out = apply_vocab(keys, np.array([1, 2]), oov)
+    assert out.tolist() == [[1, 2], [oov[0], PAD], [1, oov[1]]]
+    assert (apply_vocab(keys, np.zeros(0, np.int64), oov)[:, 0] == oov[0]).all()
+
+
+def test_quantile_buckets_hold_equal_shares_of_the_training_rows_and_merge_ties():
+    rng = np.random.default_rng(3)
+    x = np.concatenate([rng.normal(0, 1, 50_000), np.zeros(50_000)]).astype(np.float32)[:, None]
+    s = QuantileSample(1)
+    for lo in range(0, len(x), 7_000):  # blocks of any size give the same sample
+        s.add(x[lo:lo + 7_000], np.arange(lo, min(lo + 7_000, len(x))))
+    t = s.fit(["x"], 10)[0]
+    assert t["buckets"] < 10  # half the rows are 0: the buckets over it merge
+    keys = bucket_keys(x[:, 0], np.zeros(len(x), bool), t)
+    shares = np.unique(keys, return_counts=True)[1] / len(x)
+    assert len(shares) == t["buckets"] and shares.max() >= 0.5 and shares.min() > 0.04
+    rows = np.arange(len(x))
+    big = QuantileSample(1, k=1000)
+    big.add(x, rows)
+    again = QuantileSample(1, k=1000)
+    for lo in range(0, len(x), 333):
+        again.add(x[lo:lo + 333], rows[lo:lo + 333])
+    assert np.array_equal(np.sort(big.values[:, 0]), np.sort(again.values[:, 0]))
+
+
+def test_buckets_and_vocabularies_are_checked_and_kept_in_the_schema(tmp_path, capsys):
+    with pytest.raises(ValueError, match="bucketed columns must be dense"):
+        TableSpec("y", ("x",), ("c",), bucket=("c",))
+    with pytest.raises(ValueError, match="--min-freq"):
+        TableSpec("y", ("x",), ("c",), min_freq=0)
+    rng = np.random.default_rng(4)
+    n = 400
+    src = _write(tmp_path / "t.csv", {"y": rng.integers(0, 2, n), "x": rng.normal(0, 1, n),
+                                      "c": rng.integers(0, 80, n).astype(str)})
+    run_het(["data", "prepare", "table", src, str(tmp_path / "a"), "--label", "y", "--dense", "x", "--sparse", "c",
+             "--dense-transform", "bucket", "--buckets", "5", "--min-freq", "4", "--quiet"], capsys)
+    text = (tmp_path / "a" / "schema.toml").read_text()
+    assert 'dense_transform = "bucket"' in text and "buckets = 5" in text and "min_freq = 4" in text
+    s = json.loads(run_het(["data", "prepare", "table", src, str(tmp_path / "b"), "--schema",
+                            str(tmp_path / "a" / "schema.toml"), "--quiet", "--json"], capsys).strip().splitlines()[-1])
+    assert (s["dense"], s["sparse"], s["vocabulary"]["min_freq"], s["buckets"][0]["buckets"]) == ([], ["c", "x"], 4, 5)
+    for name in ("train_dense.npy", "train_sparse.npy", "vocab.npy"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
 
 
 def test_apply_leaves_a_missing_value_at_the_training_mean():
