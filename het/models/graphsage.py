@@ -7,8 +7,14 @@ import torch
 from torch import nn
 
 
+AGGREGATORS = ("mean", "gcn")
+
+
 class SAGELayer(nn.Module):
-    """``h_dst' = W_self h_dst + W_neigh mean(h_src over sampled neighbours)``.
+    """``mean``: ``h_dst' = W_self h_dst + W_neigh mean(h_src over sampled neighbours)``;
+    ``gcn``: ``h_dst' = W mean(h_dst and h_src over its sampled neighbours)``, GraphSAGE's GCN
+    aggregator (Hamilton et al. 2017): one weight for the node and its neighbours, so a node's
+    own input cannot carry its prediction alone (fewer weights to fit on few labels).
 
     A block is one layer's bipartite graph: its destination nodes are the first ``dst_count`` of
     its source nodes, and edge ``e`` goes from source position ``edge_src[e]`` to destination
@@ -24,17 +30,22 @@ class SAGELayer(nn.Module):
         tensor([[4.]], grad_fn=<AddBackward0>)
     """
 
-    def __init__(self, in_dim: int, out_dim: int):
+    def __init__(self, in_dim: int, out_dim: int, aggregator: str = "mean"):
         super().__init__()
+        if aggregator not in AGGREGATORS:
+            raise ValueError(f"aggregator must be one of {AGGREGATORS}, got {aggregator!r}")
+        self.aggregator = aggregator
         self.self_lin = nn.Linear(in_dim, out_dim)
-        self.neigh_lin = nn.Linear(in_dim, out_dim, bias=False)
+        self.neigh_lin = nn.Linear(in_dim, out_dim, bias=False) if aggregator == "mean" else None
 
     def forward(self, h_src: torch.Tensor, block) -> torch.Tensor:
         n_dst = block.dst_count
         total = torch.zeros(n_dst, h_src.shape[1], device=h_src.device, dtype=h_src.dtype)
         total = total.index_add(0, block.edge_dst, h_src[block.edge_src])                   # (n_dst, in)
-        degree = torch.bincount(block.edge_dst, minlength=n_dst).clamp(min=1).to(h_src.dtype)
-        return self.self_lin(h_src[:n_dst]) + self.neigh_lin(total / degree[:, None])
+        degree = torch.bincount(block.edge_dst, minlength=n_dst).to(h_src.dtype)
+        if self.aggregator == "gcn":
+            return self.self_lin((total + h_src[:n_dst]) / (degree + 1)[:, None])
+        return self.self_lin(h_src[:n_dst]) + self.neigh_lin(total / degree.clamp(min=1)[:, None])
 
 
 class GraphSAGE(nn.Module):
@@ -46,7 +57,8 @@ class GraphSAGE(nn.Module):
         dim: the embedding width.
         in_features: width of the node features (0 when the graph has none).
         num_classes: output classes.
-        hidden: hidden width; ``layers``: SAGE layers (one block each); ``dropout``: on inputs.
+        hidden: hidden width; ``layers``: SAGE layers (one block each); ``dropout``: on inputs;
+        ``aggregator``: each layer's (:class:`SAGELayer`).
         embedding_dropout: dropout on the node-id rows alone, in ``[0, 1)``, before ``dropout``
             (so an id coordinate survives training with probability ``(1 - embedding_dropout)
             * (1 - dropout)``). A training node's own row can memorise its label, which the
@@ -59,13 +71,14 @@ class GraphSAGE(nn.Module):
     """
 
     def __init__(self, embedding: nn.Module, dim: int, in_features: int, num_classes: int,
-                 hidden: int = 128, layers: int = 2, dropout: float = 0.5, embedding_dropout: float = 0.0):
+                 hidden: int = 128, layers: int = 2, dropout: float = 0.5, embedding_dropout: float = 0.0,
+                 aggregator: str = "mean"):
         super().__init__()
         if not 0 <= embedding_dropout < 1:  # at 1 training would never see the rows evaluation uses
             raise ValueError(f"embedding_dropout must lie in [0, 1), got {embedding_dropout}")
         self.embedding = embedding
         sizes = [dim + in_features] + [hidden] * (layers - 1) + [num_classes]
-        self.layers = nn.ModuleList(SAGELayer(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.layers = nn.ModuleList(SAGELayer(a, b, aggregator) for a, b in zip(sizes[:-1], sizes[1:]))
         self.dropout = nn.Dropout(dropout)
         self.embedding_dropout = nn.Dropout(embedding_dropout)
 

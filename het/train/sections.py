@@ -37,6 +37,10 @@ class GraphConfig:
     embedding_dropout: float = setting(0.5, "dropout on the node-id rows alone, before dropout",
                                        aliases=("--embedding-dropout",))
 
+    aggregator: str = setting("mean", "how a layer combines a node and its neighbours: mean (GraphSAGE's: "
+                              "the node and its neighbours' mean by two weights) or gcn (one mean of both, one "
+                              "weight)", choices=("mean", "gcn"))
+
     def __post_init__(self) -> None:
         check_fields(self, "graph.")
         require(len(self.fanouts) > 0 and min(self.fanouts) >= 1,

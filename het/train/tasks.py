@@ -160,7 +160,7 @@ class GraphTask:
         return GraphSAGE(embedding, dim=self.cfg.dim, in_features=0 if features is None else features.shape[1],
                          num_classes=self.graph.num_classes, hidden=self.cfg.graph.hidden,
                          layers=len(self.cfg.graph.fanouts), dropout=self.cfg.graph.dropout,
-                         embedding_dropout=self.cfg.graph.embedding_dropout)
+                         embedding_dropout=self.cfg.graph.embedding_dropout, aggregator=self.cfg.graph.aggregator)
 
     def batch(self, step: int, rank: int, world: int, device) -> GraphBatch:
         """Rank ``rank``'s seeds of a step: the training nodes in a fresh seeded order every

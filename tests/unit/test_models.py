@@ -214,3 +214,21 @@ def test_graphsage_embedding_dropout_drops_id_coordinates_only_in_training():
 def test_graphsage_refuses_an_embedding_dropout_outside_0_1(p):
     with pytest.raises(ValueError, match="embedding_dropout must lie in"):
         GraphSAGE(nn.Embedding(ROWS, DIM), DIM, in_features=0, num_classes=2, embedding_dropout=p)
+
+
+def test_the_gcn_aggregator_is_one_weight_over_the_mean_of_a_node_and_its_neighbours():
+    from types import SimpleNamespace
+
+    from het.models.graphsage import SAGELayer
+
+    torch.manual_seed(0)
+    layer = SAGELayer(4, 3, "gcn")
+    h = torch.randn(5, 4)
+    # node 0 hears from 2, 3 and 4; node 1 from none (its own input alone)
+    block = SimpleNamespace(dst_count=2, edge_src=torch.tensor([2, 3, 4]), edge_dst=torch.tensor([0, 0, 0]))
+    out = layer(h, block)
+    assert torch.allclose(out[0], layer.self_lin(h[[0, 2, 3, 4]].mean(0)), atol=1e-6)
+    assert torch.allclose(out[1], layer.self_lin(h[1]), atol=1e-6)
+    assert layer.neigh_lin is None
+    with pytest.raises(ValueError, match="aggregator must be one of"):
+        SAGELayer(4, 3, "max")
