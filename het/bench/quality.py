@@ -208,16 +208,17 @@ def plot(result: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     names = list(result["models"])
+    metric = "acc" if result.get("metric") == "accuracy" else "auc"
     fig, ax = plt.subplots(figsize=(6, 3.2))
     for k, (which, color) in enumerate((("default", "#bbbbbb"), ("chosen", "#3366aa"))):
-        means = [result["models"][n][which]["test_auc"] for n in names]
-        spreads = [result["models"][n][which]["test_auc_std"] for n in names]
+        means = [result["models"][n][which][f"test_{metric}"] for n in names]
+        spreads = [result["models"][n][which][f"test_{metric}_std"] for n in names]
         ax.bar([i + 0.38 * k for i in range(len(names))], means, 0.36, yerr=spreads, color=color,
                label="defaults" if which == "default" else "chosen on validation", capsize=3)
-    aucs = [result["models"][n][w]["test_auc"] for n in names for w in ("default", "chosen")]
-    ax.set_ylim(min(aucs) - 0.01, max(aucs) + 0.012)
+    values = [result["models"][n][w][f"test_{metric}"] for n in names for w in ("default", "chosen")]
+    ax.set_ylim(min(values) - 0.01 * (1 + 4 * (metric == "acc")), max(values) + 0.012 * (1 + 4 * (metric == "acc")))
     ax.set_xticks([i + 0.19 for i in range(len(names))], names)
-    ax.set_ylabel("test AUC")
+    ax.set_ylabel("test accuracy" if metric == "acc" else "test AUC")
     ax.set_title(f"{os.path.basename(result['data'].rstrip('/'))}: {result['seeds']} seeds, grid of {result['grid']}")
     ax.legend(loc="upper left", fontsize=8, ncol=2)
     fig.tight_layout()
@@ -227,10 +228,11 @@ def plot(result: dict, path: str) -> None:
 
 def add_parser(bsub) -> None:
     p = bsub.add_parser("quality", help="het's model beside logistic regression, LightGBM and DeepCTR-torch's "
-                        "DeepFM on one prepared table, each tuned on validation")
-    p.add_argument("data", help="a directory of `het data prepare table`")
-    p.add_argument("--models", default="het,logreg,lightgbm,deepctr", help="comma-separated: het, logreg, "
-                   "lightgbm, deepctr")
+                        "DeepFM on one prepared table (or GraphSAGE beside logistic regression and SGC on a "
+                        "graph), each tuned on validation")
+    p.add_argument("data", help="a directory of `het data prepare table`, or a graph (cora, planetoid:DIR, npz:PATH)")
+    p.add_argument("--models", default=None, help="comma-separated: het, logreg, lightgbm, deepctr (default: all); "
+                   "on a graph het, logreg, sgc")
     p.add_argument("--seeds", type=int, default=3, help="seeds a grid point is trained with")
     p.add_argument("--grid", type=int, default=4, help=f"points of each model's grid (at most {len(GRIDS['het'])})")
     p.add_argument("--val-frac", type=float, default=0.1, help="the validation share of the training rows")
@@ -242,16 +244,21 @@ def add_parser(bsub) -> None:
 
 
 def cmd(args) -> dict:
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    unknown = sorted(set(models) - set(GRIDS))
-    if unknown or not 1 <= args.grid <= len(GRIDS["het"]) or args.seeds < 1:
-        raise SystemExit(f"het bench quality: expected models among {sorted(GRIDS)}, 1 <= --grid <= "
-                         f"{len(GRIDS['het'])} and --seeds >= 1, got {models}, {args.grid}, {args.seeds}")
+    from het.bench import quality_graph
+
+    graph = args.data == "cora" or args.data.split(":")[0] in ("planetoid", "npz", "synthetic-graph")
+    grids = quality_graph.GRIDS if graph else GRIDS
+    models = [m.strip() for m in (args.models or ",".join(grids)).split(",") if m.strip()]
+    unknown = sorted(set(models) - set(grids))
+    if unknown or not 1 <= args.grid <= len(grids["het"]) or args.seeds < 1:
+        raise SystemExit(f"het bench quality: expected models among {sorted(grids)}, 1 <= --grid <= "
+                         f"{len(grids['het'])} and --seeds >= 1, got {models}, {args.grid}, {args.seeds}")
     try:
-        result = run(args.data, models, args.seeds, args.grid, args.val_frac, args.het_model, args.het_args.split())
+        result = quality_graph.run(args.data, models, args.seeds, args.grid, args.het_args.split()) if graph else \
+            run(args.data, models, args.seeds, args.grid, args.val_frac, args.het_model, args.het_args.split())
     except (ValueError, OSError, RuntimeError) as e:
         raise SystemExit(f"het bench quality: {e}") from None
-    print(table(result))
+    print(quality_graph.table(result) if graph else table(result))
     if args.plot:
         plot(result, args.plot)
     if args.json:

@@ -47,3 +47,36 @@ def test_models_are_chosen_on_validation_and_drawn(table, tmp_path):
     assert "| logreg |" in quality.table(r)
     quality.plot(r, str(tmp_path / "q.png"))
     assert (tmp_path / "q.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_sgc_propagates_the_features_twice_over_the_normalised_graph_with_self_loops():
+    from het.bench import quality_graph
+
+    split = quality_graph.GraphSplit("synthetic-graph:300")
+    from het.data.graph import load, normalize_features
+
+    graph = normalize_features(load("synthetic-graph:300"))  # the reference: dense matrices
+    n = graph.num_nodes
+    a = np.zeros((n, n))
+    for v in range(n):
+        a[v, graph.indices[graph.indptr[v]:graph.indptr[v + 1]].numpy()] = 1
+    a += np.eye(n)
+    d = np.diag(1 / np.sqrt(a.sum(1)))
+    s = d @ a @ d
+    assert np.allclose(split.propagated, s @ s @ graph.features.numpy(), atol=1e-6)
+    assert split.rows["train"] > 0 and split.rows["test"] > 0
+
+
+@pytest.mark.slow  # four short GraphSAGE jobs and the peers: about 60 s
+def test_a_graph_is_benched_by_accuracy_chosen_on_validation(tmp_path):
+    from het.bench import quality_graph
+
+    r = quality_graph.run("synthetic-graph:2000", ["het", "logreg", "sgc"], seeds=2, grid=2,
+                          extra=["--steps", "20", "--workers", "1"], progress=False)
+    for name in ("het", "logreg", "sgc"):
+        m = r["models"][name]
+        assert m["chosen"]["val_acc"] == max(p["val_acc"] for p in m["points"])
+        assert 0 < m["chosen"]["test_acc"] <= 1 and len(m["points"]) == 2
+    assert "| sgc |" in quality_graph.table(r)
+    quality.plot(r, str(tmp_path / "g.png"))
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
