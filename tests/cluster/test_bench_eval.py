@@ -34,6 +34,7 @@ def tiny(tmp_path):
     return str(path)
 
 
+@pytest.mark.slow  # about 24 s
 def test_bench_staleness_reports_auc_per_bound_beside_the_planted_auc(tiny, tmp_path):
     r = het("bench", "staleness", "--config", tiny, "--stalenesses", "0,inf", "--steps", "20", "--workers", "2",
             "--log-dir", str(tmp_path / "logs"), "--json")

@@ -69,6 +69,7 @@ def test_bench_cache_rejects_a_float_trace(tmp_path):
     assert out.returncode == 2 and "expected a 1-D integer array of keys, got float64" in out.stderr
 
 
+@pytest.mark.slow  # about 19 s
 def test_bench_ps_reports_both_bandwidths():
     result = last_json(het("bench", "ps", "--json", "--seconds", "0.3", "--rows", "2000", "--batch", "256",
                            "--curve", "--dynamic", "--rounds", "2"))

@@ -37,6 +37,7 @@ def test_het_serve_holds_a_dynamic_table_of_raw_int64_keys():
         proc.kill()
 
 
+@pytest.mark.slow  # about 13 s
 def test_a_job_on_hashed_ids_with_two_shards_reports_what_they_hold(tmp_path):
     s = het("train", "--ids", "hashed", "--steps", "60", "--servers", "2", "--admit-after", "2", "--max-rows", "3000",
             *SMALL, "--log-dir", str(tmp_path))

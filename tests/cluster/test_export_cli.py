@@ -35,6 +35,7 @@ def one_line_refusal(out: subprocess.CompletedProcess, command: str, says: str) 
     assert lines[0].startswith(f"het {command}: error: ") and says in lines[0], lines[0]
 
 
+@pytest.mark.slow  # about 27 s
 def test_a_training_job_keeps_an_export_of_itself(tmp_path):
     out = str(tmp_path / "model")
     s = het("train", "--steps", "30", "--workers", "1", "--synthetic-cap", "1000", "--dim", "16",

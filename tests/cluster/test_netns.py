@@ -217,6 +217,7 @@ def test_a_shard_in_one_namespace_serves_a_worker_in_another(netns, tmp_path):
     assert_gone(net, [server])
 
 
+@pytest.mark.slow  # about 19 s
 def test_bench_e2e_runs_two_modes_on_a_shaped_network(netns, tmp_path):
     before = set(ip("netns", "list").split())  # another test's, still being torn down
     out = subprocess.run([sys.executable, "-m", "het", "bench", "e2e", "--bandwidths", "100mbit", "--modes",

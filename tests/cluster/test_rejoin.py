@@ -54,6 +54,7 @@ def unique_keys(task, step: int, rank: int) -> int:
     return int(task.keys(task.batch(step, rank, 2, "cpu")).unique().numel())
 
 
+@pytest.mark.slow  # about 23 s
 def test_a_killed_worker_rejoins_while_the_shards_serve_on_and_what_it_lost_is_counted(tmp_path):
     s, before, after, err = run_and_kill(tmp_path / "killed", "worker 1", after_steps=150)
     assert "worker 1" in err and "the workers re-form while the shards serve on" in err

@@ -63,6 +63,7 @@ def test_mode_ps_keeps_dense_parameters_on_the_ps(tmp_path):
     assert s["time_split"]["allreduce"] == 0 and s["bytes"]["dense"] > 0 and s["hit_rate"] == 0
 
 
+@pytest.mark.slow  # about 18 s
 def test_a_time_limit_ends_a_long_job_with_its_summary_and_a_timeline(tmp_path):
     """--time-limit stops both workers at the same step boundary, as SIGTERM does, but the job
     then evaluates, reports the steps it ran and exits 0; rank 0 samples the shards meanwhile."""
@@ -318,6 +319,7 @@ def test_the_default_job_at_300_steps(tmp_path):
     assert s["auc"] > 0.7 and s["hit_rate"] > 0
 
 
+@pytest.mark.slow  # about 16 s
 def test_prepared_criteo_with_malformed_lines_trains_on_the_rest(tmp_path):
     lines = open(shared_file("data", "criteo_kaggle_head1000.tsv")).read().splitlines()
     bad = ["1\t2", lines[5].replace("\t", "\tabc\t", 1), lines[6] + "\textra"]
@@ -369,6 +371,7 @@ def test_a_killed_shard_is_restarted_from_the_latest_checkpoint(tmp_path):
     assert abs(summary["auc"] - straight["auc"]) < 0.01
 
 
+@pytest.mark.slow  # a job and its resumption: about 40 s
 def test_checkpoints_kept_by_the_shards_resume_with_nothing_shared(tmp_path):
     """`--ps-saves-local`: each shard keeps its save in its own state directory and worker.pt names
     it; the checkpoint directory holds no PS rows, resuming (on the same shards' directories)

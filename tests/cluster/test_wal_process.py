@@ -194,6 +194,7 @@ def test_a_supervised_shard_killed_comes_back_on_its_address_and_loses_nothing(t
     assert torch.equal(rows[0], expected[0]) and torch.equal(rows[1], expected[1])
 
 
+@pytest.mark.slow  # two jobs: about 23 s
 def test_a_job_run_again_in_its_log_directory_starts_from_fresh_rows(tmp_path):
     """`het train --ps-wal --log-dir D` twice: the second job's shard does not replay the first's
     log (a job not resuming starts from the initial rows), so one worker gives the same AUC."""

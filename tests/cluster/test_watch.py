@@ -67,6 +67,7 @@ def _until(url: str, done, timeout_s: float = 10.0) -> dict:
         time.sleep(0.2)
 
 
+@pytest.mark.slow  # about 13 s
 def test_a_jobs_tensorboard_has_every_scalar_every_ten_steps(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
