@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import shutil
 import time
@@ -21,6 +22,28 @@ from het.files import atomic_directory
 
 DENSE_TABLE = "dense"  # het.dist.dense: mode ps keeps the dense parameters in this PS table
 GRAPH_MODELS = ("graphsage",)
+
+
+def check_out(out: str, checkpoint: str | None) -> None:
+    """Refuse an ``out`` het may not replace: a file; the checkpoint itself, a directory holding
+    it or one inside it; or a directory holding anything but an export het wrote (a user's
+    folder). An empty directory, or none, is fine. A ValueError names what is there."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ValueError(f"{out!r} is a file: an export goes into a directory of its own")
+    target, ckpt = os.path.realpath(out), os.path.realpath(checkpoint) if checkpoint else None
+    if ckpt and (target == ckpt or ckpt.startswith(target.rstrip(os.sep) + os.sep) or target.startswith(ckpt + os.sep)):
+        raise ValueError(f"{out!r} is, holds or lies inside the checkpoint {checkpoint!r}: an export goes into a "
+                         f"directory of its own, apart from the checkpoint it reads")
+    if not os.path.isdir(out) or not os.listdir(out):
+        return
+    try:
+        with open(os.path.join(out, layout.MANIFEST)) as f:
+            ours = json.load(f)["manifest"]["format"] == layout.FORMAT
+    except (OSError, ValueError, KeyError, TypeError):
+        ours = False
+    if not ours:
+        raise ValueError(f"{out!r} holds {sorted(os.listdir(out))[:5]} and no export het wrote: het export replaces "
+                         f"only an earlier export; choose a new or empty directory")
 
 
 def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = False) -> dict:
@@ -44,8 +67,7 @@ def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = Fals
                              f"neighbourhood and features from the training graph, which an export does not hold; "
                              f"het export takes CTR models (wdl, deepfm, dcn, dlrm)")
         spec, files = build_spec(config)
-        if os.path.exists(out) and not os.path.isdir(out):
-            raise ValueError(f"{out!r} is a file: an export goes into a directory of its own")
+        check_out(out, checkpoint)
         with atomic_directory(out) as root:
             os.chmod(root, 0o755)  # made private while written; readable, like any model file, once there
             manifest = _write(ckpt, config, spec, files, root, dtype, progress)

@@ -271,6 +271,37 @@ def test_a_failed_export_leaves_the_previous_one_whole(tmp_path, small_export, m
     assert load_model(str(target)).manifest["dtype"] == "fp32"
 
 
+def test_export_replaces_only_an_export_and_never_touches_its_checkpoint(tmp_path, small_export):
+    ckpt, _ = small_export
+    user = tmp_path / "photos"
+    user.mkdir()
+    (user / "holiday.jpg").write_bytes(b"a user's file")
+    inside = os.path.join(ckpt, "model")
+    for out, why in ((str(user), "no export het wrote"), (ckpt, "inside the checkpoint"),
+                     (os.path.dirname(ckpt), "inside the checkpoint"), (inside, "inside the checkpoint")):
+        before = {p: os.path.getsize(os.path.join(r, p)) for r, _, fs in os.walk(os.path.dirname(ckpt)) for p in fs}
+        with pytest.raises(ValueError, match=why):
+            export(ckpt, out)
+        assert {p: os.path.getsize(os.path.join(r, p)) for r, _, fs in os.walk(os.path.dirname(ckpt))
+                for p in fs} == before
+    assert (user / "holiday.jpg").read_bytes() == b"a user's file" and not os.path.exists(inside)
+    (tmp_path / "empty").mkdir()
+    export(ckpt, str(tmp_path / "empty"))  # an empty directory, then its own export, are replaced
+    export(ckpt, str(tmp_path / "empty"), "fp16")
+    assert load_model(str(tmp_path / "empty")).manifest["dtype"] == "fp16"
+
+
+def test_a_job_exporting_into_a_users_folder_is_refused_before_it_starts(tmp_path):
+    from het.train.local import check_job
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    cfg = TrainConfig.from_dict({"export": {"dir": str(tmp_path / "notes"), "every": 10}})
+    with pytest.raises(ValueError, match=r"^export.dir: .*no export het wrote"):
+        check_job(cfg)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+
+
 def test_graphsage_is_refused_in_one_line(tmp_path):
     from het.train import checkpoint
     from types import SimpleNamespace
