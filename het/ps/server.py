@@ -46,12 +46,15 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
         if metrics is not None:
             metrics.refresh(shard.stats_dict)
         # rows a sync named come off disk only while no request waits (Shard.page_in)
+        due = shard.wal.sync_due_in() if shard.wal is not None else None
         try:
-            got = endpoint.recv(0 if shard.page_in_pending else poll_s)
+            got = endpoint.recv(0 if shard.page_in_pending else poll_s if due is None else min(poll_s, due))
         except MessageTooLarge as e:  # let go unread: an unsigned refusal, as for a request not authenticated
             shard.stats["oversized"] += 1
             endpoint.send(e.peer, encode(error_reply(peek_request_id(e.first), 0, e)))
             continue
+        if shard.wal is not None:
+            shard.wal.sync_if_due()
         if got is None:
             if shard.page_in_pending:
                 try:

@@ -248,3 +248,40 @@ def test_a_supervised_shard_that_never_listened_is_not_started_again(tmp_path):
                               "--wal", "--supervise", "--bind", f"127.0.0.1:{port}"], capture_output=True, text=True,
                              timeout=120)
     assert out.returncode == 2 and "cannot listen on" in out.stderr and "restarting" not in out.stdout
+
+
+def test_pushes_acknowledged_after_a_failed_log_write_survive_a_kill(tmp_path):
+    """A file-size limit cuts a log write short (as a full disk does): that push is refused and
+    its fragment cut off, so the pushes acknowledged after the limit is lifted are all there
+    when the shard is killed (-9) and started again."""
+    import os
+    import resource
+
+    log_path = tmp_path / "wal" / "log"
+    acknowledged, refused = [], []
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as first:
+        client = PSClient.connect([first.address])
+        pushes(client, range(1, 6))
+        acknowledged += range(1, 6)
+        limit = os.path.getsize(log_path) + 3000  # a record is about 2.4 kB: the second write past it is cut
+        resource.prlimit(first.proc.pid, resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY))
+        for step in range(6, 12):
+            try:
+                pushes(client, [step])
+                acknowledged.append(step)
+            except Exception as e:  # refused: not acknowledged, not applied
+                refused.append((step, str(e)))
+        resource.prlimit(first.proc.pid, resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+        pushes(client, range(12, 18))
+        acknowledged += range(12, 18)
+        expected = client.wait(client.pull("t", torch.arange(500)))
+        kill(first)
+        client.close()
+    assert refused and "write-ahead log" in refused[0][1] and len(acknowledged) >= 12
+    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as second:
+        client = PSClient.connect([second.address])
+        rows, clocks = client.wait(client.pull("t", torch.arange(500)))
+        stats = client.stats()[0]
+        client.close()
+    assert torch.equal(rows, expected[0]) and torch.equal(clocks, expected[1])
+    assert stats["wal_replayed"] == len(acknowledged)

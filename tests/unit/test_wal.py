@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.wire.protocol import ERROR, Message, Op
 from het.ps.shard import Shard
+from het.ps.store.wal import WriteAheadLog
 
 
 def table(optimizer):
@@ -325,3 +326,87 @@ def test_a_base_that_cannot_be_started_fails_no_push(tmp_path, monkeypatch):
     expected = state(first)
     killed(first)
     assert same(state(Shard(cfg, state_dir=str(tmp_path), wal=True)), expected)
+
+
+def _record(log: WriteAheadLog, step: int) -> int:
+    return log.append("t", np.array([step]), np.ones((1, 2), np.float32), np.array([1]), step=step)
+
+
+@pytest.mark.parametrize("how", ["short", "refused"])
+def test_a_failed_write_leaves_no_fragment_and_no_gap(tmp_path, monkeypatch, how):
+    from het.ps.store import wal
+
+    log = WriteAheadLog(str(tmp_path), fsync_s=0)
+    assert _record(log, 1) == 1
+    real = os.write
+
+    def failing(fd, data):
+        if how == "short":
+            return real(fd, bytes(data)[:len(data) // 2])  # a disk filling up part way
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(wal.os, "write", failing)
+    with pytest.raises(OSError):
+        _record(log, 2)
+    monkeypatch.setattr(wal.os, "write", real)
+    assert _record(log, 3) == 2  # the refused push's number goes to the next record
+    log.close()
+    found = wal.scan(str(tmp_path))
+    assert found.problem is None and found.records == 2
+    assert [(r["lsn"], int(r["keys"][0])) for r in wal.read_log(str(tmp_path))] == [(1, 1), (2, 3)]
+
+
+def test_a_failed_write_that_cannot_be_cut_off_refuses_every_later_record(tmp_path, monkeypatch):
+    from het.ps.store import wal
+
+    log = WriteAheadLog(str(tmp_path), fsync_s=0)
+    real = os.write
+    monkeypatch.setattr(wal.os, "write", lambda fd, data: real(fd, bytes(data)[:5]))
+
+    def cannot(fd, size):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(wal.os, "ftruncate", cannot)
+    with pytest.raises(OSError):
+        _record(log, 1)
+    monkeypatch.undo()
+    with pytest.raises(OSError, match="could not be cut off"):
+        _record(log, 2)
+
+
+def test_an_idle_log_is_forced_to_disk_within_fsync_s(tmp_path):
+    import time
+
+    log = WriteAheadLog(str(tmp_path), fsync_s=0.2)
+    assert log.sync_due_in() is None  # nothing written: nothing due
+    _record(log, 1)  # the first record after a sync waits for the next one, or for the loop
+    syncs = log.stats["wal_fsyncs"]
+    assert 0 < log.sync_due_in() <= 0.2
+    log.sync_if_due()
+    assert log.stats["wal_fsyncs"] == syncs
+    time.sleep(0.25)
+    assert log.sync_due_in() == 0.0
+    log.sync_if_due()
+    assert log.stats["wal_fsyncs"] == syncs + 1 and log.sync_due_in() is None
+    log.close()
+
+
+def test_the_shards_loop_forces_an_idle_log_to_disk(tmp_path):
+    import time
+
+    from het.ps.server import serve
+
+    s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True, fsync_s=0.3)
+    push(s, np.random.default_rng(0), 1)
+    s.wal._synced = time.monotonic()  # as if forced just before this push's record
+    s.wal._unsynced = True
+    syncs, waits = s.wal.stats["wal_fsyncs"], []
+
+    class Idle:  # no request comes
+        def recv(self, timeout_s):
+            waits.append(timeout_s)
+            time.sleep(timeout_s)
+
+    serve(s, Idle(), should_stop=lambda: len(waits) >= 8, poll_s=0.1)
+    assert s.wal.stats["wal_fsyncs"] == syncs + 1 and s.wal.sync_due_in() is None
+    assert max(waits) <= 0.1

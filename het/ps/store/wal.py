@@ -14,9 +14,12 @@ Layout, under ``STATE_DIR/wal/``:
 
 A record is written with one ``write`` call on an append-only descriptor before the reply is
 sent: once written, the operating system holds it, whatever happens to the process. ``fsync``
-(the disk holds it, whatever happens to the machine) runs at most every ``fsync_s`` seconds,
-at the next append. A save truncates the log: records it includes are skipped anyway if a crash
-comes between.
+(the disk holds it, whatever happens to the machine) runs at most ``fsync_s`` seconds after a
+record is written: at the next append, or from the shard's loop when no request comes
+(:meth:`WriteAheadLog.sync_if_due`). A write that fails (a full disk, a file-size limit) is cut
+off again before the push is refused, and its number is given to the next record: the log never
+holds a fragment or a gap before records that were acknowledged. A save truncates the log:
+records it includes are skipped anyway if a crash comes between.
 
 Reading (:func:`scan`) takes the records in order, each numbered one past the one before, and
 sorts what follows the last intact one: nothing (the log is whole); a write cut short (less
@@ -94,6 +97,8 @@ class WriteAheadLog:
             os.ftruncate(self.fd, valid_bytes)  # new records follow the last intact one, not what was after it
             os.fsync(self.fd)
         self._synced = time.monotonic()
+        self._unsynced = False  # records written since the last fsync
+        self.broken: OSError | None = None  # a failed write that could not be cut off: nothing more is logged
         # wal_log_bytes: the log's size now (what wal_max bounds); wal_bytes: all ever written
         self.stats = {"wal_records": 0, "wal_bytes": 0, "wal_fsyncs": 0, "wal_log_bytes": os.fstat(self.fd).st_size}
 
@@ -101,6 +106,9 @@ class WriteAheadLog:
                session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
         """Log one applied push (and its request's session and sequence number, and its sums of
         squared gradients when it carries them); its log sequence number."""
+        if self.broken is not None:
+            raise OSError(f"write-ahead log: a failed write could not be cut off ({self.broken}); restart the "
+                          f"shard, which recovers the log to its last whole record")
         self.lsn += 1
         head = {"lsn": self.lsn, "table": table, "step": int(step), "n": len(keys), "dim": int(grads.shape[1]),
                 "session": session and session[0], "seq": session and session[1]}
@@ -112,9 +120,16 @@ class WriteAheadLog:
                          b"" if sq is None else np.ascontiguousarray(sq, "<f4").tobytes()))
         first = struct.pack("<4sIII", MAGIC, len(meta), len(body), zlib.crc32(body))
         record = first + struct.pack("<I", zlib.crc32(first)) + body
-        written = os.write(self.fd, record)
-        if written != len(record):  # a full disk: the push must not be acknowledged
-            raise OSError(f"write-ahead log: wrote {written} of {len(record)} bytes")
+        before = self.stats["wal_log_bytes"]
+        try:
+            written = os.write(self.fd, record)
+            if written != len(record):  # a full disk: the push must not be acknowledged
+                raise OSError(f"write-ahead log: wrote {written} of {len(record)} bytes")
+        except OSError:
+            self.lsn -= 1  # the next record takes this number: no gap
+            self._cut_back(before)
+            raise
+        self._unsynced = True
         self.stats["wal_records"] += 1
         self.stats["wal_bytes"] += len(record)
         self.stats["wal_log_bytes"] += len(record)
@@ -122,10 +137,31 @@ class WriteAheadLog:
             self.sync()
         return self.lsn
 
+    def _cut_back(self, size: int) -> None:
+        """The log cut back to ``size`` bytes, its last whole record, after a failed write."""
+        try:
+            os.ftruncate(self.fd, size)
+        except OSError as e:
+            self.broken = e
+
     def sync(self) -> None:
         os.fsync(self.fd)
         self._synced = time.monotonic()
+        self._unsynced = False
         self.stats["wal_fsyncs"] += 1
+
+    def sync_due_in(self) -> float | None:
+        """Seconds until the records written since the last fsync are due to be forced to disk
+        (0: now), or None when every record is."""
+        if not self._unsynced:
+            return None
+        return max(0.0, self.fsync_s - (time.monotonic() - self._synced))
+
+    def sync_if_due(self) -> None:
+        """Force the log to disk when records have waited ``fsync_s`` for it: what bounds the loss
+        of a machine crash in time even while no push comes."""
+        if self.sync_due_in() == 0.0:
+            self.sync()
 
     def rotate(self) -> None:
         """Set the log aside as ``log.old`` (on disk first) and go on in a new, empty ``log``:
