@@ -19,9 +19,13 @@ generation starts and every ``dense_snapshot_s`` seconds: a group with no surviv
 goes on from there.
 
 A machine's directory (``rejoin_dir``; a local cluster's ``RUN_DIR/rejoin``, under torchrun
-``$TMPDIR/het-rejoin-<user>-<run id>``) holds ``rank-<r>.gen-<g>.state``, a record per rank and
-generation, and ``rank-<r>.pt``, the rank's latest snapshot (its own step inside); a fresh job
-(generation 0) clears it.
+``$TMPDIR/het-rejoin-<user>-<run id>-<agent pid>``: the agent that starts the workers again is
+their parent, so the name is this job's on this machine) holds ``rank-<r>.gen-<g>.state``, a
+record per rank and generation, and ``rank-<r>.pt``, the rank's latest snapshot (its own step
+inside); a fresh job (generation 0) clears it. What is read there is trusted only as far as a
+file the user alone could have written: the directory must be the user's own with no access
+for others (mode 0700; het makes it so, and refuses one that is not), and a snapshot is read
+as tensors and plain values only (``torch.load(weights_only=True)``), never as code.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import contextlib
 import getpass
 import glob
 import os
+import pickle
 import sys
 import tempfile
 import time
@@ -65,7 +70,20 @@ def directory(setting: str | None) -> str | None:
     if not enabled():
         return None
     run = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-    return setting or os.path.join(tempfile.gettempdir(), f"het-rejoin-{getpass.getuser()}-{run}")
+    return setting or os.path.join(tempfile.gettempdir(), f"het-rejoin-{getpass.getuser()}-{run}-{os.getppid()}")
+
+
+def own_directory(path: str) -> None:
+    """Make ``path`` (mode 0700) or check that it is a directory of this user's, closed to
+    everyone else: a ValueError otherwise, naming what it is. Another user's directory, or one
+    others may write in, could hold a snapshot or a record planted there."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise ValueError(f"rejoin directory {path}: expected a directory of this user's (uid {os.geteuid()}) with "
+                         f"mode 0700, got {'a link' if os.path.islink(path) else 'one'} of uid {st.st_uid} with mode "
+                         f"{st.st_mode & 0o777:o}: refusing to trust what it holds; remove it, chmod 700 it, or give "
+                         f"--rejoin-dir")
 
 
 class StateFile:
@@ -122,7 +140,11 @@ class Rejoin:
         (a checkpoint's step, or 0). Every rank calls it."""
         if not self:
             return resume()
-        mine = read_records(self.directory) if self.local_rank == 0 else []
+        if self.local_rank == 0:
+            own_directory(self.directory)
+        mine, skipped = read_records(self.directory, skipped=True) if self.local_rank == 0 else ([], [])
+        for line in skipped:
+            _say(f"het train: worker {self.worker.rank}: {line}")
         everyone = gather((restarted(), mine), self.worker.world)
         records = [(holder, r) for holder, (_, rs) in enumerate(everyone) for r in rs]
         if any(again for again, _ in everyone):
@@ -134,7 +156,7 @@ class Rejoin:
         start = self._restore(records) if self.generation else None
         if start is None:
             start = resume()
-        os.makedirs(self.directory, exist_ok=True)
+        own_directory(self.directory)
         self.state = StateFile(self._path(f".gen-{self.generation}.state"), create=True)
         if self.worker.rank == 0:
             self.snapshot(start)
@@ -221,19 +243,25 @@ class Rejoin:
         return self.rejoined_at
 
 
-def read_records(directory: str) -> list[dict]:
-    """Every intact rank record in ``directory``, with its snapshot's path."""
-    out = []
+def read_records(directory: str, skipped: bool = False):
+    """Every intact rank record in ``directory``, with its snapshot's path; with ``skipped``,
+    also a line for each record that could not be read, and why."""
+    out, passed = [], []
     for path in sorted(glob.glob(os.path.join(directory, "rank-*.state"))):
-        if os.path.getsize(path) != 2 * _SLOT * 8:  # not a record het wrote whole
+        size = os.path.getsize(path)
+        if size != 2 * _SLOT * 8:  # not a record het wrote whole
+            passed.append(f"rejoin record {path} holds {size} bytes, a record {2 * _SLOT * 8}: cut short or "
+                          f"not het's; skipped (what its rank had not pushed is not counted)")
             continue
         record = StateFile(path).read()
-        if record is not None:
+        if record is None:
+            passed.append(f"rejoin record {path}: neither slot intact; skipped")
+        else:
             snapshot = path.rsplit(".gen-", 1)[0] + ".pt"
             if not os.path.exists(snapshot):
                 record["snapshot_step"] = -1
             out.append(record | {"path": snapshot})
-    return out
+    return (out, passed) if skipped else out
 
 
 def lost_updates(records: list[dict], generation: int) -> int:
@@ -253,9 +281,13 @@ def lost_updates(records: list[dict], generation: int) -> int:
 
 def _read_snapshot(path: str) -> dict:
     files.check_zip(path)
-    state = torch.load(path, weights_only=False, map_location="cpu")
-    if state.get("format") != FORMAT:
-        raise ValueError(f"{path}: rejoin snapshot format {state.get('format')}, expected {FORMAT}")
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")  # tensors and plain values: no code
+    except pickle.UnpicklingError as e:
+        raise ValueError(f"{path}: not a rejoin snapshot het wrote ({str(e).splitlines()[0][:200]})") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise ValueError(f"{path}: rejoin snapshot format {state.get('format') if isinstance(state, dict) else '?'}, "
+                         f"expected {FORMAT}")
     return state
 
 

@@ -54,7 +54,7 @@ def test_rejoining_is_off_unless_restarts_are_allowed(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "1")
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job7")
     assert rejoin.directory(str(tmp_path)) == str(tmp_path)
-    assert rejoin.directory(None).endswith("-job7")
+    assert rejoin.directory(None).endswith(f"-job7-{os.getppid()}")  # this job: its agent starts it again
 
 
 def _train(worker, hook, start: int, steps: int) -> None:
@@ -113,3 +113,50 @@ def test_a_damaged_snapshot_is_refused_not_loaded(tmp_path, restarts):
     restarts(1)
     with pytest.raises(Exception, match="rank-0.pt"):
         Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
+
+
+def test_a_planted_snapshot_is_never_run_as_code(tmp_path, restarts):
+    import pickle
+
+    restarts(0)
+    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
+    ran = tmp_path.parent / "ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.mkdir, (str(ran),))
+
+    torch.save({"format": 1, "step": 5, "model": Planted()}, tmp_path / "rank-0.pt")
+    assert pickle.loads(pickle.dumps(Planted())) is None and ran.exists()  # it would run, unpickled in full
+    os.rmdir(ran)
+    restarts(1)
+    with pytest.raises(ValueError, match="rank-0.pt: not a rejoin snapshot het wrote"):
+        Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
+    assert not ran.exists()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o755, 0o710])
+def test_a_rejoin_directory_others_can_reach_is_refused(tmp_path, restarts, mode):
+    restarts(1)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, mode)
+    worker = Worker(CFG, PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init))
+    with pytest.raises(ValueError, match=f"mode 0700, got one of uid {os.geteuid()} with mode {mode:o}"):
+        Rejoin(worker, str(shared)).begin(lambda: 0)
+    fresh = tmp_path / "fresh"
+    Rejoin(worker, str(fresh)).begin(lambda: 0)
+    assert os.stat(fresh).st_mode & 0o777 == 0o700
+
+
+def test_a_record_cut_short_is_named_not_skipped_silently(tmp_path, restarts, capsys):
+    restarts(0)
+    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
+    record = tmp_path / "rank-0.gen-0.state"
+    record.write_bytes(record.read_bytes()[:20])
+    restarts(1)
+    Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
+    err = capsys.readouterr().err
+    assert f"rejoin record {record} holds 20 bytes, a record 128: cut short" in err
