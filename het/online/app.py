@@ -9,15 +9,21 @@
 
 With a token (``het serve-model --token-file``, required to bind beyond loopback), predict and
 metrics need ``Authorization: Bearer TOKEN``; health does not (load balancers ask it).
+
+Every answer is counted by path and status, the framework's own (404, 405) included; a body not
+sent whole within ``Limits.body_timeout_s`` gets 408, and a client that goes away mid-body is
+counted (499, nginx's "client closed request") without a log line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
+from starlette.requests import ClientDisconnect
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -35,6 +41,7 @@ class Limits:
 
     max_body_bytes: int = 4 << 20
     max_instances: int = 4096
+    body_timeout_s: float = 10.0  # a body sent slower than this holds a connection no longer
 
 
 class Metrics:
@@ -66,6 +73,14 @@ def make_app(live: Live, scorer: Scorer, metrics: Metrics, token: bytes | None =
              limits: Limits = Limits()) -> FastAPI:
     """The FastAPI application serving ``live``."""
     app = FastAPI(title="het serve-model", docs_url=None, redoc_url=None, openapi_url=None)
+    paths = ("/v1/predict", "/healthz", "/metrics")
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):
+        response = await call_next(request)
+        path = request.url.path if request.url.path in paths else "other"
+        metrics.requests.labels(path, str(response.status_code)).inc()
+        return response
 
     def authorized(request: Request) -> bool:
         if token is None:
@@ -79,30 +94,31 @@ def make_app(live: Live, scorer: Scorer, metrics: Metrics, token: bytes | None =
         try:
             if not authorized(request):
                 raise BadRequest(401, "unauthorized: this server needs Authorization: Bearer TOKEN")
-            body = await _body(request, limits.max_body_bytes)
+            try:
+                body = await asyncio.wait_for(_body(request, limits.max_body_bytes), limits.body_timeout_s)
+            except asyncio.TimeoutError:
+                raise BadRequest(408, f"body: not sent whole within {limits.body_timeout_s:g} s") from None
+            except ClientDisconnect:
+                raise BadRequest(499, "body: the client went away before sending it whole") from None
             instances = instances_of(body, live.current.model.inputs, limits.max_instances)
             predictions, version = await scorer.score(instances)
             metrics.instances.inc(len(instances))
             response = JSONResponse({"predictions": predictions, "version": version})
         except BadRequest as e:
             response = JSONResponse({"error": str(e)}, status_code=e.status)
-        metrics.requests.labels("/v1/predict", str(response.status_code)).inc()
         metrics.latency.labels("/v1/predict").observe(time.perf_counter() - start)
         return response
 
     @app.get("/healthz")
     async def healthz() -> Response:
         v = live.current
-        metrics.requests.labels("/healthz", "200").inc()
         return JSONResponse({"status": "ok", "version": v.number, "lag_s": live.lag_s(),
                              "model": v.model.manifest["model"]["name"]})
 
     @app.get("/metrics")
     async def prometheus(request: Request) -> Response:
         if not authorized(request):
-            metrics.requests.labels("/metrics", "401").inc()
             return JSONResponse({"error": "unauthorized: this server needs Authorization: Bearer TOKEN"}, 401)
-        metrics.requests.labels("/metrics", "200").inc()
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app

@@ -4,6 +4,11 @@ A body is JSON ``{"instances": [{"column": value, ...}, ...]}``: every column th
 spec reads (its label may come too, and is ignored), each value a string, a number, ``null``
 (missing) or, for a multi-hot field, a list of ids. Anything else is a :class:`BadRequest`
 naming the instance, the field and what was expected; the server answers it with a 4xx.
+
+Each instance is checked alone, before any batching, so whether it is accepted never depends on
+the requests it is scored with: booleans are refused (neither an id nor a number), as are
+``NaN`` and ``Infinity`` (not JSON) and, in a field the model reads as a number, a number past
+float32's range (the model's inputs are float32).
 """
 
 from __future__ import annotations
@@ -12,8 +17,9 @@ import json
 
 from het.export.spec import Inputs
 
-SCALARS = (str, int, float, bool, type(None))
+SCALARS = (str, int, float, type(None))
 _INT64 = (-(1 << 63), (1 << 63) - 1)
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 class BadRequest(ValueError):
@@ -39,7 +45,9 @@ def instances_of(body: bytes, inputs: Inputs, max_instances: int) -> list[dict]:
         het.online.requests.BadRequest: instances[0]: missing field 'c' (this model reads ['x', 'c'])
     """
     try:
-        doc = json.loads(body)
+        doc = json.loads(body, parse_constant=_not_json)
+    except RecursionError:
+        raise BadRequest(400, "body: nested too deep: an instance's values are scalars or lists of ids") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(400, f"body: expected JSON, got {type(e).__name__}: {str(e)[:120]}") from None
     if not isinstance(doc, dict) or "instances" not in doc:
@@ -57,12 +65,18 @@ def instances_of(body: bytes, inputs: Inputs, max_instances: int) -> list[dict]:
     known = set(inputs.columns)
     bags = {name: size for name, size in zip(inputs.sparse, inputs.bag_sizes) if name not in inputs.spec.get("multi", {})}
     lists = set(inputs.spec.get("multi", {}))
+    numbers = set(inputs.dense) | set(inputs.spec.get("buckets") and [t["column"] for t in inputs.spec["buckets"]] or [])
     for i, instance in enumerate(instances):
-        _check_instance(i, instance, fields, known, bags, lists)
+        _check_instance(i, instance, fields, known, bags, lists, numbers)
     return instances
 
 
-def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict, lists: set = frozenset()) -> None:
+def _not_json(constant: str):
+    raise ValueError(f"{constant} is not JSON (send null for a missing value)")
+
+
+def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict, lists: set = frozenset(),
+                    numbers: set = frozenset()) -> None:
     if not isinstance(instance, dict):
         raise BadRequest(400, f"instances[{i}]: expected an object of fields, got {_kind(instance)}")
     for name in fields:
@@ -82,8 +96,11 @@ def _check_instance(i: int, instance, fields: list[str], known: set, bags: dict,
             if not (isinstance(value, list) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)):
                 raise BadRequest(400, f"instances[{i}].{name}: expected a list of {bags[name]} integer ids, "
                                       f"got {_kind(value)}")
-        elif not isinstance(value, SCALARS):
+        elif not isinstance(value, SCALARS) or isinstance(value, bool):
             raise BadRequest(400, f"instances[{i}].{name}: expected a string, a number or null, got {_kind(value)}")
+        elif name in numbers and isinstance(value, (int, float)) and not abs(value) <= FLOAT32_MAX:
+            raise BadRequest(400, f"instances[{i}].{name}: {value!r} is past float32's range (+-3.4e38), expected a "
+                                  f"finite number")
 
 
 def columns_of(instances: list[dict], fields: list[str], multi: dict | None = None) -> dict:

@@ -12,6 +12,7 @@ import sys
 import time
 
 import httpx
+from hypothesis import HealthCheck, given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -143,3 +144,122 @@ def test_a_bind_beyond_loopback_needs_a_token(export_dir, tmp_path):
         assert server.predict(body, headers={"Authorization": "Bearer s3cret"}).status_code == 200
         assert server.client.get("/metrics").status_code == 401
         assert server.client.get("/healthz").status_code == 200
+
+
+# ---- in process: every body, alone and batched -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def app_parts(export_dir):
+    from het.export import load_model
+    from het.online.app import Limits, Metrics, make_app
+    from het.online.live import Live, first_version
+    from het.online.scorer import Scorer
+
+    live = Live(first_version(load_model(export_dir)))
+    metrics = Metrics(live)
+    scorer = Scorer(live, batching=True, max_wait_s=0.0)
+    app = make_app(live, scorer, metrics, limits=Limits(body_timeout_s=0.5))
+    yield live, scorer, app
+    scorer.close()
+
+
+dense_values = st.one_of(st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64),
+                         st.integers(-10 ** 40, 10 ** 40), st.sampled_from(["1.5", "abc", "1e39", "", " 2 ", "-0"]),
+                         st.booleans())
+id_values = st.one_of(st.none(), st.integers(-5, 900), st.sampled_from(["3", "x", "1.5", ""]), st.floats(-2, 2),
+                      st.booleans(), st.just([1, 2]))
+
+
+def instance_of(draw_dense, draw_ids):
+    return st.fixed_dictionaries({**{f"I{i}": draw_dense for i in range(1, 14)},
+                                  **{f"C{i}": draw_ids for i in range(1, 27)}})
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(requests=st.lists(st.lists(instance_of(dense_values, id_values), min_size=1, max_size=3), min_size=1,
+                         max_size=4))
+def test_a_request_is_accepted_alike_alone_and_in_any_batch(app_parts, requests):
+    from het.online.requests import BadRequest, instances_of
+
+    live, scorer, _ = app_parts
+    inputs = live.current.model.inputs
+    checked = []
+    for r in requests:  # what the endpoint refuses before batching never reaches the scorer
+        try:
+            checked.append(instances_of(json.dumps({"instances": r}).encode(), inputs, 4096))
+        except BadRequest as e:
+            assert e.status == 400 and ("instances[" in str(e) or "body" in str(e))
+    if not checked:
+        return
+    alone = [scorer._run([r])[0] for r in checked]
+    together = scorer._run(checked)
+    for a, b in zip(alone, together):
+        assert isinstance(a, BadRequest) == isinstance(b, BadRequest), (a, b)
+        if isinstance(a, BadRequest):
+            assert str(a) == str(b) and "instances[" in str(a)
+        else:
+            assert np.isfinite(a[0]).all() and np.allclose(a[0], b[0], atol=1e-6)
+
+
+bodies = st.one_of(
+    st.binary(max_size=60),
+    st.lists(instance_of(dense_values, id_values), min_size=1, max_size=3).map(lambda r: json.dumps({"instances": r})),
+    st.recursive(st.none() | st.integers(), lambda c: st.lists(c, max_size=2), max_leaves=50).map(
+        lambda v: json.dumps({"instances": v})),
+    st.integers(1, 5000).map(lambda depth: "[" * depth + "]" * depth),
+    st.sampled_from(['{"instances": [{"I1": NaN}]}', '{"instances": [{"I1": Infinity}]}', '{"instances": [1e999]}']),
+)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=bodies)
+def test_every_body_gets_a_200_with_finite_scores_or_a_4xx_naming_what_was_wrong(app_parts, body):
+    from fastapi.testclient import TestClient
+
+    with TestClient(app_parts[2], raise_server_exceptions=False) as client:
+        r = client.post("/v1/predict", content=body if isinstance(body, bytes) else body.encode())
+    assert r.status_code == 200 or 400 <= r.status_code < 500, (body[:200], r.status_code, r.text[:300])
+    if r.status_code == 200:
+        assert all(np.isfinite(r.json()["predictions"]))
+    else:
+        error = r.json()["error"]
+        assert error.startswith(("body", "instances")), error
+
+
+def test_a_slow_body_gets_408_and_unknown_paths_are_counted(app_parts):
+    from fastapi.testclient import TestClient
+
+    def slowly():
+        yield b'{"instances": '
+        time.sleep(1.0)  # past the 0.5 s the server gives a body
+        yield b"[]}"
+
+    with TestClient(app_parts[2], raise_server_exceptions=False) as client:
+        r = client.post("/v1/predict", content=slowly())
+        assert r.status_code == 408 and "not sent whole within 0.5 s" in r.json()["error"]
+        assert client.get("/nowhere").status_code == 404
+        assert client.get("/v1/predict").status_code == 405
+        text = client.get("/metrics").text
+    for line in ('code="408",path="/v1/predict"', 'code="404",path="other"', 'code="405",path="/v1/predict"'):
+        assert line in text, line
+
+
+@pytest.mark.parametrize("change, says", [
+    ('"I1": NaN', "NaN is not JSON"), ('"I1": Infinity', "Infinity is not JSON"),
+    ('"I1": 1e39', "instances[0].I1: 1e+39 is past float32's range"),
+    ('"I1": 10000000000000000000000000000000000000000', "past float32's range"),
+    ('"I1": "1e39"', "instances[0]: I1: '1e39' is not a finite number"),
+    ('"C1": true', "instances[0].C1: expected a string, a number or null, got a boolean"),
+    ('"I1": false', "instances[0].I1: expected a string, a number or null, got a boolean")])
+def test_values_the_model_cannot_take_are_refused_naming_the_field(app_parts, change, says):
+    from fastapi.testclient import TestClient
+
+    good = json.dumps({"instances": instances(1)})
+    field = change.split(":")[0]
+    start = good.index(field + ":")
+    body = good[:start] + change + good[good.index(",", start):]
+    with TestClient(app_parts[2], raise_server_exceptions=False) as client:
+        r = client.post("/v1/predict", content=body.encode())
+        deep = client.post("/v1/predict", content=b"[" * 5000 + b"]" * 5000)
+    assert r.status_code == 400 and says in r.json()["error"], r.text
+    assert deep.status_code == 400 and "nested too deep" in deep.json()["error"]
