@@ -239,3 +239,28 @@ def test_a_nested_parquet_column_is_refused_in_one_line(tmp_path, column, kind):
                                   f"expected numbers or text (one value a row, not lists, structs or maps)")
     assert not (tmp_path / "out").exists()
     run_cli(["table", str(tmp_path / "t.parquet"), str(tmp_path / "out"), "--label", "y", "--sparse", "x", "--quiet"])
+
+
+def _refusals(tmp_path) -> list[tuple[list[str], str]]:
+    (tmp_path / "dup.csv").write_text("y,city,city\n1,Paris,Rome\n")
+    (tmp_path / "five.csv").write_text("y,c\n" + "".join(f"{i % 5 + 1},c{i}\n" for i in range(50)))
+    (tmp_path / "gone.csv").write_text("y,c\n1,a\n0,b\n")
+    return [(["table", str(tmp_path / "dup.csv"), str(tmp_path / "o"), "--label", "y", "--sparse", "city"],
+             "column 'city' appears 2 times"),
+            (["table", str(tmp_path / "five.csv"), str(tmp_path / "o"), "--label", "y", "--sparse", "c"],
+             "give --positive"),
+            (["table", str(tmp_path / "gone.csv"), str(tmp_path / "o"), "--label", "y", "--sparse", "nope"],
+             "sparse column(s) ['nope'] not found")]
+
+
+@pytest.mark.parametrize("times", [3, pytest.param(20, marks=pytest.mark.slow)])
+def test_a_refusal_is_the_same_one_line_and_exit_code_every_time(tmp_path, times):
+    for argv, says in _refusals(tmp_path):
+        seen = set()
+        for _ in range(times):
+            ran = het_prepare(*argv, "--quiet")
+            seen.add((ran.returncode, ran.stderr.strip()))
+        assert len(seen) == 1, seen  # never an abort (exit -6) in between
+        [(code, err)] = seen
+        assert code == 1 and len(err.splitlines()) == 1 and says in err and "Traceback" not in err, (argv, err)
+        assert not (tmp_path / "o").exists()
