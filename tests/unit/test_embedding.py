@@ -354,3 +354,15 @@ def test_a_flush_in_pieces_leaves_the_rows_a_whole_one_does(optimizer, monkeypat
         out.append((rows, clocks, client.stats()[0].get("requests_push", 0) - pushes))
     assert torch.equal(out[0][0], out[1][0]) and torch.equal(out[0][1], out[1][1])
     assert out[0][2] == 1 and out[1][2] > 3  # whole, and in pieces
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int8, torch.bool, torch.float32])
+def test_keys_of_a_type_nn_embedding_refuses_are_refused(dtype):
+    table = TableConfig("t", rows=10, dim=2)
+    client = PSClient.local([table])
+    keys = torch.tensor([1, 0, 1]).to(dtype)
+    with pytest.raises(TypeError, match=f"keys must be int64 \\(or int32\\), as nn.Embedding takes them, got {dtype}"):
+        client.wait(client.push("t", keys, torch.ones(3, 2), torch.ones(3, dtype=torch.int64)))
+    with pytest.raises(TypeError, match="keys must be int64"):
+        Embedding(tables=table, client=client, cache=CacheConfig(capacity=8, staleness=0))(keys)
+    assert client.wait(client.pull("t", torch.tensor([1, 0], dtype=torch.int32)))[0].shape == (2, 2)

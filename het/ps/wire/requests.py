@@ -75,11 +75,14 @@ def keys_to_send(table: TableConfig, keys) -> tuple[torch.Tensor, torch.Tensor]:
     return keys, wire
 
 
+KEY_DTYPES = (torch.int64, torch.int32)  # what nn.Embedding takes: a uint8 or bool tensor indexes as a mask
+
+
 def _int64(keys) -> torch.Tensor:
     if not isinstance(keys, torch.Tensor):
         raise TypeError(f"keys must be a torch.Tensor of int64, got {type(keys).__name__}")
-    if keys.dtype.is_floating_point or keys.dtype.is_complex or keys.dtype == torch.bool:
-        raise TypeError(f"keys must be int64 (or int32), got {keys.dtype}")
+    if keys.dtype not in KEY_DTYPES:
+        raise TypeError(f"keys must be int64 (or int32), as nn.Embedding takes them, got {keys.dtype}")
     return keys.long()
 
 
