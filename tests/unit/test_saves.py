@@ -233,3 +233,19 @@ def test_a_load_of_another_hets_save_is_refused_whole(tmp_path):
     torch.save({"format": 99, "tables": {}}, tmp_path / "odd.pt")
     reply = s.handle(Message(Op.LOAD, 1, {"path": "odd.pt"}))
     assert reply.status == ERROR and "save format 99" in reply.meta["error"]
+
+
+def test_a_load_of_a_foreign_pickle_is_refused_as_a_load_and_runs_nothing(tmp_path):
+    s = pushed(shard(tmp_path))
+    before = [t.clone() for t in (s.tables["f"].weight, s.tables["f"].clocks)]
+    ran = tmp_path.parent / "foreign-ran"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.mkdir, (str(ran),))
+
+    torch.save({"format": 1, "tables": Planted()}, tmp_path / "foreign.pt")
+    reply = s.handle(Message(Op.LOAD, 7, {"path": "foreign.pt"}))
+    assert reply.status == ERROR and reply.op == Op.LOAD and reply.request_id == 7
+    assert "foreign.pt: not a save het wrote" in reply.meta["error"] and not ran.exists()
+    assert all(torch.equal(a, b) for a, b in zip(before, (s.tables["f"].weight, s.tables["f"].clocks)))

@@ -133,9 +133,14 @@ def table_dir(table: str) -> str:
 def read_save(path: str) -> dict:
     """A save's file (its rows directory, if any, stays where it is), every byte checked
     against its checksum first (:func:`het.files.check_zip`: DamagedFile names the bytes)."""
+    import pickle
+
     import torch  # saves are torch files; this module is imported by tools that need no torch
     files.check_zip(path)
-    return torch.load(path, weights_only=True)
+    try:
+        return torch.load(path, weights_only=True)
+    except pickle.UnpicklingError as e:  # a file made by something else: tensors and plain values only
+        raise ValueError(f"{path}: not a save het wrote ({str(e).strip().splitlines()[0][:200]})") from None
 
 
 def rows_dir(path: str, saved: dict, table: str) -> str | None:
