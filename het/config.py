@@ -320,8 +320,7 @@ class ShardConfig:
     tables: tuple[TableConfig, ...]
     index: int = setting(0, "which shard of num_shards this one is")
     num_shards: int = setting(1, "how many shards hold the tables together")
-    max_keys: int = setting(1 << 18, "keys in one request at most; a larger frame than such a request needs "
-                            "drops its sender")
+    max_keys: int = setting(1 << 18, "keys in one request at most; a larger frame drops its sender")
     memory: int | None = setting(None, "dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); "
                                  "the rest of the rows live in a disk tier in the state directory (default: all "
                                  "in memory)", kind="size")
@@ -333,6 +332,7 @@ class ShardConfig:
                                   "base (none: the log grows until a save)", kind="size")
     session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
                                     "dedup entries); a forgotten one's requests are refused")
+    max_sessions: int = setting(65536, "client sessions held at most: past it the longest unseen is forgotten")
 
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
@@ -356,6 +356,7 @@ class ShardConfig:
                  f"wal_max must be a number of bytes > 0 (or None: no bound), got {self.wal_max!r}")
         _require(isinstance(self.session_idle_s, (int, float)) and self.session_idle_s > 0,
                  f"session_idle_s must be a number of seconds > 0, got {self.session_idle_s!r}")
+        _require(type(self.max_sessions) is int and self.max_sessions >= 1, f"max_sessions: an int >= 1, got {self.max_sessions!r}")
         object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
 
     @classmethod

@@ -6,7 +6,10 @@ restart is applied once). A job that runs
 for days sees many sessions come and go: one idle past ``idle_s`` is forgotten, and its id kept
 as an 8-byte hash among the last ``remembered`` forgotten ones, so that a request of it that
 comes back is refused, naming why, instead of being taken for a new session (whose re-sent
-push would then apply twice).
+push would then apply twice). The hashes travel in the shard's saves, so a session forgotten
+before a save stays forgotten after a restart from it. At most ``max_sessions`` are held: past
+that the one seen longest ago is forgotten the same way, so opening sessions cannot grow a
+shard's memory without bound.
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ class Sessions:
         remembered: forgotten sessions whose return is still refused (the oldest go first).
     """
 
-    def __init__(self, secret: bytes | None, idle_s: float, remembered: int = 1 << 20, clock=time.monotonic):
+    def __init__(self, secret: bytes | None, idle_s: float, remembered: int = 1 << 20, clock=time.monotonic,
+                 max_sessions: int = 1 << 16):
         self.freshness = checks.Freshness(secret)
         self.nonce = self.freshness.nonce  # this run's: a request naming another was meant for an earlier one
         self.applied: dict[str, int] = {}  # session -> the sequence number of its last push applied
         self.seen = Seen(idle_s, remembered, clock)
-        self.counts = Counter(pushes_again=0, expired=0, sessions_forgotten=0)
+        self.max_sessions = max_sessions
+        self.counts = Counter(pushes_again=0, expired=0, sessions_forgotten=0, sessions_evicted=0)
 
     def __len__(self) -> int:
         return len(self.seen)
@@ -49,9 +54,7 @@ class Sessions:
         one :class:`checks.Freshness` refuses. Idle sessions are forgotten as their time comes."""
         if self.seen.due():
             gone = self.seen.forget_idle()
-            for session in gone:
-                self.freshness.sessions.pop(session, None)
-                self.applied.pop(session, None)
+            self._drop(gone)
             if gone:  # a dict keeps its table when emptied: copies give the memory back
                 self.freshness.sessions, self.applied = dict(self.freshness.sessions), dict(self.applied)
                 self.counts["sessions_forgotten"] += len(gone)
@@ -62,7 +65,15 @@ class Sessions:
             except SessionExpired as e:
                 self.counts["expired"] += 1
                 return e
+            evicted = self.seen.over(self.max_sessions)
+            self._drop(evicted)
+            self.counts["sessions_evicted"] += len(evicted)
         return self.freshness.refusal(msg)
+
+    def _drop(self, sessions: list[str]) -> None:
+        for session in sessions:
+            self.freshness.sessions.pop(session, None)
+            self.applied.pop(session, None)
 
     def admit(self, session: str) -> bool:
         """The short path's :meth:`refusal` (:mod:`het.ps.hot`): True, and ``session`` seen now,
@@ -83,10 +94,13 @@ class Sessions:
         self.counts["pushes_again"] += 1
         return False
 
-    def restore(self, applied: dict[str, int]) -> None:
+    def restore(self, applied: dict[str, int], forgotten=None) -> None:
         """The applied pushes a save or log recorded; their sessions count as seen now (also one
-        forgotten since: the save says what it applied)."""
+        forgotten since: the save says what it applied). ``forgotten``: the hashes of the sessions
+        forgotten by the save's time (:meth:`Seen.forgotten`), whose requests stay refused."""
         self.applied = dict(applied)
+        if forgotten is not None:
+            self.seen.remember(np.asarray(forgotten).view(np.uint64))
         for session in self.applied:
             self.seen.mark(session)
 
@@ -103,7 +117,7 @@ class Seen:
         >>> seen("a" * 16)
         Traceback (most recent call last):
         ...
-        het.ps.sessions.SessionExpired: session 'aaaaaaaaaaaaaaaa' was idle past 10 s and forgotten by this shard; its requests are refused (a re-sent push could apply twice): start a new session (reconnect)
+        het.ps.sessions.SessionExpired: session 'aaaaaaaaaaaaaaaa' was forgotten by this shard (idle past 10 s, or the longest unseen when it held too many); its requests are refused (a re-sent push could apply twice): start a new session (reconnect)
     """
 
     def __init__(self, idle_s: float, remembered: int = 1 << 20, clock=time.monotonic):
@@ -120,9 +134,9 @@ class Seen:
     def __call__(self, session: str) -> None:
         """A request of ``session`` arrived. SessionExpired if it is one the shard forgot."""
         if session not in self._last and self._count and _hash(session) in self._forgotten[:self._count]:
-            raise SessionExpired(f"session {session!r} was idle past {self.idle_s:g} s and forgotten by this shard; "
-                                 f"its requests are refused (a re-sent push could apply twice): start a new session "
-                                 f"(reconnect)")
+            raise SessionExpired(f"session {session!r} was forgotten by this shard (idle past {self.idle_s:g} s, or the "
+                                 f"longest unseen when it held too many); its requests are refused (a re-sent push "
+                                 f"could apply twice): start a new session (reconnect)")
         self.mark(session)
 
     def touch(self, session: str) -> bool:
@@ -152,12 +166,34 @@ class Seen:
             gone.append(session)
         for session in gone:
             del self._last[session]
-            self._forgotten[self._next] = _hash(session)
-            self._next = (self._next + 1) % len(self._forgotten)
-            self._count = min(self._count + 1, len(self._forgotten))
+        self.remember(np.array([_hash(s) for s in gone], np.uint64))
         if gone:  # a dict keeps its table when emptied: a copy gives the memory back
             self._last = dict(self._last)
         return gone
+
+    def over(self, cap: int) -> list[str]:
+        """Forget the sessions seen longest ago while more than ``cap`` are held; their ids."""
+        gone = []
+        while len(self._last) > cap:
+            session = next(iter(self._last))  # ordered by last sight
+            del self._last[session]
+            gone.append(session)
+        self.remember(np.array([_hash(s) for s in gone], np.uint64))
+        return gone
+
+    def remember(self, hashes: np.ndarray) -> None:
+        """Add forgotten sessions' hashes to the ring (the oldest go first when it is full)."""
+        size = len(self._forgotten)
+        hashes = np.asarray(hashes, np.uint64)[-size:]
+        self._forgotten[(self._next + np.arange(len(hashes))) % size] = hashes
+        self._next = (self._next + len(hashes)) % size
+        self._count = min(self._count + len(hashes), size)
+
+    def forgotten(self) -> np.ndarray:
+        """The forgotten sessions' hashes, oldest first, as int64 (what a save keeps). Shape: (k,)."""
+        ring = self._forgotten[:self._count] if self._count < len(self._forgotten) else \
+            np.concatenate([self._forgotten[self._next:], self._forgotten[:self._next]])
+        return ring.view(np.int64).copy()
 
 
 def _hash(session: str) -> np.uint64:

@@ -81,7 +81,7 @@ class Shard:
         self.last_op = "none"  # the op of the request answered last (its latency's label)
         self.started = time.time()
         self.stopping = False
-        self.sessions = Sessions(self.secret, cfg.session_idle_s)
+        self.sessions = Sessions(self.secret, cfg.session_idle_s, max_sessions=cfg.max_sessions)
         self.nonce = self.sessions.nonce  # this run's: a request naming another was meant for an earlier one
         self._handlers = {Op.PULL: self._on_pull, Op.PUSH: self._on_push, Op.SYNC: self._on_sync,
                           Op.PUSH_SYNC: self._on_push_sync, Op.SAVE: self._on_save, Op.LOAD: self._on_load,
@@ -356,7 +356,8 @@ class Shard:
         return path
 
     def _header(self) -> dict:
-        return {"index": self.cfg.index, "num_shards": self.cfg.num_shards, "applied": dict(self.sessions.applied)}
+        return {"index": self.cfg.index, "num_shards": self.cfg.num_shards, "applied": dict(self.sessions.applied),
+                "forgotten": torch.from_numpy(self.sessions.seen.forgotten())}
 
     def load(self, path: str) -> str:
         """Read a save of this shard's layout, checked whole before anything changes; with a
@@ -385,7 +386,8 @@ class Shard:
         """A save was loaded: the rows paging in were the tables' before it."""
         self._page_in = []
         self._fit_memory()
-        self.sessions.restore(header.get("applied", {}))
+        forgotten = header.get("forgotten")
+        self.sessions.restore(header.get("applied", {}), None if forgotten is None else forgotten.numpy())
 
     def stats_dict(self) -> dict:
         """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het serve``'s,

@@ -109,10 +109,6 @@ def check_job(cfg: TrainConfig) -> None:
         _as_setting("resume", checkpoint.check_resumable, cfg.resume, cfg.servers)
     if cfg.checkpoint:
         _as_setting("checkpoint", checkpoint.check_writable, cfg.checkpoint)
-    if cfg.export.dir:
-        from het.export.writer import check_out
-
-        _as_setting("export.dir", check_out, cfg.export.dir, cfg.checkpoint)
     _check_data(cfg.data)
 
 

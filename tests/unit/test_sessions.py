@@ -55,7 +55,7 @@ def test_ten_thousand_idle_sessions_are_forgotten_and_a_returning_one_is_refused
     assert len(shard.sessions.applied) == 2 and len(shard.sessions.freshness.sessions) == (2 if secret else 0)
     clocks = shard.tables["t"].stats()
     refused = push(shard, names[0], 2, secret=secret)
-    assert refused.status == ERROR and "idle past 60 s and forgotten" in refused.meta["error"]
+    assert refused.status == ERROR and "forgotten by this shard (idle past 60 s" in refused.meta["error"]
     assert shard.tables["t"].stats() == clocks and stats["expired"] == 0 and shard.stats_dict()["expired"] == 1
     assert push(shard, names[-1], 3, secret=secret).status == OK  # the busy one goes on
 
@@ -100,3 +100,33 @@ def test_a_look_for_idle_sessions_comes_every_tenth_of_the_timeout_at_most_every
     assert seen.due() and not hour.due()
     clock.now = 60.0
     assert hour.due()
+
+
+def test_a_session_forgotten_before_a_save_stays_forgotten_after_a_restart_from_it(tmp_path):
+    shard = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
+    clock = fake_clock(shard)
+    assert push(shard, "a" * 16, 1, secret=None).status == OK
+    clock.now = 11.0
+    assert push(shard, "b" * 16, 1, secret=None).status == OK  # "a" is forgotten here
+    shard.save(str(tmp_path / "s"))
+    rows = shard.tables["t"].weight.clone()
+    shard.close()
+    again = Shard(ShardConfig((TABLE,), session_idle_s=10), state_dir=str(tmp_path))
+    again.load(str(tmp_path / "s"))
+    resent = push(again, "a" * 16, 1, secret=None)  # "a"'s push, sent again: it was applied before the save
+    assert resent.status == ERROR and "forgotten by this shard" in resent.meta["error"]
+    assert again.tables["t"].weight.equal(rows)
+    again.close()
+
+
+def test_sessions_past_the_cap_forget_the_one_seen_longest_ago():
+    shard = Shard(ShardConfig((TABLE,), session_idle_s=3600, max_sessions=100), secret=SECRET)
+    names = [f"{i:032x}" for i in range(250)]
+    for name in names:
+        assert push(shard, name, 1).status == OK
+    stats = shard.stats_dict()
+    assert stats["sessions"] == 100 and stats["sessions_evicted"] == 150
+    assert len(shard.sessions.applied) == 100 and len(shard.sessions.freshness.sessions) == 100
+    refused = push(shard, names[0], 2)  # evicted: refused, never taken for a new session
+    assert refused.status == ERROR and "forgotten by this shard" in refused.meta["error"]
+    assert push(shard, names[-1], 2).status == OK
