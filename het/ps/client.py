@@ -246,11 +246,13 @@ class PSClient:
                                  f"save and load by name (save_named, load_named) instead")
         return dirs
 
-    def changed(self, table: str, page_rows: int | None = None):
+    def changed(self, table: str, page_rows: int | None = None, started: list | None = None):
         """The rows of ``table`` changed since this was last asked, shard by shard, as pieces
         ``(keys (k,) int64, rows (k, D) float32, clocks (k,) int64)``; the first call starts every
         shard's record (:mod:`het.ps.changes`) and gives nothing. ``page_rows``: rows a request
-        brings at most (default: about 4 MiB of them)."""
+        brings at most (default: about 4 MiB of them). ``started``: the index of each shard whose
+        record started with this call is appended to it: a shard started again since the last
+        call (its record is in memory) gives nothing of what changed before its restart."""
         dim = self.tables[table].dim
         limit = min(self.max_keys, page_rows or max(1, (4 << 20) // (4 * dim)))
         for shard in range(self.num_shards):
@@ -259,6 +261,8 @@ class PSClient:
                 rid = self.link.request(shard, Op.CHANGED, {"table": table, "limit": limit, **self.link.fresh(shard)}, [])
                 reply = self.link.reply(shard, rid, timeout_s=None)
                 more = bool(reply.meta.get("more"))
+                if reply.meta.get("started") and started is not None:
+                    started.append(shard)
                 keys, rows, clocks = reply.arrays
                 if len(keys):
                     yield np.asarray(keys, np.int64), np.asarray(rows, np.float32), widen(clocks, "clocks")

@@ -11,7 +11,8 @@ same directory goes on from the last number, so its followers keep following):
   (:mod:`het.arrayfile`), in a thread beside training, under a temporary name renamed when whole.
   Its bytes follow the rows that changed, not the table.
 - ``base-<v>/``: a full export (as ``het export`` writes) of the version: at the start, then every
-  ``base_every`` deltas. Its snapshot (the shards' saves, rank 0's dense model) is taken at the
+  ``base_every`` deltas, and in a delta's place when a shard's record of changed keys started
+  again (a shard restarted: its record, kept in memory, lost what changed before). Its snapshot (the shards' saves, rank 0's dense model) is taken at the
   step boundary; ``het export`` turns it into the base in a background process at a lower
   priority, and the base appears whole when complete.
 
@@ -67,7 +68,7 @@ class Publisher:
         self.base_proc: subprocess.Popen | None = None
         self.writer: threading.Thread | None = None  # the delta being written
         self.base_snapshot: str | None = None
-        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": []}
+        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": [], "records_restarted": 0}
         if worker.rank == 0:
             os.makedirs(self.dir, exist_ok=True)
             bases, deltas = _listing(self.dir)  # an earlier job's: its followers go on from its last
@@ -87,7 +88,9 @@ class Publisher:
         """A delta of what changed since the last version; a base after every ``base_every``."""
         self.last = time.monotonic()
         self.version += 1
-        self._delta(self.version, step)
+        if not self._delta(self.version, step):
+            self._base(step)  # a shard's record started again: this version is a base
+            return
         self.deltas_since_base += 1
         if self.deltas_since_base >= self.cfg.publish.base_every:
             self._base(step)
@@ -98,20 +101,27 @@ class Publisher:
         the changed-key record does not see)."""
         if self.worker.rank == 0:
             self.version += 1
-            if base:
+            if base or not self._delta(self.version, step):
                 self._wait_delta()
                 self._base(step)
-            else:
-                self._delta(self.version, step)
             self._wait_delta()
             self._wait_base()
             self._prune()
         return {"dir": self.dir, "version": self.version, **self.stats}
 
     # -- deltas ---------------------------------------------------------------------------------
-    def _delta(self, version: int, step: int) -> None:
+    def _delta(self, version: int, step: int) -> bool:
+        """Start writing the delta of ``version``; False (nothing written) when a shard's record of
+        changed keys started again since the last delta (the shard restarted: what changed before
+        is not in it), and a base must stand for this version."""
         trained_at = time.time()
-        pieces = list(self.worker.client.changed(EMBEDDING_TABLE))
+        started = []
+        pieces = list(self.worker.client.changed(EMBEDDING_TABLE, started=started))
+        if started:
+            self.stats["records_restarted"] += 1
+            print(f"het train: the record of changed rows of shard(s) {started} started again (a restart): version "
+                  f"{version} is published as a base", file=sys.stderr, flush=True)
+            return False
         dim = self.worker.client.tables[EMBEDDING_TABLE].dim
         keys = np.concatenate([k for k, _, _ in pieces]) if pieces else np.zeros(0, np.int64)
         rows = np.concatenate([r for _, r, _ in pieces]) if pieces else np.zeros((0, dim), np.float32)
@@ -125,6 +135,7 @@ class Publisher:
         self.writer = threading.Thread(target=self._write_delta, name="het-publish",
                                        args=(version, {"keys": keys, "rows": rows, "clocks": clocks, **dense}, meta))
         self.writer.start()
+        return True
 
     def _write_delta(self, version: int, arrays: dict, meta: dict) -> None:
         try:
