@@ -214,6 +214,19 @@ def test_predict_from_columns_names_the_column_and_what_was_expected(small_expor
     with pytest.raises(ValueError, match=r"column 'C1': expected a number or a string per row"):
         model.predict(row | {"C1": [[1, 2]]})
     assert np.isnan(model.predict(row | {"I3": ["abc"]}, errors="skip")[0])
+    with pytest.raises(ValueError, match=r"row 0: I3: 1e\+39 is not a finite number"):  # past float32: not a model input
+        model.predict(row | {"I3": [1e39]})
+
+
+def test_predict_skips_and_counts_a_row_with_a_value_past_float32(tmp_path, small_export):
+    _, out = small_export
+    header = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+    good = ["1", *["0.5"] * 13, *["1"] * 26]
+    huge = good[:3] + ["1e39"] + good[4:]
+    (tmp_path / "rows.csv").write_text("\n".join(",".join(r) for r in (header, good, huge, good)) + "\n")
+    s = predict(out, str(tmp_path / "rows.csv"), out=str(tmp_path / "scores.csv"))
+    assert s["rows"] == 2 and s["skipped"] == 1
+    assert np.isfinite(scores_of(str(tmp_path / "scores.csv"))).all()
 
 
 def test_a_checkpoint_that_is_not_one_and_an_export_of_another_version_are_refused(tmp_path, small_export):
