@@ -263,3 +263,21 @@ def test_values_the_model_cannot_take_are_refused_naming_the_field(app_parts, ch
         deep = client.post("/v1/predict", content=b"[" * 5000 + b"]" * 5000)
     assert r.status_code == 400 and says in r.json()["error"], r.text
     assert deep.status_code == 400 and "nested too deep" in deep.json()["error"]
+
+
+def test_a_client_gone_mid_body_is_counted_without_a_traceback(export_dir):
+    import socket
+
+    with Server(export_dir) as server:
+        host, port = server.url.removeprefix("http://").rsplit(":", 1)
+        for _ in range(3):
+            with socket.create_connection((host, int(port))) as s:
+                s.sendall(b"POST /v1/predict HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                          b"content-length: 5000\r\n\r\n" + b'{"instances": [' + b" " * 100)
+            time.sleep(0.2)
+        assert server.predict({"instances": instances(1)}).status_code == 200  # serving on
+        metrics = server.client.get("/metrics").text
+        server.stop()
+        err = server.proc.stderr.read()
+    assert "Traceback" not in err, err[-2000:]
+    assert 'het_serve_requests_total{code="499",path="/v1/predict"} 3.0' in metrics, metrics[:3000]
