@@ -70,7 +70,7 @@ class Samples:
 # fewer sparse bytes at the same samples/s on loopback), 128 at batch 128, the same stretch of
 # the data to choose victims by (docs/RESULTS.md, "Lookahead")
 _CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
-                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "eval_samples": 65_536,
+                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "weight_decay": 0.0, "eval_samples": 65_536,
                  "lookahead": Samples(16_384)}
 MODEL_DEFAULTS = {
     "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
@@ -81,7 +81,7 @@ MODEL_DEFAULTS = {
     # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes;
     # eval_samples only switches the final evaluation on (every node is scored).
     "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
-                  "lr": 0.001, "dense_lr": 0.01, "eval_samples": 1, "lookahead": 0},
+                  "lr": 0.001, "dense_lr": 0.01, "weight_decay": 5e-4, "eval_samples": 1, "lookahead": 0},
 }
 
 # CTR models on a prepared table (table:DIR, criteo:DIR) take these before their model's: the
@@ -129,7 +129,7 @@ class TrainConfig:
     dense_optimizer: Optimizer | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
                                           "Adagrad under row-wise Adagrad and FTRL)", choices=DENSE_OPTIMIZERS)
     dense_lr: float | None = setting(None, "the dense learning rate")
-    weight_decay: float = setting(0.0, "the dense optimizer's L2 penalty")
+    weight_decay: float | None = setting(None, "the dense optimizer's L2 penalty (default: 5e-4 for graphsage, else 0)")
     row_l1: float = setting(0.0, "optimizer ftrl: L1 on the embedding rows, per coordinate (exact zeros)")
     row_l2: float = setting(0.0, "optimizer ftrl: L2 on the embedding rows, per coordinate, exactly lazy")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
