@@ -99,7 +99,9 @@ class EmbeddingCache:
         # the pending steps' squared gradients, summed; under Adam, whose copies take SGD steps,
         # the row's mean all the same: its pushes carry them, and the shard takes their steps apart
         self.sq = memory.zeros(n, 1 if opt.name == "adam" else width, device=dev)
-        self.lr, self.eps = opt.lr, opt.eps or 0.0
+        # FTRL without L1 steps as Adagrad with eps = beta + lr * l2: w' = w - lr g / (beta + sqrt(n') + lr l2),
+        # its closed form w = -lr z / (beta + sqrt(n) + lr l2) moved by one step of g (exact; with L1 near)
+        self.lr, self.eps = opt.lr, (opt.beta + opt.lr * opt.l2) if opt.name == "ftrl" else (opt.eps or 0.0)
         self.base_lrs = (self.local_lr, self.lr)  # a schedule scales both (scale_lr)
         # a copy whose own updates are the server's (SGD at the table's lr; Adagrad followed
         # from its whole state: row-wise Adagrad's float a row, or "full") counts them as seen
@@ -297,6 +299,6 @@ def local_rule(optimizer: str, asked: str) -> str:
     """
     if optimizer == "rowwise_adagrad" and asked != "sgd":
         return "row"
-    # FTRL's sum of squares is Adagrad's accumulator, and without L1, L2 or beta its step is
-    # Adagrad's at lr alpha: its copies follow it by Adagrad's rule
+    # FTRL's sum of squares is Adagrad's accumulator, and without L1 its step is Adagrad's at lr
+    # alpha with eps beta + alpha l2: its copies follow it by Adagrad's rule
     return asked if optimizer in ("adagrad", "ftrl") else "sgd"

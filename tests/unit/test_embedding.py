@@ -152,7 +152,7 @@ def test_bad_keys_get_clear_errors():
         emb(torch.tensor([1, 50]))
     with pytest.raises(ValueError, match="key -1 out of range"):
         emb(torch.tensor([-1, 3]))
-    with pytest.raises(TypeError, match="keys must be int64 \\(or int32\\), got torch.float32"):
+    with pytest.raises(TypeError, match="keys must be int64 \\(or int32\\), as nn.Embedding takes them, got torch.float32"):
         emb(torch.tensor([1.0]))
     with pytest.raises(TypeError, match="keys must be a torch.Tensor of int64, got list"):
         emb([1, 2])
@@ -366,3 +366,18 @@ def test_keys_of_a_type_nn_embedding_refuses_are_refused(dtype):
     with pytest.raises(TypeError, match="keys must be int64"):
         Embedding(tables=table, client=client, cache=CacheConfig(capacity=8, staleness=0))(keys)
     assert client.wait(client.pull("t", torch.tensor([1, 0], dtype=torch.int32)))[0].shape == (2, 2)
+
+
+def test_a_copy_follows_ftrl_with_l2_and_beta_as_the_server_steps():
+    """FTRL without L1 steps as Adagrad with eps = beta + lr * l2 (its closed form moved by one
+    step): a copy that follows it in full stays the server's row, pushes and all, at s = 2."""
+    opt = OptimizerConfig("ftrl", lr=0.1, l2=0.5, beta=0.3)
+    table = TableConfig("embedding", rows=10, dim=4, optimizer=opt)
+    emb = Embedding(tables=table, cache=CacheConfig(capacity=10, staleness=2, ways=10, local_update="full"))
+    keys = torch.tensor([1, 2, 5])
+    for step in range(12):
+        (emb(keys) * torch.arange(1.0, 5.0)).sum().backward()
+    assert emb.stats()["embedding"]["pushed_rows"] >= 9
+    with torch.no_grad():
+        cached = emb(keys)
+    assert torch.allclose(cached, emb.read(keys), rtol=0, atol=1e-5)

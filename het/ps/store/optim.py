@@ -185,7 +185,11 @@ class FTRL(SparseOptimizer):
     A coordinate no gradient reached (``n`` 0) keeps its initial value. Its regularisation is
     exactly lazy: a row no push touches would not move under the steps it missed (their
     gradients are 0, so ``z`` and ``n`` stay), so applying it only at pushes equals applying it
-    every step. A push summing several steps is applied as one step of their sum."""
+    every step. Without L1, a step is Adagrad's with ``eps = beta + alpha * l2`` (the closed form
+    moved by one step of g: ``w - alpha g / (beta + sqrt(n + g^2) + alpha l2)``), so a push summing
+    several steps moves ``w`` by Adagrad's rule for several steps (:func:`het.adagrad.adagrad_factor`)
+    and ``z`` follows from the closed form: what a worker's copy, following Adagrad's rule,
+    predicts. With L1 such a push is one step of the sum."""
 
     state_names = ("z", "n")
     followed = True  # its sum of squares, as Adagrad's accumulator: a worker's copies follow Adagrad's rule
@@ -203,13 +207,15 @@ class FTRL(SparseOptimizer):
             else:
                 sq = pushed.sq
             sq = torch.where(pushed.counts[:, None] > 1, sq, grads * grads)
-        ftrl_step(weight, (state or self.state)["z"], (state or self.state)["n"], rows, grads, self.cfg, sq)
+        ftrl_step(weight, (state or self.state)["z"], (state or self.state)["n"], rows, grads, self.cfg, sq,
+                  pushed.counts if sq is not None else None)
 
 
-def ftrl_step(weight, z, n, rows, grads, cfg, sq=None) -> None:
+def ftrl_step(weight, z, n, rows, grads, cfg, sq=None, counts=None) -> None:
     """One FTRL-Proximal step of unique ``rows`` (see :class:`FTRL`); ``sq``: what the sum of
-    squares grows by, when ``grads`` sum several steps (default: their square). Shape: (k,),
-    (k, D), sq (k, D)."""
+    squares grows by, when ``grads`` sum several steps (default: their square); ``counts``:
+    the steps each row's gradient sums (without L1, rows of several move by Adagrad's rule).
+    Shape: (k,), (k, D), sq (k, D), counts (k,)."""
     w, old_n = weight.index_select(0, rows), n.index_select(0, rows)
     new_n = old_n + (grads * grads if sq is None else sq)
     sigma = (new_n.sqrt() - old_n.sqrt()) / cfg.lr
@@ -217,6 +223,12 @@ def ftrl_step(weight, z, n, rows, grads, cfg, sq=None) -> None:
     shrunk = new_z - new_z.sign() * cfg.l1
     solved = -shrunk / ((cfg.beta + new_n.sqrt()) / cfg.lr + cfg.l2)
     new_w = torch.where(new_z.abs() <= cfg.l1, torch.zeros_like(w), solved)
+    if counts is not None and cfg.l1 == 0 and bool((counts > 1).any()):
+        several = counts[:, None] > 1
+        eps = cfg.beta + cfg.lr * cfg.l2
+        moved = w - cfg.lr * grads * adagrad_factor(old_n, new_n - old_n, counts[:, None], eps)
+        new_w = torch.where(several, moved, new_w)
+        new_z = torch.where(several, -moved * ((cfg.beta + new_n.sqrt()) / cfg.lr + cfg.l2), new_z)
     z.index_copy_(0, rows, new_z)
     n.index_copy_(0, rows, new_n)
     weight.index_copy_(0, rows, torch.where(new_n > 0, new_w, w))
