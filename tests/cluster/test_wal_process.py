@@ -31,6 +31,16 @@ def kill(server) -> None:
     server.proc.wait()
 
 
+def restarted(cfg, state_dir) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A shard started again on ``state_dir``'s log: every row and clock of table t, its stats."""
+    with ServerProcess(cfg, state_dir=str(state_dir), wal=True) as again:
+        client = PSClient.connect([again.address])
+        rows, clocks = client.wait(client.pull("t", torch.arange(500)))
+        stats = client.stats()[0]
+        client.close()
+    return rows, clocks, stats
+
+
 def test_a_killed_shard_restarted_on_its_state_directory_lost_nothing_acknowledged(tmp_path):
     cfg = ShardConfig((TableConfig("t", rows=500, dim=4, optimizer=OptimizerConfig("adam", lr=0.01)),))
     keys = torch.arange(0, 500, 7)
@@ -43,11 +53,7 @@ def test_a_killed_shard_restarted_on_its_state_directory_lost_nothing_acknowledg
         first.proc.send_signal(signal.SIGKILL)
         first.proc.wait()
         client.close()
-    with ServerProcess(cfg, state_dir=str(tmp_path), wal=True) as second:
-        client = PSClient.connect([second.address])
-        rows, clocks = client.wait(client.pull("t", torch.arange(500)))
-        stats = client.stats()[0]
-        client.close()
+    rows, clocks, stats = restarted(cfg, tmp_path)
     assert torch.equal(rows, expected[0]) and torch.equal(clocks, expected[1])
     assert stats["wal_replayed"] == 29
 
@@ -278,10 +284,6 @@ def test_pushes_acknowledged_after_a_failed_log_write_survive_a_kill(tmp_path):
         kill(first)
         client.close()
     assert refused and "write-ahead log" in refused[0][1] and len(acknowledged) >= 12
-    with ServerProcess(CFG, state_dir=str(tmp_path), wal=True) as second:
-        client = PSClient.connect([second.address])
-        rows, clocks = client.wait(client.pull("t", torch.arange(500)))
-        stats = client.stats()[0]
-        client.close()
+    rows, clocks, stats = restarted(CFG, tmp_path)
     assert torch.equal(rows, expected[0]) and torch.equal(clocks, expected[1])
     assert stats["wal_replayed"] == len(acknowledged)
