@@ -90,6 +90,7 @@ def test_bench_scale_measures_checks_and_projects(tiny, tmp_path):
     assert "projected samples/s by workers" in scale.format_report(r)
 
 
+@pytest.mark.slow  # about 14 s
 def test_the_latency_variable_reaches_every_worker_of_a_local_cluster(tmp_path):
     """At s = 0 (no prefetch) every step waits for a PS round trip: 2 x 25 ms at least."""
     env = dict(os.environ, HET_PS_LATENCY_MS="25")

@@ -102,7 +102,8 @@ def final_rows(checkpoint, servers=1):
 
 
 @pytest.mark.parametrize("optimizer, memory", [  # a row without optimizer state takes less DRAM
-    pytest.param("sgd", "640KiB", marks=pytest.mark.slow), ("adagrad", "820KiB"),
+    pytest.param("sgd", "640KiB", marks=pytest.mark.slow),
+    pytest.param("adagrad", "820KiB", marks=pytest.mark.slow),  # about 21 s each
     pytest.param("adam", "820KiB", marks=pytest.mark.slow)])
 def test_training_at_staleness_0_under_a_budget_gives_the_rows_of_all_in_memory(optimizer, memory, tmp_path):
     """A tenth or less of the rows in DRAM: bit for bit the rows, optimizer state and clocks of

@@ -69,6 +69,7 @@ def test_a_hashed_job_checkpoints_reshards_and_resumes(tmp_path):
     assert torch.equal(torch.cat([p["clocks"] for p in parts])[order], straight["clocks"])
 
 
+@pytest.mark.slow  # about 13 s
 def test_a_users_csv_prepared_and_trained_on(tmp_path):
     """The shared Criteo rows as a CSV with a header: `het data prepare table`, then `het train
     --data table:OUT` on a dynamic table."""

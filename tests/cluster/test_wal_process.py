@@ -58,7 +58,8 @@ def test_a_killed_shard_restarted_on_its_state_directory_lost_nothing_acknowledg
     assert stats["wal_replayed"] == 29
 
 
-@pytest.mark.parametrize("wal_max", [None, pytest.param("256KiB", marks=pytest.mark.slow)])
+@pytest.mark.slow  # two jobs, about 30 s; the default run kills shard processes on their logs above and below
+@pytest.mark.parametrize("wal_max", [None, "256KiB"])
 def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(tmp_path, wal_max):
     """`het train --ps-wal`: the shard is killed (-9) mid-job; the launcher starts it again on
     its address from its log, the workers re-send what it had not answered, and at s = 0 with

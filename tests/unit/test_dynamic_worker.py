@@ -62,7 +62,7 @@ def test_fixed_tables_keep_their_range_check_and_dynamic_ones_their_dtype_check(
     client = PSClient.local([table(rows=10), TableConfig("raw", rows=None, dim=2)], 2)
     with pytest.raises(ValueError, match="key -1 out of range for table 'ids' with 10 rows"):
         client.pull("ids", torch.tensor([3, -1]))
-    with pytest.raises(TypeError, match=r"keys must be int64 \(or int32\), got torch.float32"):
+    with pytest.raises(TypeError, match=r"keys must be int64 \(or int32\), as nn.Embedding takes them, got torch.float32"):
         client.pull("raw", torch.tensor([1.0]))
     client.wait(client.pull("raw", torch.tensor([-1, LO], dtype=torch.int64)))
 

@@ -253,7 +253,7 @@ def _refusals(tmp_path) -> list[tuple[list[str], str]]:
              "sparse column(s) ['nope'] not found")]
 
 
-@pytest.mark.parametrize("times", [3, pytest.param(20, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("times", [2, pytest.param(20, marks=pytest.mark.slow)])
 def test_a_refusal_is_the_same_one_line_and_exit_code_every_time(tmp_path, times):
     for argv, says in _refusals(tmp_path):
         seen = set()
