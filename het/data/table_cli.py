@@ -141,7 +141,7 @@ def cmd_prepare_table(args: argparse.Namespace) -> dict:
         spec = TableSpec(schema.label, tuple(schema.dense), tuple(schema.sparse), log_dense=args.log_dense,
                          positive=schema.positive, dense_transform=schema.dense_transform or "auto",
                          multi=tuple(schema.multi.items()), bag=args.multi_size, pooling=args.pooling,
-                         bucket=tuple(c for c in schema.bucket if c in schema.dense), buckets=schema.buckets or 10,
+                         bucket=tuple(schema.bucket), buckets=schema.buckets or 10,
                          min_freq=schema.min_freq or 1)
         s = prepare_table(args.files, args.out, spec, sep=sep, names=names, max_rows=args.max_rows,
                           test_fraction=args.test_fraction, seed=args.seed, progress=not args.quiet,

@@ -183,6 +183,10 @@ def test_buckets_and_vocabularies_are_checked_and_kept_in_the_schema(tmp_path, c
     assert (s["dense"], s["sparse"], s["vocabulary"]["min_freq"], s["buckets"][0]["buckets"]) == ([], ["c", "x"], 4, 5)
     for name in ("train_dense.npy", "train_sparse.npy", "vocab.npy"):
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    with pytest.raises(SystemExit, match="bucketed columns must be dense ones"):  # never dropped without a word
+        run_het(["data", "prepare", "table", src, str(tmp_path / "c"), "--label", "y", "--dense", "x", "--sparse",
+                 "c", "--bucket", "c", "--quiet"], capsys)
+    assert not (tmp_path / "c").exists()
 
 
 def test_apply_leaves_a_missing_value_at_the_training_mean():
