@@ -246,7 +246,8 @@ def add_parser(bsub) -> None:
 def cmd(args) -> dict:
     from het.bench import quality_graph
 
-    graph = args.data == "cora" or args.data.split(":")[0] in ("planetoid", "npz", "synthetic-graph")
+    graph = not os.path.isdir(args.data) and (args.data == "cora" or args.data.split(":")[0] in
+                                               ("planetoid", "npz", "synthetic-graph"))
     grids = quality_graph.GRIDS if graph else GRIDS
     models = [m.strip() for m in (args.models or ",".join(grids)).split(",") if m.strip()]
     unknown = sorted(set(models) - set(grids))

@@ -41,7 +41,7 @@ class Limits:
 
     max_body_bytes: int = 4 << 20
     max_instances: int = 4096
-    body_timeout_s: float = 10.0  # a body sent slower than this holds a connection no longer
+    body_timeout_s: float = 10.0  # a body not sent whole within this is answered 408
 
 
 class Metrics:

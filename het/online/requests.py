@@ -65,7 +65,7 @@ def instances_of(body: bytes, inputs: Inputs, max_instances: int) -> list[dict]:
     known = set(inputs.columns)
     bags = {name: size for name, size in zip(inputs.sparse, inputs.bag_sizes) if name not in inputs.spec.get("multi", {})}
     lists = set(inputs.spec.get("multi", {}))
-    numbers = set(inputs.dense) | set(inputs.spec.get("buckets") and [t["column"] for t in inputs.spec["buckets"]] or [])
+    numbers = set(inputs.dense) | set(inputs.buckets)  # fields read as numbers
     for i, instance in enumerate(instances):
         _check_instance(i, instance, fields, known, bags, lists, numbers)
     return instances

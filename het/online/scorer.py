@@ -119,7 +119,7 @@ class Scorer:
             bad = np.flatnonzero(~ok[start:end])
             if len(bad):
                 i = int(bad[0])
-                reason = parsed.reasons.get(start + i) or _reason_alone(model, req[i], fields)
+                reason = _reason_alone(model, req[i], fields)  # as alone, whatever the batch made of its column
                 out.append(BadRequest(400, f"instances[{i}]: {reason}"))
             else:
                 out.append((scores[start:end].astype(float).tolist(), version.number))

@@ -77,7 +77,9 @@ def own_directory(path: str) -> None:
     """Make ``path`` (mode 0700) or check that it is a directory of this user's, closed to
     everyone else: a ValueError otherwise, naming what it is. Another user's directory, or one
     others may write in, could hold a snapshot or a record planted there."""
-    os.makedirs(path, mode=0o700, exist_ok=True)
+    if not os.path.lexists(path):
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        os.chmod(path, 0o700)  # whatever the umask
     st = os.lstat(path)
     if not os.path.isdir(path) or os.path.islink(path) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
         raise ValueError(f"rejoin directory {path}: expected a directory of this user's (uid {os.geteuid()}) with "

@@ -333,3 +333,23 @@ def test_a_schedule_at_staleness_zero_matches_torch_with_the_same_schedule(clust
         ref_opt.step()
         lambda_lr.step()
     assert float((emb.read(torch.arange(rows)) - ref.weight.detach()).abs().max()) <= 1e-5
+
+
+def test_an_ftrl_push_of_several_steps_moves_as_its_steps_and_leaves_untouched_coordinates_alone():
+    """Without L1, several like FTRL steps pushed as one sum with their squares move a row about
+    as far as the steps one by one; a coordinate no gradient reached keeps its value and z = 0."""
+    opt = OptimizerConfig("ftrl", lr=0.1, l2=0.5)
+    cfg = TableConfig("t", rows=1, dim=4, optimizer=opt)
+    g = torch.tensor([[0.01, -0.02, 0.0, 0.03]])
+    sequential, followed, summed = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1)
+    start = sequential.weight.clone()
+    for _ in range(50):
+        sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)
+    followed.push(torch.tensor([0]), 50 * g, torch.tensor([50]), 1, sq=50 * g * g)
+    summed.push(torch.tensor([0]), 50 * g, torch.tensor([1]), 1)  # one step of the sum
+    moved = {k: float((t.weight - start).norm()) for k, t in (("seq", sequential), ("follow", followed),
+                                                              ("sum", summed))}
+    assert moved["follow"] == pytest.approx(moved["seq"], rel=0.08) and moved["sum"] < 0.3 * moved["seq"]
+    for t in (sequential, followed):
+        assert torch.isfinite(t.optimizer.state["z"]).all() and t.optimizer.state["z"][0, 2] == 0
+        assert t.weight[0, 2] == start[0, 2]

@@ -226,6 +226,7 @@ def ftrl_step(weight, z, n, rows, grads, cfg, sq=None, counts=None) -> None:
     if counts is not None and cfg.l1 == 0 and bool((counts > 1).any()):
         several = counts[:, None] > 1
         eps = cfg.beta + cfg.lr * cfg.l2
+        several = several & (new_n > 0)  # a coordinate no gradient has reached keeps w and z (factor 1/0)
         moved = w - cfg.lr * grads * adagrad_factor(old_n, new_n - old_n, counts[:, None], eps)
         new_w = torch.where(several, moved, new_w)
         new_z = torch.where(several, -moved * ((cfg.beta + new_n.sqrt()) / cfg.lr + cfg.l2), new_z)
