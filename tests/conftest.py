@@ -83,3 +83,11 @@ def raw_request(address: str, frames, timeout_ms: int = 10_000) -> list:
         return sock.recv_multipart()
     finally:
         sock.close()
+
+
+def built(table):
+    """``table`` (a shard's fixed table) with every row built, as a save holds them: a test that
+    reads or writes its whole ``weight`` or state sees every row's value (a shard builds rows on
+    first touch)."""
+    table.build_all()
+    return table

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import built
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig, native
 from het.ps import halves
 from het.ps.initial import initial_rows
@@ -54,15 +55,15 @@ def test_staleness_zero_with_stochastic_rounding_stays_near_float32(cluster_fact
 @pytest.mark.parametrize("row_dtype", ["fp16", "bf16"])
 def test_a_half_table_holds_half_the_row_bytes_and_exact_initial_rows(row_dtype):
     opt = OptimizerConfig("sgd", lr=0.1)
-    full = FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt), 0, 1)
-    half = FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt, row_dtype=row_dtype), 0, 1)
+    full = built(FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt), 0, 1))
+    half = built(FixedRows(TableConfig("t", rows=1000, dim=16, optimizer=opt, row_dtype=row_dtype), 0, 1))
     assert half.weight.dtype == halves.torch_dtype(row_dtype)
     assert full.stats()["bytes"] - half.stats()["bytes"] == 1000 * 16 * 2  # the rows' bytes halved
     # a client builds an untouched row as the shard holds it, bit for bit
     cfg = half.cfg
-    built = torch.from_numpy(initial_rows(cfg, torch.arange(1000).numpy()))
-    assert torch.equal(built, half.weight.float())
-    assert float((built - full.weight).abs().max()) > 0  # rounded: not float32's values
+    start = torch.from_numpy(initial_rows(cfg, torch.arange(1000).numpy()))
+    assert torch.equal(start, half.weight.float())
+    assert float((start - full.weight).abs().max()) > 0  # rounded: not float32's values
     dyn = DynamicRows(TableConfig("ids", rows=None, dim=16, optimizer=opt, row_dtype=row_dtype), 0, 1)
     keys = torch.tensor([3, -5, 2 ** 60])
     dyn.push(dyn.locate(keys), torch.ones(3, 16), torch.ones(3, dtype=torch.int64), step=1)
@@ -76,7 +77,7 @@ def test_stochastic_rounding_is_the_same_when_a_push_is_replayed(native):
     on another table (a log replayed after a restart), whichever push path runs."""
     def run(native_path):
         cfg = TableConfig("t", rows=40, dim=8, row_dtype="bf16", optimizer=OptimizerConfig("adagrad", lr=0.3))
-        t = FixedRows(cfg, 1, 2, native=native_path)
+        t = built(FixedRows(cfg, 1, 2, native=native_path))
         g = torch.Generator().manual_seed(3)
         for step in range(1, 30):
             local = torch.randint(0, 20, (25,), generator=g)
@@ -96,7 +97,7 @@ def test_stochastic_rounding_keeps_updates_nearest_rounding_loses():
     for rounding in ("nearest", "stochastic"):
         cfg = TableConfig("t", rows=n, dim=4, row_dtype="bf16", row_rounding=rounding, init_scale=0.0,
                           optimizer=OptimizerConfig("sgd", lr=1.0))
-        t = FixedRows(cfg, 0, 1)
+        t = built(FixedRows(cfg, 0, 1))
         t.weight.fill_(1.0)  # bf16's step at 1.0 is 2^-7; each update is 2^-12
         for step in range(1, updates + 1):
             t.push(torch.arange(n), torch.full((n, 4), -2.0 ** -12), torch.ones(n, dtype=torch.int64), step)
@@ -107,7 +108,7 @@ def test_stochastic_rounding_keeps_updates_nearest_rounding_loses():
 
 def test_a_row_float16_cannot_hold_refuses_the_push_and_changes_nothing():
     cfg = TableConfig("t", rows=10, dim=2, row_dtype="fp16", optimizer=OptimizerConfig("sgd", lr=1.0))
-    for t in (FixedRows(cfg, 0, 1), DynamicRows(TableConfig("d", rows=None, dim=2, row_dtype="fp16",
+    for t in (built(FixedRows(cfg, 0, 1)), DynamicRows(TableConfig("d", rows=None, dim=2, row_dtype="fp16",
                                                              optimizer=OptimizerConfig("sgd", lr=1.0)), 0, 1)):
         at = t.locate(torch.tensor([1, 2]))
         before = t.rows_to_send(at, False)[0][0].copy()
@@ -126,8 +127,8 @@ def test_a_refused_half_push_names_the_value_of_the_least_key_as_the_reference(o
     key 9 before key 5)."""
     opt = OptimizerConfig(optimizer, lr=1.0 if optimizer == "sgd" else 1e5, initial_accumulator=1.0)
     cfg = TableConfig("t", rows=None if dynamic else 16, dim=2, row_dtype="fp16", optimizer=opt)
-    fast = DynamicRows(cfg, 0, 1) if dynamic else FixedRows(cfg, 0, 1)
-    ref = DynamicRows(cfg, 0, 1) if dynamic else FixedRows(cfg, 0, 1, native=False)
+    fast = DynamicRows(cfg, 0, 1) if dynamic else built(FixedRows(cfg, 0, 1))
+    ref = DynamicRows(cfg, 0, 1) if dynamic else built(FixedRows(cfg, 0, 1, native=False))
     ref.native = False
     messages = []
     for t in (fast, ref):
@@ -144,13 +145,13 @@ def test_a_refused_half_push_names_the_value_of_the_least_key_as_the_reference(o
 def test_saves_keep_half_rows_and_a_float32_save_loads_rounded(tmp_path):
     opt = OptimizerConfig("adagrad", lr=0.1)
     half_cfg = TableConfig("t", rows=50, dim=4, row_dtype="fp16", optimizer=opt)
-    t = FixedRows(half_cfg, 0, 1)
+    t = built(FixedRows(half_cfg, 0, 1))
     t.push(torch.arange(10), torch.randn(10, 4), torch.ones(10, dtype=torch.int64), step=1)
     torch.save(t.state_dict(), tmp_path / "half.pt")
-    again = FixedRows(half_cfg, 0, 1)
+    again = built(FixedRows(half_cfg, 0, 1))
     again.load_state_dict(torch.load(tmp_path / "half.pt", weights_only=True))
     assert torch.equal(again.weight, t.weight) and again.weight.dtype == torch.float16
-    full = FixedRows(TableConfig("t", rows=50, dim=4, optimizer=opt), 0, 1)
+    full = built(FixedRows(TableConfig("t", rows=50, dim=4, optimizer=opt), 0, 1))
     full.push(torch.arange(10), torch.randn(10, 4), torch.ones(10, dtype=torch.int64), step=1)
     again.load_state_dict(full.state_dict())
     assert torch.equal(again.weight, full.weight.half())
@@ -247,7 +248,7 @@ def test_the_native_half_push_gives_the_float32_push_rounded_bit_for_bit(row_dty
     def table():
         cfg = TableConfig("t", rows=90, dim=8, row_dtype=row_dtype, row_rounding=rounding,
                           optimizer=OptimizerConfig(optimizer, lr=0.2))
-        return FixedRows(cfg, 2, 3)
+        return built(FixedRows(cfg, 2, 3))
 
     fast, slow = table(), table()
     assert isinstance(fast._push, NativeHalfPush)

@@ -31,6 +31,7 @@ def shard(optimizer: str = "adagrad") -> Shard:
 
 def state(s: Shard) -> dict:
     t = s.tables["t"]
+    t.build_all()  # every row as a save holds it (a shard builds rows on first touch)
     return {"weight": t.weight.clone(), "clocks": t.clocks.clone(), "touched": t.touched.clone(),
             **{n: v.clone() for n, v in t.optimizer.state.items()}}
 

@@ -72,6 +72,7 @@ def _state(shard):
     out = {}
     for name in FIXED:
         t = shard.tables[name]
+        t.build_all()  # every row as a save holds it (a shard builds rows on first touch)
         state = [v.clone() for v in t.optimizer.state.values()]
         out[name] = [t.weight.clone(), t.clocks.clone(), t.touched.clone(), *state]
     return out

@@ -154,3 +154,56 @@ def test_training_with_lazy_rows_equals_training_without_and_pulls_fewer_bytes()
     (rows_lazy, pulled_lazy), (rows_eager, pulled_eager) = results
     assert torch.equal(rows_lazy, rows_eager)
     assert pulled_lazy < pulled_eager and not math.isclose(pulled_lazy, pulled_eager)
+
+
+@settings(max_examples=30, deadline=None)
+@given(optimizer=st.sampled_from(["sgd", "adagrad", "rowwise_adagrad", "adam", "ftrl"]),
+       row_dtype=st.sampled_from(["fp32", "fp16", "bf16"]), native=st.booleans(), shards=st.integers(1, 3),
+       ops=st.lists(st.tuples(st.sampled_from(["push", "pull", "state"]),
+                              st.lists(st.integers(0, 59), min_size=1, max_size=12)), max_size=8))
+def test_a_table_built_on_first_touch_equals_one_built_at_start(optimizer, row_dtype, native, shards, ops):
+    """A shard builds a fixed table's rows on first touch (a push, or a read of rows that may be
+    untouched): every reply and, at the end, every row, clock and optimizer state equal, bit for
+    bit, those of the same table with every row built at start; only the rows reached are built."""
+    from het.ps.store.fixed import FixedRows
+
+    cfg = TableConfig("t", rows=60 * shards, dim=5, seed=4, row_dtype=row_dtype,
+                      optimizer=OptimizerConfig(optimizer, lr=0.05, initial_accumulator=0.2))
+    lazy, eager = FixedRows(cfg, shards - 1, shards, native=native), FixedRows(cfg, shards - 1, shards, native=native)
+    eager.build_all()
+    assert lazy.unbuilt == 60 and lazy.stats()["bytes"] < eager.stats()["bytes"]
+    gen, reached = torch.Generator().manual_seed(len(ops)), set()
+    for step, (op, rows) in enumerate(ops, 1):
+        local = torch.tensor(rows)
+        if op == "push":
+            grads, counts = torch.randn(len(rows), 5, generator=gen), torch.randint(0, 3, (len(rows),), generator=gen)
+            for t in (lazy, eager):
+                t.push(local.clone(), grads.clone(), counts.clone(), step)
+        elif op == "pull":
+            for lazy_reply in (True, False):
+                a, b = lazy.rows_to_send(local, lazy_reply), eager.rows_to_send(local, lazy_reply)
+                assert a[1] == b[1] and all(torch.equal(torch.as_tensor(x), torch.as_tensor(y))
+                                            for x, y in zip(a[0], b[0]))
+        elif lazy.optimizer.followed:  # the state a worker's cache follows
+            assert np.array_equal(lazy.local_state(local, True), eager.local_state(local, True))
+        else:
+            continue
+        reached |= set(rows)  # a push, an eager read or a state's read builds its rows (a lazy read none)
+        assert lazy.unbuilt == 60 - len(reached)
+    saved, expected = lazy.state_dict(), eager.state_dict()
+    assert lazy.unbuilt == 0
+    for name in ("weight", "clocks", "touched"):
+        assert torch.equal(saved[name], expected[name]), name
+    assert all(torch.equal(saved["optimizer"][n], expected["optimizer"][n]) for n in expected["optimizer"])
+    assert lazy.stats() == eager.stats()
+
+
+def test_a_shard_starts_without_building_its_rows_and_serves_initial_rows_to_an_eager_client():
+    cluster, lazy, eager = _clients(2)
+    stats = cluster.shards[0].stats_dict()["tables"]["t"]
+    assert stats["rows_built"] == 0 and stats["rows"] == 25
+    lazy.wait(lazy.sync("t", torch.arange(50), torch.full((50,), -1), 0))  # leaves untouched rows to the client
+    assert sum(s.stats_dict()["tables"]["t"]["rows_built"] for s in cluster.shards) == 0
+    rows, clocks = eager.wait(eager.pull("t", torch.arange(50)))
+    assert torch.equal(rows, torch.from_numpy(initial_rows(T, np.arange(50)))) and not clocks.any()
+    assert sum(s.stats_dict()["tables"]["t"]["rows_built"] for s in cluster.shards) == 50

@@ -16,6 +16,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import built
 from het import native
 from het.cache.cache import EmbeddingCache
 from het.config import CacheConfig, OptimizerConfig, TableConfig
@@ -381,7 +382,7 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.05))
-    fast, ref = FixedRows(cfg, shards - 1, shards), FixedRows(cfg, shards - 1, shards, native=False)
+    fast, ref = built(FixedRows(cfg, shards - 1, shards)), built(FixedRows(cfg, shards - 1, shards, native=False))
     assert fast.native
     local_rows = len(fast.weight)
     for step in range(1, 6):
@@ -578,7 +579,7 @@ def test_a_native_reply_sends_the_rows_the_reference_sends(seed, dim, rows, lazy
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim)
-    table, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
+    table, reference = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1, native=False))
     table.weight.copy_(torch.randn(rows, dim, generator=gen))
     table.touched.copy_(torch.rand(rows, generator=gen) < float(torch.rand(1, generator=gen)))
     reference.weight.copy_(table.weight)
@@ -606,7 +607,7 @@ def test_a_native_pull_reply_is_the_references_arrays(seed, dim, rows, clock):
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim)
-    table, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
+    table, reference = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1, native=False))
     table.weight.copy_(torch.randn(rows, dim, generator=gen))
     table.touched.copy_(torch.rand(rows, generator=gen) < float(torch.rand(1, generator=gen)))
     table.clocks.copy_(torch.randint(0, clock + 1, (rows,), generator=gen))
@@ -700,7 +701,7 @@ def test_a_native_push_of_several_adagrad_steps_equals_the_reference_to_rounding
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adagrad", lr=0.05))
-    fast, ref = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
+    fast, ref = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1, native=False))
     for step in range(1, 6):
         n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
         local = torch.randint(0, rows, (n,), generator=gen)

@@ -9,11 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import built
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.adagrad import adagrad_factor
 from het.ps.store import wal
 from het.ps.client import PSClient
-from het.ps.store.optim import FTRLTorch, RowWiseAdagradTorch
+from het.ps.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
 from het.ps.wire.protocol import PSError
 from het.ps.store.fixed import FixedRows
 
@@ -40,7 +41,7 @@ def pushed_beside(table, make_opt, steps: int, seed: int, scale: float = 1.0):
 
 def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
     cfg = OptimizerConfig("rowwise_adagrad", lr=0.05)
-    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    table = built(FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1))
     ref, opt = pushed_beside(table, lambda params: RowWiseAdagradTorch(params, lr=0.05), 20, 3)
     assert torch.equal(table.weight, ref.weight.detach())
     assert table.optimizer.state["sum"].shape == (20, 1)  # one float a row
@@ -51,7 +52,7 @@ def test_rowwise_adagrad_on_the_ps_equals_its_torch_reference_on_nn_embedding():
 def test_pushes_of_single_steps_ignore_their_squares_and_are_plain_adagrad(name):
     """Every count 1 (staleness 0): the sums of squares change nothing, bit for bit."""
     cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
-    plain, told = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1)
+    plain, told = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1))
     gen = torch.Generator().manual_seed(1)
     for _ in range(5):
         rows, grads = torch.randperm(10, generator=gen)[:6], torch.randn(6, 4, generator=gen)
@@ -68,7 +69,7 @@ def test_a_push_of_many_steps_moves_a_row_as_far_as_the_steps_would(name, width)
     100 sequential Adagrad steps; the sum alone (HET's push) moves it 1/10 as far."""
     cfg = TableConfig("t", rows=1, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
     g = torch.tensor([[0.01, -0.02, 0.03, 0.01]])
-    sequential, summed, followed = (FixedRows(cfg, 0, 1) for _ in range(3))
+    sequential, summed, followed = (built(FixedRows(cfg, 0, 1)) for _ in range(3))
     start = sequential.weight.clone()
     for _ in range(100):
         sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)
@@ -198,7 +199,7 @@ def test_an_adam_push_of_many_steps_with_their_squares_moves_the_row_as_those_st
     it always was; a row of one step is exactly Adam's."""
     cfg = TableConfig("t", rows=2, dim=4, optimizer=OptimizerConfig("adam", lr=0.01))
     g = torch.tensor([[0.01, -0.02, 0.03, 0.001]])
-    sequential, summed, plain, one_step = (FixedRows(cfg, 0, 1) for _ in range(4))
+    sequential, summed, plain, one_step = (built(FixedRows(cfg, 0, 1)) for _ in range(4))
     begin = sequential.weight.clone()
     for i in range(100):
         sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), start + i)
@@ -240,7 +241,7 @@ def test_an_adam_push_of_rows_of_few_and_many_steps_is_taken_whole():
     """Rows of 2 to 150 steps in one push, duplicates among them: every row moves, none is
     refused, and a row of u steps moves about u times a row of one."""
     cfg = TableConfig("t", rows=8, dim=4, optimizer=OptimizerConfig("adam", lr=0.01))
-    t = FixedRows(cfg, 0, 1)
+    t = built(FixedRows(cfg, 0, 1))
     begin = t.weight.clone()
     keys, counts = torch.tensor([0, 1, 2, 3, 3]), torch.tensor([2, 5, 9, 150, 1])
     grads = counts[:, None].float() * torch.tensor([[0.01, -0.02, 0.03, 0.001]])
@@ -266,7 +267,7 @@ def test_an_lr_whose_step_passes_float32s_largest_value_is_refused_by_name(name,
 
 def test_ftrl_on_the_ps_equals_its_torch_reference_with_l1_l2_and_beta():
     cfg = OptimizerConfig("ftrl", lr=0.05, l1=0.01, l2=0.1, beta=0.5)
-    table = FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1)
+    table = built(FixedRows(TableConfig("t", rows=20, dim=6, optimizer=cfg), 0, 1))
     ref, opt = pushed_beside(table, lambda params: FTRLTorch(params, lr=0.05, l1=0.01, l2=0.1, beta=0.5), 30, 5, 0.1)
     assert torch.equal(table.weight, ref.weight.detach())
     assert torch.equal(table.optimizer.state["z"], opt.state[ref.weight]["z"])
@@ -341,7 +342,7 @@ def test_an_ftrl_push_of_several_steps_moves_as_its_steps_and_leaves_untouched_c
     opt = OptimizerConfig("ftrl", lr=0.1, l2=0.5)
     cfg = TableConfig("t", rows=1, dim=4, optimizer=opt)
     g = torch.tensor([[0.01, -0.02, 0.0, 0.03]])
-    sequential, followed, summed = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1)
+    sequential, followed, summed = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1))
     start = sequential.weight.clone()
     for _ in range(50):
         sequential.push(torch.tensor([0]), g.clone(), torch.tensor([1]), 1)

@@ -26,6 +26,7 @@ def table(optimizer):
 
 def state(s: Shard) -> list[torch.Tensor]:
     t = s.tables["t"]
+    t.build_all()  # every row as a save holds it (a shard builds rows on first touch)
     return [t.weight.clone(), t.clocks.clone(), t.touched.clone(), *(v.clone() for v in t.optimizer.state.values())]
 
 

@@ -30,21 +30,22 @@ class FixedRows:
 
     on_remove = None  # told the keys of rows the store forgets (a shard's record of changes)
 
-    def __init__(self, cfg: TableConfig, index: int, num_shards: int, native: bool = True, chunk: int = 1 << 16):
+    def __init__(self, cfg: TableConfig, index: int, num_shards: int, native: bool = True):
         self.cfg = cfg
         self.index, self.num_shards = index, num_shards
         n = partition.rows_on_shard(cfg.rows, index, num_shards)
         self.dtype = halves.torch_dtype(cfg.row_dtype)  # float32, or half: half the bytes
+        # Rows are built on first touch (:meth:`build`), as a worker builds the rows a lazy pull
+        # leaves out: a shard starts at once whatever its table's size, and its memory follows
+        # the rows used.
         self.weight = memory.empty(n, cfg.dim, dtype=self.dtype)  # big, read at random rows: on huge pages
-        for lo in range(0, n, chunk):  # chunks bound the int64 scratch space of the init
-            local = np.arange(lo, min(n, lo + chunk), dtype=np.int64)
-            keys = local * num_shards + index
-            self.weight[lo:lo + len(local)] = torch.from_numpy(initial_rows(cfg, keys))
+        self.built = torch.zeros(n, dtype=torch.bool)
+        self.unbuilt = n
         self.clocks = torch.zeros(n, dtype=torch.int64)
         # rows changed by a push (any push, even one of zero counts): the others still hold
         # initial_rows, which a client can build itself instead of receiving them
         self.touched = torch.zeros(n, dtype=torch.bool)
-        self.optimizer = optim.make(cfg.optimizer, n, cfg.dim)
+        self.optimizer = optim.make(cfg.optimizer, n, cfg.dim, started=False)
         self.native = native and het_native.ops is not None
         self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
         self.refuses_non_finite_grads = isinstance(self._push, NativePush) and self.dtype == torch.float32
@@ -53,6 +54,29 @@ class FixedRows:
             self._push, self._replies = (NativeHalfPush() if native_half else HalfPush(self._push)), WidenedReplies()
         else:
             self._replies = NativeReplies(cfg.dim) if self.native else TorchReplies()
+
+    def build(self, local: torch.Tensor) -> None:
+        """Give the rows ``local`` never built yet their initial value
+        (:func:`het.ps.initial.initial_rows`: the bits a shard that built every row at start
+        held) and their optimizer's initial state. Every push and every read of a row that
+        may be untouched builds its rows first; a lazy reply reads touched rows only."""
+        if not self.unbuilt or not len(local):
+            return
+        fresh = local[~self.built.index_select(0, local)]
+        if not len(fresh):
+            return
+        fresh = torch.unique(fresh)
+        keys = fresh.numpy() * self.num_shards + self.index
+        self.weight.index_copy_(0, fresh, torch.from_numpy(initial_rows(self.cfg, keys)).to(self.dtype))
+        self.optimizer.start_rows(fresh)
+        self.built.index_fill_(0, fresh, True)
+        self.unbuilt -= len(fresh)
+
+    def build_all(self, chunk: int = 1 << 16) -> None:
+        """:meth:`build` every row (a save holds them all), ``chunk`` rows at a time: the chunks
+        bound the scratch space."""
+        for lo in range(0, len(self.weight) if self.unbuilt else 0, chunk):
+            self.build(torch.arange(lo, min(len(self.weight), lo + chunk)))
 
     def check_keys(self, keys: torch.Tensor) -> str:
         S = self.num_shards
@@ -74,6 +98,7 @@ class FixedRows:
         steps each row's gradient sums (:class:`het.ps.store.optim.Pushed`). All or nothing: a
         push that would make a value non-finite or a clock pass MAX_CLOCK raises ValueError and
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
+        self.build(local)
         self._push(self, local, grads, counts, step, sq)
 
     def rows_to_send(self, local: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
@@ -83,6 +108,7 @@ class FixedRows:
         how many rows were sent. ``half``: rows stored in half precision go as their bits."""
         replies = self._replies if not half or self.dtype == torch.float32 else HALF_REPLIES
         if not lazy:
+            self.build(local)
             return [replies.gather(self.weight, local)], len(local)
         arrays = replies.gather_touched(self.weight, self.touched, local)
         return arrays, len(arrays[0])
@@ -112,10 +138,12 @@ class FixedRows:
         wide = None if local is None else het_native.ops.wire_counts(torch.from_numpy(counts), limits.MAX_COUNT)
         if wide is None:
             return None
+        self.build(local)
         self._push(self, local, torch.from_numpy(grads), wide, step, None)
         return n
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
+        self.build(local)
         state = {n: v.index_select(0, local) for n, v in self.optimizer.state.items()}
         return self.optimizer.local_state(state, full).contiguous().numpy()
 
@@ -137,6 +165,7 @@ class FixedRows:
 
     # -- saves ------------------------------------------------------------------------------
     def state_dict(self, rows_dir: str | None = None) -> dict:
+        self.build_all()
         return {"config": self.cfg.to_dict(), "weight": self.weight, "clocks": self.clocks, "touched": self.touched,
                 "optimizer": self.optimizer.state_dict()}
 
@@ -159,12 +188,16 @@ class FixedRows:
         # a save from before rows were marked touched: count every row as changed
         self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
         self.optimizer.load_state_dict(saved["optimizer"])
+        self.built.fill_(True)
+        self.unbuilt = 0
 
     def stats(self) -> dict:
-        """Rows held and their bytes (rows, optimizer state, clocks and marks)."""
-        state = sum(v.numel() * v.element_size() for v in self.optimizer.state.values())
-        return {"rows": len(self.weight), "bytes": self.weight.numel() * self.weight.element_size() + state
-                + self.clocks.numel() * 9}
+        """Rows held, rows built, and the bytes of those built (values and optimizer state)
+        and of every row's clock and marks."""
+        state = sum(v.shape[1] * v.element_size() for v in self.optimizer.state.values())
+        built = len(self.weight) - self.unbuilt
+        return {"rows": len(self.weight), "rows_built": built,
+                "bytes": built * (self.cfg.dim * self.weight.element_size() + state) + self.clocks.numel() * 10}
 
 
 def check_optimizer_state(optimizer, saved: dict, rows: int, path: str, table: str) -> None:

@@ -6,9 +6,8 @@ Each follows the torch optimizer a user would otherwise pair with
 (lazy: only pushed rows move; bias correction uses the pushing worker's step number, as
 SparseAdam uses its global step count). ``RowWiseAdagrad`` is FBGEMM's and TorchRec's row-wise
 Adagrad: one accumulator per row, the mean of the squared gradient over its coordinates, so its
-state is one float a row instead of one a coordinate (torch has no such optimizer:
-:class:`RowWiseAdagradTorch` is its reference for ``nn.Embedding``). ``FTRL`` is FTRL-Proximal with
-per-coordinate L1 and L2 (:class:`FTRLTorch` its reference).
+state is one float a row instead of one a coordinate (torch has no such optimizer). ``FTRL`` is FTRL-Proximal with
+per-coordinate L1 and L2. Their torch references are in :mod:`het.ps.store.torch_optim`.
 """
 
 from __future__ import annotations
@@ -38,13 +37,26 @@ class SparseOptimizer:
         them apart (Adagrad, Adam)."""
         return (self.followed or self.takes_squares) and sq is not None and bool((counts > 1).any())
 
-    def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int):
+    def __init__(self, cfg: OptimizerConfig, num_rows: int, dim: int, started: bool = True):
+        """``started``: the rows start with :meth:`initial_state`; False: the state is left
+        unwritten, each row to be started by :meth:`start_rows` before it is read (a table
+        built on first touch)."""
         self.cfg = cfg
-        self.state = self.initial_state(num_rows, dim)
+        self.state = (self.initial_state(num_rows, dim) if started else
+                      {n: memory.empty(num_rows, w) for n, w in self.state_widths(dim).items()})
+
+    def initial_value(self, name: str) -> float:
+        """The value state ``name`` holds in a row no gradient reached yet."""
+        return 0.0
 
     def initial_state(self, num_rows: int, dim: int) -> dict[str, torch.Tensor]:
         """The state of ``num_rows`` rows no gradient reached yet: (num_rows, width) each."""
-        return {n: memory.zeros(num_rows, w) for n, w in self.state_widths(dim).items()}
+        return {n: memory.full((num_rows, w), self.initial_value(n)) for n, w in self.state_widths(dim).items()}
+
+    def start_rows(self, rows: torch.Tensor) -> None:
+        """Give ``rows`` (of the optimizer's own state) the state of rows no gradient reached yet."""
+        for n, v in self.state.items():
+            v.index_fill_(0, rows, self.initial_value(n))
 
     def state_widths(self, dim: int) -> dict[str, int]:
         """Each state tensor's floats per row: ``dim`` (one per coordinate) or 1 (one per row)."""
@@ -100,8 +112,8 @@ class SGD(SparseOptimizer):
 class Adagrad(SparseOptimizer):
     state_names = ("sum",)
 
-    def initial_state(self, num_rows, dim):
-        return {"sum": memory.full((num_rows, dim), float(self.cfg.initial_accumulator))}
+    def initial_value(self, name):
+        return float(self.cfg.initial_accumulator)
 
     followed = True
 
@@ -133,8 +145,8 @@ class RowWiseAdagrad(SparseOptimizer):
     def state_widths(self, dim):
         return {"sum": 1}
 
-    def initial_state(self, num_rows, dim):
-        return {"sum": memory.full((num_rows, 1), float(self.cfg.initial_accumulator))}
+    def initial_value(self, name):
+        return float(self.cfg.initial_accumulator)
 
     followed = True
 
@@ -235,38 +247,6 @@ def ftrl_step(weight, z, n, rows, grads, cfg, sq=None, counts=None) -> None:
     weight.index_copy_(0, rows, torch.where(new_n > 0, new_w, w))
 
 
-class FTRLTorch(torch.optim.Optimizer):
-    """:class:`FTRL` as a torch optimizer for ``nn.Embedding(sparse=True)`` (and dense 2-D
-    parameters): the reference the shard's FTRL is held to.
-
-    Example:
-        >>> emb = torch.nn.Embedding(3, 2, sparse=True)
-        >>> with torch.no_grad():
-        ...     _ = emb.weight.fill_(0.5)
-        >>> opt = FTRLTorch(emb.parameters(), lr=0.1)
-        >>> emb(torch.tensor([1])).sum().backward()
-        >>> opt.step()
-        >>> emb.weight[1].tolist()  # w - alpha * sign(g) on a first step, l1 = l2 = beta = 0
-        [0.4000000059604645, 0.4000000059604645]
-    """
-
-    def __init__(self, params, lr: float = 0.01, l1: float = 0.0, l2: float = 0.0, beta: float = 0.0):
-        super().__init__(params, {"lr": lr, "l1": l1, "l2": l2, "beta": beta})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            cfg = OptimizerConfig("ftrl", lr=group["lr"], l1=group["l1"], l2=group["l2"], beta=group["beta"])
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "z" not in state:
-                    state["z"], state["n"] = torch.zeros_like(p), torch.zeros_like(p)
-                grad = p.grad.coalesce() if p.grad.is_sparse else p.grad.to_sparse(1)
-                ftrl_step(p, state["z"], state["n"], grad.indices()[0], grad.values(), cfg)
-
-
 ADAM_POINTS = 8  # a push's first steps taken one by one, and the runs the rest is taken in
 
 
@@ -348,46 +328,10 @@ def rows_problem(weight: torch.Tensor, state: dict, clocks: torch.Tensor) -> str
     return ""
 
 
-
-class RowWiseAdagradTorch(torch.optim.Optimizer):
-    """Row-wise Adagrad as a torch optimizer, for the sparse gradients of ``nn.Embedding(sparse=True)``
-    (and dense 2-D parameters): the reference :class:`RowWiseAdagrad` is checked against.
-
-    Example:
-        >>> emb = torch.nn.Embedding(4, 2, sparse=True)
-        >>> opt = RowWiseAdagradTorch(emb.parameters(), lr=0.1)
-        >>> emb(torch.tensor([1, 1])).sum().backward()
-        >>> opt.step()
-        >>> opt.state[emb.weight]["sum"].flatten().tolist()  # row 1: mean of (2^2, 2^2)
-        [0.0, 4.0, 0.0, 0.0]
-    """
-
-    def __init__(self, params, lr: float = 0.01, eps: float = 1e-10, initial_accumulator: float = 0.0):
-        super().__init__(params, {"lr": lr, "eps": eps, "initial_accumulator": initial_accumulator})
-
-    @torch.no_grad()
-    def step(self, closure=None):
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                if p.dim() != 2:
-                    raise ValueError(f"row-wise Adagrad updates rows: expected a 2-D parameter, got shape "
-                                     f"{tuple(p.shape)}")
-                state = self.state[p]
-                if "sum" not in state:
-                    state["sum"] = torch.full((p.shape[0], 1), float(group["initial_accumulator"]), device=p.device)
-                grad = p.grad.coalesce() if p.grad.is_sparse else p.grad.to_sparse(1)
-                rows, values = grad.indices()[0], grad.values()
-                acc = state["sum"]
-                acc.index_add_(0, rows, (values * values).mean(1, keepdim=True))
-                std = acc.index_select(0, rows).sqrt_().add_(group["eps"])
-                p.index_add_(0, rows, values / std, alpha=-group["lr"])
-
-
 _BY_NAME = {"sgd": SGD, "adagrad": Adagrad, "rowwise_adagrad": RowWiseAdagrad, "adam": Adam, "ftrl": FTRL}
 
 
-def make(cfg: OptimizerConfig, num_rows: int, dim: int) -> SparseOptimizer:
-    """The server-side optimizer for a table slice of ``num_rows`` rows of width ``dim``."""
-    return _BY_NAME[cfg.name](cfg, num_rows, dim)
+def make(cfg: OptimizerConfig, num_rows: int, dim: int, started: bool = True) -> SparseOptimizer:
+    """The server-side optimizer for a table slice of ``num_rows`` rows of width ``dim``
+    (``started``: see :meth:`SparseOptimizer.__init__`)."""
+    return _BY_NAME[cfg.name](cfg, num_rows, dim, started)
