@@ -45,10 +45,12 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
     while not shard.stopping and not should_stop():
         if metrics is not None:
             metrics.refresh(shard.stats_dict)
-        # rows a sync named come off disk only while no request waits (Shard.page_in)
+        # rows a sync named come off disk, and rows not built yet are built, only while no
+        # request waits (Shard.page_in, FixedRows.build_next)
         due = shard.wal.sync_due_in() if shard.wal is not None else None
+        unbuilt = next((t for t in shard.tables.values() if getattr(t, "unbuilt", 0)), None)
         try:
-            got = endpoint.recv(0 if shard.page_in_pending else poll_s if due is None else min(poll_s, due))
+            got = endpoint.recv(0 if shard.page_in_pending or unbuilt else poll_s if due is None else min(poll_s, due))
         except MessageTooLarge as e:  # let go unread: an unsigned refusal, as for a request not authenticated
             shard.stats["oversized"] += 1
             endpoint.send(e.peer, encode(error_reply(peek_request_id(e.first), 0, e)))
@@ -62,6 +64,8 @@ def serve(shard: Shard, endpoint, should_stop=lambda: False, poll_s: float = 0.1
                 except Exception:  # a page-in that failed changes no row: the shard goes on
                     log.exception("page-in failed")
                     shard.stats["errors"] += 1
+            elif unbuilt is not None:
+                unbuilt.build_next()
             continue
         peer, frames = got
         start = time.perf_counter()

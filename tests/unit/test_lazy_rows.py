@@ -2,6 +2,7 @@
 table's seed. Whatever a lazy client gets must equal, bit for bit, what an eager one gets."""
 
 import math
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.ps.wire.protocol import Message, Op, PSError, decode, encode
 from het.ps.initial import initial_rows
-from conftest import LocalCluster
+from conftest import LocalCluster, ZmqCluster
 
 T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)
 # a table of any int64 id, its accumulators starting above 0: an untouched row's state is not zeros
@@ -207,3 +208,24 @@ def test_a_shard_starts_without_building_its_rows_and_serves_initial_rows_to_an_
     rows, clocks = eager.wait(eager.pull("t", torch.arange(50)))
     assert torch.equal(rows, torch.from_numpy(initial_rows(T, np.arange(50)))) and not clocks.any()
     assert sum(s.stats_dict()["tables"]["t"]["rows_built"] for s in cluster.shards) == 50
+
+
+def test_a_serving_shard_builds_its_rows_while_idle_and_a_push_in_between_is_kept():
+    """Rows no request reached are built while no request waits, in chunks; a push that came
+    first keeps its update (the idle build skips rows already built)."""
+    table = TableConfig("t", rows=100_000, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)
+    cluster = ZmqCluster([table], 1)
+    try:
+        client = cluster.client()
+        key = torch.tensor([99_999])  # the table's last row: the idle build reaches it last
+        client.wait(client.push("t", key, torch.ones(1, 8), torch.tensor([1])))
+        shard = cluster.shards[0]
+        deadline = time.monotonic() + 60
+        while shard.tables["t"].unbuilt and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert shard.tables["t"].unbuilt == 0
+        rows, _ = client.wait(client.pull("t", torch.tensor([0, 99_999])))
+        assert torch.equal(rows[0], torch.from_numpy(initial_rows(table, np.array([0])))[0])
+        assert not torch.equal(rows[1], torch.from_numpy(initial_rows(table, np.array([99_999])))[0])
+    finally:
+        cluster.close()

@@ -35,12 +35,11 @@ class FixedRows:
         self.index, self.num_shards = index, num_shards
         n = partition.rows_on_shard(cfg.rows, index, num_shards)
         self.dtype = halves.torch_dtype(cfg.row_dtype)  # float32, or half: half the bytes
-        # Rows are built on first touch (:meth:`build`), as a worker builds the rows a lazy pull
-        # leaves out: a shard starts at once whatever its table's size, and its memory follows
-        # the rows used.
+        # Rows are built on first touch (:meth:`build`), and the rest while the shard is idle
+        # (:meth:`build_next`): a shard starts at once whatever its table's size.
         self.weight = memory.empty(n, cfg.dim, dtype=self.dtype)  # big, read at random rows: on huge pages
         self.built = torch.zeros(n, dtype=torch.bool)
-        self.unbuilt = n
+        self.unbuilt, self._next = n, 0
         self.clocks = torch.zeros(n, dtype=torch.int64)
         # rows changed by a push (any push, even one of zero counts): the others still hold
         # initial_rows, which a client can build itself instead of receiving them
@@ -72,11 +71,20 @@ class FixedRows:
         self.built.index_fill_(0, fresh, True)
         self.unbuilt -= len(fresh)
 
+    def build_next(self, rows: int = 1 << 13) -> None:
+        """:meth:`build` the next ``rows`` rows in order, from where the last call stopped: a
+        shard builds its table so while no request waits (het.ps.server.serve), off the path of
+        a job's start and without a push's scattered writes."""
+        lo = self._next
+        hi = min(len(self.weight), lo + rows)
+        self.build(torch.arange(lo, hi))
+        self._next = hi if hi < len(self.weight) else 0
+
     def build_all(self, chunk: int = 1 << 16) -> None:
         """:meth:`build` every row (a save holds them all), ``chunk`` rows at a time: the chunks
         bound the scratch space."""
-        for lo in range(0, len(self.weight) if self.unbuilt else 0, chunk):
-            self.build(torch.arange(lo, min(len(self.weight), lo + chunk)))
+        while self.unbuilt:
+            self.build_next(chunk)
 
     def check_keys(self, keys: torch.Tensor) -> str:
         S = self.num_shards
