@@ -22,6 +22,7 @@ from het import native
 from het.ps import halves, limits
 from het.ps.initial import initial_rows
 from het.ps.store import optim
+from het.ps.store.adam_push import adam_steps_push
 from het.ps.store.optim import rows_problem, sum_rows
 
 NATIVE_OPTIMIZERS = ("sgd", "adagrad", "adam")  # those native.ops.table_push applies
@@ -140,8 +141,8 @@ class NativePush:
     def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
                  sq: torch.Tensor | None) -> None:
         opt = t.optimizer
-        if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's steps of a push taken apart: torch's
-            return TorchPush()(t, local, grads, counts, step, sq)
+        if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's rows of several steps taken apart aside
+            return adam_steps_push(t, local, grads, counts, step, sq, self)
         kind, args = native_push_args(opt, local, grads, counts, step, sq)
         failed = native.ops.table_push(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks, t.touched,
                                        *args)

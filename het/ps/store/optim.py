@@ -96,7 +96,7 @@ class Pushed:
     squared gradients (the mean over the row, or per coordinate). With them Adagrad takes the
     steps' worth of its rule (:func:`adagrad_factor`) instead of one step of their sum, whose
     square overstates the accumulator by up to the number of steps; Adam takes the steps
-    (:func:`_adam_steps`) instead of one step worth about one."""
+    (:func:`adam_steps`) instead of one step worth about one."""
 
     counts: torch.Tensor
     sq: torch.Tensor
@@ -174,7 +174,7 @@ class Adam(SparseOptimizer):
         m, v = (state or self.state)["exp_avg"], (state or self.state)["exp_avg_sq"]
         if pushed is not None:  # rows of several steps take them; the others one step, as always
             many = pushed.counts > 1
-            _adam_steps(weight, m, v, rows[many], grads[many], pushed.counts[many], pushed.sq[many],
+            adam_steps(weight, m, v, rows[many], grads[many], pushed.counts[many], pushed.sq[many],
                         max(int(step), 1), self.cfg)
             rows, grads = rows[~many], grads[~many]
         old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
@@ -250,7 +250,7 @@ def ftrl_step(weight, z, n, rows, grads, cfg, sq=None, counts=None) -> None:
 ADAM_POINTS = 8  # a push's first steps taken one by one, and the runs the rest is taken in
 
 
-def _adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
+def adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
     """``counts`` (>= 2) lazy Adam steps of each row, their gradients summed in ``grads`` and
     their squares in ``sq`` ((n, 1): the row's mean, shared over its coordinates as the mean
     gradient's squares are; or (n, D)), the last at ``step``. Each step is taken with the mean
