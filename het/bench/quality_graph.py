@@ -3,7 +3,7 @@ with, on the graph's own split (Planetoid's: 20 labelled nodes a class, 500 for 
 for test), each tuned on validation accuracy only; test nodes score once, after the choice.
 
 - ``het``: ``het train --model graphsage --data GRAPH``, its kept model (the validation best);
-  grid over the aggregator, the weight decay, the id rows' dropout and the width.
+  grid over the dropouts, the aggregator, the weight decay and the width.
 - ``logreg``: scikit-learn's LogisticRegression on the node features alone (no graph); grid
   over C.
 - ``sgc``: the same on the features propagated twice over the graph with self loops,
@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 GRIDS = {
-    "het": [{}, {"graph-aggregator": "mean", "weight-decay": 0}, {"graph-embedding-dropout": 0.8},
+    "het": [{}, {"graph-dropout": 0.5, "graph-embedding-dropout": 0.5}, {"graph-aggregator": "mean", "weight-decay": 0},
             {"weight-decay": 1e-3}, {"graph-hidden": 64}],
     # row-normalised features are small: the inverse penalty C reaches higher than on raw ones
     "logreg": [{"C": 1.0}, {"C": 10.0}, {"C": 100.0}, {"C": 1000.0}, {"C": 0.1}],

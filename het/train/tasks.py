@@ -157,10 +157,16 @@ class GraphTask:
 
         torch.manual_seed(self.cfg.seed)
         features = self.graph.features
+        dropout, embedding_dropout = self.dropouts
         return GraphSAGE(embedding, dim=self.cfg.dim, in_features=0 if features is None else features.shape[1],
                          num_classes=self.graph.num_classes, hidden=self.cfg.graph.hidden,
-                         layers=len(self.cfg.graph.fanouts), dropout=self.cfg.graph.dropout,
-                         embedding_dropout=self.cfg.graph.embedding_dropout, aggregator=self.cfg.graph.aggregator)
+                         layers=len(self.cfg.graph.fanouts), dropout=dropout,
+                         embedding_dropout=embedding_dropout, aggregator=self.cfg.graph.aggregator)
+
+    @property
+    def dropouts(self) -> tuple[float, float]:
+        """The model's dropouts: as set, or their defaults for the share of nodes labelled."""
+        return self.cfg.graph.dropouts(len(self.train_nodes) / max(1, self.graph.num_nodes))
 
     def batch(self, step: int, rank: int, world: int, device) -> GraphBatch:
         """Rank ``rank``'s seeds of a step: the training nodes in a fresh seeded order every

@@ -85,10 +85,12 @@ def test_strict_types_when_built_in_python():
     assert TrainConfig.from_dict(TrainConfig(model="graphsage").to_dict()) == TrainConfig(model="graphsage")
 
 
-def test_graphsage_drops_half_its_id_coordinates_by_default():
-    """The default that keeps the final step near the best validated one beyond Cora."""
+def test_graphsage_dropouts_follow_the_share_of_nodes_labelled_unless_set():
+    """More dropout with few labelled nodes (Planetoid's 20 a class), half otherwise."""
     cfg = TrainConfig(model="graphsage")
-    assert cfg.graph.embedding_dropout == 0.5
+    assert cfg.graph.dropouts(140 / 2708) == (0.8, 0.9) and cfg.graph.dropouts(0.6) == (0.5, 0.5)
+    set_ = TrainConfig(model="graphsage", graph={"dropout": 0.3, "embedding_dropout": 0.0})
+    assert set_.graph.dropouts(0.05) == (0.3, 0.0)
     with pytest.raises(ValueError, match="graph.embedding_dropout must lie in"):
         TrainConfig(model="graphsage", graph={"embedding_dropout": 1.0})
 
