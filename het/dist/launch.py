@@ -37,6 +37,9 @@ class Role:
     log: str
 
 
+SHARD_PORT = 29700  # shard i's port inside an emulated network's namespaces: SHARD_PORT + i
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -85,22 +88,25 @@ class LocalCluster:
         """Run the job to the end; the summary of rank 0. Raises ClusterError if a process fails."""
         failed = False
         try:
-            for i in range(self.num_servers):
-                host = f"ps{i}"
+            # The shards and the workers start side by side (a shard's start is an interpreter's and
+            # torch's, seconds): each shard on a port chosen here, which the workers are given.
+            binds = [f"{self._ip(f'ps{i}')}:{free_port() if self.network is None else SHARD_PORT + i}"
+                     for i in range(self.num_servers)]
+            for i, bind in enumerate(binds):
                 self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options),
-                                                  bind=f"{self._ip(host)}:0",
-                                                  secret=self.secret, env=self.threads_env, new_session=True,
+                                                  bind=bind, secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
-                                                  popen=self._popen(host),
+                                                  popen=self._popen(f"ps{i}"),
                                                   state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal,
-                                                  encrypt=self.encrypt, metrics_port=self._metrics_port(i)))
-                if self.servers[-1].metrics_url:
-                    print(f"het train: PS shard {i}'s metrics at {self.servers[-1].metrics_url}", file=sys.stderr,
-                          flush=True)
+                                                  encrypt=self.encrypt, metrics_port=self._metrics_port(i), wait=False))
             summary_path = os.path.join(self.log_dir, "summary.json")
             if os.path.exists(summary_path):
                 os.remove(summary_path)
-            self._start_workers(summary_path)
+            self._start_workers(summary_path, [f"tcp://{b}" for b in binds])
+            for i, server in enumerate(self.servers):
+                server.wait_started()
+                if server.metrics_url:
+                    print(f"het train: PS shard {i}'s metrics at {server.metrics_url}", file=sys.stderr, flush=True)
             try:
                 self._watch(summary_path)
             except ClusterError as e:
@@ -120,10 +126,11 @@ class LocalCluster:
     def _popen(self, host: str):
         return functools.partial(self.network.popen, host) if self.network is not None else subprocess.Popen
 
-    def _start_workers(self, summary_path: str) -> None:
+    def _start_workers(self, summary_path: str, addresses: list[str] | None = None) -> None:
         """Every worker, as the generation ``worker_restarts`` of the group (torchrun's
-        environment: its restart count and the most restarts allowed), and ``pids.json``."""
-        addresses = [s.address for s in self.servers]
+        environment: its restart count and the most restarts allowed), and ``pids.json``.
+        ``addresses``: the shards' (default: where they listen)."""
+        addresses = addresses or [s.address for s in self.servers]
         # worker0's namespace is empty; a port per generation: the old store may linger a moment
         port = free_port() if self.network is None else 29500 + self.worker_restarts
         for rank in range(self.num_workers):

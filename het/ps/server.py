@@ -213,14 +213,14 @@ class ServerProcess:
     shard's state directory (default: a temporary one, removed at stop); ``wal`` gives the shard
     a write-ahead log there (``wal_recover_prefix``: ``het serve --wal-recover-prefix``);
     ``metrics_port`` serves its Prometheus metrics (``het serve --metrics-port``) at
-    ``metrics_url``.
+    ``metrics_url``. ``wait``: return once it listens (else see :meth:`wait_started`).
     """
 
     def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
                  new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
                  wal: bool = False, encrypt: bool = False, wal_recover_prefix: bool = False,
-                 metrics_port: int | None = None):
+                 metrics_port: int | None = None, wait: bool = True):
         secret = check_secret(secret)
         check_bind(bind, secret)
         self._own_state = state_dir is None
@@ -234,8 +234,18 @@ class ServerProcess:
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
                                      text=True, env=dict(_child_env(secret), **(env or {})),
                                      start_new_session=new_session, preexec_fn=die_with_parent)
-        self.metrics_url = None
-        self.address = self._read_address(start_timeout_s, metrics_port is not None)
+        self.metrics_url = self.address = None
+        self._start = (start_timeout_s, metrics_port is not None)
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> str:
+        """The shard's address, once it listens (``wait=False``: the caller goes on meanwhile,
+        e.g. to start the workers on the port it chose). Raises RuntimeError, naming its log,
+        when it does not start."""
+        if self.address is None:
+            self.address = self._read_address(*self._start)
+        return self.address
 
     def _read_address(self, timeout_s: float, metrics: bool) -> str:
         timer = threading.Timer(timeout_s, self.proc.kill)
