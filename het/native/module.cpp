@@ -26,6 +26,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lazy_reply", &lazy_reply);
   m.def("unique_inverse", &unique_inverse);
   m.def("table_push", &table_push);
+  m.def("adam_steps", &adam_steps);
   m.def("table_push_half", &table_push_half);
   m.def("chunk_push", &chunk_push);
   m.def("gather_rows", &gather_rows);

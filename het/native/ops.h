@@ -28,6 +28,9 @@ std::vector<torch::Tensor> cache_update(torch::Tensor keys, torch::Tensor slot, 
                                         double local_lr, double bound, bool own_seen, bool clear_clock,
                                         torch::Tensor acc, torch::Tensor sq, double lr, double eps);
 std::vector<torch::Tensor> unique_inverse(torch::Tensor keys);  // unique.cpp
+std::vector<torch::Tensor> adam_steps(torch::Tensor old_m, torch::Tensor old_v, torch::Tensor grads,  // adam.cpp
+                                      torch::Tensor counts, torch::Tensor sq, torch::Tensor p1, torch::Tensor p2,
+                                      torch::Tensor sizes, double eps);
 
 // A table's push on the shard (table.cpp)
 int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,

@@ -1,6 +1,6 @@
 """A fixed table's Adam push that holds rows of several steps (a worker's cache pushes a row once
 its updates pass the staleness bound): the rows of one step in the native pass, the others taken
-apart by :func:`het.ps.store.optim.adam_steps` on copies, all or nothing. The bits are the
+apart by :func:`het.ps.store.optim.adam_steps` (natively) on copies, all or nothing. The bits are the
 reference's (:class:`het.ps.store.kernels.TorchPush`): the rows are disjoint, and the native
 pass of one Adam step is held to torch's bit for bit."""
 
@@ -30,8 +30,8 @@ def adam_steps_push(t, local: torch.Tensor, grads: torch.Tensor, counts: torch.T
     weight = t.weight.index_select(0, at)
     state = {n: v.index_select(0, at) for n, v in opt.state.items()}
     clocks = t.clocks.index_select(0, at) + counts[many]
-    optim.adam_steps(weight, state["exp_avg"], state["exp_avg_sq"], torch.arange(len(at)), grads[many],
-                     counts[many], sq[many], max(int(step), 1), opt.cfg)
+    steps(weight, state["exp_avg"], state["exp_avg_sq"], grads[many].contiguous(), counts[many], sq[many].contiguous(),
+          max(int(step), 1), opt.cfg)
     problem = rows_problem(weight, state, clocks)
     if problem:
         raise ValueError(problem)
@@ -42,3 +42,16 @@ def adam_steps_push(t, local: torch.Tensor, grads: torch.Tensor, counts: torch.T
         v.index_copy_(0, at, state[n])
     t.clocks.index_copy_(0, at, clocks)
     t.touched.index_fill_(0, at, True)
+
+
+def steps(weight, m, v, grads, counts, sq, step: int, cfg) -> None:
+    """:func:`het.ps.store.optim.adam_steps` of every row of ``weight``, ``m`` and ``v`` (copies),
+    natively where het's core is built: the same bits."""
+    if native.ops is None:
+        optim.adam_steps(weight, m, v, torch.arange(len(weight)), grads, counts, sq, step, cfg)
+        return
+    p1, p2, sizes = optim.adam_tables(int(counts.max()), step, cfg)
+    move, new_m, new_v = native.ops.adam_steps(m, v, grads, counts, sq.float(), p1, p2, sizes, cfg.eps)
+    m.copy_(new_m)
+    v.copy_(new_v)
+    weight.sub_(move)

@@ -265,14 +265,9 @@ def adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
     the steps averaged out is lost and the row moves too far: the squares are what make it
     right. The powers come from tables built in Python, so a row gets the same bits whatever
     else a push holds (torch's vectorised pow differs in a tensor's tail)."""
-    b1, b2 = cfg.betas
     old_m, old_v = m.index_select(0, rows), v.index_select(0, rows)
     top = int(counts.max())
-    p1 = torch.tensor([b1 ** i for i in range(top + 1)], dtype=grads.dtype)
-    p2 = torch.tensor([b2 ** i for i in range(top + 1)], dtype=grads.dtype)
-    # the bias-corrected step size of step `step - top + i`, i in 0..top
-    sizes = torch.tensor([cfg.lr_at(t) * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
-                          for t in (max(step - top + i, 1) for i in range(top + 1))], dtype=grads.dtype)
+    p1, p2, sizes = adam_tables(top, step, cfg)
     u = counts[:, None]
     g = grads / u.to(grads.dtype)
     gsq, per_step = g * g, sq / u.to(grads.dtype)
@@ -296,6 +291,15 @@ def adam_steps(weight, m, v, rows, grads, counts, sq, step, cfg) -> None:
     m.index_copy_(0, rows, p1[u] * old_m + (1 - p1[u]) * g)
     v.index_copy_(0, rows, p2[u] * old_v + (1 - p2[u]) * gsq)
     weight.index_add_(0, rows, move, alpha=-1.0)
+
+
+def adam_tables(top: int, step: int, cfg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`adam_steps`'s float32 tables for pushes of up to ``top`` steps, the last at ``step``:
+    ``b1^i`` and ``b2^i`` for i in 0..top, and the bias-corrected step size of step ``step - top + i``."""
+    b1, b2 = cfg.betas
+    return (torch.tensor([b1 ** i for i in range(top + 1)]), torch.tensor([b2 ** i for i in range(top + 1)]),
+            torch.tensor([cfg.lr_at(t) * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+                          for t in (max(step - top + i, 1) for i in range(top + 1))]))
 
 
 def sums_several_steps(pushed: Pushed | None) -> bool:
