@@ -13,7 +13,8 @@ HTTP at the end). It reports:
   interpolated), and against the first base's;
 - at the end, the follower's scores against ``het export`` of the job's final checkpoint;
 - bytes per delta against the rows it carried (and the dense weights' share), beside the bytes
-  the job's pushes took over the same time (what a write-ahead log would hold instead).
+  the job's pushes took over the same time (what a write-ahead log would hold instead); the
+  publish directory's largest size sampled against one base's.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class _Watcher:
         from het.online.follow import Follower, newest_base
         from het.online.live import Live
 
-        self.url, self.samples = url, samples
+        self.url, self.samples, self.pub = url, samples, pub
+        self.disk: list[int] = []  # the publish directory's bytes, at each sample
         self.live = Live(newest_base(pub))
         self.replica = Follower(self.live, pub)
         self.lags, self.points = [], []
@@ -91,7 +93,13 @@ class _Watcher:
     def _loop(self) -> None:
         import httpx
 
+        from het.train.publish import bytes_under
+
         while not self._stop.is_set():
+            try:
+                self.disk.append(bytes_under(self.pub))
+            except OSError:  # a file pruned while it was counted: the next sample counts again
+                pass
             try:
                 metrics = httpx.get(f"{self.url}/metrics", timeout=10).text
                 version = int(float(_gauge(metrics, "het_serve_model_version")))
@@ -167,8 +175,18 @@ def _report(summary: dict, watcher: _Watcher, pub: str, ck: str, work: str, url:
             "first_auc": points[0]["auc"], "last_auc": points[-1]["auc"],
             "final_max_abs_difference": float(np.abs(replica - ref).max()),
             "served_max_abs_difference": float(np.abs(served - expected).max()),
-            "deltas": deltas, "push_bytes_per_delta": summary["bytes"]["sparse_push"] / max(1, summary["published"]["deltas"]),
+            "deltas": deltas, "disk": _disk(watcher.disk, pub), "push_bytes_per_delta": summary["bytes"]["sparse_push"] / max(1, summary["published"]["deltas"]),
             "lag_series": [(round(t - watcher.lags[0][0], 2), round(lag, 3)) for t, lag, _ in watcher.lags]}
+
+
+def _disk(samples: list[int], pub: str) -> dict:
+    """The publish directory's largest size sampled, against its newest base's bytes."""
+    from het.train.publish import bytes_under, listing, base_name
+
+    bases = listing(pub)[0]
+    base = bytes_under(os.path.join(pub, base_name(bases[-1]))) if bases else 0
+    most = max(samples, default=0)
+    return {"max_bytes": most, "base_bytes": base, "max_over_base": most / base if base else None}
 
 
 def _delta_sizes(pub: str) -> dict:

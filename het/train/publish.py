@@ -10,8 +10,10 @@ same directory goes on from the last number, so its followers keep following):
   :mod:`het.ps.changes`) and writes them with the dense weights as a checksummed array file
   (:mod:`het.arrayfile`), in a thread beside training, under a temporary name renamed when whole.
   Its bytes follow the rows that changed, not the table.
-- ``base-<v>/``: a full export (as ``het export`` writes) of the version: at the start, then every
-  ``base_every`` deltas, and in a delta's place when a shard's record of changed keys started
+- ``base-<v>/``: a full export (as ``het export`` writes) of the version: at the start, then once
+  the deltas written since the last base hold as many bytes as it (a follower starting late reads
+  no more than a base's worth of deltas after it), or after ``base_every`` deltas, whichever comes
+  first, and in a delta's place when a shard's record of changed keys started
   again (a shard restarted: its record, kept in memory, lost what changed before). Its snapshot (the shards' saves, rank 0's dense model) is taken at the
   step boundary; ``het export`` turns it into the base in a background process at a lower
   priority, and the base appears whole when complete.
@@ -67,11 +69,14 @@ class Publisher:
         self.last = time.monotonic()
         self.base_proc: subprocess.Popen | None = None
         self.writer: threading.Thread | None = None  # the delta being written
-        self.base_snapshot: str | None = None
-        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": [], "records_restarted": 0}
+        self.base_snapshot = self.base_out = None
+        self.base_bytes: int | None = None  # the newest base's bytes on disk, once written
+        self.bytes_since_base = 0  # the bytes of the deltas written since the newest base's snapshot
+        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": [], "records_restarted": 0,
+                      "bases_for_size": 0}
         if worker.rank == 0:
             os.makedirs(self.dir, exist_ok=True)
-            bases, deltas = _listing(self.dir)  # an earlier job's: its followers go on from its last
+            bases, deltas = listing(self.dir)  # an earlier job's: its followers go on from its last
             self.version = max(bases + deltas, default=-1) + 1
             list(worker.client.changed(EMBEDDING_TABLE))  # the shards start their record of changes
             self._base(worker.step_count)
@@ -92,7 +97,11 @@ class Publisher:
             self._base(step)  # a shard's record started again: this version is a base
             return
         self.deltas_since_base += 1
-        if self.deltas_since_base >= self.cfg.publish.base_every:
+        if self.base_proc is not None and self.base_proc.poll() is not None:
+            self._wait_base()  # written: its bytes known
+        outweigh = self.base_bytes is not None and self.bytes_since_base >= self.base_bytes
+        if outweigh or self.deltas_since_base >= self.cfg.publish.base_every:
+            self.stats["bases_for_size"] += int(outweigh and self.deltas_since_base < self.cfg.publish.base_every)
             self._base(step)
 
     def finish(self, step: int, base: bool = False) -> dict:
@@ -146,6 +155,7 @@ class Publisher:
             return
         self.stats["deltas"] += 1
         self.stats["delta_bytes"] += size
+        self.bytes_since_base += size
         self.stats["delta_rows"] += meta["rows"]
 
     def _wait_delta(self) -> None:
@@ -158,13 +168,14 @@ class Publisher:
         """Snapshot the shards' rows and the dense model as version ``self.version`` and start
         exporting it; the previous base's export is waited for first."""
         self._wait_base()
-        self.deltas_since_base = 0
+        self._wait_delta()  # a delta before this base is not one since it
+        self.deltas_since_base = self.bytes_since_base = 0
         snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
         os.rmdir(snapshot)
         checkpoint.write(self.worker, snapshot, step,
                          published={"version": self.version, "trained_at": time.time()})
         out = os.path.join(self.dir, base_name(self.version))
-        self.base_snapshot = snapshot
+        self.base_snapshot, self.base_out = snapshot, out
         self.base_proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json",
                                            "--dtype", self.cfg.export.dtype], stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
@@ -175,6 +186,7 @@ class Publisher:
         _, err = self.base_proc.communicate()
         if self.base_proc.returncode == 0:
             self.stats["bases"] += 1
+            self.base_bytes = bytes_under(self.base_out)
         else:
             last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:300]
             self.stats["failed"].append(last)
@@ -185,7 +197,7 @@ class Publisher:
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` bases and the deltas after the oldest of them."""
-        bases, deltas = _listing(self.dir)
+        bases, deltas = listing(self.dir)
         kept = bases[-self.cfg.publish.keep:]
         if not kept:
             return
@@ -201,7 +213,8 @@ def publisher(worker, cfg: TrainConfig) -> Publisher | None:
     return Publisher(worker, cfg) if cfg.publish.dir else None
 
 
-def _listing(directory: str) -> tuple[list[int], list[int]]:
+def listing(directory: str) -> tuple[list[int], list[int]]:
+    """The versions of the bases and of the deltas in ``directory``, each in order."""
     bases, deltas = [], []
     for name in os.listdir(directory):
         m = _NAME.fullmatch(name)
@@ -210,3 +223,8 @@ def _listing(directory: str) -> tuple[list[int], list[int]]:
         elif m and m.group(1) == "delta" and m.group(3):
             deltas.append(int(m.group(2)))
     return sorted(bases), sorted(deltas)
+
+
+def bytes_under(directory: str) -> int:
+    """The bytes of the files under ``directory``."""
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(directory) for f in names)

@@ -91,13 +91,14 @@ class ExportConfig:
 @dataclass(frozen=True)
 class PublishConfig:
     """Updates for servers that follow the job (``[publish]``, ``--publish DIR --publish-every S``):
-    the rows pushes changed and the dense weights every ``every`` seconds, a full base every
-    ``base_every`` of them (:mod:`het.train.publish`)."""
+    the rows pushes changed and the dense weights every ``every`` seconds, a full base once the
+    deltas since the last hold its bytes or after ``base_every`` of them (:mod:`het.train.publish`)."""
 
     dir: str | None = setting(None, "CTR models: publish updates here for het serve-model --follow DIR",
                               aliases=("--publish",))
     every: float = setting(10.0, "seconds between deltas (the rows pushes changed since the last one)")
-    base_every: int = setting(30, "deltas between full bases (a follower starting late begins at the newest)")
+    base_every: int = setting(30, "deltas at most between full bases, which come sooner once the deltas since "
+                                  "the last hold its bytes (a follower starting late begins at the newest)")
     keep: int = setting(2, "bases kept, with the deltas after the oldest of them")
 
     def __post_init__(self) -> None:

@@ -127,3 +127,18 @@ def _serve(pub) -> tuple[str, subprocess.Popen]:
     line = proc.stdout.readline()
     assert "serving" in line, line
     return line.strip().split(" on ")[1].split(" ")[0], proc
+
+
+def test_a_base_comes_once_the_deltas_since_the_last_hold_its_bytes(tmp_path):
+    """Deltas that carry most of a small table: bases follow their bytes (each once the deltas
+    written since the newest base written hold its bytes), not the count (--publish-base-every
+    far off)."""
+    from het.train.publish import listing
+
+    pub = tmp_path / "pub"
+    s = het("train", *JOB, "--steps", "1500", "--publish", str(pub), "--publish-every", "0.3",
+            "--publish-base-every", "1000", "--publish-keep", "1000", "--json")
+    published = s["published"]
+    assert published["bases_for_size"] >= 1 and published["bases"] == 1 + published["bases_for_size"]
+    bases, deltas = listing(str(pub))
+    assert len(bases) == published["bases"] and len(deltas) < 1000

@@ -13,7 +13,7 @@ import torch
 from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
-from het.train.publish import Publisher, _listing
+from het.train.publish import Publisher, listing
 from het.train.tasks import job_tables
 from het.config import TableConfig
 
@@ -62,7 +62,7 @@ def test_a_version_after_a_shards_record_started_again_is_a_base(tmp_path):
     _restart_records(client, [0])
     publisher.publish(6)  # shard 0 restarted: a base stands for this version
     summary = publisher.finish(6)
-    bases, deltas = _listing(str(tmp_path / "pub"))
+    bases, deltas = listing(str(tmp_path / "pub"))
     assert bases == [0, 2] and deltas == [1, 3], (bases, deltas)
     assert summary["records_restarted"] == 1 and not summary["failed"]
     assert os.path.isfile(tmp_path / "pub" / "base-00000002" / "export.json")

@@ -248,6 +248,7 @@ def test_a_replayed_signed_push_is_refused_counted_and_changes_nothing():
     client, channel = recorded_client(shard)
     client.wait(client.push("t", torch.tensor([2]), torch.ones(1, 3), torch.ones(1, dtype=torch.int64)))
     push = channel.sent[-1]
+    shard.tables["t"].build_all()  # every row's value (a shard builds rows on first touch)
     weight, clocks = shard.tables["t"].weight.clone(), shard.tables["t"].clocks.clone()
     for _ in range(3):
         reply = decode(shard.handle_frames(push), SECRET, what="reply")

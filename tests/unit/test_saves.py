@@ -237,6 +237,7 @@ def test_a_load_of_another_hets_save_is_refused_whole(tmp_path):
 
 def test_a_load_of_a_foreign_pickle_is_refused_as_a_load_and_runs_nothing(tmp_path):
     s = pushed(shard(tmp_path))
+    s.tables["f"].build_all()  # every row's value (a shard builds rows on first touch)
     before = [t.clone() for t in (s.tables["f"].weight, s.tables["f"].clocks)]
     ran = tmp_path.parent / "foreign-ran"
 

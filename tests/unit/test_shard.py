@@ -419,7 +419,11 @@ def test_a_non_finite_gradient_is_refused_as_before_where_the_pass_is_not_spared
 def test_a_reference_push_that_fails_part_way_changes_nothing():
     """Adam's steps taken apart by torch's ops with an lr past float32's range: torch raises
     while it writes; the rows, clocks, marks and state written are put back."""
-    shard = Shard(ShardConfig((_adam_past_float32(),)))
+    from het.ps.store.fixed import FixedRows
+
+    cfg = _adam_past_float32()
+    shard = Shard(ShardConfig((cfg,)))
+    shard.tables["t"] = FixedRows(cfg, 0, 1, native=False)  # the reference (the native pass refuses such a push whole)
     rows, clocks = (a.copy() for a in shard.pull("t", np.arange(8)))
     state = {n: v.clone() for n, v in shard.tables["t"].optimizer.state.items()}
     with pytest.raises(RuntimeError):
