@@ -64,7 +64,9 @@ def add_parser(bsub) -> None:
 
 def _main(args) -> None:
     if args.runs < 1 or args.steps < 1:
-        raise SystemExit(f"het bench start: --runs and --steps must be >= 1, got {args.runs}, {args.steps}")
+        raise ValueError(f"--runs and --steps must be >= 1, got {args.runs}, {args.steps}")
+    if args.vs is not None and not os.path.isfile(os.path.join(args.vs, "het", "__init__.py")):
+        raise ValueError(f"--vs expects a checkout of het (a directory holding het/), got {args.vs!r}")
     result = run(["--steps", str(args.steps)], args.runs, args.vs)
     if args.json:
         print(json.dumps(result, sort_keys=True))
