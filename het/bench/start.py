@@ -12,6 +12,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 _STEP = re.compile(rb"\| *[1-9]\d*/\d+ ")  # the bar after its first step: "| 1/30 "
@@ -21,14 +22,17 @@ def first_step(cmd: list[str], cwd: str | None = None) -> dict:
     """One run of ``cmd`` (a ``het train ... --json`` command): seconds to its first step and to
     its end, and its shards' peak RSS in bytes."""
     start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    seen, first = b"", None
-    for chunk in iter(lambda: proc.stderr.read1(4096), b""):
-        seen = (seen + chunk)[-4096:]
-        if first is None and _STEP.search(seen):
-            first = time.perf_counter() - start
-    out = proc.stdout.read()
-    if proc.wait() != 0 or first is None:
+    with tempfile.TemporaryFile() as stdout:  # a file, not a pipe: a long summary cannot block the job
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=stdout, stderr=subprocess.PIPE)
+        seen, first = b"", None
+        for chunk in iter(lambda: proc.stderr.read1(4096), b""):
+            seen = (seen + chunk)[-4096:]
+            if first is None and _STEP.search(seen):
+                first = time.perf_counter() - start
+        proc.wait()
+        stdout.seek(0)
+        out = stdout.read()
+    if proc.returncode != 0 or first is None:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {seen[-300:].decode(errors='replace')}")
     summary = json.loads(out.decode().strip().splitlines()[-1])
     return {"first_step_s": first, "wall_s": time.perf_counter() - start,

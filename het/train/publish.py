@@ -18,8 +18,9 @@ same directory goes on from the last number, so its followers keep following):
   step boundary; ``het export`` turns it into the base in a background process at a lower
   priority, and the base appears whole when complete.
 
-Training waits for the flush and for rank 0's read of the changed rows, not for the files. Old
-bases and the deltas before the oldest kept one go.
+Training waits for the flush and for rank 0's read of the changed rows, not for the files (a base
+waits for the delta before it and for the last base's export). Old bases and the deltas before
+the oldest kept one go.
 
 Source of changed rows, measured against the alternative (docs/RESULTS.md): the shards' record
 costs nothing until a publisher asks, then 8 bytes a changed key between two deltas; the

@@ -703,11 +703,7 @@ def test_a_native_push_of_several_adagrad_steps_equals_the_reference_to_rounding
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adagrad", lr=0.05))
     fast, ref = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1, native=False))
     for step in range(1, 6):
-        n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
-        local = torch.randint(0, rows, (n,), generator=gen)
-        grads = torch.randn(n, dim, generator=gen)
-        counts = torch.randint(1, 40, (n,), generator=gen)
-        sq = torch.rand(n, 1 if width == "row" else dim, generator=gen) * counts[:, None]
+        local, grads, counts, sq = _push_of_steps(gen, rows, dim, width, lambda n: torch.randint(1, 40, (n,), generator=gen))
         for table in (fast, ref):
             table.push(local.clone(), grads.clone(), counts.clone(), step, sq=sq.clone())
         torch.testing.assert_close(fast.weight, ref.weight, rtol=1e-5, atol=1e-6)
@@ -729,13 +725,13 @@ def test_a_native_adam_push_of_several_steps_equals_the_reference_bit_for_bit(se
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adam", lr=0.05))
     fast, ref = built(FixedRows(cfg, 0, 1)), built(FixedRows(cfg, 0, 1, native=False))
+    def counts_of(n):  # many rows of one step or none, and some row of several
+        counts = torch.randint(0, 12, (n,), generator=gen) * (torch.rand(n, generator=gen) < 0.6)
+        counts[0] = 5
+        return counts
+
     for step in range(1, 7):
-        n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
-        local = torch.randint(0, rows, (n,), generator=gen)
-        grads = torch.randn(n, dim, generator=gen)
-        counts = torch.randint(0, 12, (n,), generator=gen) * (torch.rand(n, generator=gen) < 0.6)  # many 0s: one step or none
-        counts[0] = 5  # some row sums several steps
-        sq = torch.rand(n, 1 if width == "row" else dim, generator=gen) * counts[:, None]
+        local, grads, counts, sq = _push_of_steps(gen, rows, dim, width, counts_of)
         if blow_up == "grad" and step == 4:
             grads[-1] = float("inf")
         if blow_up == "clock" and step == 4:
@@ -754,3 +750,14 @@ def test_a_native_adam_push_of_several_steps_equals_the_reference_bit_for_bit(se
             assert torch.equal(getattr(fast, name), getattr(ref, name)), (name, step)
         for name in ref.optimizer.state:
             assert torch.equal(fast.optimizer.state[name], ref.optimizer.state[name]), (name, step)
+
+
+def _push_of_steps(gen, rows: int, dim: int, width: str, counts_of):
+    """A push of up to ``2 * rows`` gradients of random rows (duplicates too): the rows, the
+    gradients, their steps (``counts_of(n)``) and the sums of their squares, one a row
+    (``width`` "row") or one a coordinate."""
+    n = int(torch.randint(1, 2 * rows, (1,), generator=gen))
+    local = torch.randint(0, rows, (n,), generator=gen)
+    grads = torch.randn(n, dim, generator=gen)
+    counts = counts_of(n)
+    return local, grads, counts, torch.rand(n, 1 if width == "row" else dim, generator=gen) * counts[:, None]
