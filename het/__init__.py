@@ -18,10 +18,27 @@ How a batch travels::
 Public API: :class:`Embedding`, the configs, :class:`PSClient` and the server helpers.
 """
 
-from het.cache import EmbeddingCache
-from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
-from het.nn import Embedding
-from het.ps import PSClient, PSError, ServerProcess, ServerThread, Shard
+from __future__ import annotations
+
+import importlib
+
+# each public name and its module, imported on first use (PEP 562): a process that only parses
+# a command line or starts others (the launcher, ``het --help``) loads no torch
+_PUBLIC = {"CacheConfig": "het.config", "OptimizerConfig": "het.config", "ShardConfig": "het.config",
+           "TableConfig": "het.config", "EmbeddingCache": "het.cache", "Embedding": "het.nn", "PSClient": "het.ps",
+           "PSError": "het.ps", "ServerProcess": "het.ps.server_process", "ServerThread": "het.ps", "Shard": "het.ps"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        value = getattr(importlib.import_module(_PUBLIC[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'het' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))
 
 
 def load_model(path: str, verify: bool | None = None):

@@ -115,7 +115,7 @@ def cmd_serve(args) -> None:
         if not (args.wal and args.state_dir):
             raise ValueError("--supervise needs --wal and --state-dir DIR: a shard restarted without its log "
                              "would come back empty")
-        from het.ps.server import supervise
+        from het.ps.server_process import supervise
 
         raise SystemExit(supervise(_without_supervise(sys.argv[2:]), args.bind,
                                    None if args.supervise < 0 else args.supervise))

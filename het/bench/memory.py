@@ -19,7 +19,7 @@ import torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.store import optim
 from het.ps.client import PSClient
-from het.ps.server import ServerProcess
+from het.ps.server_process import ServerProcess
 from het.ps.store.fixed import FixedRows
 
 

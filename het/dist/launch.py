@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from het.config import ShardConfig, TableConfig
 from het.process import die_with_parent
-from het.ps.server import ServerProcess
+from het.ps.server_process import ServerProcess
 
 
 class ClusterError(RuntimeError):
@@ -73,7 +73,7 @@ class LocalCluster:
         (0: free ports), kept when it is restarted; their addresses are printed.
         ``max_worker_restarts``: when a worker dies, the workers are started again, as torchrun's
         agent does (het.train.rejoin), while the shards serve on, up to this many times."""
-        self.tables, self.num_workers, self.num_servers, self.wal = tuple(tables), workers, servers, wal
+        self._tables, self.num_workers, self.num_servers, self.wal = tables, workers, servers, wal
         self.encrypt, self.shard_options = encrypt, dict(shard_options or {})
         self.worker_args, self.log_dir, self.secret, self.progress = list(worker_args), log_dir, secret, progress
         self.network, self.on_failure, self.metrics_port = network, on_failure, metrics_port
@@ -84,14 +84,26 @@ class LocalCluster:
         threads = threads_per_process(workers + servers)
         self.threads_env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
 
+    @property
+    def tables(self) -> tuple[TableConfig, ...]:
+        """The shards' tables (given as a function: made when first asked, once the workers run)."""
+        if callable(self._tables):
+            self._tables = self._tables()
+        return tuple(self._tables)
+
     def run(self) -> dict:
         """Run the job to the end; the summary of rank 0. Raises ClusterError if a process fails."""
         failed = False
         try:
-            # The shards and the workers start side by side (a shard's start is an interpreter's and
-            # torch's, seconds): each shard on a port chosen here, which the workers are given.
+            # The workers first, then the shards (a start is an interpreter's and torch's, seconds,
+            # and the tables may need this process to load torch): each shard on a port chosen
+            # here, which the workers are given.
             binds = [f"{self._ip(f'ps{i}')}:{free_port() if self.network is None else SHARD_PORT + i}"
                      for i in range(self.num_servers)]
+            summary_path = os.path.join(self.log_dir, "summary.json")
+            if os.path.exists(summary_path):
+                os.remove(summary_path)
+            self._start_workers(summary_path, [f"tcp://{b}" for b in binds])
             for i, bind in enumerate(binds):
                 self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options),
                                                   bind=bind, secret=self.secret, env=self.threads_env, new_session=True,
@@ -99,10 +111,7 @@ class LocalCluster:
                                                   popen=self._popen(f"ps{i}"),
                                                   state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=self.wal,
                                                   encrypt=self.encrypt, metrics_port=self._metrics_port(i), wait=False))
-            summary_path = os.path.join(self.log_dir, "summary.json")
-            if os.path.exists(summary_path):
-                os.remove(summary_path)
-            self._start_workers(summary_path, [f"tcp://{b}" for b in binds])
+            self._write_pids()
             for i, server in enumerate(self.servers):
                 server.wait_started()
                 if server.metrics_url:
@@ -156,6 +165,9 @@ class LocalCluster:
             if tee:  # rank 0's progress bar reaches the terminal and its log
                 threading.Thread(target=_tee, args=(proc.stderr, log), daemon=True).start()
             self.workers.append(Role(f"worker {rank}", proc, log))
+        self._write_pids()
+
+    def _write_pids(self) -> None:
         with open(os.path.join(self.log_dir, "pids.json"), "w") as f:
             json.dump({w.name: w.proc.pid for w in self.workers}
                       | {f"PS shard {i}": s.proc.pid for i, s in enumerate(self.servers)}, f)

@@ -6,6 +6,15 @@ table's rows memory-mapped from disk (fp32, fp16 or int8), a dynamic table's key
 input spec that turns raw values into keys as training did.
 """
 
-from het.export.model import ExportedModel, load_model
+from __future__ import annotations
+
+import importlib
+
+
+def __getattr__(name: str):  # PEP 562: ``het export --help`` and the launcher load no torch
+    if name in __all__:
+        return getattr(importlib.import_module("het.export.model"), name)
+    raise AttributeError(f"module 'het.export' has no attribute {name!r}")
+
 
 __all__ = ["ExportedModel", "load_model"]

@@ -13,8 +13,12 @@ Rows are encoded a piece at a time; :func:`decode` turns gathered rows back into
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
+
+if TYPE_CHECKING:  # decode works on tensors through their methods: the command line loads no torch
+    import torch
 
 DTYPES = ("fp32", "fp16", "int8")
 STORED = {"fp32": np.float32, "fp16": np.float16, "int8": np.uint8}  # rows.npy's dtype
@@ -29,6 +33,7 @@ def encode(rows: np.ndarray, dtype: str) -> tuple[np.ndarray, np.ndarray | None]
         >>> q, qp = encode(rows, "int8")
         >>> q.tolist(), qp.tolist()
         ([[0, 255, 128], [0, 0, 0]], [[0.0039215087890625, 0.0], [0.0, 2.0]])
+        >>> import torch
         >>> decode(torch.from_numpy(q), torch.from_numpy(qp)).tolist()[1]
         [2.0, 2.0, 2.0]
     """
@@ -54,7 +59,7 @@ def decode(values: torch.Tensor, qparams: torch.Tensor | None) -> torch.Tensor:
     if qparams is None:
         return values.float()
     qp = qparams.float()
-    return torch.addcmul(qp[:, 1:], values.float(), qp[:, :1])
+    return qp[:, 1:].addcmul(values.float(), qp[:, :1])
 
 
 def row_bytes(dim: int, dtype: str) -> int:

@@ -11,11 +11,22 @@
   and the client, ps-lite style.
 """
 
-from het.ps.client import PSClient
-from het.ps.server import ServerProcess, ServerThread
-from het.ps.shard import Shard
-from het.ps.wire.protocol import AuthError, ProtocolError, PSError, VersionError
-from het.ps.wire.replies import Handle, SyncResult
+from __future__ import annotations
 
-__all__ = ["AuthError", "Handle", "PSClient", "PSError", "ProtocolError", "ServerProcess", "ServerThread", "Shard",
-           "SyncResult", "VersionError"]
+import importlib
+
+# each public name and its module, imported on first use (PEP 562): the launcher, which starts
+# shards as processes (het.ps.server_process), loads neither the client nor the store nor torch
+_PUBLIC = {"PSClient": "het.ps.client", "ServerProcess": "het.ps.server_process", "ServerThread": "het.ps.server",
+           "Shard": "het.ps.shard", "AuthError": "het.ps.wire.protocol", "ProtocolError": "het.ps.wire.protocol",
+           "PSError": "het.ps.wire.protocol", "VersionError": "het.ps.wire.protocol", "Handle": "het.ps.wire.replies",
+           "SyncResult": "het.ps.wire.replies"}
+
+
+def __getattr__(name: str):
+    if name in _PUBLIC:
+        return getattr(importlib.import_module(_PUBLIC[name]), name)
+    raise AttributeError(f"module 'het.ps' has no attribute {name!r}")
+
+
+__all__ = sorted(_PUBLIC)

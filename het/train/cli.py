@@ -38,16 +38,12 @@ def cmd_train(args) -> None:
     else:
         cfg = config_from_args(args)
     secret = load_secret(args.secret_file)
-    if not args.config_json and int(os.environ.get("RANK", 0)) == 0:
-        from het.train.tasks import data_warnings
-
-        try:
-            for line in data_warnings(cfg, cfg.workers if not args.ps else int(os.environ.get("WORLD_SIZE", 1))):
-                print(f"het train: warning: {line}", file=sys.stderr, flush=True)
-        except (ValueError, OSError):
-            pass  # the job itself names what is wrong with the data
     if args.ps:  # a worker of a multi-node job (torchrun) or of the local launcher
         from het.train.loop import run_worker
+        from het.train.tasks import warn_of_data
+
+        if not args.config_json and int(os.environ.get("RANK", 0)) == 0:  # the local launcher warns itself
+            warn_of_data(cfg, int(os.environ.get("WORLD_SIZE", 1)))
 
         summary = run_worker(cfg, args.ps.split(","), secret, progress=not args.quiet)
         if summary is None:

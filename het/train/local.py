@@ -4,6 +4,7 @@ restarted from the latest checkpoint when one of them dies (``max_restarts``).""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -12,9 +13,11 @@ import sys
 
 from het.config import parse_bytes
 from het.dist.launch import ClusterError, LocalCluster
-from het.train import checkpoint
 from het.train.config import TrainConfig
-from het.train.tasks import job_tables, resolve_epochs
+
+# the launcher imports het.train.checkpoint and het.train.tasks (and with them torch) only where
+# a job needs them: a default job's workers start before it has loaded torch, which it needs
+# only for the shards' tables (LocalCluster asks for them once the workers run)
 
 
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
@@ -31,12 +34,18 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     check_job(cfg)
-    cfg = with_restart_checkpoints(resolve_epochs(cfg, cfg.workers), log_dir)
+    if cfg.epochs is not None:
+        from het.train.tasks import resolve_epochs
+
+        cfg = resolve_epochs(cfg, cfg.workers)
+    cfg = with_restart_checkpoints(cfg, log_dir)
     if cfg.max_restarts and not cfg.rejoin_dir:
         cfg = dataclasses.replace(cfg, rejoin_dir=os.path.join(log_dir, "rejoin"))
     if cfg.tensorboard_every and not cfg.tensorboard_dir:
         cfg = dataclasses.replace(cfg, tensorboard_dir=os.path.join(log_dir, "tensorboard"))
     if cfg.checkpoint:  # what interrupted saves of an earlier job left beside it
+        from het.train import checkpoint
+
         checkpoint.remove_stale(cfg.checkpoint)
     first, restarts, rejoins = cfg, [], 0
     while True:
@@ -47,6 +56,8 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
             rejoins += getattr(e, "worker_restarts", 0)
             if len(restarts) + rejoins >= cfg.max_restarts:
                 raise
+            from het.train import checkpoint
+
             step = checkpoint.saved_step(cfg.checkpoint)
             cfg = dataclasses.replace(cfg, resume=cfg.checkpoint if step is not None else first.resume)
             where = f"the checkpoint at step {step} ({cfg.checkpoint})" if step is not None else "its start"
@@ -84,11 +95,20 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
             shutil.rmtree(os.path.join(log_dir, f"ps-{i}", "wal"), ignore_errors=True)
     if cfg.ps_encrypt and secret is None:  # CURVE's keys derive from a shared secret: one for this job
         secret = secrets.token_hex(16).encode()
-    cluster = LocalCluster(job_tables(cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
+    cluster = LocalCluster(functools.partial(_tables, cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
                            encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg), metrics_port=cfg.ps_metrics_port,
                            max_worker_restarts=max_worker_restarts)
     return cluster.run()
+
+
+def _tables(cfg: TrainConfig) -> list:
+    """The job's PS tables (and the data's warnings, said once), made while the workers start."""
+    from het.train.tasks import job_tables, make_task, warn_of_data
+
+    task = make_task(cfg)
+    warn_of_data(cfg, cfg.workers, task)
+    return job_tables(cfg, task)
 
 
 def shard_options(cfg: TrainConfig) -> dict:
@@ -105,6 +125,8 @@ def check_job(cfg: TrainConfig) -> None:
     does: a checkpoint to resume that is not there or not for ``cfg.servers`` shards, a
     checkpoint directory that cannot be written, data that is not there. Raises ValueError
     naming the setting (``het train`` prints it on one line and exits 2)."""
+    if cfg.resume or cfg.checkpoint:
+        from het.train import checkpoint
     if cfg.resume:
         _as_setting("resume", checkpoint.check_resumable, cfg.resume, cfg.servers)
     if cfg.checkpoint:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -302,12 +303,22 @@ def resolve_epochs(cfg: TrainConfig, world: int) -> TrainConfig:
     return dataclasses.replace(cfg, steps=max(1, math.ceil(cfg.epochs * per_epoch)))
 
 
-def data_warnings(cfg: TrainConfig, world: int) -> list[str]:
+def warn_of_data(cfg: TrainConfig, world: int, task=None) -> None:
+    """Print :func:`data_warnings` on stderr (nothing when the data cannot be read: the job
+    itself names what is wrong with it)."""
+    try:
+        for line in data_warnings(cfg, world, task):
+            print(f"het train: warning: {line}", file=sys.stderr, flush=True)
+    except (ValueError, OSError):
+        pass
+
+
+def data_warnings(cfg: TrainConfig, world: int, task=None) -> list[str]:
     """What a user should know of a prepared table before training on it, one line each: a
     training split smaller than one global batch, a test split too small for a steady AUC."""
     if cfg.is_graph or not cfg.data.startswith(("table:", "criteo:")):
         return []
-    rows = make_task(cfg).data.rows
+    rows = (task or make_task(cfg)).data.rows
     out = []
     if rows["train"] < cfg.batch * world:
         out.append(f"the training split holds {rows['train']:,} rows, fewer than one global batch ({world} workers "

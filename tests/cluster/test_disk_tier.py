@@ -12,7 +12,7 @@ import torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.store import saves
 from het.ps.client import PSClient
-from het.ps.server import ServerProcess
+from het.ps.server_process import ServerProcess
 from jobs import het
 
 pytestmark = pytest.mark.cluster

@@ -15,7 +15,8 @@ import zmq
 from het.config import ShardConfig, TableConfig
 from het.ps.client import PSClient
 from het.ps.wire.protocol import Message, Op, decode, encode
-from het.ps.server import ServerProcess, ServerThread
+from het.ps.server import ServerThread
+from het.ps.server_process import ServerProcess
 from conftest import raw_request
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ import torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import PSClient
 from het.ps.store import wal
-from het.ps.server import ServerProcess
+from het.ps.server_process import ServerProcess
 
 pytestmark = pytest.mark.cluster
 CFG = ShardConfig((TableConfig("t", rows=500, dim=4, optimizer=OptimizerConfig("adam", lr=0.01)),))

@@ -11,7 +11,8 @@ from het.ps.wire.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load
 from het.ps.client import PSClient
 from het.ps.wire.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, HEADER, decode,
                                   encode)
-from het.ps.server import ServerProcess, ServerThread, _child_env
+from het.ps.server import ServerThread
+from het.ps.server_process import ServerProcess, _child_env
 from het.ps.shard import Shard
 from het.ps.wire.transport import LocalTransport
 

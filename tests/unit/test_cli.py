@@ -36,7 +36,7 @@ def test_help_lists_every_command_in_order_with_its_help(capsys):
 
 
 def test_each_module_registers_its_command():
-    assert cli.COMMANDS == tuple(COMMANDS.values())  # the order `het --help` lists them in
+    assert list(cli.COMMANDS.items()) == list(COMMANDS.items())  # the order `het --help` lists them in
     for command, module in COMMANDS.items():
         sub = argparse.ArgumentParser().add_subparsers()
         importlib.import_module(module).add_parser(sub)
@@ -65,3 +65,18 @@ def test_the_command_line_is_built_without_the_heavy_optional_libraries():
             f"print(','.join(m for m in {heavy!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+def test_the_launcher_starts_its_workers_before_it_loads_torch(tmp_path):
+    """``het train``'s launcher parses, checks and starts the workers with no torch loaded (1.5-2 s
+    of a start, on the path to the first step): the workers import it side by side with it,
+    which then loads it for the shards' tables."""
+    code = ("import sys; import het.dist.launch as launch\n"
+            "def started(self, *a, **k):\n"
+            "    print('torch' in sys.modules); raise SystemExit(0)\n"
+            "launch.LocalCluster._start_workers = started\n"
+            f"from het.cli import main; main(['train', '--steps', '5', '--quiet', '--log-dir', {str(tmp_path)!r}])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+    code = "import sys; from het import cli; cli.parser('train'); print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

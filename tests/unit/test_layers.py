@@ -51,7 +51,7 @@ PS_ROOMS = (
     ("store", "wire"),
     ("changes", "parts", "sessions", "metrics", "budget", "hot"),
     ("shard",),
-    ("client", "server", "reshard"),
+    ("client", "server", "server_process", "reshard"),
 )
 
 

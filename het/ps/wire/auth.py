@@ -6,7 +6,7 @@ secret (:func:`check_bind`). Every request it serves then carries an HMAC-SHA256
 under that secret, and so does every reply (:mod:`het.ps.wire.protocol` adds and checks the MAC
 frame). The secret comes from a file (``het serve --secret-file PATH``) or, when no file is
 given, from the environment variable ``HET_SECRET``; workers and shards must use the same one.
-:class:`het.ps.server.ServerProcess` hands it to its child in the environment, never on the
+:class:`het.ps.server_process.ServerProcess` hands it to its child in the environment, never on the
 command line.
 
 The MAC (:func:`mac`) covers the header frame and every array frame, each preceded by its
