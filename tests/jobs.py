@@ -82,3 +82,18 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+# a small publishing job (het train --publish): one worker, a small table
+PUBLISH_JOB = ("--workers", "1", "--synthetic-cap", "1000", "--dim", "16", "--batch", "128", "--eval-samples", "3000")
+
+
+def held_out(model, n: int = 3000):
+    """``n`` held-out samples of an export's synthetic data: (dense, the table's keys)."""
+    import torch
+
+    from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+
+    gen = SyntheticCriteo(SyntheticCriteoConfig(**model.manifest["input"]["synthetic"]))
+    b = gen.batch("test", 0, n)
+    return b.dense, torch.from_numpy(model.inputs.table_keys(b.sparse.numpy()))

@@ -43,6 +43,9 @@ def run(train_args: list[str], steps: int, publish_every: float, eval_every: int
                             "--json", "--quiet", "--log-dir", os.path.join(work, "logs")],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     server = watcher = None
+    disk, stop = [], threading.Event()
+    sampler = threading.Thread(target=_sample_disk, args=(pub, disk, stop), daemon=True)
+    sampler.start()
     try:
         _wait_for(lambda: _has_base(pub), 300, "the job's first base")
         server = _serve(pub)
@@ -53,8 +56,10 @@ def run(train_args: list[str], steps: int, publish_every: float, eval_every: int
         summary = json.loads(out.strip().splitlines()[-1])
         _wait_for(lambda: watcher.version >= summary["published"]["version"], 120, "the follower's last version")
         watcher.stop()
-        return _report(summary, watcher, pub, ck, work, server[0], samples)
+        stop.set()
+        return _report(summary, watcher, disk, pub, ck, work, server[0], samples)
     finally:
+        stop.set()
         if watcher is not None:
             watcher.stop()
         for proc in (job, server[1] if server else None):
@@ -71,7 +76,6 @@ class _Watcher:
         from het.online.live import Live
 
         self.url, self.samples, self.pub = url, samples, pub
-        self.disk: list[int] = []  # the publish directory's bytes, at each sample
         self.live = Live(newest_base(pub))
         self.replica = Follower(self.live, pub)
         self.lags, self.points = [], []
@@ -93,13 +97,7 @@ class _Watcher:
     def _loop(self) -> None:
         import httpx
 
-        from het.train.publish import bytes_under
-
         while not self._stop.is_set():
-            try:
-                self.disk.append(bytes_under(self.pub))
-            except OSError:  # a file pruned while it was counted: the next sample counts again
-                pass
             try:
                 metrics = httpx.get(f"{self.url}/metrics", timeout=10).text
                 version = int(float(_gauge(metrics, "het_serve_model_version")))
@@ -146,7 +144,7 @@ def _step_of(follower, version: int) -> int | None:
     return int(arrayfile.read(path)[0]["step"])
 
 
-def _report(summary: dict, watcher: _Watcher, pub: str, ck: str, work: str, url: str, samples: int) -> dict:
+def _report(summary: dict, watcher: _Watcher, disk: list, pub: str, ck: str, work: str, url: str, samples: int) -> dict:
     import httpx
 
     from het.export import load_model
@@ -165,7 +163,7 @@ def _report(summary: dict, watcher: _Watcher, pub: str, ck: str, work: str, url:
     ref = final(dense, keys).numpy()
     served = np.array(httpx.post(f"{url}/v1/predict", json={"instances": _instances(final, 256)}).json()["predictions"])
     expected = final.predict(_columns(_instances(final, 256)))
-    deltas = _delta_sizes(pub)
+    deltas = _delta_sizes(summary["published"])
     wall = summary["wall_s"]
     return {"steps": summary["steps"], "wall_s": wall, "samples_per_s": summary["samples_per_s"],
             "trainer_auc": summary["auc"], "published": summary["published"],
@@ -175,38 +173,46 @@ def _report(summary: dict, watcher: _Watcher, pub: str, ck: str, work: str, url:
             "first_auc": points[0]["auc"], "last_auc": points[-1]["auc"],
             "final_max_abs_difference": float(np.abs(replica - ref).max()),
             "served_max_abs_difference": float(np.abs(served - expected).max()),
-            "deltas": deltas, "disk": _disk(watcher.disk, pub), "push_bytes_per_delta": summary["bytes"]["sparse_push"] / max(1, summary["published"]["deltas"]),
+            "deltas": deltas, "disk": _disk(disk, pub),
+            "push_bytes_per_delta": summary["bytes"]["sparse_push"] / max(1, summary["published"]["deltas"]),
             "lag_series": [(round(t - watcher.lags[0][0], 2), round(lag, 3)) for t, lag, _ in watcher.lags]}
 
 
-def _disk(samples: list[int], pub: str) -> dict:
-    """The publish directory's largest size sampled, against its newest base's bytes."""
-    from het.train.publish import bytes_under, listing, base_name
+def _sample_disk(pub: str, samples: list, stop: threading.Event) -> None:
+    """The publish directory's bytes every 0.2 s, each sample marked when taken at the start (the
+    first base's snapshot of rows and optimizer state there, while it is exported)."""
+    from het.train.published import bytes_under
+
+    while not stop.wait(0.2):
+        try:
+            names = os.listdir(pub)
+            samples.append((bytes_under(pub), any(n.startswith(".snapshot-") for n in names)))
+        except OSError:  # not there yet, or a file pruned while it was counted
+            continue
+
+
+def _disk(samples: list[tuple[int, bool]], pub: str) -> dict:
+    """The publish directory's largest size sampled, against its newest base's bytes: once the
+    first base is written, and at the start (its snapshot of rows and optimizer state there)."""
+    from het.train.published import base_name, bytes_under, listing
 
     bases = listing(pub)[0]
     base = bytes_under(os.path.join(pub, base_name(bases[-1]))) if bases else 0
-    most = max(samples, default=0)
-    return {"max_bytes": most, "base_bytes": base, "max_over_base": most / base if base else None}
+    most = max((b for b, start in samples if not start), default=0)
+    first = max((b for b, start in samples if start), default=0)
+    return {"max_bytes": most, "base_bytes": base, "max_over_base": most / base if base else None,
+            "start_max_bytes": first, "start_max_over_base": first / base if base else None}
 
 
-def _delta_sizes(pub: str) -> dict:
-    """Bytes of each delta kept, its rows, and the dense weights' bytes in it."""
-    from het import arrayfile
-    from het.online.follow import scan, delta_path
-
-    _, versions = scan(pub)
-    sizes, rows, dense = [], [], []
-    for v in versions:
-        path = delta_path(pub, v)
-        meta, arrays = arrayfile.read(path)
-        sizes.append(os.path.getsize(path))
-        rows.append(meta["rows"])
-        dense.append(sum(a.nbytes for k, a in arrays.items() if k.startswith("dense.")))
-    if not sizes:
+def _delta_sizes(published: dict) -> dict:
+    """The deltas the job wrote (most are gone by the end, covered by a later base): their
+    count, mean bytes and rows, and bytes a row."""
+    count = published["deltas"]
+    if not count:
         return {"count": 0}
-    return {"count": len(sizes), "bytes_mean": float(np.mean(sizes)), "rows_mean": float(np.mean(rows)),
-            "dense_bytes": float(np.mean(dense)),
-            "bytes_per_row": float((np.sum(sizes) - np.sum(dense)) / max(1, np.sum(rows)))}
+    return {"count": count, "bytes_mean": published["delta_bytes"] / count,
+            "rows_mean": published["delta_rows"] / count,
+            "bytes_per_row": published["delta_bytes"] / max(1, published["delta_rows"])}
 
 
 def _instances(model, n: int) -> list[dict]:
@@ -284,7 +290,8 @@ def _main(args) -> None:
           f"max {lag['max']:.1f} s; AUC gap to the trainer at most {result['max_auc_gap']:.4f}; first "
           f"{result['first_auc']:.4f} -> last {result['last_auc']:.4f}; final scores against het export: "
           f"{result['final_max_abs_difference']:.2g}; {result['deltas']['bytes_mean'] / 1e6:.1f} MB a delta for "
-          f"{result['deltas']['rows_mean']:,.0f} rows")
+          f"{result['deltas']['rows_mean']:,.0f} rows; the directory at most {result['disk']['max_over_base'] or 0:.2f}x "
+          f"a base ({result['disk']['start_max_over_base'] or 0:.2f}x at the start)")
 
 
 def _plot(result: dict, path: str) -> None:

@@ -20,7 +20,7 @@ import time
 from het import arrayfile
 from het.export.model import load_model
 from het.online.live import Live, Overlay, OverlaidTable, Version
-from het.train.publish import FORMAT, base_name, delta_name
+from het.train.published import base_name, delta_name, read_delta
 
 BASE, DELTA = re.compile(r"base-(\d+)"), re.compile(r"delta-(\d+)\.het")
 
@@ -44,15 +44,18 @@ def scan(directory: str) -> tuple[list[int], list[int]]:
 
 def newest_base(directory: str) -> Version:
     """The newest complete base of ``directory`` as a version (ValueError: none yet)."""
-    bases, _ = scan(directory)
-    for number in reversed(bases):  # a base damaged or going away: the one before it
-        try:
-            model = load_model(base_dir(directory, number))
-        except (ValueError, OSError) as e:
-            _say(f"base {number} cannot be loaded ({e}): trying an older one")
-            continue
-        published = model.manifest.get("published") or {}
-        return Version(number, float(published.get("trained_at", time.time())), model)
+    tried: set[int] = set()
+    for _ in range(5):  # a base goes only once a newer one is whole: a base gone while read means a newer one
+        bases, _ = scan(directory)
+        for number in reversed([b for b in bases if b not in tried]):  # damaged or going away: the one before
+            try:
+                model = load_model(base_dir(directory, number))
+            except (ValueError, OSError) as e:
+                tried.add(number)
+                _say(f"base {number} cannot be loaded ({e}): trying another")
+                continue
+            published = model.manifest.get("published") or {}
+            return Version(number, float(published.get("trained_at", time.time())), model)
     raise ValueError(f"{directory}: no complete base (base-<version>/ holding export.json) to follow yet")
 
 
@@ -119,10 +122,7 @@ class Follower:
     def _apply(self, number: int) -> bool:
         path = delta_path(self.directory, number)
         try:
-            meta, arrays = arrayfile.read(path)
-            if meta.get("version") != number or meta.get("format") != FORMAT:
-                raise arrayfile.ArrayFileError(f"{path}: holds {meta.get('format')!r} version "
-                                               f"{meta.get('version')!r}, expected het-delta {number}")
+            meta, keys, rows, dense = read_delta(path, number)
         except FileNotFoundError:  # removed by the publisher: a newer base holds it
             return False
         except (arrayfile.ArrayFileError, ValueError, KeyError) as e:
@@ -131,8 +131,7 @@ class Follower:
                 self.metrics.skipped.inc()
             _say(f"skipped delta {number}: {e}; waiting for the next base")
             return False
-        layers = (Overlay.of(arrays["keys"], arrays["rows"]), *self.live.current.layers)
-        dense = {name[len("dense."):]: a for name, a in arrays.items() if name.startswith("dense.")}
+        layers = (Overlay.of(keys, rows), *self.live.current.layers)
         model = self.base.model.variant(OverlaidTable(self.base.model.table, layers), dense or None)
         version = Version(number, float(meta["trained_at"]), model, layers)
         self._swap(version, "delta")

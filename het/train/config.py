@@ -21,6 +21,7 @@ refused with one line naming the key, the type expected and the value found.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass
 
@@ -269,6 +270,9 @@ class TrainConfig:
             (self.powersgd_rank >= 1, f"powersgd_rank must be >= 1, got {self.powersgd_rank}"),
             (self.dense_snapshot_s > 0, f"dense_snapshot_s must be > 0, got {self.dense_snapshot_s}"),
             (not self.checkpoint_every or self.checkpoint, "checkpoint_every needs a checkpoint directory"),
+            (not (self.publish.consistency == "bounded" and self.staleness == math.inf),
+             "publish.consistency bounded needs a finite staleness: with inf a cached row's updates may never reach "
+             "the shards, and a version could lack them for ever; use flush"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),
              f"export and publish apply to CTR models; {self.model} is not exported"),
             (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),

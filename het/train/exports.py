@@ -85,10 +85,11 @@ class Outputs:
     """What a job writes for use beyond training while it trains: exports (``[export]``) and
     publications for servers (``[publish]``, :mod:`het.train.publish`)."""
 
-    def __init__(self, worker, cfg: TrainConfig):
+    def __init__(self, worker, cfg: TrainConfig, connect=None):
         from het.train.publish import publisher
 
-        self.exports, self.publishes = exporter(worker, cfg), publisher(worker, cfg)
+        # connect: a new client of the job's shards, for the publisher's thread beside training
+        self.exports, self.publishes = exporter(worker, cfg), publisher(worker, cfg, connect)
         self.hooks = [h for h in (self.exports, self.publishes) if h is not None]
 
     def finish(self, step: int, kept: int | None = None) -> dict:

@@ -274,7 +274,9 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         board = Board(worker, cfg.tensorboard_dir, cfg.tensorboard_every)
         curve = _Curve(worker, cfg.eval_curve if not cfg.is_graph and cfg.eval_samples else 0, cfg.eval_samples,
                        board.evaluation)
-        outputs = Outputs(worker, cfg)  # exports and publications while it trains
+        outputs = Outputs(worker, cfg, lambda: PSClient.connect(  # exports, publications (a thread's client)
+            addresses, timeout_s=timeout_s, secret=secret, reconnect_s=120.0 if cfg.ps_wal else 0.0,
+            encrypt=cfg.ps_encrypt))
         hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, keeper, curve, board, rejoin) if h]
         # SIGTERM: stop at the next step boundary, flush, exit 143; a peer's death: flush, exit for a rejoin
         with _stop_on_sigterm(worker), rejoin.guard(lambda: start + worker.step_count):

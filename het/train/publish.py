@@ -1,26 +1,37 @@
 """Updates for servers that follow a training job: ``het train --publish DIR --publish-every S``.
 
-Rank 0 publishes into ``DIR``, numbered versions in one sequence (a later job publishing into the
-same directory goes on from the last number, so its followers keep following):
+Rank 0 publishes into ``DIR`` numbered versions in one sequence (a later job publishing into
+the same directory goes on from the last number, so its followers keep following), as files
+:mod:`het.train.published` describes:
 
-- ``delta-<v>.het``: every ``every`` seconds (rank 0's clock, told to every rank at a step
-  boundary), every rank flushes its cache (as for a checkpoint: the PS then holds every update of
-  every worker up to that step), and rank 0 reads the rows the pushes changed since the previous
-  version from the shards' own record of changed keys (the CHANGED request,
-  :mod:`het.ps.changes`) and writes them with the dense weights as a checksummed array file
-  (:mod:`het.arrayfile`), in a thread beside training, under a temporary name renamed when whole.
-  Its bytes follow the rows that changed, not the table.
-- ``base-<v>/``: a full export (as ``het export`` writes) of the version: at the start, then once
-  the deltas written since the last base hold as many bytes as it (a follower starting late reads
-  no more than a base's worth of deltas after it), or after ``base_every`` deltas, whichever comes
-  first, and in a delta's place when a shard's record of changed keys started
-  again (a shard restarted: its record, kept in memory, lost what changed before). Its snapshot (the shards' saves, rank 0's dense model) is taken at the
-  step boundary; ``het export`` turns it into the base in a background process at a lower
-  priority, and the base appears whole when complete.
+- ``delta-<v>.het`` every ``every`` seconds: the rows the pushes changed since the version
+  before, read from the shards' own record of changed keys (the CHANGED request,
+  :mod:`het.ps.changes`), in the table's precision (``dtype`` to choose another), with the dense
+  weights. Its bytes follow the rows that changed, not the table.
+- ``base-<v>/``, a full export: the first from a snapshot (the shards' saves and the dense
+  model, exported by ``het export`` in a process of its own; deltas wait for it, as followers
+  do); every later one from the base before it and the deltas since (:mod:`het.export.compact`,
+  a process of its own at a lower priority, while deltas go on), started after the delta that
+  brings the deltas since the last base within one such delta of its bytes, or after
+  ``base_every`` deltas. The newest ``keep`` bases stay, with the deltas after the oldest of
+  them. With ``keep`` 1 the directory holds at most the newest base, the deltas since, the base
+  being made and the delta being written: a delta that would bring the deltas since the newest
+  base past its bytes waits for the base being made (or for one made then). A follower starting
+  late reads a base and less than a base's worth of deltas.
 
-Training waits for the flush and for rank 0's read of the changed rows, not for the files (a base
-waits for the delta before it and for the last base's export). Old bases and the deltas before
-the oldest kept one go.
+What a version holds depends on ``consistency``:
+
+- ``flush``: every rank flushes its cache at the same step boundary (one broadcast of rank 0's
+  clock a step, a barrier at each version), so a version holds every update up to its step;
+- ``bounded``: nothing stops; rank 0 reads the shards as they are. Every row then lacks at most
+  ``staleness`` updates of each worker (the caches' write rule, :mod:`het.staleness`), which the
+  delta's manifest says. The last version of a job is flushed in both.
+
+The shards are read and the delta written by a thread beside training, with its own connection
+to the shards, one version at a time: training waits for none of it, and a version comes due
+only once the one before is out. A shard whose record of changed keys started again (a restart:
+the record lives in memory) makes the next version a base from a snapshot, as does a delta that
+could not be written (a full disk): followers never apply a delta that leaves rows out.
 
 Source of changed rows, measured against the alternative (docs/RESULTS.md): the shards' record
 costs nothing until a publisher asks, then 8 bytes a changed key between two deltas; the
@@ -30,8 +41,10 @@ write-ahead log holds every push's gradients (more bytes than the rows, and only
 
 from __future__ import annotations
 
+import json
+import math
 import os
-import re
+import select
 import shutil
 import subprocess
 import sys
@@ -41,191 +54,298 @@ import time
 
 import numpy as np
 
-from het import arrayfile
 from het.dist.collectives import barrier, rank0_says
 from het.train import checkpoint
 from het.train.config import TrainConfig
+from het.train.published import (base_name, bytes_under, delta_name, encode_rows, listing,  # noqa: F401 - the
+                                  write_delta)  # directory's names, read here by the freshness benchmark
 from het.train.tasks import EMBEDDING_TABLE
-
-FORMAT = "het-delta"
-_NAME = re.compile(r"(base|delta)-(\d+)(\.het)?")
-
-
-def base_name(version: int) -> str:
-    return f"base-{version:08d}"
-
-
-def delta_name(version: int) -> str:
-    return f"delta-{version:08d}.het"
 
 
 class Publisher:
-    """The per-step hook of ``het train --publish`` (see the module); rank 0 alone acts."""
+    """The per-step hook of ``het train --publish`` (see the module); rank 0 alone acts.
 
-    def __init__(self, worker, cfg: TrainConfig):
-        self.worker, self.cfg = worker, cfg
-        self.dir = os.path.abspath(cfg.publish.dir)
-        self.version = 0
-        self.deltas_since_base = 0
+    Args:
+        worker: the rank's worker.
+        cfg: the job's config (``cfg.publish``).
+        connect: makes a new client of the job's shards for the thread beside training; None:
+            every version is published at its step boundary by the calling thread.
+    """
+
+    def __init__(self, worker, cfg: TrainConfig, connect=None):
+        self.worker, self.cfg, self.connect = worker, cfg, connect
+        self.pub = cfg.publish
+        self.consistency = self.pub.consistency or ("flush" if cfg.staleness == math.inf else "bounded")
+        self.dir = os.path.abspath(self.pub.dir)
+        self.rows_dtype = str(self.pub.dtype or cfg.row_dtype)
+        self.client = None  # the thread's own connection, made on its first version
+        self.job: threading.Thread | None = None  # the version being published
+        self.version = 0  # the newest version published (or being made a base)
         self.last = time.monotonic()
-        self.base_proc: subprocess.Popen | None = None
-        self.writer: threading.Thread | None = None  # the delta being written
-        self.base_snapshot = self.base_out = None
-        self.base_bytes: int | None = None  # the newest base's bytes on disk, once written
-        self.bytes_since_base = 0  # the bytes of the deltas written since the newest base's snapshot
-        self.stats = {"deltas": 0, "bases": 0, "delta_bytes": 0, "delta_rows": 0, "failed": [], "records_restarted": 0,
-                      "bases_for_size": 0}
+        self.base = None  # (process, version, directory, snapshot): the snapshot being exported
+        self.compactor: subprocess.Popen | None = None  # the process compacting this job's bases
+        self.compaction = None  # (version, directory): the base it is making
+        self.base_version: int | None = None  # the newest base written
+        self.base_bytes: int | None = None
+        self.deltas: list[tuple[int, int, dict]] = []  # (version, bytes, manifest) of the deltas since it
+        self.snapshot_due = False  # the next version must be a base from a snapshot
+        self.finishing = False
+        self.stats = {"consistency": self.consistency, "rows_dtype": self.rows_dtype, "deltas": 0, "bases": 0,
+                      "bases_compacted": 0, "compact_s": 0.0, "bases_for_size": 0, "delta_bytes": 0,
+                      "delta_rows": 0, "failed": [], "records_restarted": 0}
         if worker.rank == 0:
             os.makedirs(self.dir, exist_ok=True)
             bases, deltas = listing(self.dir)  # an earlier job's: its followers go on from its last
-            self.version = max(bases + deltas, default=-1) + 1
+            self.version = max(bases + deltas, default=-1)
             list(worker.client.changed(EMBEDDING_TABLE))  # the shards start their record of changes
-            self._base(worker.step_count)
+            self._snapshot_base(worker.step_count, self.version + 1)
 
     def __call__(self, step: int) -> None:
-        due = self.worker.rank == 0 and time.monotonic() - self.last >= self.cfg.publish.every
-        if rank0_says(due, self.worker.world):  # every rank at the same step boundary
+        due = self.worker.rank == 0 and time.monotonic() - self.last >= self.pub.every and self._idle()
+        if self.consistency == "bounded":
+            if due:
+                self._start(step)
+        elif rank0_says(due, self.worker.world):  # every rank at the same step boundary
             self.worker.embedding.flush()
             barrier(self.worker.world)
             if self.worker.rank == 0:
-                self.publish(step)
+                self._start(step)
 
     def publish(self, step: int) -> None:
-        """A delta of what changed since the last version; a base after every ``base_every``."""
-        self.last = time.monotonic()
-        self.version += 1
-        if not self._delta(self.version, step):
-            self._base(step)  # a shard's record started again: this version is a base
-            return
-        self.deltas_since_base += 1
-        if self.base_proc is not None and self.base_proc.poll() is not None:
-            self._wait_base()  # written: its bytes known
-        outweigh = self.base_bytes is not None and self.bytes_since_base >= self.base_bytes
-        if outweigh or self.deltas_since_base >= self.cfg.publish.base_every:
-            self.stats["bases_for_size"] += int(outweigh and self.deltas_since_base < self.cfg.publish.base_every)
-            self._base(step)
+        """Publish a version of step ``step`` now, on this thread (rank 0; caches as they are)."""
+        self._join()
+        self._start(step, inline=True)
 
     def finish(self, step: int, base: bool = False) -> dict:
-        """The last delta (every cache flushed before), the base in flight waited for; with
-        ``base``, a base instead of the delta (the PS's rows were put back to a kept save, which
-        the changed-key record does not see)."""
+        """The last version (every cache flushed before), waited for; with ``base``, a base from
+        a snapshot (the PS's rows were put back to a kept save, which the record of changed keys
+        does not see)."""
         if self.worker.rank == 0:
-            self.version += 1
-            if base or not self._delta(self.version, step):
-                self._wait_delta()
-                self._base(step)
-            self._wait_delta()
+            self._join()
+            self.snapshot_due |= base
+            self.finishing = True  # the last delta starts no base: followers have it, a later job goes on
+            self._start(step, inline=True)
             self._wait_base()
-            self._prune()
+            self._wait_compaction()
+            if self.compactor is not None:
+                self.compactor.stdin.close()
+                self.compactor.wait()
+            if self.client is not None:
+                self.client.close()
         return {"dir": self.dir, "version": self.version, **self.stats}
 
-    # -- deltas ---------------------------------------------------------------------------------
-    def _delta(self, version: int, step: int) -> bool:
-        """Start writing the delta of ``version``; False (nothing written) when a shard's record of
-        changed keys started again since the last delta (the shard restarted: what changed before
-        is not in it), and a base must stand for this version."""
-        trained_at = time.time()
+    # -- at a step boundary (rank 0) ------------------------------------------------------------
+    def _idle(self) -> bool:
+        if self.job is not None and self.job.is_alive():
+            return False
+        self._join()
+        return True
+
+    def _join(self) -> None:
+        if self.job is not None:
+            self.job.join()
+            self.job = None
+
+    def _start(self, step: int, inline: bool = False) -> None:
+        self.last = time.monotonic()
+        version = self.version + 1
+        if self.snapshot_due:
+            self._snapshot_base(step, version)
+            return
+        args = (version, step, time.time(), self._dense(), inline or self.connect is None)
+        if args[-1]:
+            self._publish(*args)
+        else:
+            self.job = threading.Thread(target=self._publish_beside, args=args, name="het-publish", daemon=True)
+            self.job.start()
+
+    def _dense(self) -> dict:
+        """The dense weights now, copied (training goes on changing them in place)."""
+        self.worker.dense.before_forward()  # mode ps: the dense parameters as the PS holds them
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.worker.model.state_dict().items()
+                if not k.startswith("embedding.")}
+
+    def _snapshot_base(self, step: int, version: int) -> None:
+        """Snapshot the shards' rows and the dense model as ``version`` and export it in a process
+        of its own (the bases before waited for)."""
+        self._wait_base()
+        self._wait_compaction()
+        snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
+        os.rmdir(snapshot)
+        checkpoint.write(self.worker, snapshot, step, published={"version": version, "trained_at": time.time()})
+        out = os.path.join(self.dir, base_name(version))
+        proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json", "--dtype",
+                                 self.cfg.export.dtype], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.base = (proc, version, out, snapshot)  # at training's priority: deltas and followers wait for it
+        self.version, self.snapshot_due = version, False
+        self.base_version = self.base_bytes = None
+        self.deltas = []
+
+    def _wait_base(self, block: bool = True) -> None:
+        """The snapshot being exported, waited for (``block``) or taken if done."""
+        if self.base is None or (not block and self.base[0].poll() is None):
+            return
+        proc, version, out, snapshot = self.base
+        self.base = None
+        self._based(proc, version, out, self.deltas)
+        shutil.rmtree(snapshot, ignore_errors=True)
+
+    def _wait_compaction(self, block: bool = True) -> None:
+        """The base being compacted, waited for (``block``) or taken if done."""
+        if self.compaction is None:
+            return
+        pipe = self.compactor.stdout
+        if not block and not select.select([pipe], [], [], 0)[0]:
+            return
+        version, out = self.compaction
+        self.compaction = None
+        line = pipe.readline()
+        answer = json.loads(line) if line else {"ok": False, "error": "the compacting process ended"}
+        if not line:
+            self.compactor.wait()
+            self.compactor = None
+        if not answer["ok"]:
+            self._failed(f"base {version} of {self.dir}", answer["error"][:300])
+            return
+        self.stats["bases"] += 1
+        self.stats["bases_compacted"] += 1
+        self.stats["compact_s"] = round(self.stats["compact_s"] + answer["seconds"], 3)
+        self.base_version, self.base_bytes = version, bytes_under(out)
+        self.deltas = [d for d in self.deltas if d[0] > version]
+        self._prune()
+
+    def _based(self, proc: subprocess.Popen, version: int, out: str, deltas_after: list) -> None:
+        """A snapshot's export ended: on success it is the newest base."""
+        _, err = proc.communicate()
+        if proc.returncode != 0:
+            self._failed(f"base {version} of {self.dir}", (err.decode(errors="replace").strip().splitlines() or [""])[-1][:300])
+            self.snapshot_due = True  # no base to compact from: a snapshot again
+            return
+        self.stats["bases"] += 1
+        self.base_version, self.base_bytes, self.deltas = version, bytes_under(out), deltas_after
+        self._prune()
+
+    # -- beside training ------------------------------------------------------------------------
+    def _publish_beside(self, version: int, *args) -> None:
+        """:meth:`_publish` on the thread beside training: whatever it raises is reported, and
+        the next version is a base from a snapshot (the rows it read may be in no delta)."""
+        try:
+            self._publish(version, *args)
+        except Exception as e:  # noqa: BLE001 - training goes on; followers get a whole base next
+            self._failed(f"version {version} of {self.dir}", f"{type(e).__name__}: {e}")
+            self.snapshot_due = True
+
+    def _publish(self, version: int, step: int, trained_at: float, dense: dict, inline: bool) -> None:
+        """Read the rows changed since the last version and write them as ``version``'s delta;
+        start a base of it once the deltas since the last base near its size."""
+        client = self.worker.client if inline else self._client()
         started = []
-        pieces = list(self.worker.client.changed(EMBEDDING_TABLE, started=started))
+        pieces = list(client.changed(EMBEDDING_TABLE, started=started))
         if started:
             self.stats["records_restarted"] += 1
             print(f"het train: the record of changed rows of shard(s) {started} started again (a restart): version "
                   f"{version} is published as a base", file=sys.stderr, flush=True)
-            return False
-        dim = self.worker.client.tables[EMBEDDING_TABLE].dim
+            self.snapshot_due = True
+            if inline:
+                self._snapshot_base(step, version)
+            return
+        dim = client.tables[EMBEDDING_TABLE].dim
         keys = np.concatenate([k for k, _, _ in pieces]) if pieces else np.zeros(0, np.int64)
         rows = np.concatenate([r for _, r, _ in pieces]) if pieces else np.zeros((0, dim), np.float32)
         clocks = np.concatenate([c for _, _, c in pieces]) if pieces else np.zeros(0, np.int64)
-        self.worker.dense.before_forward()  # mode ps: the dense parameters as the PS holds them
-        dense = {f"dense.{k}": v.detach().cpu().numpy() for k, v in self.worker.model.state_dict().items()
-                 if not k.startswith("embedding.")}
-        meta = {"format": FORMAT, "version": version, "step": step, "trained_at": trained_at,
-                "table": EMBEDDING_TABLE, "rows": len(keys), "dim": dim}
-        self._wait_delta()  # deltas land in order
-        self.writer = threading.Thread(target=self._write_delta, name="het-publish",
-                                       args=(version, {"keys": keys, "rows": rows, "clocks": clocks, **dense}, meta))
-        self.writer.start()
-        return True
-
-    def _write_delta(self, version: int, arrays: dict, meta: dict) -> None:
+        rows = encode_rows(rows, self.rows_dtype)
+        meta = {"version": version, "step": step, "trained_at": trained_at, "table": EMBEDDING_TABLE,
+                "rows": len(keys), "dim": dim, "rows_dtype": self.rows_dtype, **self._behind(inline)}
+        size = keys.nbytes + rows.nbytes + clocks.nbytes + sum(a.nbytes for a in dense.values())
+        self._wait_base()  # followers have nothing to apply deltas to before the first base
+        self._make_room(size)
+        self.version = version
         try:
-            size = arrayfile.write(os.path.join(self.dir, delta_name(version)), arrays, meta)
-        except OSError as e:  # a full disk: the next base covers what this delta held
-            self.stats["failed"].append(f"delta {version}: {e}")
-            print(f"het train: delta {version} of {self.dir} failed: {e}", file=sys.stderr, flush=True)
+            size = write_delta(os.path.join(self.dir, delta_name(version)), keys, rows, clocks, dense, meta)
+        except OSError as e:  # a full disk: a base from a snapshot stands for the next version
+            self._failed(f"delta {version} of {self.dir}", str(e))
+            self.snapshot_due = True
             return
-        self.stats["deltas"] += 1
-        self.stats["delta_bytes"] += size
-        self.bytes_since_base += size
-        self.stats["delta_rows"] += meta["rows"]
+        self.deltas.append((version, size, meta))
+        self.stats.update(deltas=self.stats["deltas"] + 1, delta_bytes=self.stats["delta_bytes"] + size,
+                          delta_rows=self.stats["delta_rows"] + len(keys))
+        near = self.base_bytes is not None and self._since() + size > self.base_bytes  # the next would pass it
+        if (self.compaction is None and self.base_version is not None and not self.finishing
+                and (near or len(self.deltas) >= self.pub.base_every)):
+            self.stats["bases_for_size"] += int(near and len(self.deltas) < self.pub.base_every)
+            self._compact()
 
-    def _wait_delta(self) -> None:
-        if self.writer is not None:
-            self.writer.join()
-            self.writer = None
+    def _since(self) -> int:
+        """The bytes of the deltas since the newest base."""
+        return sum(size for _, size, _ in self.deltas)
 
-    # -- bases ----------------------------------------------------------------------------------
-    def _base(self, step: int) -> None:
-        """Snapshot the shards' rows and the dense model as version ``self.version`` and start
-        exporting it; the previous base's export is waited for first."""
-        self._wait_base()
-        self._wait_delta()  # a delta before this base is not one since it
-        self.deltas_since_base = self.bytes_since_base = 0
-        snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
-        os.rmdir(snapshot)
-        checkpoint.write(self.worker, snapshot, step,
-                         published={"version": self.version, "trained_at": time.time()})
-        out = os.path.join(self.dir, base_name(self.version))
-        self.base_snapshot, self.base_out = snapshot, out
-        self.base_proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json",
-                                           "--dtype", self.cfg.export.dtype], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, preexec_fn=lambda: os.nice(10))
+    def _make_room(self, size: int) -> None:
+        """Before a delta of ``size`` bytes: keep the deltas since the newest base within its bytes,
+        so that with the base being made the directory holds at most three bases' (a delta larger
+        than a base alone excepted). The base being made is taken once done, or waited for when the
+        delta would pass; with none being made, one is made of the deltas so far and waited for."""
+        size += 1 << 16  # the file's header and manifest, beside its arrays
+        fits = self.base_bytes is None or self._since() + size <= self.base_bytes
+        self._wait_compaction(block=not fits)
+        if not fits and self.deltas and self._since() + size > self.base_bytes:
+            self._compact()
+            self._wait_compaction()
 
-    def _wait_base(self) -> None:
-        if self.base_proc is None:
+    def _client(self):
+        if self.client is None:
+            self.client = self.connect()
+        return self.client
+
+    def _behind(self, flushed: bool) -> dict:
+        """How far a version's rows may be behind training, for its manifest."""
+        if flushed or self.consistency == "flush":
+            return {"consistency": "flush"}
+        return {"consistency": "bounded", "staleness": self.cfg.staleness, "workers": self.worker.world}
+
+    def _compact(self) -> None:
+        """Start making the newest delta's version a base: the newest base with the deltas since
+        applied, by the job's compacting process (:mod:`het.export.compact`, at a lower priority)."""
+        version, _, meta = self.deltas[-1]
+        if self.compactor is None:
+            self.compactor = subprocess.Popen([sys.executable, "-m", "het.export.compact", "--serve"], text=True,
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_lower_priority)
+        out = os.path.join(self.dir, base_name(version))
+        job = {"base": os.path.join(self.dir, base_name(self.base_version)), "out": out,
+               "deltas": [os.path.join(self.dir, delta_name(v)) for v, _, _ in self.deltas],
+               "published": {"version": version, "trained_at": meta["trained_at"], "step": meta["step"]}}
+        try:
+            self.compactor.stdin.write(json.dumps(job) + "\n")
+            self.compactor.stdin.flush()
+        except BrokenPipeError:  # it ended: the next base starts another
+            self._failed(f"base {version} of {self.dir}", "the compacting process ended")
+            self.compactor = None
             return
-        _, err = self.base_proc.communicate()
-        if self.base_proc.returncode == 0:
-            self.stats["bases"] += 1
-            self.base_bytes = bytes_under(self.base_out)
-        else:
-            last = (err.decode(errors="replace").strip().splitlines() or [""])[-1][:300]
-            self.stats["failed"].append(last)
-            print(f"het train: a base of {self.dir} failed: {last}", file=sys.stderr, flush=True)
-        shutil.rmtree(self.base_snapshot, ignore_errors=True)
-        self.base_proc = self.base_snapshot = None
-        self._prune()
+        self.compaction = (version, out)
+
+    def _failed(self, what: str, why: str) -> None:
+        self.stats["failed"].append(f"{what}: {why}")
+        print(f"het train: {what} failed: {why}", file=sys.stderr, flush=True)
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` bases and the deltas after the oldest of them."""
         bases, deltas = listing(self.dir)
-        kept = bases[-self.cfg.publish.keep:]
+        kept = bases[-self.pub.keep:]
         if not kept:
             return
-        for v in bases[:-self.cfg.publish.keep]:
+        for v in bases[:-self.pub.keep]:
             shutil.rmtree(os.path.join(self.dir, base_name(v)), ignore_errors=True)
         for v in deltas:
             if v <= kept[0]:
                 os.remove(os.path.join(self.dir, delta_name(v)))
 
 
-def publisher(worker, cfg: TrainConfig) -> Publisher | None:
+def _lower_priority() -> None:
+    """The lowest priority that still makes progress on a machine training keeps busy (nice 19;
+    SCHED_IDLE could starve it, and a delta may wait for the base it makes)."""
+    os.nice(19)
+
+
+def publisher(worker, cfg: TrainConfig, connect=None) -> Publisher | None:
     """The job's publisher (None without ``cfg.publish.dir``)."""
-    return Publisher(worker, cfg) if cfg.publish.dir else None
+    return Publisher(worker, cfg, connect) if cfg.publish.dir else None
 
-
-def listing(directory: str) -> tuple[list[int], list[int]]:
-    """The versions of the bases and of the deltas in ``directory``, each in order."""
-    bases, deltas = [], []
-    for name in os.listdir(directory):
-        m = _NAME.fullmatch(name)
-        if m and m.group(1) == "base" and not m.group(3):
-            bases.append(int(m.group(2)))
-        elif m and m.group(1) == "delta" and m.group(3):
-            deltas.append(int(m.group(2)))
-    return sorted(bases), sorted(deltas)
-
-
-def bytes_under(directory: str) -> int:
-    """The bytes of the files under ``directory``."""
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(directory) for f in names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from het.choices import RowDtype
 from het.config import setting
 from het.schedule import DECAYS, Schedule
 from het.train.fields import check_fields, require
@@ -88,18 +89,27 @@ class ExportConfig:
         require(not self.every or self.dir, "export.every needs export.dir (--export DIR)")
 
 
+PUBLISH_CONSISTENCY = ("flush", "bounded")
+
+
 @dataclass(frozen=True)
 class PublishConfig:
     """Updates for servers that follow the job (``[publish]``, ``--publish DIR --publish-every S``):
     the rows pushes changed and the dense weights every ``every`` seconds, a full base once the
-    deltas since the last hold its bytes or after ``base_every`` of them (:mod:`het.train.publish`)."""
+    deltas since the last near its bytes or after ``base_every`` of them (:mod:`het.train.publish`)."""
 
     dir: str | None = setting(None, "CTR models: publish updates here for het serve-model --follow DIR",
                               aliases=("--publish",))
     every: float = setting(10.0, "seconds between deltas (the rows pushes changed since the last one)")
     base_every: int = setting(30, "deltas at most between full bases, which come sooner once the deltas since "
-                                  "the last hold its bytes (a follower starting late begins at the newest)")
-    keep: int = setting(2, "bases kept, with the deltas after the oldest of them")
+                                  "the last near its bytes (a follower starting late begins at the newest)")
+    keep: int = setting(1, "bases kept, with the deltas after the oldest of them (1: the directory holds at "
+                           "most three bases' bytes)")
+    consistency: str | None = setting(None, "flush: every cache flushed at each version, which holds every update "
+                                            "up to its step; bounded: nothing stops, each row lacks at most the "
+                                            "staleness bound's updates of each worker (default: bounded, flush with "
+                                            "--staleness inf)", choices=PUBLISH_CONSISTENCY)
+    dtype: RowDtype | None = setting(None, "how a delta stores its rows (default: as the table stores them)")
 
     def __post_init__(self) -> None:
         check_fields(self, "publish.")

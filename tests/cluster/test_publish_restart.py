@@ -48,7 +48,7 @@ def test_a_reader_is_told_which_shards_record_started_again():
 
 def test_a_version_after_a_shards_record_started_again_is_a_base(tmp_path):
     cfg = TrainConfig.from_dict({"steps": 20, "dim": 8, "batch": 64, "synthetic": {"cap": 500}, "servers": 2,
-                                 "publish": {"dir": str(tmp_path / "pub"), "every": 1000}})
+                                 "publish": {"dir": str(tmp_path / "pub"), "every": 1000, "keep": 2}})
     client = PSClient.local(job_tables(cfg), num_shards=2, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
     publisher = Publisher(worker, cfg)  # a base at the start

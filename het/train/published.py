@@ -1,0 +1,103 @@
+"""What ``het train --publish DIR`` writes, as files: the names of its versions and a delta's
+layout, shared by the publisher (:mod:`het.train.publish`), the compaction of bases
+(:mod:`het.export.compact`) and the followers (:mod:`het.online.follow`).
+
+- ``base-<v>/``: an export (:mod:`het.export.layout`) of version ``v``;
+- ``delta-<v>.het``: an array file (:mod:`het.arrayfile`) of the rows that changed since
+  version ``v - 1`` (``keys`` int64, ``rows``, ``clocks`` int64) and the dense weights
+  (``dense.<name>``), its manifest saying the version, the step, when training made it, how the
+  rows are stored (``rows_dtype``) and how far they may be behind training (``consistency``).
+
+Rows are stored in ``fp32``, ``fp16`` or ``bf16`` (the upper half of each float32, rounded to
+nearest even; numpy has no bfloat16, so they are written as uint16): the table's own precision by
+default, so a half-precision table publishes what it stores and nothing is rounded twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import torch
+
+from het import arrayfile
+
+FORMAT = "het-delta"
+ROW_DTYPES = ("fp32", "fp16", "bf16")
+_NAME = re.compile(r"(base|delta)-(\d+)(\.het)?")
+
+
+def base_name(version: int) -> str:
+    return f"base-{version:08d}"
+
+
+def delta_name(version: int) -> str:
+    return f"delta-{version:08d}.het"
+
+
+def listing(directory: str) -> tuple[list[int], list[int]]:
+    """The versions of the bases and of the deltas in ``directory``, each in order."""
+    bases, deltas = [], []
+    for name in os.listdir(directory):
+        m = _NAME.fullmatch(name)
+        if m and m.group(1) == "base" and not m.group(3):
+            bases.append(int(m.group(2)))
+        elif m and m.group(1) == "delta" and m.group(3):
+            deltas.append(int(m.group(2)))
+    return sorted(bases), sorted(deltas)
+
+
+def bytes_under(directory: str) -> int:
+    """The bytes of the files under ``directory``."""
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, names in os.walk(directory) for f in names)
+
+
+def encode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 rows as a delta stores them in ``dtype``. Shape: (n, D) -> (n, D).
+
+    Example:
+        >>> r = np.array([[1.0, 1 / 3]], np.float32)
+        >>> [decode_rows(encode_rows(r, d), d)[0, 1].item() for d in ROW_DTYPES]
+        [0.3333333432674408, 0.333251953125, 0.333984375]
+    """
+    if dtype not in ROW_DTYPES:
+        raise ValueError(f"a delta's rows are one of {ROW_DTYPES}, got {dtype!r}")
+    rows = np.ascontiguousarray(rows, np.float32)
+    if dtype == "fp16":
+        return rows.astype(np.float16)
+    if dtype == "bf16":
+        return torch.from_numpy(rows).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    return rows
+
+
+def decode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
+    """A delta's stored rows as float32 (exact: every fp16 and bf16 value is a float32)."""
+    if dtype not in ROW_DTYPES:
+        raise ValueError(f"a delta's rows are one of {ROW_DTYPES}, got {dtype!r}")
+    if dtype == "bf16":
+        return (np.asarray(rows, np.uint16).astype(np.uint32) << np.uint32(16)).view(np.float32)
+    return np.asarray(rows, np.float32)
+
+
+def write_delta(path: str, keys: np.ndarray, rows: np.ndarray, clocks: np.ndarray, dense: dict,
+                meta: dict) -> int:
+    """Write a delta (rows already stored as ``meta["rows_dtype"]``); its bytes on disk."""
+    return arrayfile.write(path, {"keys": keys, "rows": rows, "clocks": clocks,
+                                  **{f"dense.{k}": v for k, v in dense.items()}}, {"format": FORMAT, **meta})
+
+
+def read_delta(path: str, version: int) -> tuple[dict, np.ndarray, np.ndarray, dict]:
+    """``(meta, keys, rows float32, dense)`` of the delta of ``version`` at ``path``, its checksums
+    checked; ArrayFileError when it is not that version's whole delta."""
+    meta, arrays = arrayfile.read(path)
+    if meta.get("version") != version or meta.get("format") != FORMAT:
+        raise arrayfile.ArrayFileError(f"{path}: holds {meta.get('format')!r} version {meta.get('version')!r}, "
+                                       f"expected {FORMAT} {version}")
+    try:
+        rows = decode_rows(arrays["rows"], meta.get("rows_dtype", "fp32"))
+        keys = arrays["keys"]
+    except (KeyError, ValueError) as e:
+        raise arrayfile.ArrayFileError(f"{path}: not a delta's arrays ({type(e).__name__}: {e})") from None
+    dense = {name[len("dense."):]: a for name, a in arrays.items() if name.startswith("dense.")}
+    return meta, keys, rows, dense

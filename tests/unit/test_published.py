@@ -1,0 +1,50 @@
+"""The publish directory's files (het.train.published) and the publish settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+
+from het import arrayfile
+from het.train.config import TrainConfig
+from het.train.published import ROW_DTYPES, decode_rows, encode_rows, read_delta, write_delta
+
+
+@settings(max_examples=60, deadline=None)
+@given(arrays(np.float32, st.tuples(st.integers(0, 5), st.integers(1, 4)),
+              elements=st.floats(-1e4, 1e4, width=32)), st.sampled_from(ROW_DTYPES))
+def test_stored_rows_read_back_as_the_nearest_value_of_their_precision(rows, dtype):
+    back = decode_rows(encode_rows(rows, dtype), dtype)
+    assert back.dtype == np.float32 and back.shape == rows.shape
+    if dtype == "fp32":
+        assert np.array_equal(back, rows)
+    elif dtype == "fp16":
+        assert np.array_equal(back, rows.astype(np.float16).astype(np.float32))
+    else:  # bf16: 8 significant bits, rounded to nearest
+        assert np.all(np.abs(back - rows) <= np.abs(rows) * 2.0 ** -8)
+    assert np.array_equal(decode_rows(encode_rows(back, dtype), dtype), back)  # a stored row is stored as it is
+
+
+def test_a_delta_reads_back_and_another_versions_file_is_refused(tmp_path):
+    path = str(tmp_path / "d.het")
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2) / 3
+    write_delta(path, np.array([4, 1, 9]), encode_rows(rows, "bf16"), np.ones(3, np.int64),
+                {"w": np.ones(2, np.float32)}, {"version": 7, "rows_dtype": "bf16"})
+    meta, keys, back, dense = read_delta(path, 7)
+    assert keys.tolist() == [4, 1, 9] and np.allclose(back, rows, rtol=2 ** -8) and dense["w"].tolist() == [1, 1]
+    with pytest.raises(arrayfile.ArrayFileError, match="expected het-delta 8"):
+        read_delta(path, 8)
+
+
+def test_bounded_publishing_needs_a_finite_staleness_bound():
+    with pytest.raises(ValueError, match="bounded needs a finite staleness"):
+        TrainConfig.from_dict({"staleness": "inf", "publish": {"dir": "p", "consistency": "bounded"}})
+    for consistency in ("flush", None):
+        TrainConfig.from_dict({"staleness": "inf", "publish": {"dir": "p", "consistency": consistency}})
+    with pytest.raises(ValueError, match="publish.consistency"):
+        TrainConfig.from_dict({"publish": {"dir": "p", "consistency": "sometimes"}})
+    with pytest.raises(ValueError, match="publish.dtype"):
+        TrainConfig.from_dict({"publish": {"dir": "p", "dtype": "int8"}})
