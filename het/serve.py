@@ -64,6 +64,7 @@ def add_parser(sub) -> None:
                         "to N times (no N: always); with --wal on the same --state-dir nothing acknowledged is "
                         "lost and clients re-send the rest (shards under torchrun)")
     s.add_argument("--shard-config", help=argparse.SUPPRESS)  # JSON, used by ServerProcess
+    s.add_argument("--job-shard", help=argparse.SUPPRESS)  # JSON of a JobShard, used by ServerProcess
     groups = {"shard": s.add_argument_group("the shard"),
               "table": s.add_argument_group("every --table (the dynamic ones' settings apply to dynamic tables)")}
     groups["optimizer"] = groups["table"]
@@ -82,17 +83,23 @@ def given(args: argparse.Namespace, prefix: str) -> dict:
 
 
 def shard_config(args: argparse.Namespace) -> ShardConfig:
-    """The shard the flags ask for: ``--shard-config``'s JSON (a launcher's), a job's tables
-    and shard settings (``--config``), or the ``--table`` flags; the flags given win."""
+    """The shard the flags ask for: ``--shard-config``'s JSON or ``--job-shard``'s (a
+    launcher's), a job's tables and shard settings (``--config``), or the ``--table`` flags;
+    the flags given win."""
     if args.shard_config:
         return ShardConfig.from_dict(json.loads(args.shard_config))
-    if args.config:
+    if args.job_shard or args.config:
         from het.train.config import TrainConfig
         from het.train.local import shard_options
         from het.train.tasks import job_tables
 
-        job = TrainConfig.load(args.config)
-        return ShardConfig(tuple(job_tables(job)), **{**shard_options(job), **given(args, "shard")})
+        if args.job_shard:
+            spec = json.loads(args.job_shard)
+            job = TrainConfig.from_dict(spec["job"])
+            place = {"index": spec["index"], "num_shards": spec["num_shards"]}
+        else:
+            job, place = TrainConfig.load(args.config), {}
+        return ShardConfig(tuple(job_tables(job)), **{**place, **shard_options(job), **given(args, "shard")})
     if not args.table:
         raise SystemExit("het serve: give at least one --table NAME:ROWS:DIM, or --config JOB.toml")
     opt = OptimizerConfig(**given(args, "optimizer"))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from het.config import ShardConfig, TableConfig
 from het.process import die_with_parent
-from het.ps.server_process import ServerProcess
+from het.ps.server_process import JobShard, ServerProcess
 
 
 class ClusterError(RuntimeError):
@@ -57,9 +57,12 @@ def threads_per_process(processes: int, cores: int | None = None) -> int:
 
 class LocalCluster:
     """Start, watch and stop the processes of one local training job: ``servers`` shards of
-    ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``."""
+    ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``. ``tables``
+    may be a job's config instead (``TrainConfig.to_dict()``): each shard then makes the job's
+    tables itself (:class:`het.ps.server_process.JobShard`), and this process needs neither
+    torch nor the data."""
 
-    def __init__(self, tables: list[TableConfig], workers: int, servers: int, worker_args: list[str], log_dir: str,
+    def __init__(self, tables: list[TableConfig] | dict, workers: int, servers: int, worker_args: list[str], log_dir: str,
                  secret: bytes | None = None, progress: bool = True, network=None, wal: bool = False,
                  encrypt: bool = False, on_failure=None, shard_options: dict | None = None,
                  metrics_port: int | None = None, max_worker_restarts: int = 0):
@@ -68,7 +71,8 @@ class LocalCluster:
         there needs ``secret``). ``wal``: the shards keep a write-ahead log in their state
         directories (``LOG_DIR/ps-<i>``). ``on_failure``: called with the :class:`ClusterError`
         as soon as a process's death is seen, before the teardown (which waits for the others).
-        ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...).
+        ``shard_options``: more :class:`het.config.ShardConfig` fields (``memory``...) for
+        ``tables`` given as tables (a job's shards take the job's).
         ``metrics_port``: shard ``i`` serves its Prometheus metrics on port ``metrics_port + i``
         (0: free ports), kept when it is restarted; their addresses are printed.
         ``max_worker_restarts``: when a worker dies, the workers are started again, as torchrun's
@@ -84,12 +88,11 @@ class LocalCluster:
         threads = threads_per_process(workers + servers)
         self.threads_env = {} if "OMP_NUM_THREADS" in os.environ else {"OMP_NUM_THREADS": str(threads)}
 
-    @property
-    def tables(self) -> tuple[TableConfig, ...]:
-        """The shards' tables (given as a function: made when first asked, once the workers run)."""
-        if callable(self._tables):
-            self._tables = self._tables()
-        return tuple(self._tables)
+    def _shard(self, i: int) -> ShardConfig | JobShard:
+        """What shard ``i`` holds: its config, or the job's that it makes it from."""
+        if isinstance(self._tables, dict):
+            return JobShard(self._tables, i, self.num_servers)
+        return ShardConfig(tuple(self._tables), i, self.num_servers, **self.shard_options)
 
     def run(self) -> dict:
         """Run the job to the end; the summary of rank 0. Raises ClusterError if a process fails."""
@@ -105,7 +108,7 @@ class LocalCluster:
                 os.remove(summary_path)
             self._start_workers(summary_path, [f"tcp://{b}" for b in binds])
             for i, bind in enumerate(binds):
-                self.servers.append(ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options),
+                self.servers.append(ServerProcess(self._shard(i),
                                                   bind=bind, secret=self.secret, env=self.threads_env, new_session=True,
                                                   log_path=os.path.join(self.log_dir, f"server-{i}.log"),
                                                   popen=self._popen(f"ps{i}"),
@@ -228,7 +231,7 @@ class LocalCluster:
               f"write-ahead log. Its log: {old.log_path}", file=sys.stderr, flush=True)
         old.stop()
         host, bind = f"ps{i}", old.address.replace("tcp://", "")
-        self.servers[i] = ServerProcess(ShardConfig(self.tables, i, self.num_servers, **self.shard_options), bind=bind, secret=self.secret,
+        self.servers[i] = ServerProcess(self._shard(i), bind=bind, secret=self.secret,
                                         env=self.threads_env, new_session=True, popen=self._popen(host),
                                         log_path=os.path.join(self.log_dir, f"server-{i}.restart-{self.shard_restarts}.log"),
                                         state_dir=os.path.join(self.log_dir, f"ps-{i}"), wal=True,

@@ -19,10 +19,22 @@ from het.ps.store import saves
 from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret
 
 
+@dataclasses.dataclass(frozen=True)
+class JobShard:
+    """Shard ``index`` of ``num_shards`` of a training job, named by the job's config
+    (``TrainConfig.to_dict()``): the shard makes the job's tables and settings itself
+    (``het serve --job-shard``), so a launcher needs neither torch nor the data to start it."""
+
+    job: dict
+    index: int
+    num_shards: int
+
+
 class ServerProcess:
     """A shard in a child process (``het serve``), on a free port of 127.0.0.1 by default.
 
-    The child's output goes to ``log_path`` when given; ``env`` adds environment variables;
+    ``cfg`` is the shard's config, or a :class:`JobShard` the child makes it from. The
+    child's output goes to ``log_path`` when given; ``env`` adds environment variables;
     ``new_session`` keeps Ctrl-C of the terminal from reaching it; ``popen`` starts it (e.g. inside
     a network namespace, :meth:`het.bench.netns.EmulatedNetwork.popen`). It gets SIGTERM if this
     process dies. ``stop()`` asks it to end (SIGTERM), then kills it if it has not ended within
@@ -35,7 +47,7 @@ class ServerProcess:
     ``metrics_url``. ``wait``: return once it listens (else see :meth:`wait_started`).
     """
 
-    def __init__(self, cfg: ShardConfig, bind: str = "127.0.0.1:0", secret: bytes | None = None,
+    def __init__(self, cfg: ShardConfig | JobShard, bind: str = "127.0.0.1:0", secret: bytes | None = None,
                  log_path: str | None = None, start_timeout_s: float = 60.0, env: dict | None = None,
                  new_session: bool = False, popen=subprocess.Popen, state_dir: str | None = None,
                  wal: bool = False, encrypt: bool = False, wal_recover_prefix: bool = False,
@@ -44,7 +56,9 @@ class ServerProcess:
         check_bind(bind, secret)
         self._own_state = state_dir is None
         self.state_dir = saves.temporary() if state_dir is None else state_dir
-        cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, "--shard-config", json.dumps(_cfg_dict(cfg)),
+        spec = (["--job-shard", json.dumps(dataclasses.asdict(cfg))] if isinstance(cfg, JobShard) else
+                ["--shard-config", json.dumps(_cfg_dict(cfg))])
+        cmd = [sys.executable, "-m", "het", "serve", "--bind", bind, *spec,
                "--state-dir", self.state_dir, *(["--wal"] if wal else []), *(["--encrypt"] if encrypt else []),
                *(["--wal-recover-prefix"] if wal_recover_prefix else []),
                *(["--metrics-port", str(metrics_port)] if metrics_port is not None else [])]

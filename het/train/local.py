@@ -4,20 +4,20 @@ restarted from the latest checkpoint when one of them dies (``max_restarts``).""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import secrets
 import shutil
 import sys
+import threading
 
 from het.config import parse_bytes
 from het.dist.launch import ClusterError, LocalCluster
 from het.train.config import TrainConfig
 
-# the launcher imports het.train.checkpoint and het.train.tasks (and with them torch) only where
-# a job needs them: a default job's workers start before it has loaded torch, which it needs
-# only for the shards' tables (LocalCluster asks for them once the workers run)
+# The launcher imports het.train.checkpoint and het.train.tasks (and with them torch) only where a
+# job needs them: the shards make the job's tables themselves, so a default job's processes start
+# at once, each loading torch beside the others.
 
 
 def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progress: bool = True,
@@ -47,6 +47,7 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
         from het.train import checkpoint
 
         checkpoint.remove_stale(cfg.checkpoint)
+    warned = _warn_beside(cfg)
     first, restarts, rejoins = cfg, [], 0
     while True:
         try:
@@ -66,6 +67,8 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
             print(f"{said}het train: restart {len(restarts)} of {cfg.max_restarts}: from {where}",
                   file=sys.stderr, flush=True)
             continue
+        if warned is not None:
+            warned.join(timeout=5.0)
         summary["worker_restarts"] = rejoins + summary.get("worker_restarts", 0)
         if restarts:
             # the job's steps, not the last run's (a time limit stopped it at stopped_at_step)
@@ -95,20 +98,28 @@ def _run_once(cfg: TrainConfig, log_dir: str, secret, progress: bool, network, o
             shutil.rmtree(os.path.join(log_dir, f"ps-{i}", "wal"), ignore_errors=True)
     if cfg.ps_encrypt and secret is None:  # CURVE's keys derive from a shared secret: one for this job
         secret = secrets.token_hex(16).encode()
-    cluster = LocalCluster(functools.partial(_tables, cfg), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
+    cluster = LocalCluster(cfg.to_dict(), cfg.workers, cfg.servers, ["--config-json", json.dumps(cfg.to_dict())],
                            log_dir, secret, progress, network, wal=cfg.ps_wal, on_failure=on_failure,
-                           encrypt=cfg.ps_encrypt, shard_options=shard_options(cfg), metrics_port=cfg.ps_metrics_port,
+                           encrypt=cfg.ps_encrypt, metrics_port=cfg.ps_metrics_port,
                            max_worker_restarts=max_worker_restarts)
     return cluster.run()
 
 
-def _tables(cfg: TrainConfig) -> list:
-    """The job's PS tables (and the data's warnings, said once), made while the workers start."""
-    from het.train.tasks import job_tables, make_task, warn_of_data
+def _warn_beside(cfg: TrainConfig) -> threading.Thread | None:
+    """What a prepared table holds that a user should know (het.train.tasks.data_warnings), said
+    by a thread while the job starts: reading it needs torch, which the processes' start does
+    not wait for here. Synthetic data has nothing to say, and loads nothing."""
+    if not cfg.data.startswith(("table:", "criteo:")):
+        return None
+    warned = threading.Thread(target=_warn_of_data, args=(cfg,), daemon=True)
+    warned.start()
+    return warned
 
-    task = make_task(cfg)
-    warn_of_data(cfg, cfg.workers, task)
-    return job_tables(cfg, task)
+
+def _warn_of_data(cfg: TrainConfig) -> None:
+    from het.train.tasks import warn_of_data
+
+    warn_of_data(cfg, cfg.workers)
 
 
 def shard_options(cfg: TrainConfig) -> dict:

@@ -4,6 +4,8 @@ inference, trained, and Kaggle's Criteo test layout (no label) scored line by li
 from __future__ import annotations
 
 import csv
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -62,3 +64,17 @@ def test_a_five_class_rating_mapped_by_positive_trains(tmp_path):
     s = het("train", "--data", f"table:{tmp_path / 'prep'}", "--steps", "30", "--batch", "64", "--json", "--quiet",
             "--log-dir", str(tmp_path / "logs"))
     assert s["auc"] > 0.6  # a user's mean rating is learnt
+
+
+def test_a_table_smaller_than_a_batch_is_said_once(tmp_path):
+    """What the data holds is said once, by rank 0 (the launcher never reads the data)."""
+    lines = ["user,item,clicked"] + [f"u{i % 7},i{i % 11},{(i * 7) % 3 == 0:d}" for i in range(300)]
+    (tmp_path / "r.csv").write_text("\n".join(lines) + "\n")
+    het("data", "prepare", "table", str(tmp_path / "r.csv"), str(tmp_path / "prep"), "--label", "clicked",
+        "--quiet", "--json")
+    out = subprocess.run([sys.executable, "-m", "het", "train", "--data", f"table:{tmp_path / 'prep'}", "--steps", "2",
+                          "--quiet", "--json", "--log-dir", str(tmp_path / "logs")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = [line for line in out.stderr.splitlines() if line.startswith("het train: warning: ")]
+    assert len(said) == 2 and "fewer than one global batch (2 workers x 512)" in said[0], out.stderr[-3000:]

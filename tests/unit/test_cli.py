@@ -67,16 +67,16 @@ def test_the_command_line_is_built_without_the_heavy_optional_libraries():
     assert out.stdout.strip() == ""
 
 
-def test_the_launcher_starts_its_workers_before_it_loads_torch(tmp_path):
-    """``het train``'s launcher parses, checks and starts the workers with no torch loaded (1.5-2 s
-    of a start, on the path to the first step): the workers import it side by side with it,
-    which then loads it for the shards' tables."""
+def test_the_launcher_starts_its_workers_and_shards_without_torch(tmp_path):
+    """``het train``'s launcher parses, checks and starts every process with no torch loaded
+    (1.5-2 s of a start, on the path to the first step): the workers and the shards import it
+    side by side, and each shard makes the job's tables itself."""
     code = ("import sys; import het.dist.launch as launch\n"
             "def started(self, *a, **k):\n"
-            "    print('torch' in sys.modules); raise SystemExit(0)\n"
-            "launch.LocalCluster._start_workers = started\n"
+            "    print('torch' in sys.modules, len(self.servers), len(self.workers)); raise SystemExit(0)\n"
+            "launch.LocalCluster._watch = started\n"
             f"from het.cli import main; main(['train', '--steps', '5', '--quiet', '--log-dir', {str(tmp_path)!r}])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.strip() == "False", out.stdout + out.stderr[-2000:]
+    assert out.stdout.strip() == "False 1 2", out.stdout + out.stderr[-2000:]
     code = "import sys; from het import cli; cli.parser('train'); print('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.strip() == "False"

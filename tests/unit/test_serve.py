@@ -9,6 +9,7 @@ import pytest
 
 from het import cli
 from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.server_process import JobShard
 from het.serve import shard_config
 from het.train.config import TrainConfig
 from het.train.tasks import job_tables
@@ -19,7 +20,7 @@ FLAGS = [["--bind", "127.0.0.1:0"], ["--secret-file", "s"], ["--table", "t:8:2"]
          ["--lr", "0.1"], ["--seed", "3"], ["--shard-index", "1"], ["--num-shards", "2"], ["--state-dir", "d"],
          ["--encrypt"], ["--wal"], ["--wal-fsync-s", "0.5"], ["--max-keys", "1024"], ["--config", "job.toml"],
          ["--memory", "2GiB"], ["--memory-policy", "lfu"], ["--no-page-in"], ["--threads", "2"],
-         ["--shard-config", "{}"]]
+         ["--shard-config", "{}"], ["--job-shard", "{}"]]
 
 
 def parse(*argv) -> argparse.Namespace:
@@ -91,3 +92,13 @@ def test_help_shows_each_generated_flags_default(capsys):
                      "--memorySIZE", "--memory-policy{lru,lfu}", "--page-in,--no-page-in,--prefetch,--no-prefetch",
                      "--optimizer{sgd,adagrad,rowwise_adagrad,adam,ftrl}", "thetables'learningrate(default:0.01)"):
         assert expected in text, expected
+
+
+def test_a_launchers_job_gives_the_shard_the_jobs_tables_and_settings_at_its_place():
+    """A local job's launcher hands each shard the job's config (het.ps.server_process.JobShard):
+    the shard makes the tables the workers expect, so the launcher loads neither torch nor data."""
+    job = TrainConfig(ps_memory="64MiB", ps_memory_policy="lfu", ps_wal=True, ps_wal_max="1MiB", steps=1)
+    spec = dataclasses.asdict(JobShard(job.to_dict(), 1, 2))
+    cfg = shard_config(parse("--job-shard", json.dumps(spec)))
+    assert cfg == ShardConfig(tuple(job_tables(job)), index=1, num_shards=2, memory=64 << 20,
+                              memory_policy="lfu", wal_max=1 << 20)
