@@ -200,13 +200,14 @@ class PSClient:
         return handle.result
 
     # -- whole-PS requests ------------------------------------------------------------------
-    def save(self, directory: str) -> list[str]:
-        """Every shard writes its rows, clocks and optimizer state, and they are moved to
+    def save(self, directory: str, rows_only: bool = False) -> list[str]:
+        """Every shard writes its rows, clocks and optimizer state (``rows_only``: the fixed
+        tables' state left out, a save to read, not to load), and they are moved to
         ``directory/shard-<i>.pt``; the paths. The shards write into their own state
         directories (:mod:`het.ps.store.saves`), so this needs them on a filesystem this process sees
         (a local cluster, shared storage); else use :meth:`save_named`."""
         tag = self._tag("save")
-        self.save_named(tag)
+        self.save_named(tag, rows_only=rows_only)
         return saves.collect(self._state_dirs(), tag, directory)
 
     def load(self, directory: str) -> list[str]:
@@ -217,11 +218,12 @@ class PSClient:
             self.load_named(tag)
         return [os.path.join(directory, saves.shard_name(i)) for i in range(self.num_shards)]
 
-    def save_named(self, name: str, drop: str | None = None) -> list[str]:
+    def save_named(self, name: str, drop: str | None = None, rows_only: bool = False) -> list[str]:
         """Every shard saves into ``name/shard-<i>.pt`` inside its own state directory, then
         removes the save named ``drop`` there, if any (what the new one replaces)."""
         def meta(i: int) -> dict:
-            return {"path": f"{name}/{saves.shard_name(i)}", **({"drop": f"{drop}/{saves.shard_name(i)}"} if drop else {})}
+            return {"path": f"{name}/{saves.shard_name(i)}", **({"drop": f"{drop}/{saves.shard_name(i)}"} if drop else {}),
+                    **({"rows_only": True} if rows_only else {})}
 
         return [m.meta["path"] for m in self.link.broadcast(Op.SAVE, meta, timeout_s=None)]  # a big table takes its time
 

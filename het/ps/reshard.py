@@ -118,7 +118,7 @@ def _table_slice(name: str, old: list[dict], index: int, num_shards: int) -> dic
 
     out = {"config": tables[0]["config"], "weight": gather(lambda t: t["weight"]),
            "clocks": gather(lambda t: t["clocks"]),
-           "optimizer": {k: gather(lambda t, k=k: t["optimizer"][k]) for k in tables[0]["optimizer"]}}
+           "optimizer": {k: gather(lambda t, k=k: t["optimizer"][k]) for k in tables[0].get("optimizer", {})}}
     if all("touched" in t for t in tables):
         out["touched"] = gather(lambda t: t["touched"])
     return out

@@ -209,7 +209,7 @@ class Shard:
 
     def _on_save(self, meta: dict, arrays: list):  # names inside the state directory, checked before anything is written
         drop = self.state.resolve(checks.path(meta, "drop"), write=True) if "drop" in meta else None
-        self.save(checks.not_same(self.state.resolve(checks.path(meta), write=True), drop))
+        self.save(checks.not_same(self.state.resolve(checks.path(meta), write=True), drop), checks.rows_only(meta))
         self.state.drop(drop)  # an earlier save the new one replaces (a checkpoint kept by the shards)
         return {"path": meta["path"]}, []
 
@@ -349,10 +349,12 @@ class Shard:
         self.stats["rows_built_by_client"] += asked - sent
 
     # -- saves and the log (het.ps.store.state) ----------------------------------------------
-    def save(self, path: str) -> str:
+    def save(self, path: str, rows_only: bool = False) -> str:
         """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
-        write-ahead log, the save becomes the log's base and the log starts afresh."""
-        self.state.save(path, self.tables, self._header())
+        write-ahead log, the save becomes the log's base and the log starts afresh.
+        ``rows_only``: the fixed tables' optimizer state left out (half an Adagrad table's
+        bytes), a save to read rows from that no shard loads and no log rests on."""
+        self.state.save(path, self.tables, self._header(), rows_only)
         return path
 
     def _header(self) -> dict:

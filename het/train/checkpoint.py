@@ -59,17 +59,19 @@ def save(worker, directory: str, step: int) -> None:
     barrier(worker.world)
 
 
-def write(worker, directory: str, step: int, replaces: str | None = None, **extra) -> None:
+def write(worker, directory: str, step: int, replaces: str | None = None, rows_only: bool = False,
+          **extra) -> None:
     """Write the shards' saves and the dense model into the new directory ``directory`` as
     they are now (rank 0; :func:`save` flushes the caches first, a publication of the PS's rows
     does not). ``replaces``: the checkpoint this one takes the place of, when it is one (then
-    the shards may keep their saves: module docs). ``extra``: more entries of ``worker.pt`` (a
-    publication's version and time)."""
+    the shards may keep their saves: module docs). ``rows_only``: the shards leave their fixed
+    tables' optimizer state out (a snapshot to export, not to resume: the shards refuse to
+    load it). ``extra``: more entries of ``worker.pt`` (a publication's version and time)."""
     os.makedirs(directory)
     if replaces is not None and (worker.cfg.ps_saves_local or not worker.client.sees_state_dirs()):
         extra = {**extra, **_save_named(worker, replaces, step)}
     else:
-        worker.client.save(os.path.join(directory, "ps"))
+        worker.client.save(os.path.join(directory, "ps"), rows_only=rows_only)
     state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
              "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
              "optimizer": worker.dense.state_dict(), **extra}

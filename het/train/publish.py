@@ -8,8 +8,8 @@ the same directory goes on from the last number, so its followers keep following
   before, read from the shards' own record of changed keys (the CHANGED request,
   :mod:`het.ps.changes`), in the table's precision (``dtype`` to choose another), with the dense
   weights. Its bytes follow the rows that changed, not the table.
-- ``base-<v>/``, a full export: the first from a snapshot (the shards' saves and the dense
-  model, exported by ``het export`` in a process of its own; deltas wait for it, as followers
+- ``base-<v>/``, a full export: the first from a snapshot (the shards' rows, saved without
+  their optimizer state, and the dense model, exported by ``het export`` in a process of its own; deltas wait for it, as followers
   do); every later one from the base before it and the deltas since (:mod:`het.export.compact`,
   a process of its own at a lower priority, while deltas go on), started after the delta that
   brings the deltas since the last base within one such delta of its bytes, or after
@@ -172,7 +172,8 @@ class Publisher:
         self._wait_compaction()
         snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
         os.rmdir(snapshot)
-        checkpoint.write(self.worker, snapshot, step, published={"version": version, "trained_at": time.time()})
+        published = {"version": version, "trained_at": time.time()}
+        checkpoint.write(self.worker, snapshot, step, rows_only=True, published=published)  # no optimizer state: 2x, not 3x
         out = os.path.join(self.dir, base_name(version))
         proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json", "--dtype",
                                  self.cfg.export.dtype], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -411,3 +411,31 @@ def test_the_shards_loop_forces_an_idle_log_to_disk(tmp_path):
     serve(s, Idle(), should_stop=lambda: len(waits) >= 8, poll_s=0.1)
     assert s.wal.stats["wal_fsyncs"] == syncs + 1 and s.wal.sync_due_in() is None
     assert max(waits) <= 0.1
+
+
+def test_a_rows_only_save_leaves_the_log_alone_and_is_never_loaded(tmp_path):
+    """A publication's snapshot (SAVE with rows_only) holds the rows without the optimizer
+    state: half an Adagrad table's bytes. No log rests on it (a kill after it still replays every
+    push), and a LOAD of it is refused, naming why, with nothing changed."""
+    rng = np.random.default_rng(3)
+    cfg = ShardConfig((table("adagrad"),))
+    s = Shard(cfg, state_dir=str(tmp_path), wal=True, fsync_s=10.0)
+    for step in range(1, 5):
+        push(s, rng, step)
+    assert s.handle(Message(Op.SAVE, 90, {"path": "full.pt"})).status != ERROR
+    assert s.handle(Message(Op.SAVE, 91, {"path": "rows.pt", "rows_only": True})).status != ERROR
+    refused = s.handle(Message(Op.SAVE, 92, {"path": "r2.pt", "rows_only": 1}))
+    assert refused.status == ERROR and "rows_only" in refused.meta["error"]
+    full, rows = (torch.load(tmp_path / n, weights_only=False) for n in ("full.pt", "rows.pt"))
+    assert rows["rows_only"] and "optimizer" not in rows["tables"]["t"] and "rows_only" not in full
+    assert torch.equal(rows["tables"]["t"]["weight"], full["tables"]["t"]["weight"])
+    assert full["tables"]["t"]["optimizer"]["sum"].shape == full["tables"]["t"]["weight"].shape  # what is left out
+    for step in range(5, 9):
+        push(s, rng, step)
+    expected = state(s)
+    reply = s.handle(Message(Op.LOAD, 93, {"path": "rows.pt"}))
+    assert reply.status == ERROR and "holds rows only" in reply.meta["error"]
+    assert same(state(s), expected)
+    killed(s)
+    again = Shard(cfg, state_dir=str(tmp_path), wal=True)
+    assert same(state(again), expected) and again.stats["wal_replayed"] == 4

@@ -79,18 +79,23 @@ def check_format(saved, path: str) -> None:
         raise ValueError(f"{path}: save format {got!r}, expected one of {SAVE_FORMATS}")
 
 
-def write(path: str, stores: dict, header: dict) -> None:
+def write(path: str, stores: dict, header: dict, rows_only: bool = False) -> None:
     """Write a shard's save to ``path``, atomically: ``header`` (its index and shard count, the
     last logged push it holds, each session's last push applied) and every store's state by
     table name (:meth:`het.ps.store.rowstore.RowStore.state_dict`); a store with files on disk
     links them into the rows directory beside the save instead of copying their rows. The
     rows directory, then the file, are on disk before the file takes its name
-    (:func:`het.files.write_file`); the file is a zip whose members carry their CRC-32."""
+    (:func:`het.files.write_file`); the file is a zip whose members carry their CRC-32.
+    ``rows_only``: the fixed tables' optimizer state is left out (a dynamic table's rows and
+    state are one record) and the save says so: :func:`read` refuses it."""
     import torch
 
     files.make_directories(os.path.dirname(os.path.abspath(path)))
     rows = new_rows_suffix()
     tables = {name: t.state_dict(os.path.join(path + rows, table_dir(name))) for name, t in stores.items()}
+    if rows_only:
+        tables = {name: {k: v for k, v in t.items() if k != "optimizer" or "keys" in t} for name, t in tables.items()}
+        header = {**header, "rows_only": True}
     rows = rows if os.path.isdir(path + rows) else None  # no store linked files: no rows directory
     if rows is not None:
         files.fsync_tree(path + rows)  # the segments' records on disk before a save names them
@@ -108,6 +113,9 @@ def read(path: str, stores: dict, index: int, num_shards: int) -> dict:
 
     saved = read_save(path)
     check_format(saved, path)
+    if saved.get("rows_only"):
+        raise ValueError(f"{path} holds rows only, without their optimizer state (a publication's snapshot): "
+                         f"a shard cannot train on from it; load a checkpoint's save")
     if (saved["index"], saved["num_shards"]) != (index, num_shards):
         raise ValueError(f"{path} holds shard {saved['index']} of {saved['num_shards']}, "
                          f"this is shard {index} of {num_shards}")

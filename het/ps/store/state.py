@@ -198,12 +198,12 @@ class StateDirectory:
             files.fsync_directory(os.path.dirname(old))
 
     # -- saves ------------------------------------------------------------------------------
-    def save(self, path: str, stores: dict, header: dict) -> None:
+    def save(self, path: str, stores: dict, header: dict, rows_only: bool = False) -> None:
         """Write a save of ``stores`` at ``path`` (:func:`het.ps.store.saves.write`); with a
-        log, it becomes the log's base and the log starts afresh."""
+        log, it becomes the log's base and the log starts afresh, unless it is ``rows_only``."""
         self.settle()  # a base written in the background must not land over this one
-        saves.write(path, stores, {**header, "wal_lsn": self._lsn()})
-        if self.log is not None:
+        saves.write(path, stores, {**header, "wal_lsn": self._lsn()}, rows_only)
+        if self.log is not None and not rows_only:
             saves.link_save(path, self._base())  # no copy: the save's own files, whatever becomes of their names
             self.log.truncate()  # a crash between the two replays nothing twice: the base names its last push
             self._drop_old_log()

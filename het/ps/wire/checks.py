@@ -107,6 +107,12 @@ def lazy(meta: dict) -> bool:
     return _flag(meta, "lazy")
 
 
+def rows_only(meta: dict) -> bool:
+    """Whether a save leaves out its fixed tables' optimizer state (a publication's snapshot,
+    which no shard loads)."""
+    return _flag(meta, "rows_only")
+
+
 STATES = ("row", "full")  # what a sync may ask of the rows' optimizer state
 
 
@@ -204,6 +210,7 @@ def every_field(meta: dict) -> None:
         ValueError: meta['lazy'] must be true or false, got 1
     """
     for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path),
+                        ("rows_only", rows_only),
                         ("state", state), ("sq", sq), ("deltas", deltas), ("limit", lambda m: limit(m, MAX_STEP))):
         if name in meta:
             parse(meta)
