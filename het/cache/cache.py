@@ -213,6 +213,13 @@ class EmbeddingCache:
         the gradients of bypassed keys. Shape: grads (n, D)."""
         return self._ops.update(plan, grads)
 
+    def unpushed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The keys, copies and clocks (``c_s``) of the rows this worker updated and has not
+        pushed: its own view of them, ahead of the PS's by its updates, as its steps read them.
+        Shape: -> (k,), (k, D), (k,)."""
+        slots = (self.updates > 0).nonzero().flatten()
+        return tuple(t.index_select(0, slots) for t in (self.keys, self.rows, self.clock))
+
     def flush(self) -> Rows:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
         return self._take((self.updates > 0).nonzero().flatten(), stay=True)

@@ -288,6 +288,11 @@ class Embedding(nn.Module):
         finally:
             self.wait_s += time.perf_counter() - start - (0.0 if merged else handle.merge_s)
 
+    def unpushed(self, table: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This worker's copies of the rows of ``table`` it updated and has not pushed, with their
+        keys and clocks, on the CPU (:meth:`EmbeddingCache.unpushed`). Shape: -> (k,), (k, D), (k,)."""
+        return tuple(t.cpu() for t in self.caches[self._table_name(table)].unpushed())
+
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.
         Shape: (*) -> (*, D)."""

@@ -42,6 +42,20 @@ def test_bounded_deltas_say_how_far_behind_they_may_be_and_the_last_is_flushed(t
     assert {m["consistency"] for m in _metas(tmp_path / "f")} == {"flush"}
 
 
+def test_a_bounded_version_holds_rank_0s_copies_of_the_rows_it_has_not_pushed(tmp_path):
+    """A cache that holds every id and pushes nothing before s = 10,000 updates: the shards hold
+    only initial rows until the end, so whatever a version's delta holds before the last flushed
+    one is rank 0's view of the rows it updated, and a follower scores with it."""
+    pub = tmp_path / "pub"
+    s = het("train", *JOB, "--steps", "80", "--staleness", "10000", "--cache-frac", "1.0", "--publish", str(pub),
+            "--publish-every", "0.2", "--publish-keep", "1000", "--json")
+    metas = _metas(pub)
+    assert s["published"]["deltas"] >= 2 and not s["published"]["failed"]
+    assert all(m["view"] == "rank 0" and m["rows"] > 100 for m in metas[:-1]), metas
+    meta, arrays = arrayfile.read(os.path.join(pub, delta_name(listing(str(pub))[1][0])))
+    assert np.abs(arrays["rows"]).max() > 0.011  # moved past the initial rows' range (+-0.01)
+
+
 @pytest.mark.parametrize("flags, stored, exact", [(("--row-dtype", "bf16"), "bf16", True),
                                                   (("--publish-dtype", "fp16"), "fp16", False)])
 def test_deltas_store_rows_in_the_tables_precision_or_the_one_asked(tmp_path, flags, stored, exact):
