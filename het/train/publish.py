@@ -28,8 +28,8 @@ What a version holds depends on ``consistency``:
   dirty rows): a version is rank 0's view of the model, as its steps and evaluations read it.
   Every row then lacks at most ``staleness`` updates of each other worker (the caches' write
   rule, :mod:`het.staleness`), which the delta's manifest says (``"view": "rank 0"``). Without
-  rank 0's copies a version trailed the trainer's AUC by 0.0018; with them, by 0.0003
-  (docs/RESULTS.md). The last version of a job is flushed in both.
+  rank 0's copies a version trailed the trainer's AUC by about 0.002, with them by a few
+  ten-thousandths (docs/RESULTS.md). The last version of a job is flushed in both.
 
 The shards are read and the delta written by a thread beside training, with its own connection
 to the shards, one version at a time: training waits for none of it, and a version comes due
