@@ -26,6 +26,8 @@ What a version holds depends on ``consistency``:
 - ``bounded``: nothing stops; rank 0 reads the shards as they are and puts its own copies of the
   rows it updated and has not pushed over them (taken at the step boundary, a copy of its cache's
   dirty rows): a version is rank 0's view of the model, as its steps and evaluations read it.
+  A copy stands only until a later version reads the shards' row again (the next one that does
+  not take the copy again, the last one at the latest), so followers end on the shards' rows.
   Every row then lacks at most ``staleness`` updates of each other worker (the caches' write
   rule, :mod:`het.staleness`), which the delta's manifest says (``"view": "rank 0"``). Without
   rank 0's copies a version trailed the trainer's AUC by about 0.002, with them by a few
@@ -57,6 +59,7 @@ import threading
 import time
 
 import numpy as np
+import torch
 
 from het.dist.collectives import barrier, rank0_says
 from het.train import checkpoint
@@ -83,6 +86,8 @@ class Publisher:
         self.dir = os.path.abspath(self.pub.dir)
         self.rows_dtype = str(self.pub.dtype or cfg.row_dtype)
         self.client = None  # the thread's own connection, made on its first version
+        self.buffer = [None]  # the rows of the version being written, kept for the next (delta_arrays)
+        self.viewed = np.zeros(0, np.int64)  # the keys the newest delta took from rank 0's copies
         self.job: threading.Thread | None = None  # the version being published
         self.version = 0  # the newest version published (or being made a base)
         self.last = time.monotonic()
@@ -175,6 +180,7 @@ class Publisher:
         of its own (the bases before waited for)."""
         self._wait_base()
         self._wait_compaction()
+        self.viewed = np.zeros(0, np.int64)  # a snapshot holds the shards' rows only
         snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
         os.rmdir(snapshot)
         published = {"version": version, "trained_at": time.time()}
@@ -257,11 +263,9 @@ class Publisher:
                 self._snapshot_base(step, version)
             return
         dim = client.tables[EMBEDDING_TABLE].dim
-        keys = np.concatenate([k for k, _, _ in pieces]) if pieces else np.zeros(0, np.int64)
-        rows = np.concatenate([r for _, r, _ in pieces]) if pieces else np.zeros((0, dim), np.float32)
-        clocks = np.concatenate([c for _, _, c in pieces]) if pieces else np.zeros(0, np.int64)
-        if view is not None and len(view[0]):
-            keys, rows, clocks = overlay((keys, rows, clocks), tuple(t.numpy() for t in view))
+        viewed = np.zeros(0, np.int64) if view is None else view[0].numpy()
+        pieces += self._reread(client, pieces, viewed)
+        keys, rows, clocks = delta_arrays(pieces, view, dim, self.buffer)
         rows = encode_rows(rows, self.rows_dtype)
         meta = {"version": version, "step": step, "trained_at": trained_at, "table": EMBEDDING_TABLE,
                 "rows": len(keys), "dim": dim, "rows_dtype": self.rows_dtype, **self._behind(inline)}
@@ -276,6 +280,7 @@ class Publisher:
             self.snapshot_due = True
             return
         self.deltas.append((version, size, meta))
+        self.viewed = viewed
         self.stats.update(deltas=self.stats["deltas"] + 1, delta_bytes=self.stats["delta_bytes"] + size,
                           delta_rows=self.stats["delta_rows"] + len(keys))
         near = self.base_bytes is not None and self._since() + size > self.base_bytes  # the next would pass it
@@ -283,6 +288,19 @@ class Publisher:
                 and (near or len(self.deltas) >= self.pub.base_every)):
             self.stats["bases_for_size"] += int(near and len(self.deltas) < self.pub.base_every)
             self._compact()
+
+    def _reread(self, client, pieces: list, viewed: np.ndarray, most: int = 1 << 16) -> list:
+        """The shards' rows of the keys the newest delta took from rank 0's copies and this one
+        neither changed nor takes from them again: a copy stands only until the shards' row is
+        read again (at the latest in the last, flushed version), so no follower keeps one for good.
+        As pieces like ``client.changed``'s."""
+        known = np.concatenate([k for k, _, _ in pieces] + [viewed])
+        keys = self.viewed[~np.isin(self.viewed, known)]
+        out = []
+        for lo in range(0, len(keys), most):
+            rows, clocks = client.wait(client.pull(EMBEDDING_TABLE, torch.from_numpy(keys[lo:lo + most])))
+            out.append((keys[lo:lo + most], rows.numpy(), clocks.numpy()))
+        return out
 
     def _since(self) -> int:
         """The bytes of the deltas since the newest base."""
@@ -349,21 +367,36 @@ class Publisher:
                 os.remove(os.path.join(self.dir, delta_name(v)))
 
 
-def overlay(rows: tuple, over: tuple) -> tuple:
-    """``(keys, rows, clocks)`` with ``over``'s in place of theirs where both hold a key, and
-    ``over``'s other keys added: a delta of the shards' changed rows, rank 0's unpushed copies over them.
+def delta_arrays(pieces: list, view, dim: int, buffer: list) -> tuple:
+    """A delta's keys, rows and clocks: the shards' changed rows (``pieces``: keys, rows, clocks
+    each) with rank 0's copies (``view``: keys, rows, clocks; None: none) in place of theirs where
+    both hold a key. The rows are copied once, into ``buffer[0]``, grown as needed and kept for
+    the next version: arrays of hundreds of MB made afresh for each version cost the publishing
+    thread more in page faults than in copies (py-spy, the default job).
 
     Example:
-        >>> keys, rows, clocks = overlay((np.array([3, 5]), np.array([[3.], [5.]]), np.array([1, 1])),
-        ...                              (np.array([5, 7]), np.array([[50.], [70.]]), np.array([2, 2])))
+        >>> pieces = [(np.array([3, 5]), np.array([[3.], [5.]], np.float32), np.array([1, 1]))]
+        >>> view = (np.array([5, 7]), np.array([[50.], [70.]], np.float32), np.array([2, 2]))
+        >>> keys, rows, clocks = delta_arrays(pieces, view, 1, [None])
         >>> keys.tolist(), rows.ravel().tolist(), clocks.tolist()
         ([3, 5, 7], [3.0, 50.0, 70.0], [1, 2, 2])
     """
-    keys, values, clocks = (np.concatenate([a, b.astype(a.dtype, copy=False)]) for a, b in zip(rows, over))
-    order = np.argsort(keys, kind="stable")  # a key's rank-0 copy after its shard row: the last of its run wins
-    keys = keys[order]
-    last = np.append(keys[1:] != keys[:-1], True)
-    return keys[last], values[order[last]], clocks[order[last]]
+    if view is None:
+        view = (np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
+    vk, vr, vc = (np.asarray(a) for a in view)
+    keeps = [~np.isin(k, vk) for k, _, _ in pieces]  # a shard's row that rank 0's copy replaces goes
+    counts = [int(np.count_nonzero(m)) for m in keeps]
+    n = sum(counts) + len(vk)
+    if buffer[0] is None or len(buffer[0]) < n or buffer[0].shape[1] != dim:
+        buffer[0] = np.empty((n + n // 4, dim), np.float32)  # room to grow: versions vary in size
+    rows, at = buffer[0][:n], 0
+    for (_, r, _), keep, count in zip(pieces, keeps, counts):
+        np.compress(keep, r, axis=0, out=rows[at:at + count])
+        at += count
+    rows[at:] = vr
+    keys = np.concatenate([k[m] for (k, _, _), m in zip(pieces, keeps)] + [vk.astype(np.int64)])
+    clocks = np.concatenate([c[m].astype(np.int64) for (_, _, c), m in zip(pieces, keeps)] + [vc.astype(np.int64)])
+    return keys, rows, clocks
 
 
 def _lower_priority() -> None:
