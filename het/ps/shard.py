@@ -350,10 +350,8 @@ class Shard:
 
     # -- saves and the log (het.ps.store.state) ----------------------------------------------
     def save(self, path: str, rows_only: bool = False) -> str:
-        """Write rows, clocks, marks and optimizer state to ``path`` (atomically). With a
-        write-ahead log, the save becomes the log's base and the log starts afresh.
-        ``rows_only``: the fixed tables' optimizer state left out (half an Adagrad table's
-        bytes), a save to read rows from that no shard loads and no log rests on."""
+        """Write rows, clocks, marks and optimizer state to ``path`` (atomically); with a log, it
+        becomes its base. ``rows_only``: no fixed table's optimizer state, a save to read rows from."""
         self.state.save(path, self.tables, self._header(), rows_only)
         return path
 

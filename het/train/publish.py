@@ -64,7 +64,7 @@ import torch
 from het.dist.collectives import barrier, rank0_says
 from het.train import checkpoint
 from het.train.config import TrainConfig
-from het.train.published import (base_name, bytes_under, delta_name, encode_rows, listing,  # noqa: F401 - the
+from het.train.published import (base_name, bytes_under, delta_arrays, delta_name, encode_rows, listing,  # noqa: F401 - the
                                   write_delta)  # directory's names, read here by the freshness benchmark
 from het.train.tasks import EMBEDDING_TABLE
 
@@ -365,38 +365,6 @@ class Publisher:
         for v in deltas:
             if v <= kept[0]:
                 os.remove(os.path.join(self.dir, delta_name(v)))
-
-
-def delta_arrays(pieces: list, view, dim: int, buffer: list) -> tuple:
-    """A delta's keys, rows and clocks: the shards' changed rows (``pieces``: keys, rows, clocks
-    each) with rank 0's copies (``view``: keys, rows, clocks; None: none) in place of theirs where
-    both hold a key. The rows are copied once, into ``buffer[0]``, grown as needed and kept for
-    the next version: arrays of hundreds of MB made afresh for each version cost the publishing
-    thread more in page faults than in copies (py-spy, the default job).
-
-    Example:
-        >>> pieces = [(np.array([3, 5]), np.array([[3.], [5.]], np.float32), np.array([1, 1]))]
-        >>> view = (np.array([5, 7]), np.array([[50.], [70.]], np.float32), np.array([2, 2]))
-        >>> keys, rows, clocks = delta_arrays(pieces, view, 1, [None])
-        >>> keys.tolist(), rows.ravel().tolist(), clocks.tolist()
-        ([3, 5, 7], [3.0, 50.0, 70.0], [1, 2, 2])
-    """
-    if view is None:
-        view = (np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
-    vk, vr, vc = (np.asarray(a) for a in view)
-    keeps = [~np.isin(k, vk) for k, _, _ in pieces]  # a shard's row that rank 0's copy replaces goes
-    counts = [int(np.count_nonzero(m)) for m in keeps]
-    n = sum(counts) + len(vk)
-    if buffer[0] is None or len(buffer[0]) < n or buffer[0].shape[1] != dim:
-        buffer[0] = np.empty((n + n // 4, dim), np.float32)  # room to grow: versions vary in size
-    rows, at = buffer[0][:n], 0
-    for (_, r, _), keep, count in zip(pieces, keeps, counts):
-        np.compress(keep, r, axis=0, out=rows[at:at + count])
-        at += count
-    rows[at:] = vr
-    keys = np.concatenate([k[m] for (k, _, _), m in zip(pieces, keeps)] + [vk.astype(np.int64)])
-    clocks = np.concatenate([c[m].astype(np.int64) for (_, _, c), m in zip(pieces, keeps)] + [vc.astype(np.int64)])
-    return keys, rows, clocks
 
 
 def _lower_priority() -> None:
