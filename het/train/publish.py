@@ -9,8 +9,8 @@ the same directory goes on from the last number, so its followers keep following
   :mod:`het.ps.changes`), in the table's precision (``dtype`` to choose another), with the dense
   weights. Its bytes follow the rows that changed, not the table.
 - ``base-<v>/``, a full export: the first from a snapshot (the shards' rows, saved without
-  their optimizer state, and the dense model, exported by ``het export`` in a process of its own; deltas wait for it, as followers
-  do); every later one from the base before it and the deltas since (:mod:`het.export.compact`,
+  their optimizer state, and the dense model, exported by ``het export`` in a process of its
+  own; deltas wait for it, as followers do); every later one from the base before it and the deltas since (:mod:`het.export.compact`,
   a process of its own at a lower priority, while deltas go on), started after the delta that
   brings the deltas since the last base within one such delta of its bytes, or after
   ``base_every`` deltas. The newest ``keep`` bases stay, with the deltas after the oldest of
@@ -29,9 +29,9 @@ What a version holds depends on ``consistency``:
   A copy stands only until a later version reads the shards' row again (the next one that does
   not take the copy again, the last one at the latest), so followers end on the shards' rows.
   Every row then lacks at most ``staleness`` updates of each other worker (the caches' write
-  rule, :mod:`het.staleness`), which the delta's manifest says (``"view": "rank 0"``). Without
-  rank 0's copies a version trailed the trainer's AUC by about 0.002, with them by a few
-  ten-thousandths (docs/RESULTS.md). The last version of a job is flushed in both.
+  rule, :mod:`het.staleness`), which the delta's manifest says (``"view": "rank 0"``); the
+  follower's AUC against the trainer's is in docs/RESULTS.md. The last version of a job is
+  flushed in both.
 
 The shards are read and the delta written by a thread beside training, with its own connection
 to the shards, one version at a time: training waits for none of it, and a version comes due
