@@ -87,14 +87,24 @@ def shard_config(args: argparse.Namespace) -> ShardConfig:
     launcher's), a job's tables and shard settings (``--config``), or the ``--table`` flags;
     the flags given win."""
     if args.shard_config:
-        return ShardConfig.from_dict(json.loads(args.shard_config))
+        spec = _json_object("--shard-config", args.shard_config, "a shard's config: tables and ShardConfig's fields")
+        try:
+            return ShardConfig.from_dict(spec)
+        except (KeyError, TypeError, AttributeError) as e:
+            raise ValueError(f"--shard-config: expected a shard's config (tables: a list of tables as "
+                             f"TableConfig.to_dict gives them; ShardConfig's fields), got keys {sorted(spec)}: "
+                             f"{type(e).__name__}: {e}") from None
     if args.job_shard or args.config:
         from het.train.config import TrainConfig
         from het.train.local import shard_options
         from het.train.tasks import job_tables
 
         if args.job_shard:
-            spec = json.loads(args.job_shard)
+            spec = _json_object("--job-shard", args.job_shard, "job, index and num_shards")
+            if not (isinstance(spec.get("job"), dict) and all(isinstance(spec.get(k), int) and not isinstance(
+                    spec.get(k), bool) for k in ("index", "num_shards"))):
+                raise ValueError(f"--job-shard: expected job (a job's config), index and num_shards (integers), "
+                                 f"got {json.dumps(spec)[:200]}")
             job = TrainConfig.from_dict(spec["job"])
             place = {"index": spec["index"], "num_shards": spec["num_shards"]}
         else:
@@ -108,6 +118,17 @@ def shard_config(args: argparse.Namespace) -> ShardConfig:
     tables = tuple(TableConfig(n, rows=r, dim=d, optimizer=opt, **(settings if r is None else fixed))
                    for n, r, d in args.table)
     return ShardConfig(tables, **given(args, "shard"))
+
+
+def _json_object(flag: str, text: str, what: str) -> dict:
+    """``text`` as a JSON object, or a ValueError naming ``flag`` and what it takes."""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{flag}: expected a JSON object ({what}), got {text[:80]!r}: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{flag}: expected a JSON object ({what}), got {type(value).__name__} {text[:80]!r}")
+    return value
 
 
 def cmd_serve(args) -> None:

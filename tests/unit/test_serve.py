@@ -102,3 +102,16 @@ def test_a_launchers_job_gives_the_shard_the_jobs_tables_and_settings_at_its_pla
     cfg = shard_config(parse("--job-shard", json.dumps(spec)))
     assert cfg == ShardConfig(tuple(job_tables(job)), index=1, num_shards=2, memory=64 << 20,
                               memory_policy="lfu", wal_max=1 << 20)
+
+
+@pytest.mark.parametrize("flag, text, message", [
+    ("--shard-config", "{bad", r"--shard-config: expected a JSON object \(a shard's config"),
+    ("--shard-config", "[1]", r"--shard-config: expected a JSON object .* got list '\[1\]'"),
+    ("--shard-config", '{"tables": 5}', r"--shard-config: expected a shard's config .* got keys \['tables'\]"),
+    ("--shard-config", '{"tables": [{"x": 1}]}', r"unexpected keyword argument 'x'"),
+    ("--job-shard", "{}", r"--job-shard: expected job \(a job's config\), index and num_shards \(integers\), got \{\}"),
+    ("--job-shard", '{"job": {}, "index": "1", "num_shards": 2}', r"--job-shard: expected job .* got \{\"job\""),
+])
+def test_a_malformed_json_config_is_refused_naming_the_flag_and_what_it_takes(flag, text, message):
+    with pytest.raises(ValueError, match=message):
+        shard_config(parse(flag, text))
