@@ -283,14 +283,26 @@ class EmbeddingCache:
 
     # -- reporting --------------------------------------------------------------------------
     def stats(self) -> dict:
-        c = dict(self.counters)
-        lookups = c.get("lookups", 0)
-        c["hit_rate"] = c.get("hits", 0) / lookups if lookups else 0.0
-        c["miss_rate"] = c.get("misses", 0) / lookups if lookups else 0.0
-        c["capacity"] = self.slots
-        # refreshed copies' distance from the server's view, relative to the rows' norm
-        c["drift"] = math.sqrt(c["drift_sq"] / c["drift_norm_sq"]) if c.get("drift_norm_sq") else 0.0
-        return c
+        return with_rates({**self.counters, "capacity": self.slots})
+
+
+RATES = ("hit_rate", "miss_rate", "drift")
+
+
+def with_rates(c: dict) -> dict:
+    """Cache counters with their rates: hits and misses a lookup, and the refreshed copies'
+    distance from the server's view relative to the rows' norm (``drift``)."""
+    lookups = c.get("lookups", 0)
+    c["hit_rate"] = c.get("hits", 0) / lookups if lookups else 0.0
+    c["miss_rate"] = c.get("misses", 0) / lookups if lookups else 0.0
+    c["drift"] = math.sqrt(c["drift_sq"] / c["drift_norm_sq"]) if c.get("drift_norm_sq") else 0.0
+    return c
+
+
+def summed_stats(per_cache: list[dict]) -> dict:
+    """Several caches' :meth:`EmbeddingCache.stats` as one: counters summed, rates over the sums."""
+    keys = set().union(*per_cache) - set(RATES)
+    return with_rates({k: sum(s.get(k, 0) for s in per_cache) for k in keys})
 
 
 def local_rule(optimizer: str, asked: str) -> str:

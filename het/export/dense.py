@@ -1,5 +1,6 @@
 """An export's dense model: the CTR model with its embedding taken out, so it maps the dense
-features and the rows the tables gave ``(B, F, D)`` to logits.
+features and the rows the tables gave ``(B, F, D)`` (fields of several widths: a tuple, a tensor
+a width) to logits.
 
 Written twice: its parameters (``dense.pt``, what het itself loads back into the model's class)
 and, where ``torch.export`` captures it, a program (``dense.pt2``) that runs without het's
@@ -26,7 +27,8 @@ def build(model: dict) -> nn.Module:
     ``model``: the manifest's ``model`` (name, fields, dim, dense features)."""
     if model["name"] not in CTR_MODELS:
         raise ValueError(f"model {model['name']!r}: an export holds one of {sorted(CTR_MODELS)}")
-    module = CTR_MODELS[model["name"]](nn.Identity(), num_fields=model["num_fields"], dim=model["dim"],
+    dim = model["dim"] if isinstance(model["dim"], int) else tuple(model["dim"])  # a width a field: several tables
+    module = CTR_MODELS[model["name"]](nn.Identity(), num_fields=model["num_fields"], dim=dim,
                                        num_dense=model["num_dense"])
     return module.eval()
 
@@ -60,14 +62,23 @@ def load(root: str, model: dict) -> nn.Module:
     return load_params(build(model), state)
 
 
-def capture(module: nn.Module, num_dense: int, num_fields: int, dim: int):
-    """``torch.export``'s program of ``module`` for any batch size, or ``(None, why)``."""
+def capture(module: nn.Module, num_dense: int, num_fields: int, dim):
+    """``torch.export``'s program of ``module`` for any batch size, or ``(None, why)``. ``dim``: one
+    width, or a width a field (the rows then come as a tuple, a tensor a width)."""
+    from het.models.fields import width_groups
+
     batch = torch.export.Dim("batch", min=1, max=1 << 24)
-    example = (torch.zeros(4, num_dense), torch.zeros(4, num_fields, dim))
+    if isinstance(dim, int):
+        rows, rows_shape = torch.zeros(4, num_fields, dim), {0: batch}
+    else:
+        groups = width_groups(num_fields, tuple(dim))
+        rows = tuple(torch.zeros(4, f, w) for f, w in groups)
+        rows_shape = tuple({0: batch} for _ in groups)
+    example = (torch.zeros(4, num_dense), rows)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            program = torch.export.export(module, example, dynamic_shapes=({0: batch}, {0: batch}))
+            program = torch.export.export(module, example, dynamic_shapes=({0: batch}, rows_shape))
     except Exception as e:  # noqa: BLE001 - any failure to capture means: no program, say why
         return None, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
     return program, None

@@ -51,15 +51,23 @@ class ExportedModel(nn.Module):
     """
 
     def __init__(self, root: str, manifest: dict, table, dense: nn.Module, uses_program: bool = False):
+        """``table``: the export's table, or a dict of its tables by name (fields of several widths)."""
         super().__init__()
         from het.nn.bags import FieldBags
+        from het.nn.fields import FieldGroup, FieldTables
 
-        self.root, self.manifest, self.table, self.dense = root, manifest, table, dense
+        self.root, self.manifest, self.dense = root, manifest, dense
+        self.tables = table if isinstance(table, dict) else {next(iter(manifest["tables"])): table}
+        self.table = None if isinstance(table, dict) else table  # the one table, where there is one
         self.uses_program = uses_program
-        bags = manifest["model"]["bag_sizes"]
-        if max(bags) > 1:  # multi-hot fields: each field's bag pooled, as training pooled them
-            spec = manifest["input"]
-            self.lookup = FieldBags(ExportedEmbedding(table, spec.get("pooling", "sum"), spec.get("pad_key")), bags)
+        bags, spec = manifest["model"]["bag_sizes"], manifest["input"]
+        pooling = (spec.get("pooling", "sum"), spec.get("pad_key")) if max(bags) > 1 else (None, None)
+        if manifest["model"].get("fields"):  # a table a width, each looked up as training did
+            groups = [FieldGroup.from_dict(g) for g in manifest["model"]["fields"]]
+            source = nn.ModuleDict({n: ExportedEmbedding(t, *pooling) for n, t in self.tables.items()})
+            self.lookup = FieldTables(source, groups, pooled=max(bags) > 1)
+        elif max(bags) > 1:  # multi-hot fields: each field's bag pooled, as training pooled them
+            self.lookup = FieldBags(ExportedEmbedding(table, *pooling), bags)
         else:
             self.lookup = ExportedEmbedding(table)
         self.inputs = Inputs(manifest["input"], root)
@@ -67,8 +75,9 @@ class ExportedModel(nn.Module):
     @classmethod
     def open(cls, root: str, manifest: dict, use_program: bool = True) -> ExportedModel:
         """The model of the export in ``root`` (its manifest read and checked)."""
-        (name, entry), = manifest["tables"].items()
-        table = ExportedTable(os.path.join(root, "tables", name), entry)
+        tables = {name: ExportedTable(os.path.join(root, "tables", name), entry)
+                  for name, entry in manifest["tables"].items()}
+        table = next(iter(tables.values())) if len(tables) == 1 else tables
         if use_program and manifest["dense"].get("program") is not None:
             dense = torch.export.load(os.path.join(root, dense_model.PROGRAM)).module()
             return cls(root, manifest, table, dense, uses_program=True)
@@ -82,8 +91,9 @@ class ExportedModel(nn.Module):
         if dense_state is not None:
             dense = dense_model.load_params(dense_model.build(self.manifest["model"]), dense_state)
             uses_program = False
-        return ExportedModel(self.root, self.manifest, table if table is not None else self.table, dense,
-                             uses_program)
+        if table is None:
+            table = self.table if self.table is not None else self.tables
+        return ExportedModel(self.root, self.manifest, table, dense, uses_program)
 
     @property
     def device(self) -> torch.device:
@@ -96,13 +106,12 @@ class ExportedModel(nn.Module):
         hashing) -> (B,)."""
         if isinstance(dense, Batch):
             dense, keys = dense.dense, dense.sparse
-        device = self.device
-        rows = self.lookup(keys.to("cpu", torch.int64)).to(device)     # (B, F, D)
-        return torch.sigmoid(self.dense(dense.to(device, torch.float32), rows))
+        return torch.sigmoid(self.logits(dense, keys))
 
     def logits(self, dense: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         with torch.no_grad():
-            rows = self.lookup(keys.to("cpu", torch.int64)).to(self.device)
+            rows = self.lookup(keys.to("cpu", torch.int64))                # (B, F, D), or a tensor a width
+            rows = rows.to(self.device) if isinstance(rows, torch.Tensor) else tuple(r.to(self.device) for r in rows)
             return self.dense(dense.to(self.device, torch.float32), rows)
 
     def predict(self, columns, errors: str = "raise"):

@@ -72,6 +72,7 @@ class Checkpoint:
         self.config, self.step, self.model_state = state["config"], int(state["step"]), state["model"]
         self.evaluation = _read_json(os.path.join(path, "evaluation.json"))
         self.published = state.get("published")  # a base of het train --publish: its version and time
+        self.fields = state.get("fields")  # fields of several widths: their tables (het.nn.fields.FieldGroup)
         check_shards_here(path, state)
         self.shards = self._open_shards(os.path.join(path, "ps"))
         self.num_shards = len(self.shards)

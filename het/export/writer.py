@@ -83,17 +83,18 @@ def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = Fals
 
 def _write(ckpt: Checkpoint, config: dict, spec: dict, files: dict, root: str, dtype: str, progress: bool) -> dict:
     names = [n for n in ckpt.tables if n != DENSE_TABLE]
-    if len(names) != 1:
-        raise ValueError(f"a CTR checkpoint holds one embedding table, this one holds {names}")
-    (name,) = names
-    cfg = ckpt.tables[name]
-    model = {"name": config["model"], "num_fields": len(spec["sparse"]), "dim": cfg.dim,
-             "num_dense": len(spec["dense"]), "bag_sizes": spec["bag_sizes"]}
+    groups = ckpt.fields or []
+    if sorted(names) != sorted(g["table"] for g in groups) and len(names) != 1:
+        raise ValueError(f"the checkpoint holds embedding tables {names} but no record of their fields: it was "
+                         f"not written by het train")
+    widths = [g["width"] for g in groups for _ in g["fields"]] or ckpt.tables[names[0]].dim
+    model = {"name": config["model"], "num_fields": len(spec["sparse"]), "dim": widths,
+             "num_dense": len(spec["dense"]), "bag_sizes": spec["bag_sizes"], **({"fields": groups} if groups else {})}
     dense_info = _write_dense(ckpt, config, model, root)
-    bar = _bar(ckpt.stored_rows(name), progress)
+    bar = _bar(sum(ckpt.stored_rows(name) for name in names), progress)
     try:
-        entry = tables.write(ckpt, name, os.path.join(root, "tables", name), dtype,
-                             progress=bar.update if bar else None)
+        entries = {name: tables.write(ckpt, name, os.path.join(root, "tables", name), dtype,
+                                      progress=bar.update if bar else None) for name in names}
     finally:
         if bar:
             bar.close()
@@ -103,7 +104,8 @@ def _write(ckpt: Checkpoint, config: dict, spec: dict, files: dict, root: str, d
     manifest = {"format": layout.FORMAT, "version": layout.VERSION,
                 "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "checkpoint": os.path.abspath(ckpt.path), "step": ckpt.step, "model": model, "dense": dense_info,
-                "tables": {name: entry}, "dtype": dtype, "row_bytes": row_bytes(cfg.dim, dtype), "input": spec,
+                "tables": entries, "dtype": dtype, "input": spec,
+                "row_bytes": row_bytes(max(ckpt.tables[n].dim for n in names), dtype),
                 "evaluation": ckpt.evaluation, "published": ckpt.published, "train": {k: config.get(k) for k in
                                                          ("mode", "staleness", "optimizer", "lr", "batch", "workers",
                                                           "servers", "seed", "eval_samples")}}

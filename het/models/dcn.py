@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from het.models.fields import FieldRows
 from het.models.wdl import mlp
 
 
@@ -46,7 +47,8 @@ class DCN(nn.Module):
     Args:
         embedding: any module mapping keys ``(B, F)`` to rows ``(B, F, dim)``: ``nn.Embedding``
             or ``het.Embedding``.
-        num_fields, dim: categorical fields and embedding width.
+        num_fields, dim: categorical fields and embedding width; or each field's width, for
+            tables of several widths (``x0`` holds them side by side).
         num_dense: dense features.
         num_cross: cross layers.
         hidden: the deep MLP's layer sizes.
@@ -65,17 +67,18 @@ class DCN(nn.Module):
         ([199.5], 199.5)
     """
 
-    def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,
+    def __init__(self, embedding: nn.Module, num_fields: int, dim: int | tuple[int, ...], num_dense: int = 13,
                  num_cross: int = 3, hidden: tuple[int, ...] = (256, 256, 256)):
         super().__init__()
-        width = num_fields * dim + num_dense
+        self.fields = FieldRows(num_fields, dim)
+        width = self.fields.width + num_dense
         self.embedding = embedding
         self.cross = nn.ModuleList(CrossLayer(width) for _ in range(num_cross))
         self.deep = mlp([width, *hidden])
         self.head = nn.Linear(width + hidden[-1], 1)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        x0 = torch.cat([self.embedding(sparse).flatten(1), dense], dim=1)  # (B, F * D + num_dense)
+        x0 = torch.cat([self.fields.flat(self.embedding(sparse)), dense], dim=1)  # (B, F * D + num_dense)
         x = x0
         for layer in self.cross:
             x = layer(x0, x)                                        # (B, F * D + num_dense)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from het.models.fields import FieldRows, interaction_width
 from het.models.wdl import mlp
 
 
@@ -38,7 +39,9 @@ class DeepFM(nn.Module):
     Args:
         embedding: any module mapping keys ``(B, F)`` to rows ``(B, F, dim)``: ``nn.Embedding``
             or ``het.Embedding``.
-        num_fields, dim: categorical fields and embedding width.
+        num_fields, dim: categorical fields and embedding width; or each field's width, for
+            tables of several widths (:mod:`het.models.fields`: the FM term pairs them at the
+            widest, the narrower projected).
         num_dense: dense features.
         hidden: the deep MLP's layer sizes; a plain linear layer maps the last to the logit.
         first_order: ``None``, or a module mapping keys ``(B, F)`` to weights ``(B, F, 1)``.
@@ -67,20 +70,21 @@ class DeepFM(nn.Module):
         [51.5]
     """
 
-    def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,
+    def __init__(self, embedding: nn.Module, num_fields: int, dim: int | tuple[int, ...], num_dense: int = 13,
                  hidden: tuple[int, ...] = (256, 256, 256), first_order: nn.Module | None = None):
         super().__init__()
         self.embedding = embedding
         self.first_order = first_order
+        self.fields = FieldRows(num_fields, dim, common=interaction_width(dim))
         # without a width-1 table, a linear layer over the embeddings plays the first-order term
-        self.first_linear = nn.Linear(num_fields * dim, 1, bias=False) if first_order is None else None
+        self.first_linear = nn.Linear(self.fields.width, 1, bias=False) if first_order is None else None
         self.dense_linear = nn.Linear(num_dense, 1)                # carries the model's bias
-        self.deep = mlp([num_fields * dim + num_dense, *hidden])
+        self.deep = mlp([self.fields.width + num_dense, *hidden])
         self.head = nn.Linear(hidden[-1], 1)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        rows = self.embedding(sparse)                               # (B, F, D)
-        flat = rows.flatten(1)                                      # (B, F * D)
+        out = self.embedding(sparse)                                # (B, F, D), or a group a width
+        flat = self.fields.flat(out)                                # (B, F * D)
         if self.first_order is None:
             first = self.first_linear(flat).squeeze(1)              # (B,)
         else:
@@ -89,6 +93,6 @@ class DeepFM(nn.Module):
                 raise ValueError(f"first_order must map keys {tuple(sparse.shape)} to weights "
                                  f"{(*sparse.shape, 1)}, got {tuple(weights.shape)}")
             first = weights.sum(dim=(1, 2))                         # (B,)
-        second = fm_interaction(rows)                               # (B,)
+        second = fm_interaction(self.fields.paired(out))            # (B,)
         deep = self.head(self.deep(torch.cat([flat, dense], dim=1))).squeeze(1)
         return first + second + deep + self.dense_linear(dense).squeeze(1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from het.models.fields import FieldRows, interaction_width
 from het.models.wdl import mlp
 
 
@@ -36,9 +37,11 @@ class DLRM(nn.Module):
     Args:
         embedding: any module mapping keys ``(B, F)`` to rows ``(B, F, dim)``: ``nn.Embedding``
             or ``het.Embedding``.
-        num_fields, dim: categorical fields and embedding width.
+        num_fields, dim: categorical fields and embedding width; or each field's width, for
+            tables of several widths (the dot products pair them at the widest, the bottom MLP's
+            output width, the narrower projected).
         num_dense: dense features.
-        bottom: the bottom MLP's hidden sizes; a last layer of width ``dim`` is appended.
+        bottom: the bottom MLP's hidden sizes; a last layer of width ``dim`` (the widest) is appended.
         top: the top MLP's hidden sizes, before the linear layer to the logit.
 
     Shape:
@@ -57,19 +60,20 @@ class DLRM(nn.Module):
         64
     """
 
-    def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,
+    def __init__(self, embedding: nn.Module, num_fields: int, dim: int | tuple[int, ...], num_dense: int = 13,
                  bottom: tuple[int, ...] = (256, 128), top: tuple[int, ...] = (256, 128)):
         super().__init__()
-        vectors = num_fields + 1
+        vectors, width = num_fields + 1, interaction_width(dim)
         self.embedding = embedding
-        self.bottom = mlp([num_dense, *bottom, dim])
+        self.fields = FieldRows(num_fields, dim, common=width)
+        self.bottom = mlp([num_dense, *bottom, width])
         self.register_buffer("pairs", torch.triu_indices(vectors, vectors, offset=1), persistent=False)
-        sizes = [dim + vectors * (vectors - 1) // 2, *top]        # bottom output, then the pairs
+        sizes = [width + vectors * (vectors - 1) // 2, *top]        # bottom output, then the pairs
         self.top = mlp(sizes)
         self.head = nn.Linear(sizes[-1], 1)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
         x = self.bottom(dense)                                      # (B, D)
-        vectors = torch.cat([x[:, None], self.embedding(sparse)], dim=1)  # (B, F + 1, D)
+        vectors = torch.cat([x[:, None], self.fields.paired(self.embedding(sparse))], dim=1)  # (B, F + 1, D)
         pairs = dot_interaction(vectors, self.pairs)                # (B, (F + 1) F / 2)
         return self.head(self.top(torch.cat([x, pairs], dim=1))).squeeze(1)

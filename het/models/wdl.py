@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from het.models.fields import FieldRows
+
 
 def mlp(sizes: list[int]) -> nn.Sequential:
     """Linear layers of ``sizes`` with ReLU between them (and after the last).
@@ -28,7 +30,8 @@ class WideDeep(nn.Module):
     Args:
         embedding: any module mapping keys ``(B, F)`` to rows ``(B, F, dim)``: ``nn.Embedding``
             or ``het.Embedding``.
-        num_fields, dim: categorical fields and embedding width.
+        num_fields, dim: categorical fields and embedding width; or each field's width, for
+            tables of several widths (the wide part holds them side by side).
         num_dense: dense features.
         hidden: the deep MLP's layer sizes.
 
@@ -46,14 +49,15 @@ class WideDeep(nn.Module):
         [24.0, 2.0]
     """
 
-    def __init__(self, embedding: nn.Module, num_fields: int, dim: int, num_dense: int = 13,
+    def __init__(self, embedding: nn.Module, num_fields: int, dim: int | tuple[int, ...], num_dense: int = 13,
                  hidden: tuple[int, ...] = (256, 256, 256)):
         super().__init__()
         self.embedding = embedding
+        self.fields = FieldRows(num_fields, dim)
         self.deep = mlp([num_dense, *hidden])
-        self.head = nn.Linear(num_fields * dim + hidden[-1], 1)
+        self.head = nn.Linear(self.fields.width + hidden[-1], 1)
 
     def forward(self, dense: torch.Tensor, sparse: torch.Tensor) -> torch.Tensor:
-        wide = self.embedding(sparse).flatten(1)                    # (B, F * D)
+        wide = self.fields.flat(self.embedding(sparse))             # (B, F * D)
         deep = self.deep(dense)                                     # (B, H)
         return self.head(torch.cat([wide, deep], dim=1)).squeeze(1)

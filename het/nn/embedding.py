@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from het.cache.cache import EmbeddingCache, Plan, Rows
+from het.cache.cache import EmbeddingCache, Plan, Rows, summed_stats
 from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.bags import bag_keys, pool
@@ -152,18 +152,18 @@ class Embedding(nn.Module):
         A prefetched row may miss this worker's own update of the step in between until its next
         refresh (one update, within any bound ``s >= 1``); at ``s = 0`` do not prefetch.
         """
-        name = self._table_name(table)
-        flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
-        self.upcoming.send(name, flat)
+        for name, part in self.upcoming.routed(keys, table):
+            flat, _, _ = self._flatten(self._check_keys(part, name), offsets)
+            self.upcoming.send(name, flat)
 
     def announce(self, keys: torch.Tensor, offsets: torch.Tensor | None = None, table: str | None = None) -> None:
         """Tell the cache the keys of a coming ``forward``, in the order the forwards will come,
         ahead of time (up to the cache's ``lookahead`` steps): eviction then keeps the rows
         needed soon (Belady's rule within the window). A hint: without a lookahead window, or
         when the forwards differ, it costs hits, never correctness."""
-        name = self._table_name(table)
-        flat, _, _ = self._flatten(self._check_keys(keys, name), offsets)
-        self.upcoming.announce(name, flat)
+        for name, part in self.upcoming.routed(keys, table):
+            flat, _, _ = self._flatten(self._check_keys(part, name), offsets)
+            self.upcoming.announce(name, flat)
 
     def prefetching(self) -> bool:
         """Whether a prefetched lookup is waiting for its ``forward``."""
@@ -334,6 +334,11 @@ class Embedding(nn.Module):
 
     def stats(self) -> dict:
         return {name: cache.stats() for name, cache in self.caches.items()}
+
+    def total_stats(self) -> dict:
+        """Every table's cache counters summed, their rates over the sums (one table: its own)."""
+        per = list(self.stats().values())
+        return per[0] if len(per) == 1 else summed_stats(per)
 
     def _apply(self, fn, recurse=True):
         """``.to(device)`` / ``.cuda()`` move the caches and the rows returned."""

@@ -54,11 +54,24 @@ class Upcoming:
         self.keys: Callable = lambda batch: batch  # batch -> the keys het.Embedding looks up
         self.ahead = 0       # steps made and announced before they run
         self.early = False   # whether each step's sync is sent while the step before computes
+        self._split: Callable | None = None  # a whole batch's keys -> each table's (route)
         self._batches: collections.deque = collections.deque()  # (step, batch), made ahead
         names = list(embedding.tables)
         # per table: announced lookups (flat keys, unique keys, inverse); syncs sent early
         self._announced = {n: collections.deque() for n in names}
         self._sent = {n: collections.deque() for n in names}
+
+    def route(self, split: Callable) -> None:
+        """Split a whole batch's keys among the tables in het.Embedding's ``announce`` and
+        ``prefetch`` without ``table=``: ``split(keys)`` -> ``{table: keys}``
+        (:class:`het.nn.fields.FieldTables` routes its source so)."""
+        self._split = split
+
+    def routed(self, keys, table: str | None) -> list:
+        """``[(table, keys)]`` of a lookup: the table named, or the batch split among the tables."""
+        if table is None and self._split is not None and len(self.embedding.tables) > 1:
+            return list(self._split(keys).items())
+        return [(self.embedding._table_name(table), keys)]
 
     def follow(self, make: Callable, keys: Callable, ahead: int = 0, early: bool = False) -> None:
         """Make batches with ``make(step)``, ``ahead`` steps early, announcing ``keys(batch)``

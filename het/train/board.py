@@ -83,7 +83,7 @@ class Board:
 
     def _counters(self) -> dict:
         w = self.worker
-        stats = w.embedding.stats()[EMBEDDING_TABLE]
+        stats = w.embedding.total_stats()
         dense = w.dense.counters()
         out = {k: stats.get(k, 0) for k in CACHE}
         out.update({k: w.embedding.traffic.get(k, 0) for k in TRAFFIC})

@@ -75,6 +75,9 @@ def write(worker, directory: str, step: int, replaces: str | None = None, rows_o
     state = {"format": FORMAT, "step": step, "config": worker.cfg.to_dict(),
              "model": {k: v for k, v in worker.model.state_dict().items() if not k.startswith("embedding.")},
              "optimizer": worker.dense.state_dict(), **extra}
+    groups = getattr(getattr(worker, "task", None), "groups", None)
+    if groups:  # fields of several widths: which table holds which field's rows
+        state["fields"] = [g.as_dict() for g in groups]
     files.write_file(os.path.join(directory, "worker.pt"), lambda f: torch.save(state, f))
 
 

@@ -91,6 +91,7 @@ MODEL_DEFAULTS = {
 # at 1,000 steps (docs/RESULTS.md, "Model quality against peers"); synthetic data keeps its own.
 TABLE_DEFAULTS = {"dim": 16, "dense_optimizer": "adam", "dense_lr": 0.001}
 PREPARED = ("table:", "criteo:")
+AUTO, AUTO_MOST = "auto", 64  # dim = "auto": a width a field from its distinct ids, at most 64
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,11 @@ class TrainConfig:
                                          "then flush, evaluate and report the steps run (none: no limit)",
                                          aliases=("--time-limit",))
     batch: int | None = setting(None, "samples per worker per step")
-    dim: int | None = setting(None, "embedding width")
+    dim: int | str | None = setting(None, "embedding width of every field, or auto: a width a field from its distinct "
+                                    "ids (6 x ids^0.25 as a power of two, 4 to 64: the rule of thumb of TensorFlow's "
+                                    "feature columns and DeepCTR), one PS table a width", kind="width")
+    widths: dict | None = setting(None, "CTR models: widths of named fields over dim, e.g. user=64,ad=32 (TOML: "
+                                  "a [widths] table); one PS table a width", kind="widths")
     optimizer: Optimizer | None = setting(None, "the sparse optimizer, applied by the PS")
     lr: float | None = setting(None, "the sparse learning rate")
     dense_optimizer: Optimizer | None = setting(None, "the dense layers' optimizer (default: the sparse one's; "
@@ -245,8 +250,12 @@ class TrainConfig:
         return [
             (self._data_fits_model(), f"model {self.model!r} takes data "
              f"{GRAPH_DATA if self.is_graph else CTR_DATA}, got {self.data!r}"),
-            (self.steps >= 0 and self.batch > 0 and self.dim > 0,
-             f"steps >= 0, batch > 0 and dim > 0 expected, got {self.steps}, {self.batch}, {self.dim}"),
+            (self.steps >= 0 and self.batch > 0 and (self.dim == AUTO or self.dim > 0),
+             f"steps >= 0, batch > 0 and dim > 0 expected (dim may be auto), got {self.steps}, {self.batch}, {self.dim}"),
+            (not (self.widths and self.is_graph), f"widths name CTR fields; {self.model} has one table of node ids"),
+            (not (self.publish.dir and self.several_widths and not self.is_graph),
+             "publish follows one embedding table; dim auto and widths give a table a width: give one dim to publish "
+             "(het export takes a table a width)"),
             (self.lr > 0 and self.dense_lr > 0, f"lr and dense_lr must be > 0, got {self.lr} and {self.dense_lr}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.row_l1 >= 0 and self.row_l2 >= 0, f"row_l1 and row_l2 must be >= 0, got {self.row_l1}, {self.row_l2}"),
@@ -311,20 +320,32 @@ class TrainConfig:
     def cached(self) -> bool:
         return self.mode == Mode.HET
 
-    def cache_rows_for(self, table_rows: int) -> int:
+    def cache_rows_for(self, table_rows: int, share: float = 1.0) -> int:
         """Rows of the worker cache for ``table_rows`` ids (the rows of a fixed table, the ids in
-        the data for a dynamic one; 0 without a cache)."""
+        the data for a dynamic one; 0 without a cache); a table of several takes ``share`` of
+        ``cache_rows`` and ``cache_memory``."""
         if not self.cached:
             return 0
         if self.cache_rows is not None:
-            return min(self.cache_rows, table_rows)
-        return min(int(self.cache_frac * table_rows), parse_bytes(self.cache_memory) // self.cache_slot_bytes)
+            return min(int(self.cache_rows * share), table_rows)
+        return min(int(self.cache_frac * table_rows),
+                   int(parse_bytes(self.cache_memory) * share) // self.cache_slot_bytes)
 
     @property
     def cache_slot_bytes(self) -> int:
         """At most what a cache slot takes: its row and pending gradient, a followed optimizer's
         state and squares (at most dim floats each), its key, clock and counters."""
-        return CACHE_SLOT_BYTES + 16 * self.dim
+        return CACHE_SLOT_BYTES + 16 * self.widest
+
+    @property
+    def widest(self) -> int:
+        """The widest row a field of the job may get (``auto`` gives at most :data:`AUTO_MOST`)."""
+        return max([AUTO_MOST if self.dim == AUTO else self.dim, *(self.widths or {}).values()])
+
+    @property
+    def several_widths(self) -> bool:
+        """Whether the fields may get several widths (``auto``, or widths set per field)."""
+        return self.dim == AUTO or bool(self.widths)
 
     def to_dict(self) -> dict:
         """Plain data (JSON and TOML alike): nested configs as dicts, s = inf as ``"inf"``."""

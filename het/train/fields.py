@@ -21,12 +21,52 @@ def check_fields(config, prefix: str = "") -> None:
         value, key = getattr(config, f.name), prefix + f.name
         if f.metadata.get("kind") == "staleness":
             value = check_staleness(value, key)
+        elif f.metadata.get("kind") == "width":
+            value = check_width(value, key)
+        elif f.metadata.get("kind") == "widths":
+            value = check_widths(value, key)
         else:
             value = _check_type(hints[f.name], value, key)
         choices = f.metadata.get("choices")
         if choices and value is not None and value not in choices:
             raise ValueError(f"{key}: expected one of {choices}, got {value!r}")
         object.__setattr__(config, f.name, value)
+
+
+def check_width(value, key: str):
+    """An embedding width: an int >= 1, ``"auto"``, or None (the model's default)."""
+    if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return value
+    raise ValueError(f"{key}: expected an integer >= 1 or 'auto', got {value!r} ({type(value).__name__})")
+
+
+def check_widths(value, key: str):
+    """Widths of named fields: ``{name: int >= 1}`` (a TOML table), or ``"name=w,name=w"``.
+
+    Example:
+        >>> check_widths("user=64, ad=8", "widths")
+        {'user': 64, 'ad': 8}
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = dict(_pair(part, key) for part in value.split(",") if part.strip())
+    if not isinstance(value, dict) or not value:
+        raise ValueError(f"{key}: expected field names and widths (name=width,...; TOML: a table), got {value!r}")
+    for name, width in value.items():
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise ValueError(f"{key}: field {name!r}: expected a width >= 1, got {width!r}")
+    return dict(value)
+
+
+def _pair(text: str, key: str) -> tuple[str, int]:
+    name, eq, width = text.partition("=")
+    try:
+        if eq and name.strip():
+            return name.strip(), int(width)
+    except ValueError:
+        pass
+    raise ValueError(f"{key}: expected name=width, got {text.strip()!r}")
 
 
 _TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}

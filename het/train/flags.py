@@ -19,6 +19,7 @@ import typing
 from het.choices import Choice
 from het.config import parse_bytes
 from het.staleness import parse_staleness
+from het.train.fields import check_widths
 from het.train.config import MODEL_DEFAULTS, TrainConfig
 
 
@@ -131,6 +132,12 @@ def _parser(hint, f, none_ok: bool):
     kind, inner, choices = f.metadata.get("kind"), _inner(hint), choices_of(hint, f)
     if kind == "staleness":
         convert = parse_staleness
+    elif kind == "width":
+        def convert(text):
+            return text if text == "auto" else int(text)
+    elif kind == "widths":
+        def convert(text):
+            return check_widths(text, f.name)
     elif kind == "size" and inner is int:  # bytes; a str setting keeps the text, checked by its config
         convert = parse_bytes
     elif typing.get_origin(hint) is tuple:
@@ -166,6 +173,10 @@ def _accepts_none(hint, f) -> bool:
 def _expected(hint, f, none_ok: bool) -> str:
     if f.metadata.get("kind") == "staleness":
         return "an integer >= 0 or 'inf'"
+    if f.metadata.get("kind") == "width":
+        return "an integer >= 1 or 'auto'"
+    if f.metadata.get("kind") == "widths":
+        return "field widths as name=width,name=width"
     if f.metadata.get("kind") == "size" and _inner(hint) is int:
         return "a size such as 2GiB, 256MiB or 4096 (bytes)" + (" or none" if none_ok else "")
     if typing.get_origin(hint) is tuple:

@@ -29,7 +29,7 @@ from het.train.board import Board
 from het.train.exports import Outputs
 from het.train.rejoin import Rejoin, directory as rejoin_directory
 from het.train.selection import Keeper, eval_every
-from het.train.tasks import EMBEDDING_TABLE, make_task, resolve_epochs
+from het.train.tasks import make_task, resolve_epochs
 from het.train.timeline import Timeline, disk_postfix
 
 # After SIGTERM, how long a wait for a silent shard goes on (a live shard answers in milliseconds).
@@ -52,18 +52,21 @@ class Worker:
         self.cfg, self.client, self.rank, self.world = cfg, client, rank, world
         self.device = torch.device(device)
         self.task = make_task(cfg)
-        table = client.tables[EMBEDDING_TABLE]
-        capacity = cfg.cache_rows_for(self.task.num_ids)
-        cache = CacheConfig(capacity=capacity, policy=cfg.policy, staleness=cfg.staleness,
-                            lookahead=cfg.lookahead if capacity else 0, local_update=cfg.local_update)
-        self.embedding = Embedding(tables=table, client=client, cache=cache, device=self.device,
+        ids = self.task.table_ids()  # one table, or one a width
+        share = {name: n / max(1, sum(ids.values())) for name, n in ids.items()}
+        caches = {name: CacheConfig(capacity=(c := cfg.cache_rows_for(n, share[name])), policy=cfg.policy,
+                                    staleness=cfg.staleness, lookahead=cfg.lookahead if c else 0,
+                                    local_update=cfg.local_update) for name, n in ids.items()}
+        self.cache_rows = sum(c.capacity for c in caches.values())
+        self.embedding = Embedding(tables=[client.tables[n] for n in ids], client=client, cache=caches,
+                                   device=self.device,
                                    grad_scale=1.0 / world, push_dtype=cfg.push_dtype, mode=self.task.pooling,
                                    padding_idx=self.task.padding_key)
         self.model = self.task.build_model(self.embedding).to(self.device)
         self.dense = self._dense_sync()
         self.bsp = cfg.staleness == 0
         self.prefetch = cfg.prefetch and not self.bsp
-        self.lookahead = cache.lookahead
+        self.lookahead = max(c.lookahead for c in caches.values())
         # the coming steps: made and announced `lookahead` steps early, synced one step early
         self.upcoming = self.embedding.upcoming
         self.upcoming.follow(lambda step: self.task.batch(step, rank, world, self.device), self.task.keys,
@@ -134,7 +137,7 @@ class Worker:
                 # the window holds every step left: rows none of them uses are pushed now, a
                 # share a step, instead of all in the final flush
                 self.embedding.push_idle(1 / left)
-            stats = self.embedding.stats()[EMBEDDING_TABLE]
+            stats = self.embedding.total_stats()
             elapsed = time.perf_counter() - start_time
             timeline.after_step(step + 1)
             bar.update(1)
@@ -188,7 +191,7 @@ class Worker:
 
     def counters(self) -> dict:
         """This rank's traffic, cache and time counters (summed over ranks by the summary)."""
-        stats = self.embedding.stats()[EMBEDDING_TABLE]
+        stats = self.embedding.total_stats()
         dense = self.dense.counters()
         return {**{k: stats.get(k, 0) for k in ("lookups", "hits", "misses", "stale_refreshes", "evictions",
                                                 "drift_sq", "drift_norm_sq")},
@@ -318,6 +321,9 @@ def _job_summary(worker: Worker, run: dict, per_rank: list[dict], metrics: dict,
     cfg, steps = worker.cfg, worker.step_count
     summary = summarise(cfg, worker.world, worker.client.num_shards, steps, run["wall_s"], per_rank, metrics,
                         worker.task.num_ids)
+    summary["cache_rows"], summary["dim"] = worker.cache_rows, cfg.dim if worker.task.groups else worker.task.dim
+    if worker.task.groups:  # fields of several widths: a table a width
+        summary["widths"] = {g.table: {"width": g.width, "fields": len(g.fields)} for g in worker.task.groups}
     # every rank flushed before the gather of the counters
     summary.update(ps=ps_summary(worker.client.stats(), run["timeline"]), timeline=run["timeline"])
     if curve:

@@ -26,10 +26,12 @@ from het.data.validation import ValidatedTable
 from het.dist.dense import dense_table
 from het.models import DCN, DLRM, DeepFM, WideDeep
 from het.nn.bags import FieldBags
-from het.train.config import TrainConfig
+from het.nn.fields import BASE_TABLE, FieldGroup, FieldTables, group_widths, plan_groups
+from het.train.config import AUTO, TrainConfig
+from het.train.widths import auto_width, field_ids, widths_of
 
 CTR_MODELS = {Model.WDL: WideDeep, Model.DEEPFM: DeepFM, Model.DCN: DCN, Model.DLRM: DLRM}
-EMBEDDING_TABLE = "embedding"
+EMBEDDING_TABLE = BASE_TABLE  # a job of one width's table; fields of several widths: one table a width
 
 
 class CTRTask:
@@ -61,13 +63,37 @@ class CTRTask:
         self.padding_key = getattr(self.data, "pad_key", None) if multi else None
         self.num_rows = self.data.num_rows  # None: hashed ids, a dynamic table
         self.num_ids = getattr(self.data, "num_ids", self.num_rows)  # ids in the data: what sizes the cache
+        self.groups = self._groups(widths_of(cfg, self.data))  # None: one table of width dim
+        self.dim = self.cfg.dim if self.groups is None else group_widths(self.groups)
         self.loss_fn = torch.nn.BCEWithLogitsLoss()
+
+    def _groups(self, widths: list[int] | None) -> list[FieldGroup] | None:
+        """The tables of fields of several widths (fixed ones of their fields' keys only, where
+        the keys are the data's label-encoded ones); ``None`` for one width."""
+        if widths is None or len(set(widths)) == 1:
+            if widths:
+                self.cfg = dataclasses.replace(self.cfg, dim=widths[0])
+            return None
+        fixed = self.num_rows is not None and getattr(self.data, "offsets", None) is not None
+        return plan_groups(widths, getattr(self.data, "bag_sizes", None),
+                           self.data.cardinalities if fixed else None, self.data.offsets if fixed else None)
+
+    def table_ids(self) -> dict[str, int]:
+        """The ids each embedding table may hold (what sizes its cache)."""
+        if self.groups is None:
+            return {EMBEDDING_TABLE: self.num_ids}
+        if all(g.rows is not None for g in self.groups):
+            return {g.table: g.rows for g in self.groups}
+        ids = field_ids(self.data)
+        return {g.table: sum(ids[f] for f in g.fields) for g in self.groups}
 
     def build_model(self, embedding: torch.nn.Module) -> torch.nn.Module:
         torch.manual_seed(self.cfg.seed)  # every worker starts from the same dense parameters
-        if self.pooling:  # keys (B, L) -> one pooled row per field (B, F, D)
+        if self.groups:  # keys (B, L) -> a group of rows (B, F_g, D_g) a width
+            embedding = FieldTables(embedding, self.groups, pooled=bool(self.pooling))
+        elif self.pooling:  # keys (B, L) -> one pooled row per field (B, F, D)
             embedding = FieldBags(embedding, self.data.bag_sizes)
-        return CTR_MODELS[self.cfg.model](embedding, num_fields=self.data.num_fields, dim=self.cfg.dim,
+        return CTR_MODELS[self.cfg.model](embedding, num_fields=self.data.num_fields, dim=self.dim,
                                           num_dense=self.data.num_dense)
 
     def batch(self, step: int, rank: int, world: int, device) -> Batch:
@@ -146,9 +172,11 @@ class GraphTask:
         from het.data.graph import load, normalize_features
         from het.data.sampler import NeighborSampler
 
-        self.cfg = cfg
         self.graph = normalize_features(load(cfg.data))
         self.num_rows = self.num_ids = self.graph.num_nodes
+        if cfg.dim == AUTO:  # one table of node ids: one width, from their number
+            cfg = dataclasses.replace(cfg, dim=auto_width(self.num_rows))
+        self.cfg, self.dim, self.groups = cfg, cfg.dim, None
         self.sampler = NeighborSampler(self.graph, fanouts=cfg.graph.fanouts, seed=cfg.seed)
         self.train_nodes = torch.from_numpy(np.flatnonzero(_np(self.graph.train_mask)))
         self.loss_fn = torch.nn.CrossEntropyLoss()
@@ -159,7 +187,7 @@ class GraphTask:
         torch.manual_seed(self.cfg.seed)
         features = self.graph.features
         dropout, embedding_dropout = self.dropouts
-        return GraphSAGE(embedding, dim=self.cfg.dim, in_features=0 if features is None else features.shape[1],
+        return GraphSAGE(embedding, dim=self.dim, in_features=0 if features is None else features.shape[1],
                          num_classes=self.graph.num_classes, hidden=self.cfg.graph.hidden,
                          layers=len(self.cfg.graph.fanouts), dropout=dropout,
                          embedding_dropout=embedding_dropout, aggregator=self.cfg.graph.aggregator)
@@ -194,6 +222,9 @@ class GraphTask:
 
     def steps_per_epoch(self, world: int) -> int:
         return max(1, math.ceil(len(self.train_nodes) / (self.cfg.batch * world)))
+
+    def table_ids(self) -> dict[str, int]:
+        return {EMBEDDING_TABLE: self.num_ids}
 
     def loss(self, model, batch: GraphBatch) -> torch.Tensor:
         return self.loss_fn(model(batch.input_nodes, batch.features, batch.blocks), batch.labels)
@@ -235,17 +266,18 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     apply only to dynamic tables."""
     task = task or make_task(cfg)
     dynamic = {"admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
-    if (task.num_rows is not None and cfg.ps_memory is None
-            and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None}):
-        table = TableConfig(EMBEDDING_TABLE, rows=task.num_rows, dim=cfg.dim,
-                            optimizer=row_optimizer(cfg), seed=cfg.seed,
-                            row_dtype=cfg.row_dtype, row_rounding=cfg.row_rounding)
-    else:  # hashed ids, or label-encoded ones under admission, expiry or a budget (rows or memory)
-        table = TableConfig(EMBEDDING_TABLE, rows=None, dim=cfg.dim,
-                            optimizer=row_optimizer(cfg), seed=cfg.seed,
-                            admit_counters=cfg.admit_counters, row_dtype=cfg.row_dtype,
-                            row_rounding=cfg.row_rounding, **dynamic)
-    tables = [table]
+    fixed = (task.num_rows is not None and cfg.ps_memory is None
+             and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None})
+    groups = task.groups or [FieldGroup(EMBEDDING_TABLE, task.dim, (), (), (), None, task.num_rows)]
+    tables = []
+    for g in groups:
+        if fixed and g.rows is not None:
+            tables.append(TableConfig(g.table, rows=g.rows, dim=g.width, optimizer=row_optimizer(cfg), seed=cfg.seed,
+                                      row_dtype=cfg.row_dtype, row_rounding=cfg.row_rounding))
+        else:  # hashed ids, or label-encoded ones under admission, expiry or a budget (rows or memory)
+            tables.append(TableConfig(g.table, rows=None, dim=g.width, optimizer=row_optimizer(cfg), seed=cfg.seed,
+                                      admit_counters=cfg.admit_counters, row_dtype=cfg.row_dtype,
+                                      row_rounding=cfg.row_rounding, **dynamic))
     if cfg.mode == Mode.PS:
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr, cfg.schedule.of(cfg.steps)))
     return tables
@@ -264,7 +296,7 @@ def dense_params(cfg: TrainConfig, task=None) -> int:
     so dim 4096 is free)."""
     task = task or make_task(cfg)
     with torch.device("meta"):
-        model = task.build_model(torch.nn.Embedding(1, cfg.dim))
+        model = task.build_model(torch.nn.Identity())
     model.embedding = torch.nn.Identity()
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 

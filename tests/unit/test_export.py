@@ -96,6 +96,22 @@ def test_multi_hot_fields_and_mode_ps_reproduce_training(tmp_path):
         assert np.abs(scores_of(str(tmp_path / f"s{i}.csv")) - reference).max() <= 1e-6
 
 
+@pytest.mark.parametrize("model, settings", [
+    ("deepfm", {"dim": "auto"}),                                               # fixed tables, projections
+    ("dlrm", {"dim": 8, "widths": {"C1": 16, "C2": 4}, "ids": "hashed"}),       # dynamic tables
+    ("dcn", {"dim": "auto", "data": "synthetic-criteo-1tb", "synthetic": {"cap": 300}}),  # pooled bags
+])
+def test_an_export_of_fields_of_several_widths_scores_as_training(tmp_path, model, settings):
+    cfg, _ = job(model, "fixed", **settings)
+    _, out, metrics, (_, reference) = trained_export(cfg, 20, str(tmp_path), scores=True)
+    manifest = layout.read_manifest(out)
+    assert len(manifest["tables"]) > 1 and manifest["model"]["fields"]
+    s = predict(out, cfg.data, out=str(tmp_path / "scores.parquet"))
+    assert s["rows"] == SAMPLES
+    assert np.abs(scores_of(str(tmp_path / "scores.parquet")) - reference).max() <= 1e-6
+    assert round(s["auc"], 4) == round(metrics["auc"], 4)
+
+
 def test_the_program_and_the_model_class_give_the_same_scores(tmp_path):
     cfg, _ = job("deepfm")
     _, out, _ = trained_export(cfg, 10, str(tmp_path))

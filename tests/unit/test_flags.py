@@ -28,6 +28,10 @@ def a_value(key, f, hint):
         return 7, "7"
     if f.metadata.get("kind") == "size":
         return "3MiB", "3MiB"
+    if f.metadata.get("kind") == "width":
+        return "auto", "auto"
+    if f.metadata.get("kind") == "widths":
+        return {"C1": 8, "C2": 4}, "C1=8,C2=4"
     inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
     kind = tuple if typing.get_origin(hint) is tuple else inner[0]
     if kind is tuple:
@@ -72,6 +76,8 @@ def _toml(value) -> str:
         return str(value).lower()
     if isinstance(value, tuple):
         return "[" + ", ".join(map(str, value)) + "]"
+    if isinstance(value, dict):  # an inline table: widths = { C1 = 8 }
+        return "{ " + ", ".join(f"{k} = {v}" for k, v in value.items()) + " }"
     if isinstance(value, str):
         return f'"{value}"'
     return str(value)
