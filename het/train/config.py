@@ -165,7 +165,7 @@ class TrainConfig:
     ps_metrics_port: int | None = setting(None, "local cluster: shard i serves Prometheus metrics on port P+i "
                                           "(het serve --metrics-port; 0: free ports, printed)")
     tensorboard_dir: str | None = setting(None, "write TensorBoard scalars here while training (a local cluster: "
-                                          "RUN_DIR/tensorboard unless set)")
+                                          "RUN_DIR/tensorboard unless set)", aliases=("--tensorboard",))
     tensorboard_every: int = setting(10, "steps between TensorBoard points (0: no TensorBoard)")
     ps_saves_local: bool = setting(False, "checkpoints leave each shard's rows in its own state directory, "
                                    "named in worker.pt: no storage shared between machines (chosen too when the "

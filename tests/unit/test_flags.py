@@ -115,3 +115,9 @@ def test_help_gives_each_settings_help_and_default(capsys):
         assert "".join(f.metadata["help"].split()) in text, key
     assert "".join("the cache's replacement policy (default: lfu)".split()) in text
     assert "".join("the sparse learning rate (default: 0.05; deepfm 0.01; graphsage 0.001)".split()) in text
+
+
+def test_tensorboard_dir_is_also_spelled_tensorboard():
+    args = cli.parser().parse_args(["train", "--tensorboard", "tb", "--tensorboard-every", "5"])
+    cfg = config_from_args(args)
+    assert (cfg.tensorboard_dir, cfg.tensorboard_every) == ("tb", 5)
