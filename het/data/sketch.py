@@ -52,3 +52,20 @@ class DistinctSketch:
         if self.exact:
             return len(self.mins)
         return int(round((self.k - 1) * 2.0 ** 64 / (float(self.mins[-1]) + 1.0)))
+
+
+def distinct_per_field(blocks, bag_sizes, pad: int | None = None) -> list[int]:
+    """Distinct keys of each field over ``blocks``: arrays of keys ``(n, sum(bag_sizes))``, a
+    field's bag of keys side by side (``pad``: a bag's empty slot, not a key).
+
+    Example:
+        >>> distinct_per_field([np.array([[1, 5, 6], [1, 5, -1]]), np.array([[2, 7, -1]])], [1, 2], pad=-1)
+        [2, 3]
+    """
+    starts = np.cumsum([0, *bag_sizes])
+    sketches = [DistinctSketch() for _ in bag_sizes]
+    for keys in blocks:
+        for f, sketch in enumerate(sketches):
+            part = np.asarray(keys[:, starts[f]:starts[f + 1]]).reshape(-1)
+            sketch.add(part if pad is None else part[part != pad])
+    return [s.estimate() for s in sketches]

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
-from het.data.sketch import DistinctSketch
+from het.data.sketch import distinct_per_field
 from het.train.config import AUTO, AUTO_MOST
 
 AUTO_LEAST = 4
@@ -41,25 +39,21 @@ def field_names(data) -> list[str]:
 
 def field_ids(data) -> list[int]:
     """Distinct ids of each field: the data's cardinalities where it has them (synthetic data,
-    label-encoded Criteo), else counted on the training split (its first :data:`COUNT_ROWS`
-    rows; a sketch beyond 4,096 ids a field, within a few percent)."""
+    label-encoded Criteo), a prepared table's ``field_ids`` (counted on its training split when
+    it was prepared), else counted on the training split's first :data:`COUNT_ROWS` rows (a
+    sketch beyond 4,096 ids a field, within a few percent)."""
     inner = data
     while getattr(inner, "cardinalities", None) is None and hasattr(inner, "data"):
         inner = inner.data
     cards = getattr(inner, "cardinalities", None)
+    if cards is None:
+        cards = getattr(data, "meta", {}).get("field_ids")
     if cards is not None:
-        return [int(c) for c in cards]
-    sizes = list(getattr(data, "bag_sizes", (1,) * data.num_fields))
-    pad = getattr(data, "pad_key", None)
-    starts = np.cumsum([0, *sizes])
-    sketches = [DistinctSketch() for _ in sizes]
+        return [max(1, int(c)) for c in cards]
     rows, block = min(data.rows["train"], COUNT_ROWS), 1 << 16
-    for i in range(math.ceil(rows / block)):
-        keys = data.batch("train", i, min(block, rows - i * block)).sparse.numpy()
-        for f, sketch in enumerate(sketches):
-            part = keys[:, starts[f]:starts[f + 1]].reshape(-1)
-            sketch.add(part if pad is None else part[part != pad])
-    return [max(1, int(s.estimate())) for s in sketches]
+    blocks = (data.batch("train", i, min(block, rows - i * block)).sparse.numpy() for i in range(math.ceil(rows / block)))
+    counts = distinct_per_field(blocks, getattr(data, "bag_sizes", (1,) * data.num_fields), getattr(data, "pad_key", None))
+    return [max(1, c) for c in counts]
 
 
 def widths_of(cfg, data) -> list[int] | None:

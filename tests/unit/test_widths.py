@@ -4,6 +4,7 @@ exports score as training)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -133,3 +134,24 @@ def test_widths_name_fields_and_a_wrong_name_is_refused_naming_the_fields():
 def test_auto_on_a_graph_is_one_width_from_its_nodes():
     task = make_task(TrainConfig(model="graphsage", dim="auto", steps=1))
     assert task.dim == auto_width(task.num_rows) == 32 and task.groups is None
+
+
+def test_a_prepared_table_counts_each_fields_ids_and_auto_sizes_by_them(tmp_path):
+    from het.data.table import TableDataset, TableSpec, prepare_table
+    from het.train.widths import field_ids, widths_of
+
+    rng = np.random.default_rng(0)
+    n = 3000
+    with open(tmp_path / "t.csv", "w") as f:
+        f.write("y,price,city,user\n")
+        for i in range(n):
+            f.write(f"{i % 2},{rng.random():.3f},c{rng.integers(0, 3)},u{rng.integers(0, 2000)}\n")
+    prepare_table(str(tmp_path / "t.csv"), str(tmp_path / "out"), TableSpec("y", ("price",), ("city", "user")),
+                  test_fraction=0.0, progress=False)
+    data = TableDataset(str(tmp_path / "out"))
+    keys = data.batch("train", 0, data.rows["train"]).sparse.numpy()
+    exact = [len(np.unique(keys[:, j])) for j in range(2)]
+    assert data.meta["field_ids"] == exact and exact[0] == 3 and exact[1] > 1000
+    assert widths_of(TrainConfig(data=f"table:{tmp_path / 'out'}", dim="auto"), data) == [auto_width(e) for e in exact]
+    del data.meta["field_ids"]  # a table prepared before the count: counted on its training split instead
+    assert field_ids(data) == exact
