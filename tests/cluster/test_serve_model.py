@@ -52,6 +52,21 @@ def test_http_scores_equal_het_predicts(export_dir):
         assert server.client.get("/healthz").json()["status"] == "ok"
 
 
+def test_an_export_of_a_table_a_width_serves_the_scores_het_predict_gives(tmp_path):
+    from het.export import load_model
+
+    cfg = TrainConfig.from_dict({"model": "deepfm", "batch": 128, "dim": "auto", "eval_samples": 500,
+                                 "lookahead": 4, "ids": "hashed", "synthetic": {"cap": 800}})
+    _, out, _ = trained_export(cfg, 10, str(tmp_path))
+    rows = instances(20)
+    model = load_model(out)
+    assert len(model.tables) > 1
+    expected = model.predict({k: [r[k] for r in rows] for k in rows[0]})
+    with Server(out) as server:
+        got = server.predict({"instances": rows}).json()["predictions"]
+    assert np.abs(np.array(got) - expected).max() <= 1e-6
+
+
 def test_bad_requests_get_a_4xx_naming_the_field_and_the_server_goes_on(export_dir):
     good = instances(1)[0]
     cases = [
