@@ -10,6 +10,8 @@ only what was written.
 - :func:`make_directories`: directories made, refused through a link planted on the way.
 - :func:`check_zip`: a zip file (``torch.save``'s) read back in blocks against the CRC-32 of
   every member: a file cut off or changed is a :class:`DamagedFile` naming it and where.
+- :func:`block_crcs`, :func:`check_blocks`: any file's CRC-32 a block, kept beside it (an
+  export's manifest, a prepared directory's ``meta.json``), and the file read back against them.
 - :func:`atomic_directory`: a directory written whole under a fresh temporary name, forced to
   disk, then put in place (renamed, replacing the directory there before; or its entries moved
   into an existing directory, the one that marks it complete last); on a failure the temporary
@@ -31,10 +33,12 @@ import secrets
 import shutil
 import stat
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from typing import BinaryIO
 
 CHECK_BLOCK = 1 << 20  # bytes read at once when a file is checked: memory stays this, whatever its size
+CRC_BLOCK = 4 << 20  # bytes a CRC-32 of block_crcs covers
 
 
 class DamagedFile(ValueError):
@@ -145,6 +149,36 @@ def check_zip(path: str) -> None:
                                       f"does not read back as written ({e}): damaged") from None
     except zipfile.BadZipFile as e:
         raise DamagedFile(f"{path}: not a whole file as written ({e}): cut off or damaged") from None
+
+
+def block_crcs(path: str, block: int = CRC_BLOCK) -> dict:
+    """A file's size and the CRC-32 of each ``block`` bytes of it, read a block at a time: what
+    :func:`check_blocks` reads it back against."""
+    crcs, size = [], 0
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            crcs.append(zlib.crc32(chunk))
+            size += len(chunk)
+    return {"bytes": size, "block": block, "crc32": crcs}
+
+
+def check_blocks(path: str, entry: dict, remedy: str, error: type = None) -> None:
+    """Read ``path`` back against its :func:`block_crcs` ``entry``; ``error`` (a ValueError,
+    :class:`DamagedFile` by default) names the file and the bytes of its first block that
+    differs, and ``remedy``: what to do about it."""
+    error = error or DamagedFile
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        raise error(f"{path}: missing (listed with {entry['bytes']} bytes); {remedy}") from None
+    if size != entry["bytes"]:
+        raise error(f"{path}: {size} bytes, {entry['bytes']} when written: damaged or replaced; {remedy}")
+    block = entry["block"]
+    with open(path, "rb") as f:
+        for i, expected in enumerate(entry["crc32"]):
+            if zlib.crc32(f.read(block)) != expected:
+                raise error(f"{path}: checksum mismatch in bytes {i * block}..{min(size, (i + 1) * block) - 1}: "
+                            f"the file is damaged; {remedy}")
 
 
 def member_offset(fp, info: zipfile.ZipInfo) -> int:

@@ -216,8 +216,8 @@ class CriteoDataset(PreparedDataset):
     formats = ((FORMAT, VERSION), (HASHED_FORMAT, HASHED_VERSION))
     command = "het data prepare criteo RAW... {out}"
 
-    def __init__(self, out_dir: str):
-        super().__init__(out_dir)
+    def __init__(self, out_dir: str, verify: bool | None = None):
+        super().__init__(out_dir, verify)
         hashed = self.meta["format"] == HASHED_FORMAT
         self.cardinalities = None if hashed else tuple(self.meta["cardinalities"])
         self.offsets = None if hashed else np.array(self.meta["offsets"], dtype=np.int64)

@@ -10,7 +10,9 @@ keys the data holds (what sizes a worker's cache).
 
 A preparation writes into a temporary directory and puts it in place only once complete
 (:func:`het.files.atomic_directory`): a failure, a Ctrl-C or a refused input leaves the output
-directory as it was, a previous preparation in it included.
+directory as it was, a previous preparation in it included. ``meta.json`` holds the CRC-32 of
+every 4 MiB of every other file and its own: a file changed or cut off is refused, named with
+the bytes, before a batch is read from it.
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ import contextlib
 import json
 import os
 import time
+import zlib
 from collections.abc import Iterator
 
 import numpy as np
 import torch
 
 from het.data.batch import Batch
-from het.files import atomic_directory, create
+from het.files import DamagedFile, atomic_directory, block_crcs, check_blocks, create
 
 __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
            "SkipReport", "SplitWriter", "check_inputs", "print_summary", "split_is_test", "summary", "writing"]
@@ -35,6 +38,34 @@ SPLITS = ("train", "test")  # what a prepared directory stores (validation is ca
 HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
 MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
 _HEADER_BYTES = 128  # an .npy header of fixed size, rewritten in place once the row count is known
+VERIFY_BYTES = 256 << 20  # verify=None: every file's blocks checked when the directory holds at most this
+
+
+def read_meta(path: str) -> dict:
+    """``meta.json``, checked against its own CRC-32 where it has one (one prepared before
+    checksums has none); DamagedFile names it otherwise."""
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DamagedFile(f"{path}: not the JSON het wrote ({e}): damaged; prepare the data again") from None
+    crc = meta.pop("crc32", None) if isinstance(meta, dict) else None
+    if crc is not None and zlib.crc32(json.dumps(meta, sort_keys=True).encode()) != crc:
+        raise DamagedFile(f"{path}: does not match its checksum: changed or damaged; prepare the data again")
+    return meta
+
+
+def check_files(directory: str, meta: dict, command: str, verify: bool | None = None) -> None:
+    """A prepared directory's files against the sizes and CRC-32s ``meta.json`` holds: every block
+    (``verify``), none but the sizes (False), or every block when the files hold at most
+    :data:`VERIFY_BYTES` and the sizes only beyond (None: a worker of a big table starts at once).
+    DamagedFile names the file and the bytes; a directory prepared before checksums passes."""
+    entries = meta.get("files") or {}
+    total = sum(e["bytes"] for e in entries.values())
+    for name, entry in sorted(entries.items()):
+        full = verify or (verify is None and total <= VERIFY_BYTES)
+        check_blocks(os.path.join(directory, name), entry if full else {**entry, "crc32": []},
+                     f"prepare it again with `{command}`")
 
 
 def split_is_test(rows: np.ndarray, seed: int, test_fraction: float) -> np.ndarray:
@@ -129,7 +160,11 @@ class SplitWriter:
             array.file.close()
 
     def write_meta(self, meta: dict) -> None:
-        """Write ``meta.json``, last: the directory is usable from this moment on."""
+        """Write ``meta.json``, last: the directory is usable from this moment on. It holds the
+        CRC-32s of every other file, a block at a time (``files``), and of itself (``crc32``)."""
+        names = sorted(n for n in os.listdir(self.out_dir) if n != "meta.json")
+        meta = {**meta, "files": {n: block_crcs(os.path.join(self.out_dir, n)) for n in names}}
+        meta["crc32"] = zlib.crc32(json.dumps(meta, sort_keys=True).encode())
         with create(os.path.join(self.out_dir, "meta.json")) as f:
             f.write(json.dumps(meta, indent=1).encode())
 
@@ -169,8 +204,8 @@ def writing(out_dir: str, num_dense: int, num_fields: int) -> Iterator[SplitWrit
         Traceback (most recent call last):
         ...
         ValueError: column 'prise' not found
-        >>> json.load(open(os.path.join(out, "meta.json")))  # the first preparation, intact
-        {'rows': 2}
+        >>> json.load(open(os.path.join(out, "meta.json")))["rows"]  # the first preparation, intact
+        2
     """
     with atomic_directory(out_dir, marker="meta.json") as tmp:
         writer = SplitWriter(tmp, num_dense, num_fields)
@@ -215,6 +250,8 @@ class PreparedDataset:
     Args:
         out_dir: a directory written by ``het data prepare`` (:func:`writing`), of one of the
             class's ``formats``: ``(format, version)`` pairs (here: hashed ids).
+        verify: its files read back against ``meta.json``'s CRC-32s: every block (True), their
+            sizes alone (False), or every block up to :data:`VERIFY_BYTES` in all (None).
 
     Attributes:
         num_rows: the size of the embedding table, or None for hashed ids (a dynamic table).
@@ -241,18 +278,18 @@ class PreparedDataset:
     formats = ((HASHED_FORMAT, HASHED_VERSION),)
     command = "het data prepare"  # how errors say to prepare one ({out}: the directory)
 
-    def __init__(self, out_dir: str):
+    def __init__(self, out_dir: str, verify: bool | None = None):
         meta_path = os.path.join(out_dir, "meta.json")
         if not os.path.isfile(meta_path):
             raise ValueError(f"{out_dir!r} holds no meta.json: prepare it first with "
                              f"`{self.command.format(out=out_dir)}`")
-        with open(meta_path) as f:
-            meta = json.load(f)
+        meta = read_meta(meta_path)
         if (meta.get("format"), meta.get("version")) not in self.formats:
             raise ValueError(f"{meta_path} is format {meta.get('format')!r} version {meta.get('version')!r}, "
                              f"expected {' or '.join(f'{f!r} version {v}' for f, v in self.formats)}: "
                              f"prepare it again")
         self.meta = meta
+        check_files(out_dir, meta, self.command.format(out=out_dir), verify)
         self.num_rows = None if meta["num_rows"] is None else int(meta["num_rows"])
         self.num_ids = int(meta.get("num_ids", self.num_rows))
         self.num_dense, self.num_fields = int(meta["num_dense"]), int(meta["num_fields"])

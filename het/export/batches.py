@@ -9,13 +9,13 @@ position, which ``meta.json`` records); raw rows that cannot be read are skipped
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterator
 
 import numpy as np
 
+from het.data import prepared
 from het.data.prepared import SPLITS, split_is_test
 from het.export.chunk import Chunk, Skipped
 from het.export.spec import Inputs
@@ -149,5 +149,4 @@ def _trained_on(spec: dict) -> str:
 
 
 def read_meta(directory: str) -> dict:
-    with open(os.path.join(directory, "meta.json")) as f:
-        return json.load(f)
+    return prepared.read_meta(os.path.join(directory, "meta.json"))

@@ -26,9 +26,11 @@ import json
 import os
 import zlib
 
+from het import files
+
 FORMAT, VERSION = "het-export", 1
 MANIFEST = "export.json"
-BLOCK = 4 << 20
+BLOCK = files.CRC_BLOCK
 
 
 class ExportError(ValueError):
@@ -37,31 +39,13 @@ class ExportError(ValueError):
 
 def file_entry(path: str, block: int = BLOCK) -> dict:
     """A file's size and the CRC-32 of each block of it, read in blocks."""
-    crcs = []
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            crcs.append(zlib.crc32(chunk))
-            size += len(chunk)
-    return {"bytes": size, "block": block, "crc32": crcs}
+    return files.block_crcs(path, block)
 
 
 def verify(root: str, rel: str, entry: dict) -> None:
     """Check ``root/rel`` against its manifest entry; ExportError names the file and the offset
     of its first block that differs."""
-    path = os.path.join(root, rel)
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        raise ExportError(f"{path}: missing (the manifest lists it, {entry['bytes']} bytes)") from None
-    if size != entry["bytes"]:
-        raise ExportError(f"{path}: {size} bytes, the manifest says {entry['bytes']}: damaged or replaced")
-    block = entry["block"]
-    with open(path, "rb") as f:
-        for i, expected in enumerate(entry["crc32"]):
-            if zlib.crc32(f.read(block)) != expected:
-                raise ExportError(f"{path}: checksum mismatch in bytes {i * block}..{min(size, (i + 1) * block) - 1}: "
-                                  f"the file is damaged; export it again")
+    files.check_blocks(os.path.join(root, rel), entry, "export it again", ExportError)
 
 
 def write_manifest(directory: str, body: dict) -> None:

@@ -23,7 +23,6 @@ into the dynamic table's key, as :class:`het.data.hashed.HashedIds` does.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -36,6 +35,7 @@ from het.data.hashing import hash_fields
 from het.data.labels import Positive
 from het.data.multi import multi_keys
 from het.data.numbers import parse_numbers
+from het.data.prepared import read_meta
 from het.data.table import hash_column
 from het.data.transforms import apply
 from het.data.vocab import apply_vocab
@@ -103,8 +103,7 @@ def _prepared_meta(directory: str, data: str) -> dict:
     if not os.path.isfile(path):
         raise ValueError(f"the checkpoint was trained on {data}, and its input spec comes from {path}: "
                          f"not found (the prepared directory must be where training read it)")
-    with open(path) as f:
-        return json.load(f)
+    return read_meta(path)
 
 
 @dataclass

@@ -3,6 +3,7 @@
 import argparse
 import gzip
 import json
+import zlib
 import math
 import os
 from collections import Counter
@@ -293,7 +294,10 @@ def test_dataset_refuses_a_directory_without_metadata_or_of_another_version(tmp_
         CriteoDataset(str(tmp_path))
     prepare([HEAD], str(tmp_path), max_rows=10, progress=False)
     meta = json.loads((tmp_path / "meta.json").read_text())
-    (tmp_path / "meta.json").write_text(json.dumps({**meta, "version": 99}))
+    meta.pop("crc32")  # another version's meta.json, checksummed as it wrote it
+    meta = {**meta, "version": 99}
+    meta["crc32"] = zlib.crc32(json.dumps(meta, sort_keys=True).encode())
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(ValueError, match="version 99, expected 'het-criteo' version 1"):
         CriteoDataset(str(tmp_path))
 

@@ -109,3 +109,45 @@ def test_writing_refuses_a_file_where_the_directory_goes(tmp_path):
         with writing(str(tmp_path / "out"), 1, 1):
             pass
     assert (tmp_path / "out").read_text() == "a file"
+
+
+READERS = {"criteo": CriteoDataset, "criteo --hash": CriteoDataset, "table": TableDataset}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_prepared_directory_is_read_back_against_its_checksums_and_a_damaged_one_is_refused(kind, tmp_path):
+    import json
+
+    from het.files import DamagedFile
+
+    out = str(tmp_path / "out")
+    prepare_each(kind, tmp_path, out)
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    assert set(meta["files"]) >= {f"{s}_{a}.npy" for s in ("train", "test") for a in ("dense", "sparse", "labels")}
+    READERS[kind](out)  # as written: read
+    path = os.path.join(out, "train_sparse.npy")
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0x10  # one bit of the last key
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(DamagedFile, match=r"train_sparse.npy: checksum mismatch in bytes 0\.\..*prepare it again"):
+        READERS[kind](out)
+    READERS[kind](out, verify=False)  # the sizes alone, as a big table's are checked at every start
+    with open(path, "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(DamagedFile, match=r"train_sparse.npy: \d+ bytes, \d+ when written: damaged or replaced"):
+        READERS[kind](out, verify=False)
+    meta["num_dense"] += 1  # meta.json itself changed
+    open(os.path.join(out, "meta.json"), "w").write(json.dumps(meta))
+    with pytest.raises(DamagedFile, match="meta.json: does not match its checksum"):
+        READERS[kind](out)
+
+
+def test_a_directory_prepared_before_checksums_is_still_read(tmp_path):
+    import json
+
+    out = str(tmp_path / "out")
+    prepare_each("table", tmp_path, out)
+    meta = json.load(open(os.path.join(out, "meta.json")))
+    del meta["files"], meta["crc32"]
+    open(os.path.join(out, "meta.json"), "w").write(json.dumps(meta))
+    assert TableDataset(out).rows["train"] > 0
