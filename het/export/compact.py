@@ -47,51 +47,77 @@ def compact(base: str, deltas: list[str], out: str, published: dict) -> dict:
     if not deltas:
         raise ValueError(f"compacting {base}: no delta given, nothing to apply")
     manifest = layout.read_manifest(base)
-    ((name, entry),) = manifest["tables"].items()
-    table_files = {f"tables/{name}/{f}" for f in ("rows.npy", "qparams.npy", "hashes.npy", "directory.npy")}
-    rewritten = {dense_model.PARAMS, dense_model.PROGRAM} | (table_files if entry["dynamic"] else set())
+    tables = manifest["tables"]
+    rewritten = {dense_model.PARAMS, dense_model.PROGRAM} | {
+        f"tables/{name}/{f}" for name, entry in tables.items() if entry["dynamic"]
+        for f in ("rows.npy", "qparams.npy", "hashes.npy", "directory.npy")}
     with atomic_directory(out) as root:
         os.chmod(root, 0o755)
-        os.makedirs(os.path.join(root, "tables", name))
+        for name in tables:
+            os.makedirs(os.path.join(root, "tables", name))
         for rel, file in manifest["files"].items():  # every file checked as it is read
             if rel in rewritten:
                 layout.verify(base, rel, file)
             else:
                 _copy_checked(base, root, rel, file)
-        table = os.path.join(root, "tables", name)
-        source = os.path.join(base, "tables", name)
-        written, dense, changed = (_dynamic if entry["dynamic"] else _fixed)(source, table, entry, deltas)
+        written, dense, changed = _apply(base, root, tables, deltas)
         body = {**manifest, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "step": int(published["step"]), "checkpoint": None, "evaluation": None,
                 "published": {"version": int(published["version"]), "trained_at": float(published["trained_at"])},
                 "compacted": {"base": os.path.basename(os.path.abspath(base)), "deltas": len(deltas),
                               "rows": changed},
-                "tables": {name: {**entry, **written}},
+                "tables": {name: {**entry, **written[name]} for name, entry in tables.items()},
                 "dense": _dense(root, manifest, dense)}
         body["files"] = {rel: layout.file_entry(os.path.join(root, rel)) for rel in _files(root)}
         layout.write_manifest(root, body)
-    return {"out": os.path.abspath(out), "rows_changed": changed, "rows": written["rows"],
+    return {"out": os.path.abspath(out), "rows_changed": changed, "rows": sum(w["rows"] for w in written.values()),
             "bytes": sum(e["bytes"] for e in body["files"].values()), "seconds": time.process_time() - start}  # of CPU
 
 
-def _changes(deltas: list[str], dim: int) -> tuple[np.ndarray, np.ndarray, dict | None]:
-    """Every changed key once (ascending) with its newest row, and the newest dense weights."""
-    keys, rows, dense = [], [], None
+def _apply(base: str, root: str, tables: dict, deltas: list[str]) -> tuple[dict, dict, int]:
+    """Each delta read once, in version order: a fixed table's rows written over its copied files
+    as they come, a dynamic table's gathered and indexed again at the end; ``(each table's entry,
+    the newest dense weights, rows changed)``."""
+    fixed = {name: _Fixed(os.path.join(root, "tables", name), entry) for name, entry in tables.items()
+             if not entry["dynamic"]}
+    gathered = {name: ([], []) for name, entry in tables.items() if entry["dynamic"]}
+    dense = None
     for path in deltas:
-        _, k, r, dense = read_delta(path, _version_of(path))
-        keys.append(k)
-        rows.append(r)
+        _, got, dense = read_delta(path, _version_of(path))
+        unknown = sorted(set(got) - set(tables))
+        if unknown:
+            raise ValueError(f"{path} holds rows of tables {unknown}, which the base lacks")
+        for name, (keys, rows) in got.items():
+            if name in fixed:
+                fixed[name].write(path, keys, rows)
+            else:
+                gathered[name][0].append(keys)
+                gathered[name][1].append(rows)
+    written, changed = {}, 0
+    for name, table in fixed.items():
+        written[name], count = table.finish()
+        changed += count
+    for name, (keys, rows) in gathered.items():
+        written[name], count = _dynamic(os.path.join(base, "tables", name), os.path.join(root, "tables", name),
+                                        tables[name], *_newest(keys, rows, tables[name]["config"]["dim"]))
+        changed += count
+    return written, dense, changed
+
+
+def _newest(keys: list, rows: list, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every changed key once (ascending) with its newest row, of the deltas' keys and rows in
+    version order."""
     keys = np.concatenate(keys).astype(np.int64) if keys else np.zeros(0, np.int64)
     rows = np.concatenate(rows) if rows else np.zeros((0, dim), np.float32)
     if not len(keys):
-        return keys, rows.reshape(0, dim), dense
+        return keys, rows.reshape(0, dim)
     if rows.shape[1:] != (dim,):
         raise ValueError(f"the deltas' rows are {rows.shape[1:]} wide, the base's table {dim}")
     # the newest of each key: sort stably by key, keep each run's last
     order = np.argsort(keys, kind="stable")
     keys = keys[order]
     last = np.append(keys[1:] != keys[:-1], True)
-    return keys[last], rows[order[last]], dense
+    return keys[last], rows[order[last]]
 
 
 def _copy_checked(base: str, root: str, rel: str, entry: dict) -> None:
@@ -128,32 +154,37 @@ def _version_of(path: str) -> int:
     return int(os.path.basename(path).split("-")[1].split(".")[0])
 
 
-def _fixed(source: str, table: str, entry: dict, deltas: list[str]) -> tuple[dict, dict, int]:
-    """A fixed table: its old files (copied already), each delta's rows written over them in
-    version order (a row's newest last); ``(entry, the newest dense weights, rows changed)``."""
-    n, dim = entry["rows"], entry["config"]["dim"]
-    names = ["rows.npy"] + (["qparams.npy"] if entry["dtype"] == "int8" else [])
-    stored = [np.load(os.path.join(table, f), mmap_mode="r+") for f in names]  # copied, checked
-    changed = np.zeros(n, bool)
-    for path in deltas:
-        _, keys, rows, dense = read_delta(path, _version_of(path))
-        if rows.shape != (len(keys), dim):
-            raise ValueError(f"{path}: rows of shape {rows.shape} for {len(keys)} keys of a table {dim} wide")
-        if len(keys) and (keys.min() < 0 or keys.max() >= n):
+class _Fixed:
+    """A fixed table's old files (copied already), each delta's rows written over them in version
+    order (a row's newest last)."""
+
+    def __init__(self, table: str, entry: dict):
+        self.entry, self.n, self.dim = entry, entry["rows"], entry["config"]["dim"]
+        names = ["rows.npy"] + (["qparams.npy"] if entry["dtype"] == "int8" else [])
+        self.stored = [np.load(os.path.join(table, f), mmap_mode="r+") for f in names]  # copied, checked
+        self.changed = np.zeros(self.n, bool)
+
+    def write(self, path: str, keys: np.ndarray, rows: np.ndarray) -> None:
+        if rows.shape != (len(keys), self.dim):
+            raise ValueError(f"{path}: rows of shape {rows.shape} for {len(keys)} keys of a table {self.dim} wide")
+        if len(keys) and (keys.min() < 0 or keys.max() >= self.n):
             raise ValueError(f"{path} holds key {int(keys.min() if keys.min() < 0 else keys.max())}, outside the "
-                             f"table's {n} rows")
-        for array, new in zip(stored, row_codec.encode(rows, entry["dtype"])):
+                             f"table's {self.n} rows")
+        for array, new in zip(self.stored, row_codec.encode(rows, self.entry["dtype"])):
             array[keys] = new
-        changed[keys] = True
-    for array in stored:
-        array.flush()
-    return {"rows": n}, dense, int(np.count_nonzero(changed))
+        self.changed[keys] = True
+
+    def finish(self) -> tuple[dict, int]:
+        """``(its entry, rows changed)``, its files flushed."""
+        for array in self.stored:
+            array.flush()
+        return {"rows": self.n}, int(np.count_nonzero(self.changed))
 
 
-def _dynamic(source: str, table: str, entry: dict, deltas: list[str]) -> tuple[dict, dict, int]:
-    """A dynamic table: the old keys and the new ones indexed again; old rows copied as stored,
-    changed ones encoded; ``(entry, the newest dense weights, rows changed)``."""
-    keys, rows, dense = _changes(deltas, entry["config"]["dim"])
+def _dynamic(source: str, table: str, entry: dict, keys: np.ndarray, rows: np.ndarray) -> tuple[dict, int]:
+    """A dynamic table: the old keys and the new ones (``keys``, ascending, with their newest
+    ``rows``) indexed again; old rows copied as stored, changed ones encoded; ``(its entry, rows
+    changed)``."""
     hashes = np.load(os.path.join(source, "hashes.npy"))
     old = key_index.HashIndex(hashes, np.load(os.path.join(source, "directory.npy")))
     at = old.lookup(keys)
@@ -180,7 +211,7 @@ def _dynamic(source: str, table: str, entry: dict, deltas: list[str]) -> tuple[d
     for n, new in zip(news, encoded):
         n[where[at]] = new
         n.flush()
-    return {"rows": len(union), "bytes": sum(n.nbytes for n in news)}, dense, len(keys)
+    return {"rows": len(union), "bytes": sum(n.nbytes for n in news)}, len(keys)
 
 
 def _dense(root: str, manifest: dict, dense: dict) -> dict:

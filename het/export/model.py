@@ -56,6 +56,8 @@ class ExportedModel(nn.Module):
         from het.nn.bags import FieldBags
         from het.nn.fields import FieldGroup, FieldTables
 
+        if isinstance(table, dict) and len(table) == 1:
+            table = next(iter(table.values()))
         self.root, self.manifest, self.dense = root, manifest, dense
         self.tables = table if isinstance(table, dict) else {next(iter(manifest["tables"])): table}
         self.table = None if isinstance(table, dict) else table  # the one table, where there is one

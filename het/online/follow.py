@@ -122,7 +122,10 @@ class Follower:
     def _apply(self, number: int) -> bool:
         path = delta_path(self.directory, number)
         try:
-            meta, keys, rows, dense = read_delta(path, number)
+            meta, tables, dense = read_delta(path, number)
+            unknown = sorted(set(tables) - set(self.base.model.tables))
+            if unknown:
+                raise ValueError(f"rows of tables {unknown}, which its base {self.base.number} lacks")
         except FileNotFoundError:  # removed by the publisher: a newer base holds it
             return False
         except (arrayfile.ArrayFileError, ValueError, KeyError) as e:
@@ -131,16 +134,21 @@ class Follower:
                 self.metrics.skipped.inc()
             _say(f"skipped delta {number}: {e}; waiting for the next base")
             return False
-        layers = (Overlay.of(keys, rows), *self.live.current.layers)
-        model = self.base.model.variant(OverlaidTable(self.base.model.table, layers), dense or None)
+        layers = ({name: Overlay.of(keys, rows) for name, (keys, rows) in tables.items()}, *self.live.current.layers)
+        model = self.base.model.variant(self._overlaid(layers), dense or None)
         version = Version(number, float(meta["trained_at"]), model, layers)
         self._swap(version, "delta")
         if len(layers) > 1:  # merged after the swap: the same version, its rows in one overlay
             merged = version.compacted()
             if self.live.current is version:
-                self.live.swap(Version(number, version.trained_at, model.variant(
-                    OverlaidTable(self.base.model.table, (merged,))), (merged,), version.applied_at))
+                self.live.swap(Version(number, version.trained_at, model.variant(self._overlaid((merged,))),
+                                       (merged,), version.applied_at))
         return True
+
+    def _overlaid(self, layers: tuple) -> dict:
+        """The base's tables, each with its rows of ``layers`` (newest first) over it."""
+        return {name: OverlaidTable(table, tuple(layer[name] for layer in layers if name in layer))
+                for name, table in self.base.model.tables.items()}
 
     def _swap(self, version: Version, kind: str) -> None:
         self.live.swap(version)

@@ -106,16 +106,17 @@ class Version:
     number: int
     trained_at: float
     model: nn.Module
-    layers: tuple[Overlay, ...] = ()  # rows the deltas since its base changed, newest first
+    layers: tuple[dict, ...] = ()  # rows the deltas since its base changed, newest first: {table: Overlay}
     applied_at: float = field(default_factory=time.time)
 
-    def compacted(self) -> Overlay | None:
-        """Its layers merged into one (None: there are none)."""
+    def compacted(self) -> dict | None:
+        """Its layers merged into one, a table at a time (None: there are none)."""
         if not self.layers:
             return None
-        merged = self.layers[-1]
+        merged = dict(self.layers[-1])
         for layer in reversed(self.layers[:-1]):
-            merged = merged.merge(layer.keys, layer.rows)
+            for name, overlay in layer.items():
+                merged[name] = merged[name].merge(overlay.keys, overlay.rows) if name in merged else overlay
         return merged
 
 

@@ -253,9 +253,6 @@ class TrainConfig:
             (self.steps >= 0 and self.batch > 0 and (self.dim == AUTO or self.dim > 0),
              f"steps >= 0, batch > 0 and dim > 0 expected (dim may be auto), got {self.steps}, {self.batch}, {self.dim}"),
             (not (self.widths and self.is_graph), f"widths name CTR fields; {self.model} has one table of node ids"),
-            (not (self.publish.dir and self.several_widths and not self.is_graph),
-             "publish follows one embedding table; dim auto and widths give a table a width: give one dim to publish "
-             "(het export takes a table a width)"),
             (self.lr > 0 and self.dense_lr > 0, f"lr and dense_lr must be > 0, got {self.lr} and {self.dense_lr}"),
             (self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}"),
             (self.row_l1 >= 0 and self.row_l2 >= 0, f"row_l1 and row_l2 must be >= 0, got {self.row_l1}, {self.row_l2}"),

@@ -66,7 +66,6 @@ from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.published import (base_name, bytes_under, delta_arrays, delta_name, encode_rows, listing,  # noqa: F401 - the
                                   write_delta)  # directory's names, read here by the freshness benchmark
-from het.train.tasks import EMBEDDING_TABLE
 
 
 class Publisher:
@@ -86,8 +85,9 @@ class Publisher:
         self.dir = os.path.abspath(self.pub.dir)
         self.rows_dtype = str(self.pub.dtype or cfg.row_dtype)
         self.client = None  # the thread's own connection, made on its first version
-        self.buffer = [None]  # the rows of the version being written, kept for the next (delta_arrays)
-        self.viewed = np.zeros(0, np.int64)  # the keys the newest delta took from rank 0's copies
+        self.tables = list(worker.embedding.tables)  # the embedding tables: one, or one a width
+        self.buffers = {n: [None] for n in self.tables}  # each table's rows of the version being written, kept
+        self.viewed = {n: np.zeros(0, np.int64) for n in self.tables}  # the keys the newest delta took from rank 0
         self.job: threading.Thread | None = None  # the version being published
         self.version = 0  # the newest version published (or being made a base)
         self.last = time.monotonic()
@@ -106,7 +106,8 @@ class Publisher:
             os.makedirs(self.dir, exist_ok=True)
             bases, deltas = listing(self.dir)  # an earlier job's: its followers go on from its last
             self.version = max(bases + deltas, default=-1)
-            list(worker.client.changed(EMBEDDING_TABLE))  # the shards start their record of changes
+            for name in self.tables:  # the shards start their record of changes
+                list(worker.client.changed(name))
             self._snapshot_base(worker.step_count, self.version + 1)
 
     def __call__(self, step: int) -> None:
@@ -161,7 +162,8 @@ class Publisher:
         if self.snapshot_due:
             self._snapshot_base(step, version)
             return
-        view = self.worker.embedding.unpushed(EMBEDDING_TABLE) if self.consistency == "bounded" else None
+        view = ({n: self.worker.embedding.unpushed(n) for n in self.tables} if self.consistency == "bounded"
+                else None)
         args = (version, step, time.time(), self._dense(), view, inline or self.connect is None)
         if args[-1]:
             self._publish(*args)
@@ -180,7 +182,7 @@ class Publisher:
         of its own (the bases before waited for)."""
         self._wait_base()
         self._wait_compaction()
-        self.viewed = np.zeros(0, np.int64)  # a snapshot holds the shards' rows only
+        self.viewed = {n: np.zeros(0, np.int64) for n in self.tables}  # a snapshot holds the shards' rows only
         snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
         os.rmdir(snapshot)
         published = {"version": version, "trained_at": time.time()}
@@ -249,11 +251,11 @@ class Publisher:
 
     def _publish(self, version: int, step: int, trained_at: float, dense: dict, view, inline: bool) -> None:
         """Read the rows changed since the last version and write them as ``version``'s delta,
-        rank 0's unpushed copies (``view``: keys, rows, clocks; None under ``flush``) over the
-        shards' rows; start a base of it once the deltas since the last base near its size."""
+        rank 0's unpushed copies (``view``: keys, rows, clocks a table; None under ``flush``) over
+        the shards' rows; start a base of it once the deltas since the last base near its size."""
         client = self.worker.client if inline else self._client()
         started = []
-        pieces = list(client.changed(EMBEDDING_TABLE, started=started))
+        pieces = {name: list(client.changed(name, started=started)) for name in self.tables}
         if started:
             self.stats["records_restarted"] += 1
             print(f"het train: the record of changed rows of shard(s) {started} started again (a restart): version "
@@ -262,19 +264,22 @@ class Publisher:
             if inline:
                 self._snapshot_base(step, version)
             return
-        dim = client.tables[EMBEDDING_TABLE].dim
-        viewed = np.zeros(0, np.int64) if view is None else view[0].numpy()
-        pieces += self._reread(client, pieces, viewed)
-        keys, rows, clocks = delta_arrays(pieces, view, dim, self.buffer)
-        rows = encode_rows(rows, self.rows_dtype)
-        meta = {"version": version, "step": step, "trained_at": trained_at, "table": EMBEDDING_TABLE,
-                "rows": len(keys), "dim": dim, "rows_dtype": self.rows_dtype, **self._behind(inline)}
-        size = keys.nbytes + rows.nbytes + clocks.nbytes + sum(a.nbytes for a in dense.values())
+        tables, viewed = {}, {}
+        for name, got in pieces.items():
+            mine = None if view is None else view[name]
+            viewed[name] = np.zeros(0, np.int64) if mine is None else mine[0].numpy()
+            got += self._reread(client, name, got, viewed[name])
+            keys, rows, clocks = delta_arrays(got, mine, client.tables[name].dim, self.buffers[name])
+            tables[name] = (keys, encode_rows(rows, self.rows_dtype), clocks)
+        rows = sum(len(t[0]) for t in tables.values())
+        meta = {"version": version, "step": step, "trained_at": trained_at, "rows": rows,
+                "rows_dtype": self.rows_dtype, **self._behind(inline)}
+        size = sum(a.nbytes for t in tables.values() for a in t) + sum(a.nbytes for a in dense.values())
         self._wait_base()  # followers have nothing to apply deltas to before the first base
         self._make_room(size)
         self.version = version
         try:
-            size = write_delta(os.path.join(self.dir, delta_name(version)), keys, rows, clocks, dense, meta)
+            size = write_delta(os.path.join(self.dir, delta_name(version)), tables, dense, meta)
         except OSError as e:  # a full disk: a base from a snapshot stands for the next version
             self._failed(f"delta {version} of {self.dir}", str(e))
             self.snapshot_due = True
@@ -282,23 +287,23 @@ class Publisher:
         self.deltas.append((version, size, meta))
         self.viewed = viewed
         self.stats.update(deltas=self.stats["deltas"] + 1, delta_bytes=self.stats["delta_bytes"] + size,
-                          delta_rows=self.stats["delta_rows"] + len(keys))
+                          delta_rows=self.stats["delta_rows"] + rows)
         near = self.base_bytes is not None and self._since() + size > self.base_bytes  # the next would pass it
         if (self.compaction is None and self.base_version is not None and not self.finishing
                 and (near or len(self.deltas) >= self.pub.base_every)):
             self.stats["bases_for_size"] += int(near and len(self.deltas) < self.pub.base_every)
             self._compact()
 
-    def _reread(self, client, pieces: list, viewed: np.ndarray, most: int = 1 << 16) -> list:
-        """The shards' rows of the keys the newest delta took from rank 0's copies and this one
-        neither changed nor takes from them again: a copy stands only until the shards' row is
-        read again (at the latest in the last, flushed version), so no follower keeps one for good.
-        As pieces like ``client.changed``'s."""
+    def _reread(self, client, name: str, pieces: list, viewed: np.ndarray, most: int = 1 << 16) -> list:
+        """Table ``name``'s rows on the shards of the keys the newest delta took from rank 0's copies
+        and this one neither changed nor takes from them again: a copy stands only until the
+        shards' row is read again (at the latest in the last, flushed version), so no follower
+        keeps one for good. As pieces like ``client.changed``'s."""
         known = np.concatenate([k for k, _, _ in pieces] + [viewed])
-        keys = self.viewed[~np.isin(self.viewed, known)]
+        keys = self.viewed[name][~np.isin(self.viewed[name], known)]
         out = []
         for lo in range(0, len(keys), most):
-            rows, clocks = client.wait(client.pull(EMBEDDING_TABLE, torch.from_numpy(keys[lo:lo + most])))
+            rows, clocks = client.wait(client.pull(name, torch.from_numpy(keys[lo:lo + most])))
             out.append((keys[lo:lo + most], rows.numpy(), clocks.numpy()))
         return out
 

@@ -4,9 +4,11 @@ layout, shared by the publisher (:mod:`het.train.publish`), the compaction of ba
 
 - ``base-<v>/``: an export (:mod:`het.export.layout`) of version ``v``;
 - ``delta-<v>.het``: an array file (:mod:`het.arrayfile`) of the rows that changed since
-  version ``v - 1`` (``keys`` int64, ``rows``, ``clocks`` int64) and the dense weights
-  (``dense.<name>``), its manifest saying the version, the step, when training made it, how the
-  rows are stored (``rows_dtype``) and how far they may be behind training (``consistency``).
+  version ``v - 1``, a table at a time (``keys.<table>`` int64, ``rows.<table>``,
+  ``clocks.<table>`` int64: one table, or one a width), and the dense weights
+  (``dense.<name>``), its manifest saying the version, the step, when training made it, its
+  tables' rows and widths (``tables``), how the rows are stored (``rows_dtype``) and how far they
+  may be behind training (``consistency``).
 
 Rows are stored in ``fp32``, ``fp16`` or ``bf16`` (the upper half of each float32, rounded to
 nearest even; numpy has no bfloat16, so they are written as uint16): the table's own precision by
@@ -80,27 +82,32 @@ def decode_rows(rows: np.ndarray, dtype: str) -> np.ndarray:
     return np.asarray(rows, np.float32)
 
 
-def write_delta(path: str, keys: np.ndarray, rows: np.ndarray, clocks: np.ndarray, dense: dict,
-                meta: dict) -> int:
-    """Write a delta (rows already stored as ``meta["rows_dtype"]``); its bytes on disk."""
-    return arrayfile.write(path, {"keys": keys, "rows": rows, "clocks": clocks,
-                                  **{f"dense.{k}": v for k, v in dense.items()}}, {"format": FORMAT, **meta})
+def write_delta(path: str, tables: dict, dense: dict, meta: dict) -> int:
+    """Write a delta: each table's ``(keys, rows, clocks)`` (``{name: ...}``; rows already stored as
+    ``meta["rows_dtype"]``) and the dense weights; its bytes on disk."""
+    arrays = {f"{kind}.{name}": a for name, t in tables.items() for kind, a in zip(("keys", "rows", "clocks"), t)}
+    sizes = {name: {"rows": len(t[0]), "dim": int(t[1].shape[1])} for name, t in tables.items()}
+    return arrayfile.write(path, {**arrays, **{f"dense.{k}": v for k, v in dense.items()}},
+                           {"format": FORMAT, **meta, "tables": sizes})
 
 
-def read_delta(path: str, version: int) -> tuple[dict, np.ndarray, np.ndarray, dict]:
-    """``(meta, keys, rows float32, dense)`` of the delta of ``version`` at ``path``, its checksums
-    checked; ArrayFileError when it is not that version's whole delta."""
+def read_delta(path: str, version: int) -> tuple[dict, dict, dict]:
+    """``(meta, {table: (keys, rows float32)}, dense)`` of the delta of ``version`` at ``path``,
+    its checksums checked; ArrayFileError when it is not that version's whole delta."""
     meta, arrays = arrayfile.read(path)
     if meta.get("version") != version or meta.get("format") != FORMAT:
         raise arrayfile.ArrayFileError(f"{path}: holds {meta.get('format')!r} version {meta.get('version')!r}, "
                                        f"expected {FORMAT} {version}")
+    dtype = meta.get("rows_dtype", "fp32")
     try:
-        rows = decode_rows(arrays["rows"], meta.get("rows_dtype", "fp32"))
-        keys = arrays["keys"]
+        if isinstance(meta.get("tables"), dict):
+            tables = {n: (arrays[f"keys.{n}"], decode_rows(arrays[f"rows.{n}"], dtype)) for n in meta["tables"]}
+        else:  # a delta of one table, its arrays unnamed
+            tables = {meta.get("table", "embedding"): (arrays["keys"], decode_rows(arrays["rows"], dtype))}
     except (KeyError, ValueError) as e:
         raise arrayfile.ArrayFileError(f"{path}: not a delta's arrays ({type(e).__name__}: {e})") from None
     dense = {name[len("dense."):]: a for name, a in arrays.items() if name.startswith("dense.")}
-    return meta, keys, rows, dense
+    return meta, tables, dense
 
 
 def delta_arrays(pieces: list, view, dim: int, buffer: list) -> tuple:

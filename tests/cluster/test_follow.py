@@ -50,6 +50,25 @@ def test_a_follower_ends_with_the_scores_of_the_jobs_last_checkpoint(published):
     assert np.abs(live.current.model(dense, keys).numpy() - final(dense, keys).numpy()).max() <= 1e-6
 
 
+def test_a_job_of_a_table_a_width_publishes_them_all_and_its_follower_ends_at_its_last_checkpoint(tmp_path):
+    """--dim auto: a delta holds each width's table, a base is compacted from them, and the follower
+    scores as the export of the job's last checkpoint."""
+    s = het("train", *JOB, "--dim", "auto", "--steps", "60", "--publish", str(tmp_path / "pub"),
+            "--publish-every", "0.2", "--publish-base-every", "2", "--checkpoint", str(tmp_path / "ck"),
+            "--checkpoint-every", "60", "--json")
+    pub = s["published"]
+    assert len(s["widths"]) > 1 and pub["deltas"] >= 2 and pub["bases_compacted"] >= 1 and not pub["failed"]
+    bases, deltas = scan(str(tmp_path / "pub"))
+    live = Live(newest_base(str(tmp_path / "pub")))
+    assert set(live.current.model.tables) == set(s["widths"])
+    Follower(live, str(tmp_path / "pub")).poll()
+    assert live.current.number == pub["version"]
+    export(str(tmp_path / "ck"), str(tmp_path / "final"))
+    final = load_model(str(tmp_path / "final"))
+    dense, keys = held_out(final)
+    assert np.abs(live.current.model(dense, keys).numpy() - final(dense, keys).numpy()).max() <= 1e-6
+
+
 def test_a_delta_cut_off_or_damaged_is_never_applied(published, tmp_path, capsys):
     tmp, s = published
     pub = str(tmp_path / "pub")

@@ -54,7 +54,7 @@ def test_a_bounded_version_holds_rank_0s_copies_of_the_rows_it_has_not_pushed(tm
     assert s["published"]["deltas"] >= 2 and not s["published"]["failed"]
     assert all(m["view"] == "rank 0" and m["rows"] > 100 for m in metas[:-1]), metas
     meta, arrays = arrayfile.read(os.path.join(pub, delta_name(listing(str(pub))[1][0])))
-    assert np.abs(arrays["rows"]).max() > 0.011  # moved past the initial rows' range (+-0.01)
+    assert np.abs(arrays["rows.embedding"]).max() > 0.011  # moved past the initial rows' range (+-0.01)
     live = Live(newest_base(str(pub)))  # and the copies give way to the shards' rows: the end is exact
     Follower(live, str(pub)).poll()
     export(str(tmp_path / "ck"), str(tmp_path / "final"))
@@ -71,7 +71,7 @@ def test_deltas_store_rows_in_the_tables_precision_or_the_one_asked(tmp_path, fl
             "--publish-keep", "1000", "--checkpoint", str(tmp_path / "ck"), "--checkpoint-every", "60", "--json")
     assert s["published"]["rows_dtype"] == stored
     meta, arrays = arrayfile.read(os.path.join(pub, delta_name(listing(str(pub))[1][-1])))
-    assert meta["rows_dtype"] == stored and arrays["rows"].dtype == (np.uint16 if stored == "bf16" else np.float16)
+    assert meta["rows_dtype"] == stored and arrays["rows.embedding"].dtype == (np.uint16 if stored == "bf16" else np.float16)
     live = Live(newest_base(str(pub)))
     Follower(live, str(pub)).poll()
     assert live.current.number == s["published"]["version"]

@@ -31,12 +31,20 @@ def test_stored_rows_read_back_as_the_nearest_value_of_their_precision(rows, dty
 def test_a_delta_reads_back_and_another_versions_file_is_refused(tmp_path):
     path = str(tmp_path / "d.het")
     rows = np.arange(6, dtype=np.float32).reshape(3, 2) / 3
-    write_delta(path, np.array([4, 1, 9]), encode_rows(rows, "bf16"), np.ones(3, np.int64),
+    narrow = np.ones((2, 1), np.float32)
+    write_delta(path, {"embedding_2": (np.array([4, 1, 9]), encode_rows(rows, "bf16"), np.ones(3, np.int64)),
+                       "embedding_1": (np.array([5, 6]), encode_rows(narrow, "bf16"), np.ones(2, np.int64))},
                 {"w": np.ones(2, np.float32)}, {"version": 7, "rows_dtype": "bf16"})
-    meta, keys, back, dense = read_delta(path, 7)
+    meta, tables, dense = read_delta(path, 7)
+    keys, back = tables["embedding_2"]
     assert keys.tolist() == [4, 1, 9] and np.allclose(back, rows, rtol=2 ** -8) and dense["w"].tolist() == [1, 1]
+    assert tables["embedding_1"][0].tolist() == [5, 6] and meta["tables"]["embedding_1"] == {"rows": 2, "dim": 1}
     with pytest.raises(arrayfile.ArrayFileError, match="expected het-delta 8"):
         read_delta(path, 8)
+    one = str(tmp_path / "one.het")  # a delta of one table whose arrays are unnamed: its table's rows
+    arrayfile.write(one, {"keys": np.array([3]), "rows": rows[:1], "clocks": np.ones(1, np.int64)},
+                    {"format": "het-delta", "version": 2, "table": "embedding"})
+    assert read_delta(one, 2)[1]["embedding"][0].tolist() == [3]
 
 
 def test_bounded_publishing_needs_a_finite_staleness_bound():

@@ -127,8 +127,6 @@ def test_widths_name_fields_and_a_wrong_name_is_refused_naming_the_fields():
         make_task(TrainConfig(widths={"user": 32}, synthetic={"cap": 500}, steps=1))
     one = make_task(TrainConfig(widths={"C3": 8}, dim=8, synthetic={"cap": 500}, steps=1))
     assert one.groups is None and one.dim == 8  # one width after all: one table, as ever
-    with pytest.raises(ValueError, match="publish follows one embedding table"):
-        TrainConfig(dim="auto", publish={"dir": "/nonexistent"})
 
 
 def test_auto_on_a_graph_is_one_width_from_its_nodes():
