@@ -17,10 +17,11 @@ $(STAMP): pyproject.toml
 
 # The native core (het/native/*.cpp, one file per component) with the system g++, for this
 # machine's CPU (for a build shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2
-# .venv/bin/python -m het.native.build); one line, the compiler's output only if it fails. If it
-# cannot be built, het runs its PyTorch reference path and says so once.
+# .venv/bin/python -m het.native.build); one line, the compiler's output only if it fails; nothing
+# when a module of these sources is built already. If it cannot be built, het runs its PyTorch
+# reference path and says so once.
 $(NATIVE): $(wildcard het/native/*.cpp het/native/*.h) het/native/build.py $(STAMP)
-	$(PY) -m het.native.build
+	$(PY) -m het.native.build --if-stale
 	touch $(NATIVE)
 
 native: $(NATIVE)

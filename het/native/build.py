@@ -89,6 +89,24 @@ def build(verbose: bool = False) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def current() -> bool:
+    """Whether the module here loads (these sources' hash, a CPU it runs on) and was built for the
+    target a build would use now (``HET_NATIVE_MARCH``)."""
+    import torch  # noqa: F401  (the module links against torch's libraries, loaded first)
+
+    from het import native
+
+    record = native.record_path()
+    ops, _ = native._load()  # again, torch loaded: ``python -m`` imported the package before it
+    if ops is None or record is None or not os.path.exists(record):
+        return False
+    try:
+        with open(record) as f:
+            return json.load(f).get("march") == march()
+    except (OSError, ValueError):
+        return False
+
+
 @contextlib.contextmanager
 def _output_to(path: str):
     """Within the block, everything written to this process's stdout and stderr, its child
@@ -113,7 +131,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m het.native.build", description=__doc__.splitlines()[0])
     p.add_argument("--strict", action="store_true", help="exit with status 1 if the build fails")
     p.add_argument("-v", "--verbose", action="store_true", help="show the compiler's output as it comes")
+    p.add_argument("--if-stale", action="store_true", help="build only when no module of these sources, for this "
+                   "target, loads here (what make runs)")
     args = p.parse_args(argv)
+    if args.if_stale and current():
+        print("het: the native core is built from these sources for this target")
+        return 0
     logs = tempfile.mkdtemp(prefix="het-native-log-")
     log = os.path.join(logs, "build.log")
     try:

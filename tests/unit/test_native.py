@@ -761,3 +761,19 @@ def _push_of_steps(gen, rows: int, dim: int, width: str, counts_of):
     grads = torch.randn(n, dim, generator=gen)
     counts = counts_of(n)
     return local, grads, counts, torch.rand(n, 1 if width == "row" else dim, generator=gen) * counts[:, None]
+
+
+def test_make_builds_the_native_core_only_when_no_module_of_these_sources_loads(monkeypatch, capsys):
+    from het.native import build
+
+    built = []
+    monkeypatch.setattr(build, "build", lambda verbose=False: built.append(1) or "het/native/_het_native.so")
+    monkeypatch.setattr(build, "current", lambda: True)
+    assert build.main(["--if-stale"]) == 0 and built == []
+    assert "built from these sources" in capsys.readouterr().out
+    monkeypatch.setattr(build, "current", lambda: False)
+    assert build.main(["--if-stale"]) == 0 and built == [1]
+    assert build.main([]) == 0 and built == [1, 1]  # asked without --if-stale: always built
+    if native.ops is not None:  # the module this checkout loads is current
+        monkeypatch.undo()
+        assert build.current()
