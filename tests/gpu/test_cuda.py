@@ -46,3 +46,22 @@ def test_cache_miss_rate_is_the_same_on_cpu_and_gpu():
             cache.lookup(torch.unique(batch).to(device))
         rates.append(cache.stats()["miss_rate"])
     assert rates[0] == rates[1]
+
+
+def test_a_table_a_width_and_its_model_run_on_the_gpu():
+    """DeepFM over tables of two widths moved to CUDA as a whole: its lookups, shifts and
+    projections there, the rows trained."""
+    from het.models import DeepFM
+    from het.nn.fields import FieldTables, group_widths, plan_groups
+
+    groups = plan_groups([4, 8, 4], cardinalities=[10, 20, 30], offsets=[0, 10, 30])
+    emb = Embedding(tables=[TableConfig(g.table, rows=g.rows, dim=g.width) for g in groups],
+                    cache={g.table: CacheConfig(capacity=8) for g in groups})
+    model = DeepFM(FieldTables(emb, groups), num_fields=3, dim=group_widths(groups), num_dense=2, hidden=(8,)).to("cuda")
+    sparse = torch.tensor([[1, 12, 35], [0, 29, 59]], device="cuda")
+    before = emb.read(torch.arange(20, device="cuda"), table="embedding_8").clone()
+    out = model(torch.randn(2, 2, device="cuda"), sparse)
+    assert out.device.type == "cuda"
+    out.sum().backward()
+    emb.flush()
+    assert not torch.equal(emb.read(torch.arange(20, device="cuda"), table="embedding_8"), before)
