@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 from het.data.batch import Batch
+from het.data.sketch import distinct_per_field
 from het.files import DamagedFile, atomic_directory, block_crcs, check_blocks, create
 
 __all__ = ["ARRAYS", "HASHED_FORMAT", "HASHED_VERSION", "MAX_REPORTED", "SPLITS", "PreparedDataset",
@@ -39,6 +40,15 @@ HASHED_FORMAT, HASHED_VERSION = "het-hashed", 1
 MAX_REPORTED = 10  # skipped lines reported one by one; all of them are counted
 _HEADER_BYTES = 128  # an .npy header of fixed size, rewritten in place once the row count is known
 VERIFY_BYTES = 256 << 20  # verify=None: every file's blocks checked when the directory holds at most this
+
+
+def field_ids(directory: str, meta: dict) -> list[int]:
+    """Distinct keys of each field in a prepared directory's training split, as written (what
+    ``--dim auto`` sizes a field's width by)."""
+    keys = np.load(os.path.join(directory, "train_sparse.npy"), mmap_mode="r")
+    sizes = meta.get("bag_sizes") or [1] * int(meta["num_fields"])
+    blocks = (keys[lo:lo + (1 << 16)] for lo in range(0, len(keys), 1 << 16))
+    return distinct_per_field(blocks, sizes, meta.get("pad_key"))
 
 
 def read_meta(path: str) -> dict:
@@ -161,7 +171,10 @@ class SplitWriter:
 
     def write_meta(self, meta: dict) -> None:
         """Write ``meta.json``, last: the directory is usable from this moment on. It holds the
-        CRC-32s of every other file, a block at a time (``files``), and of itself (``crc32``)."""
+        CRC-32s of every other file, a block at a time (``files``), and of itself (``crc32``); for
+        hashed keys, each field's distinct keys in the training split (``field_ids``)."""
+        if meta.get("format") == HASHED_FORMAT and "field_ids" not in meta:  # hashed keys: each field's counted
+            meta = {**meta, "field_ids": field_ids(self.out_dir, meta)}
         names = sorted(n for n in os.listdir(self.out_dir) if n != "meta.json")
         meta = {**meta, "files": {n: block_crcs(os.path.join(self.out_dir, n)) for n in names}}
         meta["crc32"] = zlib.crc32(json.dumps(meta, sort_keys=True).encode())

@@ -36,7 +36,7 @@ from het.data.multi import PAD, POOLINGS, multi_keys
 from het.data.numbers import parse_numbers
 from het.data.prepared import (HASHED_FORMAT, HASHED_VERSION, PreparedDataset, SkipReport, add_common_flags,
                                check_inputs, print_summary, split_is_test, summary, writing)
-from het.data.sketch import DistinctSketch, distinct_per_field
+from het.data.sketch import DistinctSketch
 from het.files import create
 from het.data.table_reader import batches, check_columns
 from het.data.fitted import Fitter, rewrite
@@ -251,7 +251,6 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         if any(v is not None for v in fitted.values()):
             rewrite(writer.out_dir, spec, fitted)
         meta = _meta(spec, stats, fitted, paths, max_rows, test_fraction, seed)
-        meta["field_ids"] = _field_ids(writer.out_dir, spec)
         if schema_toml is not None:
             with create(os.path.join(writer.out_dir, "schema.toml")) as f:
                 f.write(schema_toml.encode())
@@ -282,15 +281,6 @@ def _meta(spec: TableSpec, stats: dict, fitted: dict, paths, max_rows, test_frac
             "dense_transforms": transforms, "buckets": buckets, "positive": spec.positive,
             "vocabulary": {k: v for k, v in vocab.items() if k != "keys"} if vocab else None,
             "id_layout": layout, "sources": [{"path": p, "bytes": os.path.getsize(p)} for p in paths]}
-
-
-def _field_ids(directory: str, spec: TableSpec) -> list[int]:
-    """Distinct keys of each field in the training split as written (what ``--dim auto`` sizes
-    a field's width by)."""
-    keys = np.load(os.path.join(directory, "train_sparse.npy"), mmap_mode="r")
-    sizes = spec.bag_sizes + [1] * len(spec.bucket)
-    return distinct_per_field((keys[lo:lo + (1 << 16)] for lo in range(0, len(keys), 1 << 16)), sizes,
-                              PAD if spec.multi else None)
 
 
 def _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress) -> tuple[dict, Fitter]:
