@@ -104,7 +104,7 @@ class Scorer:
             parsed = model.inputs.parse(to_arrow(columns_of(flat, fields, model.inputs.spec.get("multi"))))
         except ValueError as e:
             if len(requests) == 1:
-                return [BadRequest(400, str(e))]
+                return [BadRequest(400, _refused_where(model, requests[0], fields, e))]
             return [r for req in requests for r in self._run([req])]  # find the request Arrow refused
         ok = parsed.ok
         scores = np.full(len(flat), np.nan, np.float32)
@@ -128,6 +128,19 @@ class Scorer:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+
+
+def _refused_where(model, instances: list[dict], fields: list[str], error: ValueError) -> str:
+    """Arrow's refusal of a request's columns (an integer past 2^53 in a number column, say),
+    named with the first instance and field that it refuses alone."""
+    multi = model.inputs.spec.get("multi")
+    for i, instance in enumerate(instances):
+        for name in fields:
+            try:
+                model.inputs.parse(to_arrow(columns_of([{**dict.fromkeys(fields), name: instance[name]}], fields, multi)))
+            except ValueError:
+                return f"instances[{i}].{name}: {error}"
+    return f"instances: {error}"
 
 
 def _reason_alone(model, instance: dict, fields: list[str]) -> str:

@@ -266,6 +266,7 @@ def test_a_slow_body_gets_408_and_unknown_paths_are_counted(app_parts):
     ('"I1": 1e39', "instances[0].I1: 1e+39 is past float32's range"),
     ('"I1": 10000000000000000000000000000000000000000', "past float32's range"),
     ('"I1": "1e39"', "instances[0]: I1: '1e39' is not a finite number"),
+    ('"I1": 9007199254740993', "instances[0].I1: Integer value 9007199254740993 not in range"),  # past 2^53
     ('"C1": true', "instances[0].C1: expected a string, a number or null, got a boolean"),
     ('"I1": false', "instances[0].I1: expected a string, a number or null, got a boolean")])
 def test_values_the_model_cannot_take_are_refused_naming_the_field(app_parts, change, says):
