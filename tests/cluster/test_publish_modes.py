@@ -36,6 +36,10 @@ def test_bounded_deltas_say_how_far_behind_they_may_be_and_the_last_is_flushed(t
     assert len(metas) >= 2
     assert all(m["consistency"] == "bounded" and m["staleness"] == 100 and m["workers"] == 1 for m in metas[:-1])
     assert metas[-1]["consistency"] == "flush"
+
+
+@pytest.mark.slow  # 10 s: the flush mode's versions, every one flushed
+def test_flushed_publishing_flushes_every_version(tmp_path):
     flushed = het("train", *JOB, "--steps", "40", "--publish", str(tmp_path / "f"), "--publish-every", "0.2",
                   "--publish-consistency", "flush", "--publish-keep", "1000", "--json")
     assert flushed["published"]["consistency"] == "flush"
@@ -64,7 +68,8 @@ def test_a_bounded_version_holds_rank_0s_copies_of_the_rows_it_has_not_pushed(tm
 
 
 @pytest.mark.parametrize("flags, stored, exact", [(("--row-dtype", "bf16"), "bf16", True),
-                                                  (("--publish-dtype", "fp16"), "fp16", False)])
+                                                  pytest.param(("--publish-dtype", "fp16"), "fp16", False,
+                                                               marks=pytest.mark.slow)])
 def test_deltas_store_rows_in_the_tables_precision_or_the_one_asked(tmp_path, flags, stored, exact):
     pub = tmp_path / "pub"
     s = het("train", *JOB, *flags, "--steps", "60", "--publish", str(pub), "--publish-every", "0.2",
@@ -89,6 +94,7 @@ def base_bytes(pub) -> int:
     return sum(f["bytes"] for f in manifest["files"].values()) + (pub / base_name(bases[-1]) / "export.json").stat().st_size
 
 
+@pytest.mark.slow  # 16 s; the freshness benchmark reports the same bound
 def test_the_directory_holds_at_most_three_bases_at_any_time(tmp_path):
     """Sampled every few milliseconds while a job publishes every 0.2 s: the newest base, the
     deltas since, the base being made and the delta being written stay within three bases; at
