@@ -130,8 +130,8 @@ def test_widths_name_fields_and_a_wrong_name_is_refused_naming_the_fields():
 
 
 def test_auto_on_a_graph_is_one_width_from_its_nodes():
-    task = make_task(TrainConfig(model="graphsage", dim="auto", steps=1))
-    assert task.dim == auto_width(task.num_rows) == 32 and task.groups is None
+    task = make_task(TrainConfig(model="graphsage", data="synthetic-graph:3000", dim="auto", steps=1))
+    assert task.dim == auto_width(3000) == 32 and task.groups is None
 
 
 def test_a_prepared_table_counts_each_fields_ids_and_auto_sizes_by_them(tmp_path):
