@@ -68,6 +68,9 @@ def floor_model(cfg: TrainConfig):
         raise ValueError("het bench floor measures CTR models; GraphSAGE's sampling is not a plain model's step")
     warnings.filterwarnings("ignore", "Sparse invariant checks are implicitly disabled")  # torch's, per step
     task = make_task(cfg)
+    if task.groups:
+        raise ValueError("het bench floor compares one embedding table with nn.Embedding; give one --dim (not auto "
+                         "or --widths)")
     table = job_tables(cfg, task)[0]
     hashed = task.num_rows is None
     if hashed:

@@ -70,6 +70,9 @@ def run(export_dir: str, batch: int = 4096, seconds: float = 3.0, rounds: int = 
 
     torch.set_num_threads(threads)
     model = load_model(export_dir)
+    if model.table is None:
+        raise ValueError(f"{export_dir} holds a table a width ({sorted(model.tables)}): het bench predict compares "
+                         f"one table with nn.Embedding; export a job of one --dim")
     spec = model.manifest["input"]
     data = spec["preset"] if spec["source"] == "synthetic" else None
     if data is None:

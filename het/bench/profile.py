@@ -80,7 +80,7 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
             "het_ms_per_step": 1e3 * het / steps, "het_fraction": het / wall,
             "shard_ms_per_step": 1e3 * shard / steps, "worker_het_fraction": (het - shard) / (wall - shard),
             "by_tottime": _rows(stats, "tottime", steps, top), "by_cumtime": _rows(stats, "cumtime", steps, top),
-            "hit_rate": worker.embedding.stats()["embedding"].get("hit_rate", 0.0)}
+            "hit_rate": worker.embedding.total_stats().get("hit_rate", 0.0)}
 
 
 # het's own machinery: what a plain torch.nn.Embedding job would not run (the model's code, the

@@ -187,8 +187,9 @@ class LocalCluster:
                     break
                 elif code not in (None, 0) or (code == 0 and role.name.startswith("PS")):
                     how = f"killed by signal {-code}" if code < 0 else f"exited with code {code}"
-                    raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}; stopping the job. "
-                                       f"Its log: {role.log}")
+                    said = last_line(role.log) if code > 0 else ""  # a refusal says why last; a kill, nothing
+                    raise ClusterError(f"{role.name} (pid {role.proc.pid}) {how}{': ' + said if said else ''}; "
+                                       f"stopping the job. Its log: {role.log}")
             if all(w.proc.poll() == 0 for w in self.workers):
                 return
             time.sleep(poll_s)
@@ -265,6 +266,18 @@ class LocalCluster:
 
     def pids(self) -> list[int]:
         return [w.proc.pid for w in self.workers] + [s.proc.pid for s in self.servers]
+
+
+def last_line(path: str | None, most: int = 300) -> str:
+    """The last line a process wrote to its log (what a refusal says), at most ``most``
+    characters; empty when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+    except (OSError, TypeError):
+        return ""
+    return lines[-1][:most] if lines else ""
 
 
 def _tee(stream, log_path: str) -> None:

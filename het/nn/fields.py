@@ -154,8 +154,10 @@ class FieldTables(nn.Module):
 
     def split(self, keys: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each table's keys of a batch ``(B, L)``: its columns, shifted into its rows."""
-        if keys.dim() != 2:
-            raise ValueError(f"expected keys of shape (B, fields' keys), got {tuple(keys.shape)}")
+        width = sum(len(g.columns) for g in self.groups)
+        if keys.dim() != 2 or keys.shape[1] != width:
+            raise ValueError(f"expected keys of shape (B, {width}) (every field's keys side by side), "
+                             f"got {tuple(keys.shape)}")
         out = {}
         for i, g in enumerate(self.groups):
             part = keys.index_select(1, getattr(self, f"columns_{i}").to(keys.device))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-from het.train.tasks import EMBEDDING_TABLE
 from het.train.timeline import timeline_entry
 
 # the cache's counters written as differences since the last point

@@ -163,6 +163,11 @@ def restore(worker, directory: str) -> int:
     state = _read_worker(directory)  # the shards check their own saves as they load them
     if state.get("format") != FORMAT:
         raise ValueError(f"{path}: checkpoint format {state.get('format')}, expected {FORMAT}")
+    groups = getattr(getattr(worker, "task", None), "groups", None)
+    fields = [g.as_dict() for g in groups] if groups else None
+    if state.get("fields") != fields:  # the same tables' names could hold other fields' rows
+        raise ValueError(f"{path} holds fields in tables {_tables_of(state.get('fields'))}, this job puts them in "
+                         f"{_tables_of(fields)}: resume with the widths it was trained with (--dim, --widths)")
     if worker.rank == 0 and state.get("ps_named"):
         worker.client.load_named(state["ps_named"]["name"])  # a shard without it refuses, naming it
     elif worker.rank == 0:
@@ -174,6 +179,13 @@ def restore(worker, directory: str) -> int:
     worker.embedding.resume_at(int(state["step"]))  # the PS's Adam corrects its bias by the step number
     barrier(worker.world)
     return int(state["step"])
+
+
+def _tables_of(fields: list | None) -> str:
+    """Which fields each table holds, as a checkpoint records them (None: one table for all)."""
+    if not fields:
+        return "one table, 'embedding'"
+    return ", ".join(f"{g['table']} (fields {g['fields']})" for g in fields)
 
 
 def saver(worker, cfg: TrainConfig):

@@ -192,8 +192,8 @@ class TrainConfig:
     admit_counters: int = setting(1 << 22, "hashed ids: bytes of each shard's sketch of sightings (admission); "
                                   "about 8x the keys awaiting admission keeps early admissions near 2 in 100")
     expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
-    max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores; the least recently updated "
-                                   "go first (none: no budget)")
+    max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores in a table (each, with a table "
+                                   "a width); the least recently updated go first (none: no budget)")
     ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
                                     "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
                                     "makes the table dynamic (none: all in memory)", kind="size")

@@ -51,7 +51,7 @@ def field_ids(data) -> list[int]:
     if cards is not None:
         return [max(1, int(c)) for c in cards]
     rows, block = min(data.rows["train"], COUNT_ROWS), 1 << 16
-    blocks = (data.batch("train", i, min(block, rows - i * block)).sparse.numpy() for i in range(math.ceil(rows / block)))
+    blocks = (data.batch("train", i, block).sparse.numpy()[:rows - i * block] for i in range(math.ceil(rows / block)))
     counts = distinct_per_field(blocks, getattr(data, "bag_sizes", (1,) * data.num_fields), getattr(data, "pad_key", None))
     return [max(1, c) for c in counts]
 
