@@ -84,6 +84,8 @@ def export(checkpoint: str, out: str, dtype: str = "fp32", progress: bool = Fals
 def _write(ckpt: Checkpoint, config: dict, spec: dict, files: dict, root: str, dtype: str, progress: bool) -> dict:
     names = [n for n in ckpt.tables if n != DENSE_TABLE]
     groups = ckpt.fields or []
+    if not names:
+        raise ValueError(f"{ckpt.path} holds no embedding table (tables: {sorted(ckpt.tables)}): not a CTR model's")
     if sorted(names) != sorted(g["table"] for g in groups) and len(names) != 1:
         raise ValueError(f"the checkpoint holds embedding tables {names} but no record of their fields: it was "
                          f"not written by het train")

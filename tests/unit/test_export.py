@@ -334,3 +334,14 @@ def test_graphsage_is_refused_in_one_line(tmp_path):
     checkpoint.save(worker, str(tmp_path / "ck"), 1)
     with pytest.raises(ValueError, match="a graphsage checkpoint is not exported: scoring a node needs"):
         export(str(tmp_path / "ck"), str(tmp_path / "out"))
+
+
+def test_a_checkpoint_without_its_fields_record_or_any_embedding_table_is_refused_naming_its_tables():
+    from types import SimpleNamespace
+
+    from het.export.writer import _write
+
+    for tables, fields, says in (({"dense": None}, None, r"holds no embedding table \(tables: \['dense'\]\)"),
+                                 ({"embedding_8": None, "embedding_16": None}, None, "no record of their fields")):
+        with pytest.raises(ValueError, match=says):
+            _write(SimpleNamespace(path="ck", tables=tables, fields=fields), {}, {}, {}, "out", "fp32", False)
