@@ -10,130 +10,19 @@ from the fields (:mod:`het.train.flags`).
 from __future__ import annotations
 
 import functools
-import math
 import re
 from dataclasses import asdict, dataclass, field
 
-from het.choices import Choice, LocalUpdate, Optimizer, Policy, RowDtype, RowRounding
-from het.schedule import Schedule
+from het.choices import LocalUpdate, Policy, RowDtype, RowRounding
+from het.optimizer import OptimizerConfig
+from het.settings import is_int, plain, require, setting
 from het.staleness import check_staleness
-
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
-def setting(default=None, help: str = "", *, choices: tuple = (), factory=None, aliases: tuple = (),
-            kind: str | None = None):
-    """A config field with its help text (and closed choices narrower than its type's, other
-    flag names, a ``kind`` of parsing: ``"staleness"``, ``"size"``) in its metadata."""
-    meta = {"help": help, "choices": tuple(choices), "aliases": tuple(aliases), "kind": kind}
-    if factory is not None:
-        return field(default_factory=factory, metadata=meta)
-    return field(default=default, metadata=meta)
-
-
-def plain(d):
-    """``d`` with every :class:`Choice` as its string, in nested dicts, lists and tuples too:
-    what a config's ``to_dict`` gives (pickled in saves and checkpoints, read back anywhere).
-
-    Example:
-        >>> plain({"policy": Policy.LFU, "tables": [{"name": Optimizer.SGD}]})
-        {'policy': 'lfu', 'tables': [{'name': 'sgd'}]}
-        >>> type(plain(Policy.LFU))
-        <class 'str'>
-    """
-    if isinstance(d, Choice):
-        return d.value
-    if isinstance(d, dict):
-        return {k: plain(v) for k, v in d.items()}
-    if isinstance(d, (list, tuple)):
-        return type(d)(plain(v) for v in d)
-    return d
-
-
 MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.store.admission)
 DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableConfig's, for rows=None
-
-
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-_FLOAT32_MAX = 3.4028234663852886e38
-
-
-def _require(ok: bool, message: str) -> None:
-    if not ok:
-        raise ValueError(message)
-
-
-@dataclass(frozen=True)
-class OptimizerConfig:
-    """The sparse optimizer a PS shard applies to pushed gradients.
-
-    Args:
-        name: ``"sgd"``, ``"adagrad"`` or ``"adam"``; the same update rules as
-            ``torch.optim.SGD``, ``torch.optim.Adagrad`` and ``torch.optim.SparseAdam``.
-        lr: learning rate.
-        eps: added to the denominator (Adagrad, Adam).
-        betas: Adam's moment decay rates.
-        initial_accumulator: Adagrad's starting sum of squares.
-        l1, l2, beta: FTRL-Proximal's regularisation of the rows (per coordinate, L1 giving exact
-            zeros) and its learning-rate offset; ``lr`` is its alpha (McMahan et al. 2013).
-
-    Example:
-        >>> OptimizerConfig("adam", lr=0.01).eps, OptimizerConfig("adagrad").eps  # torch's defaults
-        (1e-08, 1e-10)
-        >>> OptimizerConfig("rmsprop")
-        Traceback (most recent call last):
-        ...
-        ValueError: optimizer must be one of ('sgd', 'adagrad', 'rowwise_adagrad', 'adam', 'ftrl'), got 'rmsprop'
-    """
-
-    name: Optimizer = setting(Optimizer.SGD, "the tables' optimizer")
-    lr: float = setting(0.01, "the tables' learning rate")
-    eps: float | None = setting(None, "added to the optimizer's denominator (Adagrad, Adam; default: torch's)")
-    betas: tuple[float, float] = setting((0.9, 0.999), "Adam's moment decay rates, e.g. 0.9,0.999")
-    initial_accumulator: float = setting(0.0, "Adagrad's starting sum of squares")
-    l1: float = setting(0.0, "FTRL's L1 on the rows, per coordinate (exact zeros)")
-    l2: float = setting(0.0, "FTRL's L2 on the rows, per coordinate")
-    beta: float = setting(0.0, "FTRL's beta: its per-coordinate rate is lr / (beta + sqrt(sum of squares))")
-    schedule: Schedule = setting(help="the lr's warmup and decay by the step a push carries", factory=Schedule)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "name", Optimizer.parse(self.name, "optimizer"))
-        for name in ("l1", "l2", "beta"):
-            value = getattr(self, name)
-            _require(math.isfinite(value) and value >= 0, f"{name} must be a number >= 0, got {value}")
-        if isinstance(self.schedule, dict):
-            object.__setattr__(self, "schedule", Schedule(**self.schedule))
-        _require(not (self.name == Optimizer.FTRL and self.schedule.active),
-                 "FTRL's lr is its alpha, fixed by its closed form: a schedule applies to the other optimizers")
-        _require(self.name == Optimizer.FTRL or not (self.l1 or self.l2 or self.beta),
-                 f"l1, l2 and beta are FTRL's (optimizer ftrl); {self.name} takes none, got l1 {self.l1}, "
-                 f"l2 {self.l2}, beta {self.beta}")
-        _require(math.isfinite(self.lr) and self.lr > 0, f"lr must be a positive number, got {self.lr}")
-        if self.eps is None:
-            # torch's defaults: Adagrad 1e-10, SparseAdam 1e-8 (row-wise Adagrad as Adagrad).
-            object.__setattr__(self, "eps", 1e-10 if "adagrad" in self.name else 1e-8)
-        _require(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
-        _require(len(self.betas) == 2, f"betas must be two numbers (Adam's two decay rates), got {self.betas}")
-        b1, b2 = self.betas
-        _require(0 <= b1 < 1 and 0 <= b2 < 1, f"betas must lie in [0, 1), got {self.betas}")
-        object.__setattr__(self, "betas", (float(b1), float(b2)))
-        # rows are float32: a step past its largest value makes every row it touches inf
-        if self.name == Optimizer.ADAM:  # a step is at most lr / (1 - beta1) (the first)
-            _require(self.lr <= _FLOAT32_MAX * (1 - b1),
-                     f"lr must be at most {_FLOAT32_MAX * (1 - b1):.4g} for Adam with beta1 {b1:g}: its first step "
-                     f"takes lr / (1 - beta1), and a step past float32's largest value ({_FLOAT32_MAX:.4g}) makes "
-                     f"rows inf; got {self.lr:g}")
-        _require(self.lr <= _FLOAT32_MAX,
-                 f"lr must be at most {_FLOAT32_MAX:.4g} (float32's largest value: a larger step makes rows inf), "
-                 f"got {self.lr:g}")
-
-    def lr_at(self, step: int) -> float:
-        """The learning rate at ``step`` under the schedule."""
-        return self.lr * self.schedule.factor(step) if self.schedule.active else self.lr
 
 
 @dataclass(frozen=True)
@@ -195,29 +84,29 @@ class TableConfig:
     row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "half-precision rows: how an update is rounded")
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
+        require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
                  f"table name must match {_NAME.pattern}, got {self.name!r}")
-        _require(self.rows is None or (_is_int(self.rows) and self.rows > 0),
+        require(self.rows is None or (is_int(self.rows) and self.rows > 0),
                  f"table {self.name!r}: rows must be a positive int (or None: a dynamic table), got {self.rows!r}")
-        _require(isinstance(self.dim, int) and self.dim > 0,
+        require(isinstance(self.dim, int) and self.dim > 0,
                  f"table {self.name!r}: dim must be a positive int, got {self.dim!r}")
-        _require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
+        require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
         object.__setattr__(self, "row_dtype", RowDtype.parse(self.row_dtype, f"table {self.name!r}: row_dtype"))
         object.__setattr__(self, "row_rounding", RowRounding.parse(self.row_rounding,
                                                                    f"table {self.name!r}: row_rounding"))
-        _require(_is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
+        require(is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
                  f"table {self.name!r}: admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
-        _require(_is_int(self.admit_counters) and self.admit_counters >= 4,
+        require(is_int(self.admit_counters) and self.admit_counters >= 4,
                  f"table {self.name!r}: admit_counters must be an int >= 4 (bytes), got {self.admit_counters!r}")
         for name in ("expire_after", "max_rows"):
             value = getattr(self, name)
-            _require(value is None or (_is_int(value) and value >= 1),
+            require(value is None or (is_int(value) and value >= 1),
                      f"table {self.name!r}: {name} must be None or an int >= 1, got {value!r}")
         if not self.dynamic:
             used = [n for n in DYNAMIC_ONLY if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
-            _require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
+            require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
                                f"this one has {self.rows} rows")
 
     @property
@@ -290,13 +179,13 @@ class CacheConfig:
     local_update: LocalUpdate = LocalUpdate.ROW
 
     def __post_init__(self) -> None:
-        _require(isinstance(self.capacity, int) and self.capacity >= 0,
+        require(isinstance(self.capacity, int) and self.capacity >= 0,
                  f"cache capacity must be an int >= 0, got {self.capacity!r}")
         object.__setattr__(self, "policy", Policy.parse(self.policy, "policy"))
         object.__setattr__(self, "staleness", check_staleness(self.staleness))
-        _require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
+        require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
                  f"ways must be an int in [1, 256], got {self.ways!r}")
-        _require(isinstance(self.lookahead, int) and self.lookahead >= 0,
+        require(isinstance(self.lookahead, int) and self.lookahead >= 0,
                  f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}")
         object.__setattr__(self, "local_update", LocalUpdate.parse(self.local_update, "local_update"))
 
@@ -337,26 +226,26 @@ class ShardConfig:
     def __post_init__(self) -> None:
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
         object.__setattr__(self, "tables", tables)
-        _require(len(tables) > 0, "a shard needs at least one table")
+        require(len(tables) > 0, "a shard needs at least one table")
         names = [t.name for t in tables]
-        _require(len(set(names)) == len(names), f"table names must be unique, got {names}")
-        _require(isinstance(self.num_shards, int) and self.num_shards >= 1,
+        require(len(set(names)) == len(names), f"table names must be unique, got {names}")
+        require(isinstance(self.num_shards, int) and self.num_shards >= 1,
                  f"num_shards must be an int >= 1, got {self.num_shards!r}")
-        _require(isinstance(self.index, int) and 0 <= self.index < self.num_shards,
+        require(isinstance(self.index, int) and 0 <= self.index < self.num_shards,
                  f"shard index must be in [0, {self.num_shards}), got {self.index!r}")
-        _require(isinstance(self.max_keys, int) and not isinstance(self.max_keys, bool) and self.max_keys >= 1,
+        require(isinstance(self.max_keys, int) and not isinstance(self.max_keys, bool) and self.max_keys >= 1,
                  f"max_keys must be an int >= 1, got {self.max_keys!r}")
         if self.memory is not None:
-            _require(isinstance(self.memory, int) and not isinstance(self.memory, bool) and self.memory > 0,
+            require(isinstance(self.memory, int) and not isinstance(self.memory, bool) and self.memory > 0,
                      f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
-            _require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
+            require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
                      "a fixed table is all in memory")
-        _require(self.wal_max is None or (isinstance(self.wal_max, int) and not isinstance(self.wal_max, bool)
+        require(self.wal_max is None or (isinstance(self.wal_max, int) and not isinstance(self.wal_max, bool)
                                           and self.wal_max > 0),
                  f"wal_max must be a number of bytes > 0 (or None: no bound), got {self.wal_max!r}")
-        _require(isinstance(self.session_idle_s, (int, float)) and self.session_idle_s > 0,
+        require(isinstance(self.session_idle_s, (int, float)) and self.session_idle_s > 0,
                  f"session_idle_s must be a number of seconds > 0, got {self.session_idle_s!r}")
-        _require(type(self.max_sessions) is int and self.max_sessions >= 1, f"max_sessions: an int >= 1, got {self.max_sessions!r}")
+        require(type(self.max_sessions) is int and self.max_sessions >= 1, f"max_sessions: an int >= 1, got {self.max_sessions!r}")
         object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
 
     @classmethod

@@ -1,11 +1,13 @@
 """Learning-rate schedules: a linear warmup, then a linear or cosine decay to a floor, as a pure
 function of the step. The dense optimizer and the shards' sparse optimizers read the same one
-(:attr:`het.config.OptimizerConfig.schedule`), the shards at the step each push carries."""
+(:attr:`het.optimizer.OptimizerConfig.schedule`), the shards at the step each push carries."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+import numpy as np
 
 DECAYS = ("none", "linear", "cosine")
 
@@ -53,3 +55,26 @@ class Schedule:
         t = min(1.0, (step - self.warmup) / (self.steps - self.warmup))
         shape = 1 - t if self.decay == "linear" else 0.5 * (1 + math.cos(math.pi * t))
         return self.floor + (1 - self.floor) * shape
+
+    def factors(self, steps: np.ndarray) -> np.ndarray:
+        """:meth:`factor` of each of ``steps``, at once (float64). Shape: (n,) -> (n,).
+
+        Example:
+            >>> s = Schedule(warmup=10, decay="cosine", steps=110, floor=0.1)
+            >>> np.round(s.factors(np.array([1, 5, 10, 60, 110, 200])), 3).tolist()
+            [0.1, 0.5, 1.0, 0.55, 0.1, 0.1]
+        """
+        step = np.maximum(np.asarray(steps, np.float64), 1.0)
+        out = np.ones_like(step)
+        if self.warmup:
+            out = np.where(step <= self.warmup, step / self.warmup, out)
+        if self.decay != "none":
+            t = np.minimum(1.0, (step - self.warmup) / (self.steps - self.warmup))
+            shape = 1 - t if self.decay == "linear" else 0.5 * (1 + np.cos(np.pi * t))
+            out = np.where(step > self.warmup, self.floor + (1 - self.floor) * shape, out)
+        return out
+
+    @property
+    def settles(self) -> int:
+        """The step after which :meth:`factor` stays what it is (0: it never moves)."""
+        return self.steps if self.decay != "none" else self.warmup

@@ -32,6 +32,8 @@ from het.cache.plan import Plan, Rows
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.cache.torch_step import TorchStep
 from het.config import CacheConfig, TableConfig
+from het.cache.decaying import SlotSteps
+from het.decay import RowDecay
 
 _HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
 
@@ -48,6 +50,8 @@ class EmbeddingCache:
 
     Example:
         >>> from het.config import CacheConfig, TableConfig
+from het.cache.decaying import SlotSteps
+from het.decay import RowDecay
         >>> cache = EmbeddingCache(TableConfig("t", rows=100, dim=2), CacheConfig(capacity=8, ways=4))
         >>> plan = cache.lookup(torch.tensor([3, 9]))
         >>> plan.hit.tolist(), plan.clocks.tolist()
@@ -89,10 +93,20 @@ class EmbeddingCache:
         on_cpu = native and het_native.ops is not None and self.device.type == "cpu"
         self.window = Lookahead(cfg.lookahead, native=on_cpu) if cfg.lookahead else None
         self.soon = torch.full((n,), NEVER, dtype=torch.int64, device=dev)  # next announced use
+        self._follow(table.optimizer, n, d)
+        # L2 as a lazy decay (het.decay): the step each slot was last brought to
+        decay = RowDecay(table.optimizer)
+        self.slot_steps = SlotSteps(self, decay) if decay.active and self.num_sets else None
+        self.counters = Counter()
+        self._native_asked = native
+        self._choose_step()
+
+    def _follow(self, opt, n: int, d: int) -> None:
+        """The local update's state for ``n`` slots of width ``d``: how copies follow ``opt``."""
+        cfg, dev = self.cfg, self.device
         # the local update (CacheConfig.local_update): "sgd", or follow the table's Adagrad from
         # `acc`, the summary of its accumulator the shard sent with the row ("row": (n, 1),
         # "full": (n, D)) and what the pushes since added to it
-        opt = table.optimizer
         self.rule = local_rule(opt.name, cfg.local_update if cfg.local_lr is None else "sgd")
         width = {"sgd": 0, "row": 1, "full": d}[self.rule]
         self.acc = memory.zeros(n, width, device=dev)
@@ -112,10 +126,7 @@ class EmbeddingCache:
                                                      or (self.rule == "row" and opt.name == "rowwise_adagrad")
                                                      or self.rule == "full")
         # else a pushed row's copy asks again as a miss when the shard may drop the push (see _take)
-        self.clear_clock = not self.own_seen and table.rows is None and table.admit_after > 1
-        self.counters = Counter()
-        self._native_asked = native
-        self._choose_step()
+        self.clear_clock = not self.own_seen and self.table.rows is None and self.table.admit_after > 1
 
     def _choose_step(self) -> None:
         """The step's operations, native (het.native, on CPU) or the reference, chosen once."""
@@ -128,6 +139,8 @@ class EmbeddingCache:
         for name in ("keys", "held", "rows", "pending", "clock", "updates", "last_use", "uses", "score", "disabled",
                      "soon", "acc", "sq"):
             setattr(self, name, getattr(self, name).to(self.device))
+        if self.slot_steps is not None:
+            self.slot_steps.to(self.device)
         self._choose_step()
         return self
 
@@ -161,6 +174,8 @@ class EmbeddingCache:
 
         Example:
             >>> from het.config import CacheConfig, TableConfig
+from het.cache.decaying import SlotSteps
+from het.decay import RowDecay
             >>> cache = EmbeddingCache(TableConfig("t", rows=None, dim=1), CacheConfig(capacity=12, ways=4))
             >>> cache.set_of(torch.tensor([-1, 0, -2**63, 2**63 - 1, 1 << 40, 2 << 40])).tolist()  # 3 sets
             [1, 0, 1, 2, 0, 1]
@@ -169,9 +184,10 @@ class EmbeddingCache:
         return (high * self.num_sets) >> 32          # num_sets < 2^31: no overflow
 
     # -- the step ---------------------------------------------------------------------------
-    def lookup(self, keys: torch.Tensor) -> Plan:
+    def lookup(self, keys: torch.Tensor, as_of: int = 0) -> Plan:
         """Find ``keys`` (unique, int64, on the cache's device); give each miss a slot or let it
-        bypass; evict victims. Shape: (n,)."""
+        bypass; evict victims. ``as_of``: the step whose rows are read (the steps trained), to
+        which a table whose rows decay brings its hits (:mod:`het.decay`). Shape: (n,)."""
         self.step += 1
         n = keys.numel()
         self.counters["lookups"] += n
@@ -181,10 +197,15 @@ class EmbeddingCache:
             self.counters["misses"] += n
             self.counters["bypasses"] += n
             slot = torch.full_like(keys, -1)
-            return Plan(keys, slot, torch.zeros_like(keys, dtype=torch.bool), slot.clone(), self._no_rows())
+            return Plan(keys, slot, torch.zeros_like(keys, dtype=torch.bool), slot.clone(), self._no_rows(), as_of)
         # the next announced step each key is needed in
         nxt = self.window.next_use(keys) if self.window is not None else None
-        return self._ops.lookup(keys, nxt)
+        victims = self.slot_steps.victims(keys) if self.slot_steps is not None else None
+        plan = self._ops.lookup(keys, nxt)
+        plan.as_of = as_of
+        if self.slot_steps is not None:
+            self.slot_steps.looked_up(plan, victims)
+        return plan
 
     def _by_set(self, values: torch.Tensor, sets: torch.Tensor) -> torch.Tensor:
         """The ways of ``sets``, one set a row. Shape: (T,) -> (T, W)."""
@@ -205,23 +226,33 @@ class EmbeddingCache:
         if self.state_request is not None and (state is None or state.shape != (len(index), self.acc.shape[1])):
             raise ValueError(f"the {self.rule!r} local update needs the rows' optimizer state: expected shape "
                              f"({len(index)}, {self.acc.shape[1]}), got {None if state is None else tuple(state.shape)}")
-        return self._ops.fill(plan, index, rows, clocks, state)
+        out = self._ops.fill(plan, index, rows, clocks, state)
+        if self.slot_steps is not None:
+            self.slot_steps.filled(plan, index)
+        return out
 
-    def update(self, plan: Plan, grads: torch.Tensor) -> Rows:
+    def update(self, plan: Plan, grads: torch.Tensor, step: int = 0) -> Rows:
         """Apply one step's gradients (one per key of ``plan``): cached rows change at once
         (read-your-writes) and accumulate; returns the rows due to be pushed (``u > s``) and
-        the gradients of bypassed keys. Shape: grads (n, D)."""
+        the gradients of bypassed keys. ``step``: the step's number, to which a table whose
+        rows decay brings them first, as the PS will. Shape: grads (n, D)."""
+        if self.slot_steps is not None:
+            self.slot_steps.updating(plan, step)
         return self._ops.update(plan, grads)
 
-    def unpushed(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def unpushed(self, as_of: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The keys, copies and clocks (``c_s``) of the rows this worker updated and has not
-        pushed: its own view of them, ahead of the PS's by its updates, as its steps read them.
-        Shape: -> (k,), (k, D), (k,)."""
+        pushed: its own view of them, ahead of the PS's by its updates, as its steps read them
+        (brought to step ``as_of`` where the rows decay). Shape: -> (k,), (k, D), (k,)."""
         slots = (self.updates > 0).nonzero().flatten()
+        if self.slot_steps is not None:
+            self.slot_steps.bring(slots, as_of)
         return tuple(t.index_select(0, slots) for t in (self.keys, self.rows, self.clock))
 
     def flush(self) -> Rows:
         """Every unpushed update in the cache, to push now (a clean shutdown or checkpoint)."""
+        if self.slot_steps is not None:
+            self.slot_steps.bring_dirty()
         return self._take((self.updates > 0).nonzero().flatten(), stay=True)
 
     def scale_lr(self, factor: float) -> None:
@@ -247,7 +278,10 @@ class EmbeddingCache:
         # left it: none ahead when it is past (<= now) or NEVER
         unused = (self.soon <= self.window.now) | (self.soon == NEVER)
         idle = ((self.updates > 0) & (self.last_use <= self.step - self.protect) & unused).nonzero().flatten()
-        return self._take(idle[:math.ceil(share * len(idle))], stay=True)
+        idle = idle[:math.ceil(share * len(idle))]
+        if self.slot_steps is not None:
+            self.slot_steps.bring(idle, self.slot_steps.now)
+        return self._take(idle, stay=True)
 
     def _take(self, slots: torch.Tensor, stay: bool = False) -> Rows:
         """Rows of ``slots`` with their pending updates, which are reset. When the rows ``stay``

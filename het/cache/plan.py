@@ -61,7 +61,8 @@ class Plan:
 
     ``slot[i]`` is the slot of ``keys[i]`` or -1 when the key bypasses the cache; ``clocks[i]``
     is what to sync (``c_s`` of a hit, -1 for a miss); ``writeback`` holds the evicted rows
-    that carried unpushed updates. Shape: keys, slot, hit, clocks (n,).
+    that carried unpushed updates; ``as_of``, the step whose rows it reads (het.decay).
+    Shape: keys, slot, hit, clocks (n,).
     """
 
     keys: torch.Tensor
@@ -69,3 +70,4 @@ class Plan:
     hit: torch.Tensor
     clocks: torch.Tensor
     writeback: Rows
+    as_of: int = 0

@@ -22,7 +22,9 @@ import torch
 
 from het import files
 from het.config import TableConfig
+from het.decay import DECAYED, RowDecay
 from het.export.lazy import LazyTensor, TorchFile
+from het.ps.store import optim
 from het.ps.store.disk import read_saved
 from het.ps.store.saves import check_format, check_shards_here, table_dir
 from het.train.checkpoint import FORMAT as WORKER_FORMAT, read_checked_json
@@ -98,36 +100,47 @@ class Checkpoint:
 
     def table_pieces(self, name: str, piece_bytes: int = PIECE_BYTES) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         """Table ``name``'s rows as pieces ``(keys (n,) int64, rows (n, dim) float32)``: every row of
-        a fixed table, every stored row of a dynamic one, each exactly once, shard by shard.
+        a fixed table, every stored row of a dynamic one, each exactly once, shard by shard; the
+        rows of a table that decays (:mod:`het.decay`) brought to the checkpoint's step.
         Memory: one piece (``piece_bytes`` of rows) at a time."""
         cfg = self.tables[name]
+        decay = RowDecay(cfg.optimizer)
         per = max(1, piece_bytes // (4 * cfg.dim))
         for i, shard in enumerate(self.shards):
             saved = shard.obj["tables"][name]
-            if cfg.dynamic:
-                yield from self._dynamic_pieces(shard, saved, cfg, per)
-            else:
-                weight = _tensor(saved, "weight", shard.path)
-                for lo in range(0, len(weight), per):
-                    hi = min(len(weight), lo + per)
-                    yield np.arange(lo, hi, dtype=np.int64) * self.num_shards + i, weight.float_rows(lo, hi)
-                    shard.drop_pages()
+            pieces = (self._dynamic_pieces(shard, saved, cfg, per) if cfg.dynamic
+                      else self._fixed_pieces(shard, saved, i, per))
+            for keys, rows, decayed in pieces:
+                if decay.active:
+                    rows = decay.bring(torch.from_numpy(rows), torch.from_numpy(decayed()), self.step).numpy()
+                yield keys, rows
+                shard.drop_pages()
+
+    def _fixed_pieces(self, shard: TorchFile, saved: dict, i: int, per: int):
+        """``(keys, rows, the step each was brought to)`` pieces of a fixed table's save, the
+        last a function (read only for a table that decays)."""
+        weight = _tensor(saved, "weight", shard.path)
+        for lo in range(0, len(weight), per):
+            hi = min(len(weight), lo + per)
+            yield (np.arange(lo, hi, dtype=np.int64) * self.num_shards + i, weight.float_rows(lo, hi),
+                   lambda lo=lo, hi=hi: _decayed(saved, shard.path, lo, hi))
 
     def _dynamic_pieces(self, shard: TorchFile, saved: dict, cfg: TableConfig, per: int):
         keys = _tensor(saved, "keys", shard.path)
-        if "disk" in saved:  # a disk tier's rows: in the segment files linked beside the save
+        if "disk" in saved:  # a disk tier's rows, with their state after them: in the segment files beside the save
             disk = {k: (v.numpy() if isinstance(v, LazyTensor) else v) for k, v in saved["disk"].items()}
             records = torch.from_numpy(disk["records"])
             rows_dir = os.path.join(shard.path + shard.obj["rows"], table_dir(cfg.name))
+            column = cfg.dim + sum(optim.make(cfg.optimizer, 0, cfg.dim).widths(cfg.dim).values())  # the decay's step
             for lo in range(0, len(keys), per):
                 hi = min(len(keys), lo + per)
-                yield keys.rows(lo, hi), read_saved(rows_dir, disk, records[lo:hi])[:, :cfg.dim].copy()
+                read = read_saved(rows_dir, disk, records[lo:hi])
+                yield keys.rows(lo, hi), read[:, :cfg.dim].copy(), lambda read=read: read[:, column].astype(np.int64)
             return
         weight = _tensor(saved, "weight", shard.path)
         for lo in range(0, len(keys), per):
             hi = min(len(keys), lo + per)
-            yield keys.rows(lo, hi), weight.float_rows(lo, hi)
-            shard.drop_pages()
+            yield keys.rows(lo, hi), weight.float_rows(lo, hi), lambda lo=lo, hi=hi: _decayed(saved, shard.path, lo, hi)
 
     def stored_keys(self, name: str) -> np.ndarray:
         """Every stored key of dynamic table ``name``, shard by shard. Shape: (n,) int64."""
@@ -144,6 +157,16 @@ class Checkpoint:
     def close(self) -> None:
         for s in self.shards:
             s.close()
+
+
+def _decayed(saved: dict, path: str, lo: int, hi: int) -> np.ndarray:
+    """The step rows ``lo .. hi - 1`` of a saved table that decays were last brought to (its
+    optimizer state ``decayed``). Shape: (hi - lo,) int64."""
+    state = saved.get("optimizer")
+    if not isinstance(state, dict) or not isinstance(state.get(DECAYED), LazyTensor):
+        raise ValueError(f"{path}: table {saved.get('config', {}).get('name')!r} decays its rows (l2), and its save "
+                         f"holds no optimizer state {DECAYED!r} to bring them to the checkpoint's step")
+    return state[DECAYED].array()[lo:hi, 0].astype(np.int64)
 
 
 def _tensor(saved: dict, key: str, path: str) -> LazyTensor:

@@ -4,7 +4,8 @@ memory maps.
 A fixed table's rows are stored by key (row ``k`` is key ``k``); a dynamic table's stored rows
 in the order of its key index (:mod:`het.export.index`), and a key it never stored (not
 admitted, expired, never trained) reads as training reads it: its seeded initial row
-(:func:`het.ps.initial.initial_rows`), computed when asked, never stored.
+(:func:`het.ps.initial.initial_rows`; decayed to the checkpoint's step where the rows decay,
+:mod:`het.decay`), computed when asked, never stored.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
+from het.decay import RowDecay
 from het.export import index as key_index
 from het.export import rows as row_codec
 from het.export.source import Checkpoint
@@ -47,7 +49,8 @@ def write(ckpt: Checkpoint, name: str, directory: str, dtype: str, progress=None
         if array is not None:
             array.flush()
     return {"config": cfg.to_dict(), "rows": n, "dtype": dtype, "dynamic": cfg.dynamic,
-            "bytes": values.nbytes + (qparams.nbytes if qparams is not None else 0)}
+            "bytes": values.nbytes + (qparams.nbytes if qparams is not None else 0),
+            **({"decayed_to": ckpt.step} if cfg.optimizer.decays else {})}
 
 
 def _placer(ckpt: Checkpoint, name: str, directory: str):
@@ -84,6 +87,8 @@ class ExportedTable:
     def __init__(self, directory: str, entry: dict):
         self.cfg = TableConfig.from_dict(entry["config"])
         self.dtype, self.dynamic = entry["dtype"], entry["dynamic"]
+        # rows that decay (het.decay) were brought to this step; a key never stored, from step 0
+        self.decay, self.decayed_to = RowDecay(self.cfg.optimizer), int(entry.get("decayed_to", 0))
         self.values = _tensor(np.load(os.path.join(directory, "rows.npy"), mmap_mode="r"))
         self.qparams = (_tensor(np.load(os.path.join(directory, "qparams.npy"), mmap_mode="r"))
                         if self.dtype == "int8" else None)
@@ -115,7 +120,10 @@ class ExportedTable:
         if not len(fresh):
             return self._gather(at)
         out = self._gather(at.index_fill_(0, fresh, 0))
-        return out.index_copy_(0, fresh, torch.from_numpy(initial_rows(self.cfg, keys.index_select(0, fresh).numpy())))
+        initial = torch.from_numpy(initial_rows(self.cfg, keys.index_select(0, fresh).numpy()))
+        if self.decay.active:
+            initial = self.decay.bring(initial, torch.zeros(len(fresh), dtype=torch.int64), self.decayed_to)
+        return out.index_copy_(0, fresh, initial)
 
     def _gather(self, at: torch.Tensor) -> torch.Tensor:
         q = self.qparams.index_select(0, at) if self.qparams is not None else None

@@ -173,14 +173,14 @@ class Embedding(nn.Module):
         """Look the unique keys up and send their sync, with this table's due pushes."""
         cache, out = self.caches[name], self._outbox[name]
         unique, inverse = self.upcoming.unique(name, flat)
-        plan = cache.lookup(unique)
+        plan = cache.lookup(unique, as_of=out.step)
         if len(plan.writeback):
             out.parts.append(plan.writeback)  # kept until sent: an error below loses no update
         pushes = Rows.cat(out.parts) if out.parts else plan.writeback
         handle = self.client.push_sync(name, pushes.keys, pushes.grads, pushes.counts,
                                        unique, plan.clocks, cache.bound, step=max(out.step, 1),
                                        grad_dtype=self.push_dtype, state=cache.state_request,
-                                       sq=pushes.sq)
+                                       sq=pushes.sq, as_of=out.step)
         out.parts.clear()
         self.traffic["sparse_push"] += handle.push_bytes  # keys, gradients, counts (and squares) as sent
         self.traffic["sync"] += handle.sync_bytes  # keys and clocks, no rows
@@ -205,7 +205,7 @@ class Embedding(nn.Module):
         grads = grads.detach().to(self.device, torch.float32)
         if self.grad_scale != 1.0:
             grads = grads * self.grad_scale
-        due = self.caches[name].update(plan, grads)
+        due = self.caches[name].update(plan, grads, step=out.step)
         if len(due):
             out.parts.append(due)
 
@@ -291,7 +291,8 @@ class Embedding(nn.Module):
     def unpushed(self, table: str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """This worker's copies of the rows of ``table`` it updated and has not pushed, with their
         keys and clocks, on the CPU (:meth:`EmbeddingCache.unpushed`). Shape: -> (k,), (k, D), (k,)."""
-        return tuple(t.cpu() for t in self.caches[self._table_name(table)].unpushed())
+        name = self._table_name(table)
+        return tuple(t.cpu() for t in self.caches[name].unpushed(as_of=self._outbox[name].step))
 
     def read(self, keys: torch.Tensor, table: str | None = None) -> torch.Tensor:
         """The PS's current rows for ``keys`` (after a flush), bypassing the cache.
@@ -299,7 +300,7 @@ class Embedding(nn.Module):
         name = self._table_name(table)
         keys = self._check_keys(keys, name)
         self.flush()
-        rows, _ = self._wait(self.client.pull(name, keys.reshape(-1)))
+        rows, _ = self._wait(self.client.pull(name, keys.reshape(-1), as_of=self._outbox[name].step))
         return rows.reshape(*keys.shape, -1).to(self.device)
 
     @contextlib.contextmanager

@@ -116,9 +116,14 @@ class PSClient:
         return len(self.channels)
 
     # -- the verbs --------------------------------------------------------------------------
-    def pull(self, table: str, keys: torch.Tensor) -> Handle:
-        """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``."""
-        keys, wire = keys_to_send(table_of(self.tables, table), keys)
+    def pull(self, table: str, keys: torch.Tensor, as_of: int | None = None) -> Handle:
+        """Rows and server clocks of ``keys``; ``wait`` gives ``(rows (n, D), clocks (n,))``.
+        ``as_of``: the step a table whose rows decay brings them to (:mod:`het.decay`; default:
+        the last step a push to it named)."""
+        cfg = table_of(self.tables, table)
+        keys, wire = keys_to_send(cfg, keys)
+        if cfg.optimizer.decays:
+            return self._send(Op.PULL, table, keys, lambda p: [rows_at(wire, p)], {"lazy": False, **_as_of(as_of)})
         if type(self.lazy_init) is bool and self._hot_fits(table, keys):  # the meta as JSON writes it
             return self._hot_send(Op.PULL, table, keys, '"lazy":true,' if self.lazy_init else '"lazy":false,',
                                   lambda p: [rows_at(wire, p)])
@@ -142,31 +147,32 @@ class PSClient:
                           {"step": int(step), **_grads_meta(grad_dtype), **({} if sq is None else {"sq": True})})
 
     def sync(self, table: str, keys: torch.Tensor, clocks: torch.Tensor, bound: float,
-             state: str | None = None) -> Handle:
+             state: str | None = None, as_of: int | None = None) -> Handle:
         """Send cached clocks (-1 for a miss); ``wait`` gives a :class:`SyncResult` with the rows
         that are more than ``bound`` updates behind, and every miss. ``state``: ``"row"`` or
         ``"full"`` to get the rows' optimizer state too (an Adagrad table's; see
-        :meth:`het.ps.store.optim.SparseOptimizer.local_state`)."""
-        keys, wire = keys_to_send(table_of(self.tables, table), keys)
+        :meth:`het.ps.store.optim.SparseOptimizer.local_state`). ``as_of``: as :meth:`pull`'s."""
+        cfg = table_of(self.tables, table)
+        keys, wire = keys_to_send(cfg, keys)
         clocks = check_clocks(keys, clocks)
         handle = self._send(Op.SYNC, table, keys, lambda p: [rows_at(wire, p), rows_at(clocks, p)],
-                            {"bound": bound_to_wire(bound), "lazy": self.lazy_init, **_state_meta(state)})
+                            {"bound": bound_to_wire(bound), **self._lazy(cfg, as_of), **_state_meta(state)})
         handle.state = state
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
                   step: int = 1, grad_dtype: str = "f32", state: str | None = None,
-                  sq: torch.Tensor | None = None) -> Handle:
+                  sq: torch.Tensor | None = None, as_of: int | None = None) -> Handle:
         """A push and a sync in one message per shard (more past the shards' ``max_keys``, or
         a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied
-        first. ``state``: as :meth:`sync`'s; ``sq``: as :meth:`push`'s."""
+        first. ``state``, ``as_of``: as :meth:`sync`'s; ``sq``: as :meth:`push`'s."""
         cfg = table_of(self.tables, table)
         (push_keys, push_wire), (sync_keys, sync_wire) = keys_to_send(cfg, push_keys), keys_to_send(cfg, sync_keys)
         grads, counts = check_push(cfg, push_keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, push_keys, sq, counts)
         clocks = check_clocks(sync_keys, clocks)
         push_parts = route(cfg, push_keys, self.num_shards)
-        meta = {"step": int(step), "bound": bound_to_wire(bound), "lazy": self.lazy_init, **_grads_meta(grad_dtype),
+        meta = {"step": int(step), "bound": bound_to_wire(bound), **self._lazy(cfg, as_of), **_grads_meta(grad_dtype),
                 **_state_meta(state), **({} if sq is None else {"sq": True})}
         handle = Handle(Op.PUSH_SYNC, table, len(sync_keys), sync_keys.device, keys=sync_keys, state=state)
         for shard, sync_part in enumerate(route(cfg, sync_keys, self.num_shards)):
@@ -310,6 +316,10 @@ class PSClient:
                 self._send_part(handle, shard, part_meta, arrays_of(_ALL if len(part) == len(keys) else part), part)
         return handle
 
+    def _lazy(self, cfg: TableConfig, as_of: int | None) -> dict:
+        """A sync's ``lazy`` (and ``as_of``): a table whose rows decay sends them all, brought to ``as_of``."""
+        return {"lazy": False, **_as_of(as_of)} if cfg.optimizer.decays else {"lazy": self.lazy_init}
+
     def _hot_fits(self, table: str, keys: torch.Tensor) -> bool:
         """Whether a pull or push of ``keys`` goes by the short path: no shard's keys in more
         than one request (all of them fit one)."""
@@ -361,6 +371,10 @@ _ALL = slice(None)  # "every key, in order": sent as is, without a gather
 def _part(meta: dict, i: int, n: int) -> dict:
     """A request's meta as part ``i`` of ``n`` of a push (:mod:`het.ps.parts`); a push whole as it is."""
     return meta if n <= 1 else dict(meta, part=i, parts=n)
+
+
+def _as_of(step: int | None) -> dict:
+    return {} if step is None else {"as_of": checks.as_of({"as_of": step})}
 
 
 def _state_meta(state: str | None) -> dict:

@@ -76,7 +76,8 @@ def _pull(shard, table: str, keys: np.ndarray, lazy: bool) -> list:
     """:meth:`~het.ps.shard.Shard.pull`'s reply, read by the store from the keys as they travel
     where it can (:meth:`~het.ps.store.rowstore.RowStore.wire_pull`)."""
     t = shard.tables.get(table)
-    read = None if t is None or len(keys) > shard.cfg.max_keys else t.wire_pull(keys, lazy)
+    direct = t is not None and len(keys) <= shard.cfg.max_keys and not t.optimizer.decay.active
+    read = t.wire_pull(keys, lazy) if direct else None
     if read is None:
         return shard.pull(table, keys, lazy=lazy)
     shard.count_rows(read[1], len(keys))

@@ -17,20 +17,20 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
-from het.ps import hot
+from het.ps import hot, reads
 from het.ps.budget import Budget
 from het.ps.limits import refused_push
 from het.ps.changes import Changes, page
 from het.ps.parts import Checked, Parts
 from het.ps.sessions import SessionExpired, Sessions
-from het.ps.store.rowstore import RowStore, open_stores, sent_of
+from het.ps.store.rowstore import RowStore, open_stores
 from het.ps.store.state import StateDirectory
 from het.ps.wire import checks
 from het.ps.wire.auth import check_secret
-from het.ps.wire.integers import narrow, widen
+from het.ps.wire.integers import widen
 from het.ps.wire.protocol import (AuthError, Message, Op, ProtocolError, StaleError, check_size, decode, encode,
-                                  error_reply, frame_bytes, pack_marks, peek_request_id)
-from het.staleness import bound_from_wire, must_refresh
+                                  error_reply, frame_bytes, peek_request_id)
+from het.staleness import bound_from_wire
 
 PAGE_IN_SYNCS = 2  # syncs whose rows wait to come off disk; older ones are dropped (their step came)
 
@@ -174,7 +174,7 @@ class Shard:
 
     def _on_pull(self, meta: dict, arrays: list):
         keys, = self._arrays(Op.PULL, meta, arrays, 1, (0,))
-        return {}, self.pull(checks.table(meta), keys, lazy=checks.lazy(meta))
+        return {}, self.pull(checks.table(meta), keys, lazy=checks.lazy(meta), as_of=checks.as_of(meta))
 
     def _on_push(self, meta: dict, arrays: list):
         a = self._arrays(Op.PUSH, meta, arrays, 3 + checks.sq(meta), (0,))
@@ -185,7 +185,7 @@ class Shard:
     def _on_sync(self, meta: dict, arrays: list):
         keys, clocks = self._arrays(Op.SYNC, meta, arrays, 2, (0,))
         return {}, self.sync(checks.table(meta), keys, clocks, bound=meta.get("bound"), lazy=checks.lazy(meta),
-                             state=checks.state(meta))
+                             state=checks.state(meta), as_of=checks.as_of(meta))
 
     def _on_push_sync(self, meta: dict, arrays: list):
         with_sq = checks.sq(meta)
@@ -194,7 +194,8 @@ class Shard:
         sync = self._check_sync(table, *a[3 + with_sq:], checks.state(meta))  # before the push changes anything
         pushed = self._push_request(meta, a[:3 + with_sq]) if self.sessions.first_time(meta) else {}
         return {k: v for k, v in pushed.items() if k == "staged"}, self._sync(*sync, bound=meta.get("bound"),
-                                                                              lazy=checks.lazy(meta))
+                                                                              lazy=checks.lazy(meta),
+                                                                              as_of=checks.as_of(meta))
 
     def _push_request(self, meta: dict, a: list) -> dict:
         """A request's push applied (checked whole first), or held if a part (:mod:`het.ps.parts`): the reply's meta."""
@@ -237,17 +238,15 @@ class Shard:
         return reply
 
     # -- the verbs --------------------------------------------------------------------------
-    def pull(self, table: str, keys: np.ndarray, lazy: bool = False) -> list:
+    def pull(self, table: str, keys: np.ndarray, lazy: bool = False, as_of: int | None = None) -> list:
         """Rows and clocks of ``keys``. Shape: (n,) -> (n, D), (n,). With ``lazy``: rows of the
-        touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`RowStore.rows_to_send`)."""
+        touched keys only (k, D), clocks (n,), built (n,) uint8 (see :meth:`RowStore.rows_to_send`).
+        ``as_of``: the step a table whose rows decay brings them to (:func:`reads.rows_of`)."""
         t, keys = self._table_keys(table, keys)
         at = t.locate(keys)
-        reply = t.pull_reply(at, lazy)
-        if reply is None:
-            rows, sent = t.rows_to_send(at, lazy, half=True)
-            reply = [rows[0], narrow(t.clocks_of(sent_of(at, rows, sent))).numpy(), *pack_marks(rows[1:])], sent
-        self.count_rows(reply[1], len(at))
-        return reply[0]
+        arrays, sent = reads.pull_arrays(t, at, lazy, as_of)
+        self.count_rows(sent, len(at))
+        return arrays
 
     def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
@@ -298,36 +297,33 @@ class Shard:
             self.state.bound_log(self.cfg.wal_max, self.tables, self._header, background=self.cfg.memory is None)
         return n
 
-    def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None) -> list:
+    def sync(self, table, keys, clocks, bound=None, lazy: bool = False, state: str | None = None,
+             as_of: int | None = None) -> list:
         """Rows whose clock ran more than ``bound`` ahead of the sent ``clocks``, and every key
         sent with clock -1. Shape: (n,), (n,) -> index (m,), rows (m, D), clocks (m,); with
         ``state`` (``"row"`` or ``"full"``) then the optimizer state the worker's cache follows
         them with, (m, 1) or (m, D) float32 (:meth:`RowStore.local_state`); with ``lazy`` the
         rows of untouched keys stay behind: rows (k, D) and a last array, built (m,) uint8
-        (see :meth:`RowStore.rows_to_send`)."""
-        return self._sync(*self._check_sync(table, keys, clocks, state), bound=bound, lazy=lazy)
+        (see :meth:`RowStore.rows_to_send`); ``as_of``: as :meth:`pull`'s."""
+        return self._sync(*self._check_sync(table, keys, clocks, state), bound=bound, lazy=lazy, as_of=as_of)
 
     def _check_sync(self, table, keys, clocks, state: str | None) -> tuple:
         t, key_tensor = self._table_keys(table, keys)
         checks.sync(t.cfg, t.optimizer.followed, len(keys), clocks, state)
         return t, key_tensor, clocks, state
 
-    def _sync(self, t: RowStore, keys: torch.Tensor, clocks: np.ndarray, state: str | None, bound, lazy: bool) -> list:
+    def _sync(self, t: RowStore, keys: torch.Tensor, clocks: np.ndarray, state: str | None, bound, lazy: bool,
+              as_of: int | None = None) -> list:
         """:meth:`sync` of checked arguments; the keys are located now (after a push_sync's push)."""
         at = t.locate(keys)
-        server = t.clocks_of(at)
         sent = torch.from_numpy(widen(clocks, "clocks"))
-        index = must_refresh(server, sent, bound_from_wire(bound)).nonzero().flatten()
-        rows, n_sent = t.rows_to_send(at.index_select(0, index), lazy, half=True)
+        arrays, index, n_sent = reads.sync_arrays(t, at, sent, bound_from_wire(bound), lazy, state, as_of)
         self.count_rows(n_sent, len(index))
         self.stats["stale_rows"] += int((sent[index] >= 0).sum())
         pageable = t.pageable(at) if self.cfg.page_in else None
         if pageable is not None:
             self._page_in = [*self._page_in[-PAGE_IN_SYNCS + 1:], (t, pageable)]
-        index_sent = sent_of(index, rows, n_sent)
-        sent_state = [] if state is None else [t.local_state(at.index_select(0, index_sent), state == "full")]
-        return [narrow(index).numpy(), rows[0], narrow(server.index_select(0, index_sent)).numpy(), *sent_state,
-                *pack_marks(rows[1:])]
+        return arrays
 
     def _store(self, table: str) -> RowStore:
         if table not in self.tables:

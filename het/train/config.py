@@ -137,7 +137,8 @@ class TrainConfig:
     dense_lr: float | None = setting(None, "the dense learning rate")
     weight_decay: float | None = setting(None, "the dense optimizer's L2 penalty (default: 5e-4 for graphsage, else 0)")
     row_l1: float = setting(0.0, "optimizer ftrl: L1 on the embedding rows, per coordinate (exact zeros)")
-    row_l2: float = setting(0.0, "optimizer ftrl: L2 on the embedding rows, per coordinate, exactly lazy")
+    row_l2: float = setting(0.0, "L2 on the embedding rows, exactly lazy: FTRL's own, else a decay of every row "
+                                 "by 1 - lr * row_l2 a step")
     cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
     cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
     cache_memory: str = setting("2GiB", "the most a worker's cache of cache_frac rows may take (at "
@@ -258,8 +259,14 @@ class TrainConfig:
             (self.row_l1 >= 0 and self.row_l2 >= 0, f"row_l1 and row_l2 must be >= 0, got {self.row_l1}, {self.row_l2}"),
             (not (self.optimizer == Optimizer.FTRL and (self.schedule.warmup or self.schedule.decay != "none")),
              "optimizer ftrl: its lr is its alpha, fixed by its closed form; a schedule needs another optimizer"),
-            (self.optimizer == Optimizer.FTRL or not (self.row_l1 or self.row_l2),
-             f"row_l1 and row_l2 regularise the rows under optimizer ftrl; got optimizer {self.optimizer}"),
+            (self.optimizer == Optimizer.FTRL or not self.row_l1,
+             f"row_l1 regularises the rows under optimizer ftrl; got optimizer {self.optimizer}"),
+            (self.optimizer == Optimizer.FTRL or self.lr * self.row_l2 < 1,
+             f"row_l2 decays every row by 1 - lr * row_l2 a step, which must stay above 0: got lr {self.lr} times "
+             f"row_l2 {self.row_l2}"),
+            (not (self.publish.dir and self.row_l2 and self.optimizer != Optimizer.FTRL),
+             f"publish follows the rows a step changed; with row_l2 every row changes every step (it decays): "
+             f"publish with optimizer ftrl, or export (het export) the rows a checkpoint holds"),
             (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
             (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
             (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),

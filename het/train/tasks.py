@@ -284,11 +284,11 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
 
 
 def row_optimizer(cfg: TrainConfig) -> OptimizerConfig:
-    """The embedding table's optimizer: ``cfg.optimizer`` at ``cfg.lr`` under the job's schedule
-    (FTRL with its L1 and L2, unscheduled)."""
+    """The embedding table's optimizer: ``cfg.optimizer`` at ``cfg.lr`` under the job's schedule,
+    its rows decaying by ``row_l2`` (het.decay); FTRL with its L1 and L2, unscheduled."""
     if cfg.optimizer == "ftrl":
         return OptimizerConfig(cfg.optimizer, lr=cfg.lr, l1=cfg.row_l1, l2=cfg.row_l2)
-    return OptimizerConfig(cfg.optimizer, lr=cfg.lr, schedule=cfg.schedule.of(cfg.steps))
+    return OptimizerConfig(cfg.optimizer, lr=cfg.lr, l2=cfg.row_l2, schedule=cfg.schedule.of(cfg.steps))
 
 
 def dense_params(cfg: TrainConfig, task=None) -> int:

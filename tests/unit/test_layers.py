@@ -25,8 +25,9 @@ ROOT = pathlib.Path(het.__file__).parent
 # before its own. docs/ARCHITECTURE.md states the same order (checked below; ``python -m het``'s
 # __main__, above everything, goes without saying there).
 LAYERS = (
-    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "schedule"),
-    ("arrayfile", "lock"),
+    ("staleness", "process", "memory", "native", "adagrad", "choices", "files", "schedule", "decay"),
+    ("arrayfile", "lock", "settings"),
+    ("optimizer",),
     ("config",),
     ("data", "cache"),
     ("ps",),
@@ -49,7 +50,7 @@ PS_ROOMS = (
     ("halves",),
     ("initial",),
     ("store", "wire"),
-    ("changes", "parts", "sessions", "metrics", "budget", "hot"),
+    ("changes", "parts", "sessions", "metrics", "budget", "hot", "reads"),
     ("shard",),
     ("client", "server", "server_process", "reshard"),
 )
@@ -216,7 +217,7 @@ def test_a_planted_upward_import_fails_the_check(tmp_path):
     cache.write_text(cache.read_text() + "\n\ndef _planted():\n    from het.train import loop\n")
     fixed = copy / "ps" / "store" / "fixed.py"
     fixed.write_text(fixed.read_text() + "\nfrom het.ps.wire import protocol\n")
-    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 3 -> 8)",
+    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 4 -> 9)",
                                    "het.ps.store.fixed -> het.ps.wire.protocol (layer 3 -> 3)"]
 
 

@@ -296,14 +296,20 @@ def test_ftrl_applied_only_at_pushes_equals_applying_it_every_step():
         assert torch.equal(a, b)
 
 
-def test_l1_and_l2_belong_to_ftrl():
+def test_l1_and_beta_belong_to_ftrl_and_l2_to_every_optimizer():
     with pytest.raises(ValueError, match="FTRL"):
-        OptimizerConfig("adagrad", l2=0.1)
+        OptimizerConfig("adagrad", l1=0.1)
+    with pytest.raises(ValueError, match="FTRL"):
+        OptimizerConfig("sgd", beta=0.1)
+    assert OptimizerConfig("adagrad", l2=0.1).decays and not OptimizerConfig("ftrl", l2=0.1).decays
+    with pytest.raises(ValueError, match="1 - lr \\* l2"):
+        OptimizerConfig("sgd", lr=2.0, l2=0.5)
     from het.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="ftrl"):
-        TrainConfig(row_l2=0.1)
+        TrainConfig(row_l1=0.1)
     assert TrainConfig(optimizer="ftrl", row_l1=0.1).row_l1 == 0.1
+    assert TrainConfig(optimizer="adam", row_l2=0.1).row_l2 == 0.1
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])

@@ -103,3 +103,34 @@ class SightingSketch:
                              f"{counts.dtype} {tuple(counts.shape)}")
         self.counts = counts.clone()
         self.since = int(state.get("since", 0))
+
+
+def admit(sketch: SightingSketch, admit_after: int, counters, at, grads, counts, sq=None):
+    """A push to a dynamic table (its entries located ``at``: ``(key, slot)``, slot -1 for a
+    key not stored) less the entries of keys that are neither stored nor admitted now, and the
+    call that records the push's sightings in ``sketch`` and counts the dropped updates in
+    ``counters["refused_updates"]`` (made once the push is applied; None when every key is
+    stored). Shape: at (n, 2), grads (n, D), counts (n,), sq (n, *) -> the kept entries of each."""
+    if bool((at[:, 1] >= 0).all()):
+        return at, grads, counts, sq, None
+    unique, inverse = torch.unique(at[:, 0], return_inverse=True)
+    new = (first_of(at[:, 1], inverse, len(unique)) < 0).nonzero().flatten()
+    sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
+    after, record = sketch.count(unique[new], sightings[new])
+    refused = new[after < admit_after]
+    if not len(refused):
+        return at, grads, counts, sq, record
+    drop = torch.zeros(len(unique), dtype=torch.bool)
+    drop[refused] = True
+    keep = ~drop[inverse]
+
+    def record_and_count() -> None:
+        record()
+        counters["refused_updates"] += int(len(at) - keep.sum())
+
+    return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep], record_and_count
+
+
+def first_of(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
+    """``values`` per unique entry, from entries that agree on it (slots of one key)."""
+    return torch.empty(n, dtype=values.dtype).scatter_(0, inverse, values)

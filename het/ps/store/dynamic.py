@@ -33,11 +33,12 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
+from het.decay import DECAYED
 from het.ps import halves, partition
 from het.ps.initial import initial_rows
 from het import native
 from het.ps.store import kernels, optim
-from het.ps.store.admission import SightingSketch
+from het.ps.store.admission import SightingSketch, admit, first_of
 from het.ps.store.chunks import Chunks
 from het.ps.store import index as key_index
 from het.ps.store.optim import rows_problem, sum_rows
@@ -95,7 +96,7 @@ class DynamicRows:
         # pushes in one native pass over the chunks (kernels.native_push_args), where the rows
         # are all in memory and each state is a row's width, as a fixed table's native push
         self.native = (native.ops is not None and isinstance(self.store, MemoryRows)
-                       and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS
+                       and cfg.optimizer.name in kernels.NATIVE_OPTIMIZERS and not self.optimizer.decay.active
                        and all(widths[n] == cfg.dim for n in self.state_names))
         # a native float32 push refuses non-finite results, sparing the shard's pass (not where admission drops some)
         self.refuses_non_finite_grads = self.native and self.dtype == torch.float32 and self.sketch is None
@@ -163,6 +164,13 @@ class DynamicRows:
         state = {name: packed[:, lo:hi] for name, lo, hi in self.state_spans}
         return self.optimizer.local_state(state, full).contiguous().numpy()
 
+    def decayed_to(self, at: torch.Tensor) -> torch.Tensor:
+        """As :meth:`FixedRows.decayed_to`: a row not stored was never brought past step 0."""
+        stored, out = at[:, 1] >= 0, torch.zeros(len(at), dtype=torch.int64)
+        column = next(lo for name, lo, _ in self.state_spans if name == DECAYED)
+        out[stored] = self.store.gather_state(at[stored, 1])[:, column].to(torch.int64)
+        return out
+
     # -- pushes -----------------------------------------------------------------------------
     def push(self, at: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
              sq: torch.Tensor | None = None) -> None:
@@ -171,7 +179,8 @@ class DynamicRows:
         counts no sighting: its keys' admission is as it was."""
         record = None
         if self.sketch is not None:
-            at, grads, counts, sq, record = self._admit(at, grads, counts, sq)
+            admitted = admit(self.sketch, self.cfg.admit_after, self.counters, at, grads, counts, sq)
+            at, grads, counts, sq, record = admitted
         merges = self.keys.merges
         if len(at):
             self._apply(at, grads, counts, step, sq)
@@ -183,46 +192,24 @@ class DynamicRows:
         self._expire()
         self._enforce_budget()
 
-    def _admit(self, at, grads, counts, sq=None):
-        """The pushed entries whose keys are stored or admitted now, and the call that records
-        the sightings and counts the others (made once the push is applied)."""
-        if bool((at[:, 1] >= 0).all()):
-            return at, grads, counts, sq, None
-        unique, inverse = torch.unique(at[:, 0], return_inverse=True)
-        new = (_first_of(at[:, 1], inverse, len(unique)) < 0).nonzero().flatten()
-        sightings = torch.zeros(len(unique), dtype=torch.int64).index_add_(0, inverse, counts)
-        after, record = self.sketch.count(unique[new], sightings[new])
-        refused = new[after < self.cfg.admit_after]
-        if not len(refused):
-            return at, grads, counts, sq, record
-        drop = torch.zeros(len(unique), dtype=torch.bool)
-        drop[refused] = True
-        keep = ~drop[inverse]
-
-        def record_and_count() -> None:
-            record()
-            self.counters["refused_updates"] += int(len(at) - keep.sum())
-
-        return at[keep], grads[keep], counts[keep], None if sq is None else sq[keep], record_and_count
-
     def _apply(self, at, grads, counts, step, sq=None) -> None:
         opt = self.optimizer
         if self.native and not (opt.takes_squares and opt.takes_steps(counts, sq)):
             return kernels.push_chunks(self, at, grads, counts, step, sq)
         unique, inverse = torch.unique(at[:, 0], return_inverse=True)
-        slots = _first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
+        slots = first_of(at[:, 1], inverse, len(unique))  # located when the push arrived
         new = (slots < 0).nonzero().flatten()
         weight, state, meta, packed = self._rows_for(unique, slots, new)
         meta[:, CLOCK].index_add_(0, inverse, counts)
         several = self.optimizer.takes_steps(counts, sq)
         if self.optimizer.accepts_duplicates:
-            self.optimizer.apply(weight, inverse, grads, step, state)
+            self.optimizer.update(weight, inverse, grads, step, state)
         elif len(unique) != len(at):  # duplicates summed first, in the order a fixed table sums them
             pushed = optim.Pushed(sum_rows(counts, inverse, len(unique)), None if sq is None else sum_rows(sq, inverse, len(unique))) if several else None
             grads = sum_rows(grads, inverse, len(unique))
-            self.optimizer.apply(weight, torch.arange(len(unique)), grads, step, state, pushed)
+            self.optimizer.update(weight, torch.arange(len(unique)), grads, step, state, pushed)
         else:
-            self.optimizer.apply(weight, inverse, grads, step, state, optim.Pushed(counts, sq) if several else None)
+            self.optimizer.update(weight, inverse, grads, step, state, optim.Pushed(counts, sq) if several else None)
         problem = rows_problem(weight, state, meta[:, CLOCK])
         if problem:  # nothing was written yet
             raise ValueError(problem)
@@ -393,8 +380,3 @@ class DynamicRows:
     def close(self) -> None:
         """Close the disk tier and remove its files (a save holds its own links to them)."""
         self.store.discard()
-
-
-def _first_of(values: torch.Tensor, inverse: torch.Tensor, n: int) -> torch.Tensor:
-    """``values`` per unique entry, from entries that agree on it (slots of one key)."""
-    return torch.empty(n, dtype=values.dtype).scatter_(0, inverse, values)

@@ -8,6 +8,7 @@ import torch
 from het import memory
 from het import native as het_native
 from het.config import TableConfig
+from het.decay import DECAYED
 from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
@@ -45,8 +46,10 @@ class FixedRows:
         # initial_rows, which a client can build itself instead of receiving them
         self.touched = torch.zeros(n, dtype=torch.bool)
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim, started=False)
+        self.step = 0  # the largest step a push named
         self.native = native and het_native.ops is not None
-        self._push = NativePush() if self.native and cfg.optimizer.name in NATIVE_OPTIMIZERS else TorchPush()
+        native_rule = cfg.optimizer.name in NATIVE_OPTIMIZERS and not self.optimizer.decay.active
+        self._push = NativePush() if self.native and native_rule else TorchPush()
         self.refuses_non_finite_grads = isinstance(self._push, NativePush) and self.dtype == torch.float32
         if self.dtype != torch.float32:  # half rows: widened to float32 to push, rounded back
             native_half = isinstance(self._push, NativePush)
@@ -108,6 +111,7 @@ class FixedRows:
         changes nothing. Shape: (n,), (n, D), (n,), sq (n, 1) or (n, D)."""
         self.build(local)
         self._push(self, local, grads, counts, step, sq)
+        self.step = max(self.step, int(step))
 
     def rows_to_send(self, local: torch.Tensor, lazy: bool, half: bool = False) -> tuple[list, int]:
         """The reply arrays for the rows ``local``: ``[rows]``, or with ``lazy``
@@ -148,7 +152,12 @@ class FixedRows:
             return None
         self.build(local)
         self._push(self, local, torch.from_numpy(grads), wide, step, None)
+        self.step = max(self.step, int(step))
         return n
+
+    def decayed_to(self, local: torch.Tensor) -> torch.Tensor:
+        self.build(local)
+        return self.optimizer.state[DECAYED].index_select(0, local)[:, 0].to(torch.int64)
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         self.build(local)
@@ -196,6 +205,8 @@ class FixedRows:
         # a save from before rows were marked touched: count every row as changed
         self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
         self.optimizer.load_state_dict(saved["optimizer"])
+        decayed = self.optimizer.state.get(DECAYED)  # the last step a push named, as far as the rows tell
+        self.step = int(decayed.max()) if decayed is not None and len(decayed) else 0
         self.built.fill_(True)
         self.unbuilt = 0
 

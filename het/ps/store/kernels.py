@@ -99,13 +99,13 @@ class TorchPush:
             t.clocks.index_add_(0, local, counts)
             t.touched.index_fill_(0, local, True)
             if t.optimizer.accepts_duplicates:
-                t.optimizer.apply(t.weight, local, grads, step)
+                t.optimizer.update(t.weight, local, grads, step)
             elif len(rows) != len(local):  # duplicates are summed first: the update is non-linear
                 pushed = optim.Pushed(sum_rows(counts, inverse, len(rows)),
                                       None if sq is None else sum_rows(sq, inverse, len(rows))) if several else None
-                t.optimizer.apply(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
+                t.optimizer.update(t.weight, rows, sum_rows(grads, inverse, len(rows)), step, pushed=pushed)
             else:
-                t.optimizer.apply(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
+                t.optimizer.update(t.weight, local, grads, step, pushed=optim.Pushed(counts, sq) if several else None)
         except BaseException:  # one that fails part way (an lr past float32's range, say) changes nothing
             _restore(t, rows, before)
             raise

@@ -20,6 +20,7 @@ import torch
 from het import memory
 from het.adagrad import adagrad_factor
 from het.config import OptimizerConfig
+from het.decay import DECAYED, RowDecay
 from het.ps import limits
 
 
@@ -42,6 +43,10 @@ class SparseOptimizer:
         unwritten, each row to be started by :meth:`start_rows` before it is read (a table
         built on first touch)."""
         self.cfg = cfg
+        # L2 as a lazy decay (het.decay): each row's state holds the step it was last brought to
+        self.decay = RowDecay(cfg)
+        if self.decay.active:
+            self.state_names = (*type(self).state_names, DECAYED)
         self.state = (self.initial_state(num_rows, dim) if started else
                       {n: memory.empty(num_rows, w) for n, w in self.state_widths(dim).items()})
 
@@ -49,18 +54,40 @@ class SparseOptimizer:
         """The value state ``name`` holds in a row no gradient reached yet."""
         return 0.0
 
+    def _initial(self, name: str) -> float:
+        return 0.0 if name == DECAYED else self.initial_value(name)  # a row never decayed: at step 0
+
     def initial_state(self, num_rows: int, dim: int) -> dict[str, torch.Tensor]:
         """The state of ``num_rows`` rows no gradient reached yet: (num_rows, width) each."""
-        return {n: memory.full((num_rows, w), self.initial_value(n)) for n, w in self.state_widths(dim).items()}
+        return {n: memory.full((num_rows, w), self._initial(n)) for n, w in self.state_widths(dim).items()}
 
     def start_rows(self, rows: torch.Tensor) -> None:
         """Give ``rows`` (of the optimizer's own state) the state of rows no gradient reached yet."""
         for n, v in self.state.items():
-            v.index_fill_(0, rows, self.initial_value(n))
+            v.index_fill_(0, rows, self._initial(n))
 
     def state_widths(self, dim: int) -> dict[str, int]:
         """Each state tensor's floats per row: ``dim`` (one per coordinate) or 1 (one per row)."""
-        return {n: dim for n in self.state_names}
+        return {**self.widths(dim), **({DECAYED: 1} if self.decay.active else {})}
+
+    def widths(self, dim: int) -> dict[str, int]:
+        """:meth:`state_widths` of the optimizer's own rule (the decay's step aside)."""
+        return {n: dim for n in type(self).state_names}
+
+    def update(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int,
+               state: dict | None = None, pushed: "Pushed | None" = None) -> None:
+        """:meth:`apply`, the rows first brought to ``step`` by the decay (:mod:`het.decay`)."""
+        if self.decay.active:
+            self.bring(weight, rows, step, state)
+        self.apply(weight, rows, grads, step, state, pushed)
+
+    def bring(self, weight: torch.Tensor, rows: torch.Tensor, step: int, state: dict | None = None) -> None:
+        """Decay ``weight[rows]`` to ``step`` from the step each was last brought to, and record it."""
+        at = (state or self.state)[DECAYED]
+        rows = torch.unique(rows) if self.accepts_duplicates else rows
+        since = at.index_select(0, rows)[:, 0].to(torch.int64)
+        weight.index_copy_(0, rows, self.decay.bring(weight.index_select(0, rows), since, step))
+        at.index_copy_(0, rows, since.clamp(min=int(step)).to(at.dtype)[:, None])
 
     def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int,
               state: dict | None = None, pushed: "Pushed | None" = None) -> None:
@@ -142,7 +169,7 @@ class RowWiseAdagrad(SparseOptimizer):
 
     state_names = ("sum",)
 
-    def state_widths(self, dim):
+    def widths(self, dim):
         return {"sum": 1}
 
     def initial_value(self, name):

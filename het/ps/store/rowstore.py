@@ -34,6 +34,7 @@ class RowStore(Protocol):
 
     cfg: TableConfig
     optimizer: SparseOptimizer  # the table's update rule (its state may live in the store)
+    step: int  # the largest step a push named
     on_remove: Callable[[torch.Tensor], None] | None  # told the keys of rows the store forgets (expiry, budget)
     # whether push itself refuses non-finite gradients (they make a non-finite result, which it
     # refuses, and it reads the gradients only): the shard need not check them first
@@ -71,6 +72,11 @@ class RowStore(Protocol):
         travel, where the store reads them natively: the rows applied; ValueError as
         :meth:`push`'s; None (nothing changed): the shard's checked path applies it, or names
         what is wrong."""
+
+    def decayed_to(self, at: torch.Tensor) -> torch.Tensor:
+        """The step each row ``at`` was last brought to by its optimizer's decay (its state
+        ``decayed``, :mod:`het.decay`; 0 for a row never pushed); a table that decays only.
+        Shape: -> (n,) int64."""
 
     def local_state(self, at: torch.Tensor, full: bool) -> np.ndarray:
         """The optimizer state a worker's cache follows the rows with

@@ -88,6 +88,12 @@ def step(meta: dict) -> int:
     return _int(meta, "step", 1, lo=1)
 
 
+def as_of(meta: dict) -> int | None:
+    """The step a PULL or SYNC asks the rows of a table with a decay at (:mod:`het.decay`): an
+    int >= 0, or None (not given: the last step a push named)."""
+    return None if "as_of" not in meta else _int(meta, "as_of", lo=0)
+
+
 def table(meta: dict) -> str:
     name = meta.get("table")
     if not isinstance(name, str):
@@ -209,9 +215,9 @@ def every_field(meta: dict) -> None:
         ...
         ValueError: meta['lazy'] must be true or false, got 1
     """
-    for name, parse in (("table", table), ("step", step), ("lazy", lazy), ("grads", grads_as), ("path", path),
-                        ("rows_only", rows_only),
-                        ("state", state), ("sq", sq), ("deltas", deltas), ("limit", lambda m: limit(m, MAX_STEP))):
+    for name, parse in (("table", table), ("step", step), ("as_of", as_of), ("lazy", lazy), ("grads", grads_as),
+                        ("path", path), ("rows_only", rows_only), ("state", state), ("sq", sq), ("deltas", deltas),
+                        ("limit", lambda m: limit(m, MAX_STEP))):
         if name in meta:
             parse(meta)
     if "bound" in meta:

@@ -21,15 +21,15 @@ Requests and their arrays (``n`` keys, rows of width ``D``):
 =========  ==================================================  =================================
 op         request arrays (meta)                               reply arrays (meta)
 =========  ==================================================  =================================
-PULL       keys (n,) i4|i8|steps (table, lazy, [deltas])       rows (n, D) f4, clocks (n,) int
-                                                               [lazy: rows (k, D), clocks (k,),
+PULL       keys (n,) i4|i8|steps (table, lazy, [as_of],        rows (n, D) f4, clocks (n,) int
+           [deltas])                                           [lazy: rows (k, D), clocks (k,),
                                                                built (ceil(n/8),) u1 bits]
 PUSH       keys (n,) i4|i8|steps, grads (n, D), counts (n,)    -- (applied)
            int (table, step, grads: "f32" | "bf16", [deltas])
            [sq: true: then sq (j, 1)|(j, D) f4, the j rows
            of counts > 1 (or all n)]
 SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, rows (m, D), clocks (m,) int
-           bound, lazy, [state: "row" | "full"])               [state: then state (m, 1)|(m, D) f4]
+           bound, lazy, [as_of], [state: "row" | "full"])      [state: then state (m, 1)|(m, D) f4]
                                                                [lazy: rows, clocks, state of k rows,
                                                                then built (ceil(m/8),) u1 bits]
 PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
@@ -53,6 +53,10 @@ of each float32, rounded to nearest even; sent as int16 bits): half the bytes of
 three significant digits per value. The rows of a table stored in half precision
 (``TableConfig.row_dtype`` fp16 or bf16) travel in PULL and SYNC replies as their 16 bits (int16),
 which the client widens to float32 exactly; CHANGED replies carry float32.
+
+A table whose rows decay (``OptimizerConfig.l2`` outside FTRL: :mod:`het.decay`) answers a
+PULL or SYNC with every row as float32, brought to step ``as_of`` (an int >= 0; default: the last
+step a push named), never lazily: a row no push touched has decayed too.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key
