@@ -109,6 +109,7 @@ class Keeper:
             w.model.load_state_dict(model_state, strict=False)
             w.dense.load_state_dict(dense_state)
             w.embedding.forget()  # the caches' copies are of the last step's rows
+            w.embedding.resume_at(best_step)  # rows that decay (het.decay) are read at the kept step
             barrier(w.world)
             # scored again, the model put back must give its validation metrics exactly
             self.restored = w.evaluate(self.samples, split="val")

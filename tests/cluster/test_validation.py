@@ -39,10 +39,11 @@ def _train(table, tmp_path, name, *flags):
                "--log-dir", str(tmp_path / name), *flags)
 
 
-def test_the_kept_model_is_the_validation_best_and_scores_as_it_did_when_kept(noisy_table, tmp_path):
+@pytest.mark.parametrize("flags", [(), ("--row-l2", "0.2")])  # rows that decay: read at the kept step
+def test_the_kept_model_is_the_validation_best_and_scores_as_it_did_when_kept(noisy_table, tmp_path, flags):
     ck, ex = tmp_path / "ck", tmp_path / "export"
     s = _train(noisy_table, tmp_path, "long", "--steps", "60", "--eval-every", "5", "--checkpoint", str(ck),
-               "--export", str(ex), "--export-every", "30")
+               "--export", str(ex), "--export-every", "30", *flags)
     v = s["validation"]
     best = min(v["curve"], key=lambda p: p["logloss"])
     assert v["best_step"] == best["step"] == s["best_step"] < 60  # chosen on validation, before the end

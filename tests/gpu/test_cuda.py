@@ -30,6 +30,30 @@ def test_staleness_zero_matches_torch_with_the_cache_on_the_gpu():
     assert float((emb.read(torch.arange(200, device="cuda")) - ref.weight.detach()).abs().max()) <= 1e-5
 
 
+@pytest.mark.parametrize("staleness", [0, 4])
+def test_rows_that_decay_match_torch_decayed_every_step_with_the_cache_on_the_gpu(staleness):
+    """L2 as a lazy decay (het.decay) under SGD: each slot's step on the GPU; one worker exact at any bound."""
+    lr, l2 = 0.1, 0.5
+    table = TableConfig("embedding", rows=200, dim=16, optimizer=OptimizerConfig("sgd", lr=lr, l2=l2))
+    emb = Embedding(tables=table, cache=CacheConfig(capacity=64, staleness=staleness), device="cuda")
+    ref = torch.nn.Embedding(200, 16, sparse=True).cuda()
+    with torch.no_grad():
+        ref.weight.copy_(emb.read(torch.arange(200, device="cuda")))
+    opt = torch.optim.SGD(ref.parameters(), lr=lr)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for _ in range(30):
+        keys = torch.randint(0, 200, (32, 4), device="cuda", generator=g)
+        target = torch.randn(32, 4, 16, device="cuda", generator=g)
+        ((emb(keys) - target) ** 2).sum().backward()
+        opt.zero_grad()
+        ((ref(keys) - target) ** 2).sum().backward()
+        with torch.no_grad():
+            ref.weight.mul_(1 - lr * l2)
+        opt.step()
+    assert emb.caches["embedding"].slot_steps.steps.device.type == "cuda"
+    assert float((emb.read(torch.arange(200, device="cuda")) - ref.weight.detach()).abs().max()) <= 1e-4
+
+
 def test_module_to_cuda_moves_the_caches():
     emb = Embedding(100, 8, cache=CacheConfig(capacity=16))
     model = torch.nn.Sequential(emb).to("cuda")
