@@ -22,10 +22,13 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
-DECAYED = "decayed"  # the shard's optimizer state: the step a row was last brought to (one float a row)
+DECAYED = "decayed"  # the shard's optimizer state: the step a row was last brought to (steps_of)
+_SPLIT = 1 << 24  # a step in two float32s, each exact below 2^24: high and low parts (exact below 2^48)
 
 
 class RowDecay:
@@ -39,7 +42,7 @@ class RowDecay:
         self.rate = float(opt.lr * opt.l2) if opt.decays else 0.0
         self.schedule = opt.schedule
         self.settles = self.schedule.settles if self.schedule.active else 0
-        self._logs: np.ndarray | None = None  # log of the share kept through steps 0..settles
+        self._logs: dict = {}  # by device: log of the share kept through steps 0..settles (_logs_of)
 
     @property
     def active(self) -> bool:
@@ -48,12 +51,12 @@ class RowDecay:
     def kept_log(self, steps: torch.Tensor) -> torch.Tensor:
         """``log prod_{1 <= i <= t} (1 - lr_i * l2)`` for each step ``t`` (0 for t <= 0), float64.
         Shape: (n,) -> (n,)."""
-        if self._logs is None:
-            i = np.arange(1, self.settles + 1)
-            factors = self.schedule.factors(i) if len(i) else np.ones(0)
-            self._logs = np.concatenate([[0.0], np.cumsum(np.log1p(-self.rate * factors))])
-        t = steps.to("cpu", torch.int64).clamp(min=0)
-        within = torch.from_numpy(self._logs)[t.clamp(max=self.settles)]
+        logs = self._logs.get(steps.device)
+        if logs is None:
+            logs = self._logs[steps.device] = torch.tensor(_logs_of(self.rate, self.schedule, self.settles),
+                                                           device=steps.device)
+        t = steps.to(torch.int64).clamp(min=0)
+        within = logs[t.clamp(max=self.settles)]
         after = float(np.log1p(-self.rate * (self.schedule.factor(self.settles + 1) if self.schedule.active else 1.0)))
         return within + (t - self.settles).clamp(min=0).double() * after
 
@@ -64,9 +67,31 @@ class RowDecay:
         since = since.to(torch.int64)
         to = torch.as_tensor(to, dtype=torch.int64, device=since.device)
         upto = torch.maximum(since, to)
-        return torch.exp(self.kept_log(upto) - self.kept_log(since)).to(since.device)
+        return torch.exp(self.kept_log(upto) - self.kept_log(since))
 
     def bring(self, rows: torch.Tensor, since: torch.Tensor, to) -> torch.Tensor:
         """``rows`` last brought to steps ``since``, brought to step ``to``, in their dtype.
         Shape: (n, D), (n,) -> (n, D)."""
         return rows * self.factor(since, to).to(rows.dtype)[:, None]
+
+
+@functools.lru_cache(maxsize=8)
+def _logs_of(rate: float, schedule, settles: int) -> np.ndarray:
+    """``log prod_{1 <= i <= t} (1 - rate * factor(i))`` for t in 0..settles (float64), made once
+    a process for every table, cache and export of the same decay."""
+    i = np.arange(1, settles + 1)
+    factors = schedule.factors(i) if len(i) else np.ones(0)
+    logs = np.concatenate([[0.0], np.cumsum(np.log1p(-rate * factors))])
+    logs.flags.writeable = False
+    return logs
+
+
+def steps_of(state) -> torch.Tensor:
+    """The steps a ``decayed`` state holds (float32 pairs: high and low parts). Shape: (n, 2) -> (n,) int64."""
+    state = torch.as_tensor(state)
+    return state[:, 0].to(torch.int64) * _SPLIT + state[:, 1].to(torch.int64)
+
+
+def state_of(steps: torch.Tensor) -> torch.Tensor:
+    """:func:`steps_of`'s inverse: steps (below 2^48) as ``decayed`` state. Shape: (n,) -> (n, 2) float32."""
+    return torch.stack([steps // _SPLIT, steps % _SPLIT], 1).to(torch.float32)

@@ -118,7 +118,6 @@ def _plain_twin(model, batches):
     """The plain model, and the batches with their keys as its rows (a dynamic table's keys
     looked up beforehand; keys never stored get their initial rows appended)."""
     from het.export import dense as dense_model
-    from het.ps.initial import initial_rows
 
     table = model.table
     rows = table._gather(torch.arange(table.values.shape[0])) if table.values.shape[0] else torch.zeros(0, table.dim)
@@ -131,7 +130,7 @@ def _plain_twin(model, batches):
             fresh = at < 0
             if bool(fresh.any()):
                 at[fresh] = len(rows) + sum(len(e) for e in extra) + torch.arange(int(fresh.sum()))
-                extra.append(torch.from_numpy(initial_rows(table.cfg, k[fresh].numpy())))
+                extra.append(table.rows(k[fresh]))  # their initial rows (decayed, where the rows decay)
             out.append((d, at))
         rows = torch.cat([rows, *extra])
     else:

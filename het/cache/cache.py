@@ -28,11 +28,11 @@ from het import memory
 from het import native as het_native
 from het.cache.lookahead import NEVER, Lookahead
 from het.cache.native_step import NativeStep
+from het.cache.decaying import SlotSteps
 from het.cache.plan import Plan, Rows
 from het.cache.policy import EMPTY, POLICIES, PROTECTED
 from het.cache.torch_step import TorchStep
 from het.config import CacheConfig, TableConfig
-from het.cache.decaying import SlotSteps
 from het.decay import RowDecay
 
 _HASH = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64: Fibonacci hashing
@@ -50,8 +50,6 @@ class EmbeddingCache:
 
     Example:
         >>> from het.config import CacheConfig, TableConfig
-from het.cache.decaying import SlotSteps
-from het.decay import RowDecay
         >>> cache = EmbeddingCache(TableConfig("t", rows=100, dim=2), CacheConfig(capacity=8, ways=4))
         >>> plan = cache.lookup(torch.tensor([3, 9]))
         >>> plan.hit.tolist(), plan.clocks.tolist()
@@ -96,7 +94,7 @@ from het.decay import RowDecay
         self._follow(table.optimizer, n, d)
         # L2 as a lazy decay (het.decay): the step each slot was last brought to
         decay = RowDecay(table.optimizer)
-        self.slot_steps = SlotSteps(self, decay) if decay.active and self.num_sets else None
+        self.slot_steps = SlotSteps(self, decay) if decay.active else None
         self.counters = Counter()
         self._native_asked = native
         self._choose_step()
@@ -174,8 +172,6 @@ from het.decay import RowDecay
 
         Example:
             >>> from het.config import CacheConfig, TableConfig
-from het.cache.decaying import SlotSteps
-from het.decay import RowDecay
             >>> cache = EmbeddingCache(TableConfig("t", rows=None, dim=1), CacheConfig(capacity=12, ways=4))
             >>> cache.set_of(torch.tensor([-1, 0, -2**63, 2**63 - 1, 1 << 40, 2 << 40])).tolist()  # 3 sets
             [1, 0, 1, 2, 0, 1]
@@ -218,18 +214,19 @@ from het.decay import RowDecay
         return None if self.rule == "sgd" or not self.num_sets else self.rule
 
     def fill(self, plan: Plan, index: torch.Tensor, rows: torch.Tensor, clocks: torch.Tensor,
-             state: torch.Tensor | None = None) -> torch.Tensor:
+             state: torch.Tensor | None = None, now: int | None = None) -> torch.Tensor:
         """Take the rows the PS sent for ``plan.keys[index]`` (misses and stale hits); return
         every key's row. A refreshed row is the server's value plus the local updates not yet
         pushed. ``state``: the rows' optimizer state (``state_request``), which a local rule
-        other than SGD needs. Shape: index (m,), rows (m, D), clocks (m,), state (m, W) -> (n, D)."""
+        other than SGD needs. ``now``: the steps trained by the fill (past the lookup's when it was
+        prefetched), to which rows that decay are brought. Shape: index (m,), rows (m, D), clocks
+        (m,), state (m, W) -> (n, D)."""
         if self.state_request is not None and (state is None or state.shape != (len(index), self.acc.shape[1])):
             raise ValueError(f"the {self.rule!r} local update needs the rows' optimizer state: expected shape "
                              f"({len(index)}, {self.acc.shape[1]}), got {None if state is None else tuple(state.shape)}")
-        out = self._ops.fill(plan, index, rows, clocks, state)
-        if self.slot_steps is not None:
-            self.slot_steps.filled(plan, index)
-        return out
+        if self.slot_steps is not None:  # rows that decay: brought to the steps trained by ``now``
+            rows = self.slot_steps.filling(plan, rows, plan.as_of if now is None else now)
+        return self._ops.fill(plan, index, rows, clocks, state)
 
     def update(self, plan: Plan, grads: torch.Tensor, step: int = 0) -> Rows:
         """Apply one step's gradients (one per key of ``plan``): cached rows change at once

@@ -1,8 +1,10 @@
 """A worker cache's side of L2 as a lazy decay (:mod:`het.decay`): each slot's step.
 
 Every row decays each step, cached or not. A slot records the step its row was last brought to;
-a lookup brings its hits to the step it reads (the steps trained), an update brings the rows it
-changes to its own step before the local step, as the PS will before the optimizer's. The
+a lookup brings its hits to the step it reads (the steps trained), and its fill brings every row
+it returns to the steps trained by then (a prefetched lookup is filled a step later); an update
+brings the rows it changes to its own step before the local step, as the PS will before the
+optimizer's. The
 slot's pending gradient sum is brought along with its row: what a push of several steps
 carries is then each step's gradient decayed since, which the PS applies at the push's step, so
 that under SGD a copy and the PS's row stay equal at any staleness (other optimizers take a sum
@@ -54,9 +56,12 @@ class SlotSteps:
         return c.keys.index_select(0, slots), self.steps.index_select(0, slots)
 
     def looked_up(self, plan, victims: tuple[torch.Tensor, torch.Tensor]) -> None:
-        """After a lookup: its hits brought to the step it reads, its evicted pending sums to the
-        step of the push that carries them (the same)."""
+        """After a lookup: its hits brought to the step it reads, the slots its misses took marked
+        at it (the PS sends their rows at it), its evicted pending sums brought to the step of the
+        push that carries them (the same)."""
         self.bring(plan.slot[plan.hit], plan.as_of)
+        placed = plan.slot[~plan.hit]
+        self.steps.index_fill_(0, placed[placed >= 0], plan.as_of)
         wb = plan.writeback
         if len(wb):
             keys, steps = victims
@@ -64,14 +69,20 @@ class SlotSteps:
             since = steps[order][torch.searchsorted(keys[order], wb.keys)]
             wb.grads.mul_(self.decay.factor(since, plan.as_of).to(wb.grads.dtype)[:, None])
 
-    def filled(self, plan, index: torch.Tensor) -> None:
-        """The PS sent the rows ``plan.keys[index]`` brought to the step the lookup reads."""
-        sent = plan.slot.index_select(0, index)
-        self.steps.index_fill_(0, sent[sent >= 0], plan.as_of)
+    def filling(self, plan, rows: torch.Tensor, now: int) -> torch.Tensor:
+        """Before a fill at step ``now``: the PS's ``rows`` (at the lookup's step) and the plan's
+        slots brought to it, when steps were trained since the lookup (it was prefetched)."""
+        if now <= plan.as_of:
+            return rows
+        self.bring(plan.slot[plan.slot >= 0], now)
+        return rows * self.decay.factor(torch.full((len(rows),), plan.as_of, device=rows.device),
+                                        now).to(rows.dtype)[:, None]
 
     def updating(self, plan, step: int) -> None:
         """Before an update at ``step``: the rows it changes brought to it."""
         c = self.cache
+        if not c.num_sets:
+            return
         slot = plan.slot.clamp(min=0)
         live = (plan.slot >= 0) & (c.keys.index_select(0, slot) == plan.keys) & c.held.index_select(0, slot)
         self.bring(slot[live], step)

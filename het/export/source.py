@@ -22,7 +22,7 @@ import torch
 
 from het import files
 from het.config import TableConfig
-from het.decay import DECAYED, RowDecay
+from het.decay import DECAYED, RowDecay, steps_of
 from het.export.lazy import LazyTensor, TorchFile
 from het.ps.store import optim
 from het.ps.store.disk import read_saved
@@ -112,7 +112,7 @@ class Checkpoint:
                       else self._fixed_pieces(shard, saved, i, per))
             for keys, rows, decayed in pieces:
                 if decay.active:
-                    rows = decay.bring(torch.from_numpy(rows), torch.from_numpy(decayed()), self.step).numpy()
+                    rows = decay.bring(torch.from_numpy(rows), decayed(), self.step).numpy()
                 yield keys, rows
                 shard.drop_pages()
 
@@ -135,7 +135,7 @@ class Checkpoint:
             for lo in range(0, len(keys), per):
                 hi = min(len(keys), lo + per)
                 read = read_saved(rows_dir, disk, records[lo:hi])
-                yield keys.rows(lo, hi), read[:, :cfg.dim].copy(), lambda read=read: read[:, column].astype(np.int64)
+                yield keys.rows(lo, hi), read[:, :cfg.dim].copy(), lambda read=read: steps_of(read[:, column:column + 2])
             return
         weight = _tensor(saved, "weight", shard.path)
         for lo in range(0, len(keys), per):
@@ -159,14 +159,14 @@ class Checkpoint:
             s.close()
 
 
-def _decayed(saved: dict, path: str, lo: int, hi: int) -> np.ndarray:
+def _decayed(saved: dict, path: str, lo: int, hi: int) -> torch.Tensor:
     """The step rows ``lo .. hi - 1`` of a saved table that decays were last brought to (its
     optimizer state ``decayed``). Shape: (hi - lo,) int64."""
     state = saved.get("optimizer")
     if not isinstance(state, dict) or not isinstance(state.get(DECAYED), LazyTensor):
         raise ValueError(f"{path}: table {saved.get('config', {}).get('name')!r} decays its rows (l2), and its save "
                          f"holds no optimizer state {DECAYED!r} to bring them to the checkpoint's step")
-    return state[DECAYED].array()[lo:hi, 0].astype(np.int64)
+    return steps_of(np.array(state[DECAYED].array()[lo:hi]))
 
 
 def _tensor(saved: dict, key: str, path: str) -> LazyTensor:

@@ -192,7 +192,8 @@ class Embedding(nn.Module):
         reply = self._wait(pending.handle)
         self.traffic["sync"] += reply.sync_bytes    # index, clock (and lazy's built mark) of each row
         self.traffic["sparse_pull"] += reply.row_bytes  # rows that travelled: untouched ones are built here
-        rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks, reply.state)
+        rows = self.caches[pending.name].fill(pending.plan, reply.index, reply.rows, reply.clocks, reply.state,
+                                              now=self._outbox[pending.name].step)
         if not torch.is_grad_enabled():
             return rows
         anchor = torch.empty(0, device=rows.device, requires_grad=True)

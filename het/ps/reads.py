@@ -3,8 +3,8 @@
 A row goes as float32, or as its 16 bits where the table stores it in half precision
 (:mod:`het.ps.halves`); with ``lazy``, a row no push touched stays behind for the client to
 build from the table's seed (:mod:`het.ps.wire.protocol`). A table whose rows decay
-(:mod:`het.decay`) sends every row as float32, brought to the step the read names: a row no push
-touched has decayed too, so none is left for the client to build.
+(:mod:`het.decay`) sends every row as float32 (half rows widened), brought to the step the read
+names: a row no push touched has decayed too, so none is left for the client to build.
 """
 
 from __future__ import annotations

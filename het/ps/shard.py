@@ -233,6 +233,9 @@ class Shard:
     def _on_changed(self, meta: dict, arrays: list):  # keys changed since a reader took them (het.ps.changes)
         checks.arrays(Op.CHANGED.name, arrays, 0)
         table = checks.table(meta)
+        if self._store(table).optimizer.decay.active:
+            raise ValueError(f"table {table!r} decays every row every step (l2): there is no record of the rows "
+                             f"a step changed to follow; export its checkpoints instead")
         reply = page(self.changes, table, self._store(table), checks.limit(meta, self.cfg.max_keys))
         self.stats["rows_changed_out"] += len(reply[1][0])
         return reply

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
-from het.decay import DECAYED
+from het.decay import DECAYED, steps_of
 from het.ps import halves, partition
 from het.ps.initial import initial_rows
 from het import native
@@ -168,7 +168,7 @@ class DynamicRows:
         """As :meth:`FixedRows.decayed_to`: a row not stored was never brought past step 0."""
         stored, out = at[:, 1] >= 0, torch.zeros(len(at), dtype=torch.int64)
         column = next(lo for name, lo, _ in self.state_spans if name == DECAYED)
-        out[stored] = self.store.gather_state(at[stored, 1])[:, column].to(torch.int64)
+        out[stored] = steps_of(self.store.gather_state(at[stored, 1])[:, column:column + 2])
         return out
 
     # -- pushes -----------------------------------------------------------------------------

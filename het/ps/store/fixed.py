@@ -8,7 +8,7 @@ import torch
 from het import memory
 from het import native as het_native
 from het.config import TableConfig
-from het.decay import DECAYED
+from het.decay import DECAYED, steps_of
 from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
@@ -157,7 +157,7 @@ class FixedRows:
 
     def decayed_to(self, local: torch.Tensor) -> torch.Tensor:
         self.build(local)
-        return self.optimizer.state[DECAYED].index_select(0, local)[:, 0].to(torch.int64)
+        return steps_of(self.optimizer.state[DECAYED].index_select(0, local))
 
     def local_state(self, local: torch.Tensor, full: bool) -> np.ndarray:
         self.build(local)
@@ -206,7 +206,7 @@ class FixedRows:
         self.touched.copy_(saved["touched"] if "touched" in saved else torch.ones_like(self.touched))
         self.optimizer.load_state_dict(saved["optimizer"])
         decayed = self.optimizer.state.get(DECAYED)  # the last step a push named, as far as the rows tell
-        self.step = int(decayed.max()) if decayed is not None and len(decayed) else 0
+        self.step = int(steps_of(decayed).max()) if decayed is not None and len(decayed) else 0
         self.built.fill_(True)
         self.unbuilt = 0
 

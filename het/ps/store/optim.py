@@ -20,7 +20,7 @@ import torch
 from het import memory
 from het.adagrad import adagrad_factor
 from het.config import OptimizerConfig
-from het.decay import DECAYED, RowDecay
+from het.decay import DECAYED, RowDecay, state_of, steps_of
 from het.ps import limits
 
 
@@ -68,7 +68,7 @@ class SparseOptimizer:
 
     def state_widths(self, dim: int) -> dict[str, int]:
         """Each state tensor's floats per row: ``dim`` (one per coordinate) or 1 (one per row)."""
-        return {**self.widths(dim), **({DECAYED: 1} if self.decay.active else {})}
+        return {**self.widths(dim), **({DECAYED: 2} if self.decay.active else {})}  # het.decay.steps_of
 
     def widths(self, dim: int) -> dict[str, int]:
         """:meth:`state_widths` of the optimizer's own rule (the decay's step aside)."""
@@ -85,9 +85,9 @@ class SparseOptimizer:
         """Decay ``weight[rows]`` to ``step`` from the step each was last brought to, and record it."""
         at = (state or self.state)[DECAYED]
         rows = torch.unique(rows) if self.accepts_duplicates else rows
-        since = at.index_select(0, rows)[:, 0].to(torch.int64)
+        since = steps_of(at.index_select(0, rows))
         weight.index_copy_(0, rows, self.decay.bring(weight.index_select(0, rows), since, step))
-        at.index_copy_(0, rows, since.clamp(min=int(step)).to(at.dtype)[:, None])
+        at.index_copy_(0, rows, state_of(since.clamp(min=int(step))))
 
     def apply(self, weight: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int,
               state: dict | None = None, pushed: "Pushed | None" = None) -> None:

@@ -55,8 +55,8 @@ three significant digits per value. The rows of a table stored in half precision
 which the client widens to float32 exactly; CHANGED replies carry float32.
 
 A table whose rows decay (``OptimizerConfig.l2`` outside FTRL: :mod:`het.decay`) answers a
-PULL or SYNC with every row as float32, brought to step ``as_of`` (an int >= 0; default: the last
-step a push named), never lazily: a row no push touched has decayed too.
+PULL or SYNC with every row as float32 (half rows widened), brought to step ``as_of`` (an int >= 0;
+default: the last step a push named), never lazily: a row no push touched has decayed too.
 
 With ``lazy: true`` in a request's meta, a row no push ever touched is not sent: it still holds
 its initial value, a pure function of the table's seed and the key

@@ -225,8 +225,9 @@ def _count_bits(marks: np.ndarray) -> int:
 
 def _check_rows(table: TableConfig, sent, n: int, built_n: int) -> torch.Tensor:
     """A reply's rows sent, for its ``n`` rows of which it marks ``built_n`` built: float32, or
-    the bits of a half-precision table's rows (int16), widened."""
-    half = table.row_dtype != RowDtype.FP32
+    the bits of a half-precision table's rows (int16), widened; a table whose rows decay sends
+    them float32 (brought to a step from its half rows, het.decay)."""
+    half = table.row_dtype != RowDtype.FP32 and not table.optimizer.decays
     if sent.dtype != (np.int16 if half else np.float32):
         raise PSError(f"a reply's rows: expected {'int16 (the bits of ' + str(table.row_dtype) + ' rows)' if half else 'float32'} "
                       f"for table {table.name!r}, got {sent.dtype}")
