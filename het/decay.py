@@ -67,6 +67,8 @@ class RowDecay:
         since = since.to(torch.int64)
         to = torch.as_tensor(to, dtype=torch.int64, device=since.device)
         upto = torch.maximum(since, to)
+        if not self.settles:  # one rate every step: its power
+            return torch.pow(1.0 - self.rate, (upto - since).double())
         return torch.exp(self.kept_log(upto) - self.kept_log(since))
 
     def bring(self, rows: torch.Tensor, since: torch.Tensor, to) -> torch.Tensor:

@@ -35,6 +35,9 @@ class SlotSteps:
         c = self.cache
         self.now = max(self.now, step)
         since = self.steps.index_select(0, slots)
+        behind = since < step
+        if not bool(behind.all()):  # those at the step already stay as they are
+            slots, since = slots[behind], since[behind]
         factor = self.decay.factor(since, step).to(c.rows.dtype)[:, None]
         c.rows.index_copy_(0, slots, c.rows.index_select(0, slots) * factor)
         c.pending.index_copy_(0, slots, c.pending.index_select(0, slots) * factor)
@@ -44,18 +47,16 @@ class SlotSteps:
         """Bring every slot with unpushed updates to the last step seen (before a flush)."""
         self.bring((self.cache.updates > 0).nonzero().flatten(), self.now)
 
-    def victims(self, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Before a lookup of ``keys``: the keys held in the sets its misses may evict from, and
-        their slots' steps. Shape: -> (m,), (m,)."""
+    def victims(self, keys: torch.Tensor) -> tuple:
+        """Before a lookup of ``keys``: the sets its misses may evict from (ascending), and the
+        keys, held marks and steps of their ways. Shape: -> (m,), (m, W) each."""
         c = self.cache
         sets = c.set_of(keys)
         held = (c._by_set(c.keys, sets) == keys[:, None]) & c._by_set(c.held, sets)
-        missed = sets[~held.any(1)]
-        slots = (missed[:, None] * c.ways + torch.arange(c.ways, device=c.device)).flatten().unique()
-        slots = slots[c.held.index_select(0, slots)]
-        return c.keys.index_select(0, slots), self.steps.index_select(0, slots)
+        missed = torch.unique(sets[~held.any(1)])
+        return missed, c._by_set(c.keys, missed), c._by_set(c.held, missed), c._by_set(self.steps, missed)
 
-    def looked_up(self, plan, victims: tuple[torch.Tensor, torch.Tensor]) -> None:
+    def looked_up(self, plan, victims: tuple) -> None:
         """After a lookup: its hits brought to the step it reads, the slots its misses took marked
         at it (the PS sends their rows at it), its evicted pending sums brought to the step of the
         push that carries them (the same)."""
@@ -63,10 +64,11 @@ class SlotSteps:
         placed = plan.slot[~plan.hit]
         self.steps.index_fill_(0, placed[placed >= 0], plan.as_of)
         wb = plan.writeback
-        if len(wb):
-            keys, steps = victims
-            order = torch.argsort(keys)
-            since = steps[order][torch.searchsorted(keys[order], wb.keys)]
+        if len(wb):  # each evicted key found in its set's ways as they were before the lookup
+            sets, keys, held, steps = victims
+            row = torch.searchsorted(sets, self.cache.set_of(wb.keys))
+            way = ((keys.index_select(0, row) == wb.keys[:, None]) & held.index_select(0, row)).to(torch.uint8).argmax(1)
+            since = steps.index_select(0, row).gather(1, way[:, None])[:, 0]
             wb.grads.mul_(self.decay.factor(since, plan.as_of).to(wb.grads.dtype)[:, None])
 
     def filling(self, plan, rows: torch.Tensor, now: int) -> torch.Tensor:

@@ -189,3 +189,27 @@ def test_wire_refusals_and_publishing_name_what_l2_needs():
         TrainConfig(optimizer="adagrad", row_l2=0.1, publish={"dir": "somewhere"})
     with pytest.raises(ValueError, match="1 - lr \\* row_l2"):
         TrainConfig(optimizer="sgd", lr=2.0, row_l2=0.5)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "rowwise_adagrad", "adam"])
+def test_the_native_push_of_rows_that_decay_equals_the_reference(optimizer):
+    """A float32 fixed table's native push brings its rows to the push's step first, then pushes
+    with the optimizer's own state: the torch reference's rows and state."""
+    from het.ps.store.fixed import FixedRows
+    from het import native as het_native
+    from het.ps.store.kernels import NATIVE_OPTIMIZERS, BroughtPush
+
+    cfg = TableConfig("t", rows=30, dim=5, optimizer=OptimizerConfig(optimizer, lr=0.05, l2=0.4))
+    native, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)
+    assert isinstance(native._push, BroughtPush) == (het_native.ops is not None and optimizer in NATIVE_OPTIMIZERS)
+    g = torch.Generator().manual_seed(1)
+    for step in range(1, 15):
+        keys = torch.randint(0, 30, (12,), generator=g)  # duplicates too
+        grads = torch.randn(12, 5, generator=g)
+        for t in (native, reference):
+            t.push(keys, grads.clone(), torch.ones(12, dtype=torch.int64), step)
+    every = torch.arange(30)
+    assert torch.equal(native.decayed_to(every), reference.decayed_to(every))
+    torch.testing.assert_close(native.weight, reference.weight, rtol=1e-6, atol=1e-6)
+    for name, value in reference.optimizer.state.items():
+        torch.testing.assert_close(native.optimizer.state[name], value, rtol=1e-6, atol=1e-6)

@@ -12,8 +12,8 @@ from het.decay import DECAYED, steps_of
 from het.ps import halves, limits, partition
 from het.ps.initial import initial_rows
 from het.ps.store import optim
-from het.ps.store.kernels import (NATIVE_OPTIMIZERS, HalfPush, NativePush, NativeReplies, TorchPush, TorchReplies,
-                                  HALF_REPLIES, NativeHalfPush, WidenedReplies)
+from het.ps.store.kernels import (HALF_REPLIES, NATIVE_OPTIMIZERS, BroughtPush, HalfPush, NativeHalfPush, NativePush,
+                                  NativeReplies, TorchPush, TorchReplies, WidenedReplies)
 
 
 class FixedRows:
@@ -48,9 +48,12 @@ class FixedRows:
         self.optimizer = optim.make(cfg.optimizer, n, cfg.dim, started=False)
         self.step = 0  # the largest step a push named
         self.native = native and het_native.ops is not None
-        native_rule = cfg.optimizer.name in NATIVE_OPTIMIZERS and not self.optimizer.decay.active
+        decays = self.optimizer.decay.active  # half rows that decay: decayed and stepped in float32 (torch's)
+        native_rule = cfg.optimizer.name in NATIVE_OPTIMIZERS and not (decays and self.dtype != torch.float32)
         self._push = NativePush() if self.native and native_rule else TorchPush()
         self.refuses_non_finite_grads = isinstance(self._push, NativePush) and self.dtype == torch.float32
+        if decays and isinstance(self._push, NativePush):
+            self._push = BroughtPush(self._push)
         if self.dtype != torch.float32:  # half rows: widened to float32 to push, rounded back
             native_half = isinstance(self._push, NativePush)
             self._push, self._replies = (NativeHalfPush() if native_half else HalfPush(self._push)), WidenedReplies()

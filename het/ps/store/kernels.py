@@ -144,9 +144,23 @@ class NativePush:
         if opt.takes_squares and opt.takes_steps(counts, sq):  # Adam's rows of several steps taken apart aside
             return adam_steps_push(t, local, grads, counts, step, sq, self)
         kind, args = native_push_args(opt, local, grads, counts, step, sq)
-        failed = native.ops.table_push(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks, t.touched,
-                                       *args)
+        failed = native.ops.table_push(kind, t.weight, [opt.state[n] for n in type(opt).state_names], t.clocks,
+                                       t.touched, *args)
         raise_push_failure(failed, opt)
+
+
+class BroughtPush:
+    """The native push of a float32 table whose rows decay (:mod:`het.decay`): its rows brought to
+    the push's step first, then pushed natively with the optimizer's own state. A push refused
+    leaves its rows brought to the step: the same values, the decay being deterministic."""
+
+    def __init__(self, push: NativePush):
+        self.push = push
+
+    def __call__(self, t, local: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, step: int,
+                 sq: torch.Tensor | None) -> None:
+        t.optimizer.bring(t.weight, torch.unique(local), step)
+        self.push(t, local, grads, counts, step, sq)
 
 
 class NativeHalfPush:
@@ -160,7 +174,7 @@ class NativeHalfPush:
             return HalfPush(TorchPush())(t, local, grads, counts, step, sq)
         kind, args = native_push_args(opt, local, grads, counts, step, sq)
         each_row_once(opt, args)
-        failed = native.ops.table_push_half(kind, t.weight, [opt.state[n] for n in opt.state_names], t.clocks,
+        failed = native.ops.table_push_half(kind, t.weight, [opt.state[n] for n in type(opt).state_names], t.clocks,
                                             t.touched, t.cfg.row_rounding == "stochastic", t.num_shards, t.index,
                                             *args)
         if failed == 102:
@@ -223,7 +237,8 @@ def raise_push_failure(failed: int, opt) -> None:
     if failed == 100:
         raise ValueError(f"a clock would pass {limits.MAX_CLOCK}")
     if failed:
-        raise ValueError(f"the update would make optimizer state {opt.state_names[failed - 2]!r} non-finite (overflow)")
+        raise ValueError(f"the update would make optimizer state {type(opt).state_names[failed - 2]!r} non-finite "
+                         f"(overflow)")
 
 
 _NO_KEYS = torch.empty(0, dtype=torch.int64)
