@@ -347,8 +347,9 @@ def test_a_checkpoint_without_its_fields_record_or_any_embedding_table_is_refuse
             _write(SimpleNamespace(path="ck", tables=tables, fields=fields), {}, {}, {}, "out", "fp32", False)
 
 
-@pytest.mark.parametrize("kind, shards, settings", [("fixed", 2, {}), ("dynamic", 1, {}), ("tiered", 1, {}),
-                                                    ("fixed", 1, {"row_dtype": "bf16"}), ("dynamic", 1, {"row_dtype": "fp16"})])
+@pytest.mark.parametrize("kind, shards, settings", [
+    ("fixed", 2, {}), ("dynamic", 1, {}), ("fixed", 1, {"row_dtype": "bf16"}),
+    pytest.param("tiered", 1, {}, marks=pytest.mark.slow), pytest.param("dynamic", 1, {"row_dtype": "fp16"}, marks=pytest.mark.slow)])
 def test_an_export_of_rows_that_decay_reproduces_training(tmp_path, kind, shards, settings):
     """L2 as a lazy decay: the save holds each row's last step, and the export brings every row
     to the checkpoint's (5% a step: rows left as saved would score far from training). Half rows
