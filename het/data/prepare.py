@@ -5,7 +5,7 @@ from __future__ import annotations
 
 def add_parser(sub) -> None:
     """Register ``het data prepare DATASET`` on the ``het`` command's subparsers."""
-    from het.data import criteo, table_cli
+    from het.data import criteo, stream_synthetic, table_cli
 
     data = sub.add_parser("data", help="describe and prepare data sets")
     data_sub = data.add_subparsers(dest="data_command", required=True)
@@ -14,3 +14,4 @@ def add_parser(sub) -> None:
     criteo.add_prepare_parser(datasets)
     table_cli.add_prepare_parser(datasets)
     table_cli.add_describe_parser(data_sub)
+    stream_synthetic.add_parser(data_sub)

@@ -15,6 +15,10 @@ have a hidden weight vector. ``logit = signal * (sum of the 26 key weights / sqr
 part) + bias`` (a bag of ``L`` keys counts its weights' sum over ``sqrt(L)``) and
 ``label ~ Bernoulli(sigmoid(logit))``. :meth:`SyntheticCriteo.planted_auc` is the AUC of the planted logits themselves: the ceiling a learned model can reach.
 
+The planted model may drift (:meth:`SyntheticCriteo.partition`): at an angle ``theta`` a key weighs
+``cos(theta) w_a + sin(theta) w_b`` (two independent hashed weights), still standard normal and
+correlated ``cos(theta1 - theta2)`` between two angles; partition ``p`` of drift ``d`` is at ``p * d``.
+
 Nothing here is proportional to the cardinalities (up to ~10M ids a field): ranks come from the
 inverse CDF of a continuous bounded power law, ranks map to ids by a seeded affine bijection
 ``(a * rank + b) mod card``, and the key weights are hashed on demand.
@@ -41,7 +45,7 @@ MLPERF_CARDINALITIES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 
 MLPERF_BAG_SIZES = (3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1)
 NUM_DENSE = 13
 # Seeds of the generator's streams: (seed, stream, ...). Train and test are disjoint streams.
-_TRAIN, _TEST, _CALIBRATION, _PARAMS = 0, 1, 2, 3
+_TRAIN, _TEST, _CALIBRATION, _PARAMS, _PARTITIONS = 0, 1, 2, 3, 4
 _CALIBRATION_SAMPLES = 8192
 _MAX_CARDINALITY = 2 ** 31
 
@@ -178,6 +182,7 @@ class SyntheticCriteo:
         self._dense_sigma = rng.uniform(0.5, 2.0, NUM_DENSE)
         self._dense_weight = rng.standard_normal(NUM_DENSE)
         self._key_salt = _splitmix64(np.array([cfg.seed], dtype=np.uint64))[0]
+        self._drift_salt = _splitmix64(np.array([cfg.seed, _PARTITIONS], dtype=np.uint64))[1]
         self._calibrate()
 
     # ---- sampling ---------------------------------------------------------------------------
@@ -210,10 +215,18 @@ class SyntheticCriteo:
         rng = np.random.default_rng((self.cfg.seed, SPLITS.index(split), index))
         return self._sample(rng, size)
 
-    def _sample(self, rng: np.random.Generator, size: int) -> Batch:
+    def partition(self, number: int, size: int, drift: float) -> Batch:
+        """Partition ``number`` of a drifting stream: ``size`` samples labelled by the planted
+        model at angle ``number * drift`` (radians), from a stream of their own (not train's or
+        test's). Shape: as :meth:`batch`."""
+        _require(_is_int(number) and number >= 0, f"number must be an int >= 0, got {number!r}")
+        _require(_is_int(size) and size >= 1, f"size must be an int >= 1, got {size!r}")
+        return self._sample(np.random.default_rng((self.cfg.seed, _PARTITIONS, number)), size, number * drift)
+
+    def _sample(self, rng: np.random.Generator, size: int, angle: float = 0.0) -> Batch:
         sparse = self._sample_keys(rng, size)  # (B, F)
         dense = self._sample_dense(rng, size)  # (B, 13)
-        logits = self.planted_logits(sparse, dense)
+        logits = self.planted_logits(sparse, dense, angle)
         labels = (rng.random(size) < _sigmoid(logits)).astype(np.float32)
         return Batch(torch.from_numpy(dense), torch.from_numpy(sparse), torch.from_numpy(labels))
 
@@ -231,8 +244,9 @@ class SyntheticCriteo:
 
     # ---- the planted model ------------------------------------------------------------------
 
-    def key_weights(self, keys: np.ndarray) -> np.ndarray:
-        """The hidden weight of every global key: standard normal, a pure function of (seed, key).
+    def key_weights(self, keys: np.ndarray, angle: float = 0.0) -> np.ndarray:
+        """The hidden weight of every global key: standard normal, a pure function of (seed, key),
+        and of the drift's ``angle`` (see the module).
 
         Example:
             >>> data = SyntheticCriteo()
@@ -240,14 +254,13 @@ class SyntheticCriteo:
             >>> w.dtype, bool(w[0] == w[2]), bool(w[0] != w[1])
             (dtype('float64'), True, True)
         """
-        h = _splitmix64(np.asarray(keys, dtype=np.int64).view(np.uint64) ^ self._key_salt)
-        u1 = ((h >> np.uint64(32)).astype(np.float64) + 0.5) / 2.0 ** 32  # (0, 1)
-        u2 = ((h & np.uint64(0xFFFFFFFF)).astype(np.float64) + 0.5) / 2.0 ** 32
-        return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)  # Box-Muller
+        w = _hashed_normal(keys, self._key_salt)
+        return w if angle == 0.0 else math.cos(angle) * w + math.sin(angle) * _hashed_normal(keys, self._drift_salt)
 
     def planted_logits(self, sparse: np.ndarray | torch.Tensor,
-                       dense: np.ndarray | torch.Tensor) -> np.ndarray:
-        """The planted model's logits; the labels of a batch are drawn from their sigmoid.
+                       dense: np.ndarray | torch.Tensor, angle: float = 0.0) -> np.ndarray:
+        """The planted model's logits (at the drift's ``angle``); the labels of a batch are drawn
+        from their sigmoid.
 
         Args:
             sparse: global keys, as in :attr:`Batch.sparse` (each field's bag side by side).
@@ -267,7 +280,7 @@ class SyntheticCriteo:
             (0.44, 0.08)
         """
         sparse, dense = self._check_features(sparse, dense)
-        bags = self.key_weights(sparse) * self._bag_scale  # (B, L): a bag of n keys weighs sum / sqrt(n)
+        bags = self.key_weights(sparse, angle) * self._bag_scale  # (B, L): a bag of n keys weighs sum / sqrt(n)
         keys_part = bags.sum(1) / math.sqrt(self.num_fields)  # (B,)
         return self.cfg.signal * (keys_part + self._dense_part(dense)) + self._bias
 
@@ -321,6 +334,14 @@ class SyntheticCriteo:
 
 
 # ---- pure helpers ---------------------------------------------------------------------------
+
+def _hashed_normal(keys: np.ndarray, salt) -> np.ndarray:
+    """A standard normal a key, a pure function of the key and ``salt`` (Box-Muller of a hash)."""
+    h = _splitmix64(np.asarray(keys, dtype=np.int64).view(np.uint64) ^ salt)
+    u1 = ((h >> np.uint64(32)).astype(np.float64) + 0.5) / 2.0 ** 32  # (0, 1)
+    u2 = ((h & np.uint64(0xFFFFFFFF)).astype(np.float64) + 0.5) / 2.0 ** 32
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
 
 def _power_law_ranks(u: np.ndarray, cards: np.ndarray, alpha: float) -> np.ndarray:
     """Ranks ``0 .. card - 1`` with ``P(rank r) ~ (r + 1) ** -alpha``, from uniforms ``u``.

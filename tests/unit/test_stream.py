@@ -1,0 +1,111 @@
+"""A stream of partitions (het.data.stream) and its synthetic writer (het data stream-synthetic):
+a partition is read only once complete, in order, once; what is refused says why; the planted
+model drifts from partition to partition."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from het.cli import main
+from het.data.stream import MARKER, PartitionStream
+from het.data.stream_synthetic import write_stream
+from het.data.synthetic import SyntheticCriteo, SyntheticCriteoConfig
+
+CFG = SyntheticCriteoConfig(cap=1000)
+
+
+def test_partitions_are_read_in_order_across_their_boundaries(tmp_path):
+    write_stream(str(tmp_path), 3, 0, 500, 0.05, CFG, say=lambda _: None)
+    stream = PartitionStream(str(tmp_path / "part-*"))
+    assert stream.refresh() == 3 and stream.rows == 1500 and not stream.skipped
+    rows = stream.rows_between(490, 1010)  # three partitions' rows, in order
+    data = SyntheticCriteo(CFG)
+    want = [data.partition(p, 500, 0.05) for p in range(3)]
+    assert torch.equal(rows.sparse[:10], want[0].sparse[490:])
+    assert torch.equal(rows.sparse[10:510], want[1].sparse) and torch.equal(rows.sparse[510:], want[2].sparse[:10])
+    assert [stream.partition_of(r) for r in (0, 499, 500, 1499)] == [0, 0, 1, 2]
+
+
+def test_a_partition_written_slowly_is_not_read_until_its_marker_lands(tmp_path):
+    """A writer that copies a partition's files one by one, then its marker: the stream waits
+    for the marker, whatever files are there before it."""
+    write_stream(str(tmp_path / "src"), 2, 0, 300, 0.0, CFG, say=lambda _: None)
+    out = tmp_path / "stream"
+    shutil.copytree(tmp_path / "src" / "part-00000", out / "part-00000")
+    stream = PartitionStream(str(out / "part-*"), poll_s=0.02)
+    assert stream.refresh() == 1
+    seen = []
+
+    def slow_writer():
+        target = out / "part-00001"
+        target.mkdir()
+        for name in sorted(os.listdir(tmp_path / "src" / "part-00001")):
+            if name != MARKER:
+                shutil.copy(tmp_path / "src" / "part-00001" / name, target / name)
+                time.sleep(0.1)
+                seen.append(stream.refresh())  # every file but the marker there: nothing taken
+        (target / MARKER).touch()
+
+    writer = threading.Thread(target=slow_writer)
+    writer.start()
+    assert stream.wait_for(600, idle_s=30)
+    writer.join()
+    assert seen and not any(seen) and stream.rows == 600 and not stream.skipped
+
+
+def test_out_of_order_damaged_and_duplicate_partitions_are_skipped_with_a_reason_and_never_taken(tmp_path):
+    src = tmp_path / "src"
+    write_stream(str(src), 3, 0, 200, 0.0, CFG, say=lambda _: None)
+    out = tmp_path / "stream"
+    out.mkdir()
+    shutil.copytree(src / "part-00002", out / "part-00002")
+    stream = PartitionStream(str(out / "part-*"))
+    assert stream.refresh() == 1
+    shutil.copytree(src / "part-00001", out / "part-00001")  # lands after a later one was taken
+    shutil.copytree(src / "part-00002", out / "part-00003")  # the same files again, under a new name
+    shutil.copytree(src / "part-00000", out / "part-00004")
+    with open(out / "part-00004" / "train_labels.npy", "r+b") as f:  # one byte flipped
+        f.seek(200)
+        byte = f.read(1)
+        f.seek(200)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    assert stream.refresh() == 0 and stream.rows == 200
+    assert "out of order" in stream.skipped[str(out / "part-00001")]
+    assert "duplicate of" in stream.skipped[str(out / "part-00003")]
+    assert "damaged" in stream.skipped[str(out / "part-00004")]
+    assert stream.refresh() == 0 and len(stream.skipped) == 3  # never tried again
+
+
+def test_waiting_ends_after_idle_seconds_without_a_partition(tmp_path):
+    stream = PartitionStream(str(tmp_path / "part-*"), poll_s=0.02)
+    start = time.monotonic()
+    assert not stream.wait_for(1, idle_s=0.2)
+    assert 0.2 <= time.monotonic() - start < 5
+    with pytest.raises(ValueError, match="not in the stream"):
+        stream.rows_between(0, 1)
+
+
+def test_stream_synthetic_writes_marked_partitions_whose_planted_model_drifts(tmp_path, capsys):
+    main(["data", "stream-synthetic", str(tmp_path), "--partitions", "2", "--every", "0", "--rows", "4000",
+          "--drift", "0.3", "--cap", "1000"])
+    assert sorted(os.listdir(tmp_path)) == ["part-00000", "part-00001"]
+    assert all(os.path.isfile(tmp_path / p / MARKER) for p in ("part-00000", "part-00001"))
+    assert "part-00001" in capsys.readouterr().out
+    data = SyntheticCriteo(CFG)
+    late = data.partition(10, 20000, 0.3)  # 3 radians on: its labels follow another model
+    from sklearn.metrics import roc_auc_score
+
+    auc = {a: roc_auc_score(late.labels.numpy(), data.planted_logits(late.sparse, late.dense, a)) for a in (0.0, 3.0)}
+    assert auc[3.0] > 0.75 and auc[0.0] < 0.5  # the first partitions' model is worse than chance there
+    with pytest.raises(SystemExit, match="complete partition already"):
+        main(["data", "stream-synthetic", str(tmp_path), "--partitions", "1", "--every", "0", "--rows", "10"])
+    with pytest.raises(SystemExit, match="--rows must be >= 1"):
+        main(["data", "stream-synthetic", str(tmp_path / "x"), "--rows", "0"])
+    assert np.isfinite(auc[0.0])
