@@ -26,6 +26,8 @@ import time
 import zlib
 from bisect import bisect_right
 
+import numpy as np
+
 from het.data.batch import Batch
 from het.data.prepared import HASHED_FORMAT, PreparedDataset
 
@@ -92,6 +94,18 @@ class PartitionStream:
         self._starts.append(self.rows + data.rows["train"])
         return ""
 
+    def adopt(self, paths: list[str]) -> None:
+        """Take ``paths`` as the partitions, in that order: those past the ones taken are opened
+        (their sizes checked: the stream that chose them read their blocks back). Every rank of a
+        job so reads the partitions rank 0 took."""
+        if [p for p, _ in self.parts] != paths[:len(self.parts)]:
+            raise ValueError(f"partitions {paths[:len(self.parts)]} were asked for, this stream holds "
+                             f"{[p for p, _ in self.parts]}")
+        for path in paths[len(self.parts):]:
+            data = PreparedDataset(path, verify=False)
+            self.parts.append((path, data))
+            self._starts.append(self.rows + data.rows["train"])
+
     def wait_for(self, rows: int, idle_s: float | None = None) -> bool:
         """Wait until the stream holds ``rows`` rows: True; False once ``idle_s`` seconds passed
         without a partition taken (None: wait for ever)."""
@@ -110,6 +124,10 @@ class PartitionStream:
         if not 0 <= row < self.rows:
             raise ValueError(f"row {row} is not in the stream's {self.rows} rows")
         return bisect_right(self._starts, row) - 1
+
+    def partitions_of(self, lo: int, hi: int) -> np.ndarray:
+        """The index in :attr:`parts` of each stream row ``lo .. hi - 1``. Shape: (hi - lo,)."""
+        return np.searchsorted(np.asarray(self._starts), np.arange(lo, hi), side="right") - 1
 
     def rows_between(self, lo: int, hi: int) -> Batch:
         """Stream rows ``lo .. hi - 1``, in order, across partitions. Shape: as

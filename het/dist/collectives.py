@@ -41,6 +41,15 @@ def gather(obj, world: int) -> list:
     return out
 
 
+def rank0_object(obj, world: int):
+    """Rank 0's ``obj`` (any picklable object) on every rank (what the others pass is ignored)."""
+    if world == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def rank0_says(flag: bool, world: int) -> bool:
     """Rank 0's ``flag`` on every rank (what the others pass is ignored)."""
     if world == 1:

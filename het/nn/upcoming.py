@@ -95,7 +95,8 @@ class Upcoming:
         made = queue[-1][0] + 1 if queue else step
         for s in range(made, min(step + self.ahead, end - 1) + 1):
             batch = self.make(s)
-            self.embedding.announce(self.keys(batch))
+            if batch is not None:  # None: the data ended before this step
+                self.embedding.announce(self.keys(batch))
             queue.append((s, batch))
         return queue[0][1]
 

@@ -89,6 +89,10 @@ def format_summary(summary: dict) -> str:
         metrics += f" (auc's 95% interval {summary['auc_ci95'][0]:.3f}-{summary['auc_ci95'][1]:.3f}: a small test split)"
     if "best_step" in summary:
         metrics += f"; the model of step {summary['best_step']} (best on validation)"
+    if "stream" in summary:  # its batches scored before each trained
+        s = summary["stream"]
+        metrics = (f"stream: {s['partitions']} partitions, {s['rows_trained']:,} rows trained, progressive auc "
+                   f"{s['progressive']['auc']:.4f}, logloss {s['progressive']['logloss']:.4f}")
     return (f"het train: {summary['mode']} s={summary['staleness']}, {summary['workers']} workers x "
             f"{summary['servers']} servers, {summary['steps']} steps in {summary['wall_s']:.1f} s "
             f"({summary['samples_per_s']:,.0f} samples/s)\n"

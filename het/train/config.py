@@ -30,8 +30,9 @@ from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, 
 from het.config import parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
-from het.train.sections import (ExportConfig, GraphConfig, PublishConfig, ScheduleConfig, SyntheticConfig,
-                                ValidationConfig)
+from het.train.defaults import MODEL_DEFAULTS, TABLE_DEFAULTS, Samples
+from het.train.sections import (ExportConfig, GraphConfig, PublishConfig, ScheduleConfig, StreamConfig,
+                                SyntheticConfig, ValidationConfig)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,54 +43,10 @@ MODES, MODELS = Mode.values(), Model.values()
 # a worker cache slot's bytes besides its floats (het.cache.cache.EmbeddingCache): the key,
 # six 64-bit clocks and counters, two flags; rounded up
 CACHE_SLOT_BYTES = 64
+STREAM, STREAM_STEPS = "stream", 1 << 40  # a stream job's data, and its steps: until its stream ends
 CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
 
-@dataclass(frozen=True)
-class Samples:
-    """A default in steps that spans ``samples`` samples at the job's batch: ``ceil(samples /
-    batch)`` steps, from 1 to ``most``.
-
-    Example:
-        >>> window = Samples(16_384)
-        >>> window.steps(512), window.steps(128), window.steps(100_000)
-        (32, 128, 1)
-    """
-
-    samples: int
-    most: int = 1024
-
-    def steps(self, batch: int) -> int:
-        return max(1, min(self.most, -(-self.samples // batch)))
-
-    def __str__(self) -> str:
-        return f"{self.samples:,} samples' worth of steps, {self.steps(512)} at batch 512"
-
-
-# A job's defaults by model, for the fields whose default is None.
-# The lookahead window spans 16,384 samples, whatever the batch: 32 steps at batch 512 (12.8%
-# fewer sparse bytes at the same samples/s on loopback), 128 at batch 128, the same stretch of
-# the data to choose victims by (docs/RESULTS.md, "Lookahead")
-_CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
-                 "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "weight_decay": 0.0, "eval_samples": 65_536,
-                 "lookahead": Samples(16_384)}
-MODEL_DEFAULTS = {
-    "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
-    # DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR sparse lr of
-    # 0.05 (Adagrad) its logits blow up early and it ends far below the others (AUC 0.742 after 1M
-    # samples, 0.792 at 0.01; docs/RESULTS.md, "Workloads").
-    "deepfm": {**_CTR_DEFAULTS, "lr": 0.01},
-    # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes;
-    # eval_samples only switches the final evaluation on (every node is scored).
-    "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
-                  "lr": 0.001, "dense_lr": 0.01, "weight_decay": 5e-4, "eval_samples": 1, "lookahead": 0},
-}
-
-# CTR models on a prepared table (table:DIR, criteo:DIR) take these before their model's: the
-# widths and dense optimizer the open CTR benchmarks default to (BARS/FuxiCTR: rows of 10-16,
-# Adam at 1e-3 for the dense layers). On Adult they cut validation log loss from 0.322 to 0.297
-# at 1,000 steps (docs/RESULTS.md, "Model quality against peers"); synthetic data keeps its own.
-TABLE_DEFAULTS = {"dim": 16, "dense_optimizer": "adam", "dense_lr": 0.001}
 PREPARED = ("table:", "criteo:")
 AUTO, AUTO_MOST = "auto", 64  # dim = "auto": a width a field from its distinct ids, at most 64
 
@@ -222,6 +179,7 @@ class TrainConfig:
     schedule: ScheduleConfig = setting(help="the learning rates' warmup and decay", factory=ScheduleConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
+    stream: StreamConfig = setting(help="training on partitions as they land", factory=StreamConfig)
 
     def __post_init__(self) -> None:
         require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
@@ -230,6 +188,12 @@ class TrainConfig:
             for name, value in TABLE_DEFAULTS.items():
                 if getattr(self, name) is None:
                     object.__setattr__(self, name, value)
+        stream = self.stream if isinstance(self.stream, StreamConfig) else StreamConfig(**(self.stream or {}))
+        if stream.pattern:  # the stream decides when the job ends; its batches are scored as they come
+            require(self.data in (None, STREAM), f"stream: the stream is the job's data; got data {self.data!r} beside it")
+            object.__setattr__(self, "data", STREAM)
+            for name, value in (("steps", STREAM_STEPS), ("eval_samples", 0)):
+                object.__setattr__(self, name, value if getattr(self, name) is None else getattr(self, name))
         for name, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, name) is None and not isinstance(value, Samples):
                 object.__setattr__(self, name, value)
@@ -286,14 +250,14 @@ class TrainConfig:
             (not (self.publish.consistency == "bounded" and self.staleness == math.inf),
              "publish.consistency bounded needs a finite staleness: with inf a cached row's updates may never reach "
              "the shards, and a version could lack them for ever; use flush"),
+            (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve
+                                             or self.epochs or self.validation.every or self.export.dir
+                                             or self.publish.dir or self.schedule.decay != "none"),
+             "stream: a CTR job whose data is the stream, scored batch by batch as it comes (no data, eval_samples, "
+             "eval_curve, epochs, validation, export, publish or lr decay beside it)"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),
              f"export and publish apply to CTR models; {self.model} is not exported"),
-            (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
-            (not (self.is_graph and self.ids == Ids.HASHED), f"ids 'hashed' applies to CTR data; {self.model} "
-             f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
-            (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
-            (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
-            (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
+            *self._table_checks(),
             (self.tensorboard_every >= 0, f"tensorboard_every must be >= 0 (steps; 0: none), got {self.tensorboard_every}"),
             (self.ps_metrics_port is None or 0 <= self.ps_metrics_port <= 65535 - self.servers,
              f"ps_metrics_port must be a port (0: free ones) leaving room for {self.servers} shards, "
@@ -304,7 +268,20 @@ class TrainConfig:
              f"use row_dtype fp32 there"),
         ]
 
+    def _table_checks(self) -> list[tuple[bool, str]]:
+        """The rules of a dynamic table's settings (``admit_after``, ``expire_after``, ...)."""
+        return [
+            (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
+            (not (self.is_graph and self.ids == Ids.HASHED), f"ids 'hashed' applies to CTR data; {self.model} "
+             f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
+            (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
+            (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
+            (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
+        ]
+
     def _data_fits_model(self) -> bool:
+        if self.data == STREAM:
+            return bool(self.stream.pattern) and not self.is_graph
         for kind in (GRAPH_DATA if self.is_graph else CTR_DATA):
             prefix, _, arg = kind.partition(":")
             if self.data == kind or (arg and self.data.startswith(prefix + ":") and len(self.data) > len(prefix) + 1):

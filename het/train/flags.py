@@ -20,7 +20,8 @@ from het.choices import Choice
 from het.config import parse_bytes
 from het.staleness import parse_staleness
 from het.train.fields import check_widths
-from het.train.config import MODEL_DEFAULTS, TrainConfig
+from het.train.config import TrainConfig
+from het.train.defaults import MODEL_DEFAULTS
 
 
 def config_fields(cls=TrainConfig, prefix: str = ""):

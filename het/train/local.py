@@ -34,6 +34,10 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     ClusterError when a process fails once no restart is left, naming it and its log; raises
     ValueError, before any process starts, for what :func:`check_job` finds wrong."""
     check_job(cfg)
+    if cfg.stream.pattern:  # its first partition gives the tables' shapes: here before any process starts
+        from het.train.streaming import StreamSource
+
+        StreamSource(cfg.stream.pattern, cfg.stream.idle)
     if cfg.epochs is not None:
         from het.train.tasks import resolve_epochs
 

@@ -22,13 +22,13 @@ from het.dist.collectives import barrier, gather, join_group, local_device
 from het.dist.dense import AllReduceDense, DenseSync, PSDense
 from het.nn.embedding import Embedding
 from het.ps.client import PSClient
-from het.staleness import format_staleness
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.board import Board
 from het.train.exports import Outputs
 from het.train.rejoin import Rejoin, directory as rejoin_directory
 from het.train.selection import Keeper, eval_every
+from het.train.summary import job_summary
 from het.train.tasks import make_task, resolve_epochs
 from het.train.timeline import Timeline, disk_postfix
 
@@ -52,6 +52,8 @@ class Worker:
         self.cfg, self.client, self.rank, self.world = cfg, client, rank, world
         self.device = torch.device(device)
         self.task = make_task(cfg)
+        if self.task.progressive is not None:  # a stream: read as rank `rank` of `world`
+            self.task.data.attach(rank, world)
         ids = self.task.table_ids()  # one table, or one a width
         share = {name: n / max(1, sum(ids.values())) for name, n in ids.items()}
         caches = {name: CacheConfig(capacity=(c := cfg.cache_rows_for(n, share[name])), policy=cfg.policy,
@@ -118,7 +120,7 @@ class Worker:
         self.embedding.scale_lr(factor)
 
     def train(self, steps: int, start: int = 0, progress: bool = True, on_step=None) -> dict:
-        bar = tqdm(total=steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
+        bar = tqdm(total=None if self.task.progressive is not None else steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
         # rank 0 alone asks the shards how they fare: the summary's timeline, the bar's rows on disk
         timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
@@ -129,6 +131,8 @@ class Worker:
         batch = self.upcoming.batch(start, end=steps) if start < steps else None
         loss = math.nan
         for step in range(start, steps):
+            if batch is None:  # a stream ended (het.train.streaming): every rank at the same step
+                break
             next_batch = self.upcoming.batch(step + 1, end=steps) if step + 1 < steps else None
             loss = self.step(batch, next_batch)
             batch = next_batch
@@ -200,63 +204,6 @@ class Worker:
                 "allreduce_s": dense["allreduce_s"], "flush_s": self.flush_s, "flush_bytes": self.flush_bytes}
 
 
-def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: float, per_rank: list[dict],
-              metrics: dict, table_rows: int) -> dict:
-    """The job's summary from every rank's :meth:`Worker.counters`; ``servers``: the shards the
-    job really used (``--ps`` may name others than ``cfg.servers``)."""
-    total = {k: sum(r[k] for r in per_rank) for k in per_rank[0]}
-    samples = steps * cfg.batch * world
-    sparse = total["sparse_pull"] + total["sparse_push"] + total["sync"]
-    busy = wall_s * world
-    wait, allreduce = total["wait_ps_s"], total["allreduce_s"]
-    return {
-        "mode": cfg.mode, "staleness": format_staleness(cfg.staleness),
-        "workers": world, "servers": servers, "steps": steps, "samples": samples, "wall_s": wall_s,
-        "samples_per_s": samples / wall_s if wall_s else 0.0, **metrics,
-        "hit_rate": total["hits"] / total["lookups"] if total["lookups"] else 0.0,
-        "stale_refreshes": total["stale_refreshes"], "evictions": total["evictions"],
-        # how far refreshed copies had drifted from the server's rows (het.cache.cache's stats)
-        "drift": math.sqrt(total["drift_sq"] / total["drift_norm_sq"]) if total["drift_norm_sq"] else 0.0,
-        "bytes": {k: total[k] for k in ("sparse_pull", "sparse_push", "sync", "dense")},
-        "sparse_bytes_per_sample": sparse / samples if samples else 0.0,
-        # the final flush (every cache's pending updates pushed), already in the figures above:
-        # its share of the sparse bytes, and its time on a rank (a mean over ranks)
-        "flush": {"s": total["flush_s"] / world, "sparse_bytes": total["flush_bytes"],
-                  "share_of_sparse": total["flush_bytes"] / sparse if sparse else 0.0},
-        "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
-                       "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
-        "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
-        "policy": cfg.policy, "optimizer": cfg.optimizer, "local_update": cfg.local_update,
-        "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
-        "push_dtype": cfg.push_dtype, "row_dtype": cfg.row_dtype,
-    }
-
-
-PS_COUNTERS = ("rows", "admitted", "refused_updates", "expired", "evicted", "bytes",
-               "rows_in_memory", "rows_on_disk", "disk_bytes", "disk_reads", "disk_writes")
-
-
-def ps_summary(shard_stats: list[dict], timeline: list[dict] = ()) -> dict:
-    """What the shards hold, over every shard and table: stored rows, keys admitted, gradient rows
-    dropped before admission, rows expired and evicted, their bytes (rows, optimizer state, index,
-    counters), the rows in memory and on disk with the disk's bytes, reads and writes (a counter a
-    shard does not report counts 0); the shards' peak RSS summed (``peak_rss_bytes``) and at most
-    (``max_rss_bytes``), and the largest shard RSS the ``timeline`` saw (``sampled_peak_rss_bytes``).
-
-    Example:
-        >>> ps = ps_summary([{"tables": {"t": {"rows": 3, "bytes": 96}}, "peak_rss_bytes": 10},
-        ...                  {"tables": {"t": {"rows": 2, "bytes": 64, "evicted": 1}}, "peak_rss_bytes": 12}],
-        ...                 [{"rss_bytes": 9}, {"rss_bytes": 11}])
-        >>> ps["rows"], ps["evicted"], ps["bytes"], ps["rows_on_disk"], ps["max_rss_bytes"], ps["sampled_peak_rss_bytes"]
-        (5, 1, 160, 0, 12, 11)
-    """
-    tables = [t for s in shard_stats for t in s.get("tables", {}).values()]
-    out = {k: sum(int(t.get(k, 0)) for t in tables) for k in PS_COUNTERS}
-    rss = [int(s.get("peak_rss_bytes", 0)) for s in shard_stats]
-    return {**out, "peak_rss_bytes": sum(rss), "max_rss_bytes": max(rss, default=0),
-            "sampled_peak_rss_bytes": max((int(e["rss_bytes"]) for e in timeline), default=0)}
-
-
 def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = None, progress: bool = True,
                timeout_s: float = 60.0) -> dict | None:
     """Train as one rank (rank and world from torchrun's environment variables); rank 0
@@ -291,13 +238,14 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             checkpoint.save(worker, cfg.checkpoint, kept)  # the checkpoint holds the model the job ends with
         written = outputs.finish(start + steps, kept)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
+        scored = worker.task.progressive.merged(world) if worker.task.progressive is not None else None
         metrics = worker.evaluate(cfg.eval_samples) if cfg.eval_samples else {}  # every rank its share
         board.evaluation(start + steps, metrics)
         summary = None
         if rank == 0:
             if cfg.checkpoint:  # a checkpoint of the kept step holds the model just evaluated
                 checkpoint.record_evaluation(cfg.checkpoint, kept, metrics)
-            summary = _job_summary(worker, run, per_rank, metrics, start, kept, curve, keeper)
+            summary = job_summary(worker, run, per_rank, metrics, start, kept, curve, keeper, scored)
             summary.update(written, **rejoin.summary(start, steps))
         # every rank leaves together, and only after its DDP model is gone: a rank that tore its
         # process group down while a peer still used it, or before DDP's reducer, could abort at
@@ -312,28 +260,6 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         gc.collect()
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
-
-
-def _job_summary(worker: Worker, run: dict, per_rank: list[dict], metrics: dict, start: int, kept: int, curve,
-                 keeper) -> dict:
-    """Rank 0's summary of the job: :func:`summarise`, what the shards hold, the curve, where
-    the job stopped and the model it kept."""
-    cfg, steps = worker.cfg, worker.step_count
-    summary = summarise(cfg, worker.world, worker.client.num_shards, steps, run["wall_s"], per_rank, metrics,
-                        worker.task.num_ids)
-    summary["cache_rows"], summary["dim"] = worker.cache_rows, cfg.dim if worker.task.groups else worker.task.dim
-    if worker.task.groups:  # fields of several widths: a table a width
-        summary["widths"] = {g.table: {"width": g.width, "fields": len(g.fields)} for g in worker.task.groups}
-    # every rank flushed before the gather of the counters
-    summary.update(ps=ps_summary(worker.client.stats(), run["timeline"]), timeline=run["timeline"])
-    if curve:
-        summary["curve"] = curve.points + [{"step": start + steps, **metrics}]
-    if worker.out_of_time or worker.early_stop:
-        summary["stopped_at_step"] = start + steps
-    if keeper:
-        summary["validation"] = keeper.summary(start + steps)
-        summary["best_step"] = kept
-    return summary
 
 
 def _exit_if_stopped(worker: Worker, start: int) -> None:

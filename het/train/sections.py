@@ -1,5 +1,5 @@
 """The job config's nested tables (``[synthetic]``, ``[graph]``, ``[validation]``, ``[schedule]``,
-``[export]``, ``[publish]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
+``[export]``, ``[publish]``, ``[stream]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
 
 from __future__ import annotations
 
@@ -165,3 +165,19 @@ class ScheduleConfig:
     def of(self, steps: int) -> Schedule:
         """The schedule of a job of ``steps`` steps."""
         return Schedule(self.warmup, self.decay, max(steps, self.warmup + 1), self.floor)
+
+
+@dataclass(frozen=True)
+class StreamConfig:
+    """Training on partitions as they land (``[stream]``, ``--stream PATTERN --stream-idle S``:
+    :mod:`het.train.streaming`): each taken once complete, in order, trained once."""
+
+    pattern: str | None = setting(None, "CTR models: train on the partition directories this glob matches, in "
+                                        "order as each completes (its _SUCCESS), waiting for new ones",
+                                  aliases=("--stream",))
+    idle: float | None = setting(None, "seconds without a new partition after which the job ends (default: wait "
+                                       "for ever)")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "stream.")
+        require(self.idle is None or self.idle >= 0, f"stream.idle must be >= 0 (seconds) or none, got {self.idle}")

@@ -37,7 +37,12 @@ EMBEDDING_TABLE = BASE_TABLE  # a job of one width's table; fields of several wi
 class CTRTask:
     def __init__(self, cfg: TrainConfig):
         self.cfg = cfg
-        if cfg.data.startswith("criteo:"):
+        self.progressive = None  # a stream's: each batch scored before it trains (het.train.streaming)
+        if cfg.stream.pattern:
+            from het.train.streaming import Progressive, StreamSource
+
+            self.data, self.progressive = StreamSource(cfg.stream.pattern, cfg.stream.idle), Progressive()
+        elif cfg.data.startswith("criteo:"):
             from het.data.criteo import CriteoDataset
 
             self.data = CriteoDataset(cfg.data[len("criteo:"):])
@@ -96,9 +101,18 @@ class CTRTask:
         return CTR_MODELS[self.cfg.model](embedding, num_fields=self.data.num_fields, dim=self.dim,
                                           num_dense=self.data.num_dense)
 
-    def batch(self, step: int, rank: int, world: int, device) -> Batch:
-        """Rank ``rank``'s batch of a step: batch ``step * world + rank`` of the stream."""
-        return self.data.batch("train", step * world + rank, self.cfg.batch).to(device)
+    def batch(self, step: int, rank: int, world: int, device) -> Batch | None:
+        """Rank ``rank``'s batch of a step: batch ``step * world + rank`` of the data; of a
+        stream, the step's share (None once it ended), each row's partition in ``parts``."""
+        if self.progressive is None:
+            return self.data.batch("train", step * world + rank, self.cfg.batch).to(device)
+        got = self.data.step_batch(step, self.cfg.batch)
+        if got is None:
+            return None
+        from het.train.streaming import StreamBatch
+
+        b = got[0].to(device)
+        return StreamBatch(b.dense, b.sparse, b.labels, got[1])
 
     @staticmethod
     def keys(batch: Batch) -> torch.Tensor:
@@ -110,7 +124,12 @@ class CTRTask:
         return None if rows is None else max(1, math.ceil(rows["train"] / (self.cfg.batch * world)))
 
     def loss(self, model, batch: Batch) -> torch.Tensor:
-        return self.loss_fn(model(batch.dense, batch.sparse), batch.labels)
+        logits = model(batch.dense, batch.sparse)
+        if self.progressive is not None:  # a stream's batch, scored before it trains
+            self.progressive.add(logits, batch.labels, batch.parts)
+            if not len(batch.labels):  # the last step's rows went to other ranks: no gradient here
+                return logits.sum() * 0.0
+        return self.loss_fn(logits, batch.labels)
 
     @torch.no_grad()
     def evaluate(self, model, samples: int, device, rank: int = 0, world: int = 1, gather=None,

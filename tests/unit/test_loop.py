@@ -13,7 +13,8 @@ import torch
 
 from het.ps.client import PSClient
 from het.train.config import TrainConfig
-from het.train.loop import Worker, summarise
+from het.train.loop import Worker
+from het.train.summary import summarise
 from het.train.tasks import job_tables
 
 STEPS, DIM, EVAL_SAMPLES = 300, 32, 8192

@@ -8,7 +8,8 @@ from het.ps.client import PSClient
 from het.train.cli import format_summary
 from het.train.config import TrainConfig
 from het.train.flags import config_from_args
-from het.train.loop import Worker, ps_summary
+from het.train.loop import Worker
+from het.train.summary import ps_summary
 from het.train.tasks import job_tables
 from het.train.timeline import Timeline
 
