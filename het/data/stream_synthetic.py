@@ -38,7 +38,9 @@ def write_partition(out: str, data: SyntheticCriteo, number: int, rows: int, dri
         w.write_meta({"format": HASHED_FORMAT, "version": HASHED_VERSION, "source": "synthetic-stream",
                       "num_rows": None, "num_ids": data.num_rows, "num_dense": data.num_dense,
                       "num_fields": len(data.key_fields), "train_rows": counts["train"], "test_rows": counts["test"],
-                      "partition": number, "drift": drift, "angle": number * drift, "seed": data.cfg.seed})
+                      "partition": number, "drift": drift, "angle": number * drift,
+                      "synthetic": {"alpha": data.cfg.alpha, "cap": data.cfg.cap, "scale": data.cfg.scale,
+                                    "seed": data.cfg.seed}})
     files.write_file(os.path.join(path, MARKER), lambda f: None)
     return path
 
@@ -69,7 +71,8 @@ def add_parser(data_sub) -> None:
     p.add_argument("--drift", type=float, default=0.05,
                    help="radians the planted model turns a partition (default 0.05; 0: none)")
     p.add_argument("--first", type=int, default=0, help="the first partition's number (to go on with a stream)")
-    p.add_argument("--cap", type=int, default=None, help="every field's cardinality at most this")
+    p.add_argument("--cap", type=int, default=100_000,
+                   help="every field's cardinality at most this (default 100,000, as het train's synthetic data)")
     p.add_argument("--seed", type=int, default=0, help="the data's seed")
     p.set_defaults(func=_main)
 

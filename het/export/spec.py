@@ -23,6 +23,7 @@ into the dynamic table's key, as :class:`het.data.hashed.HashedIds` does.
 
 from __future__ import annotations
 
+import glob
 import os
 from dataclasses import dataclass
 
@@ -54,8 +55,14 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
     data, hashed = config["data"], config["ids"] == "hashed"
     if data in ("synthetic-criteo", "synthetic-criteo-1tb"):
         return _synthetic_spec(config, data, hashed), {}
-    kind, _, directory = data.partition(":")
-    meta = _prepared_meta(directory, data)
+    if data == "stream":  # a stream's partitions: the first one's columns (synthetic ones: their generator's)
+        directory = _first_partition(config["stream"]["pattern"])
+        meta = _prepared_meta(directory, data)
+        if meta.get("source") == "synthetic-stream":
+            return _synthetic_spec(meta, "synthetic-criteo", hashed=True), {}
+    else:
+        kind, _, directory = data.partition(":")
+        meta = _prepared_meta(directory, data)
     if meta.get("format") == "het-hashed":
         source = "criteo-hashed" if meta.get("source") == "criteo" else "table"
         log = str(meta.get("dense_transform", "")).startswith("log")
@@ -96,6 +103,16 @@ def _synthetic_spec(config: dict, data: str, hashed: bool) -> dict:
             "dense": list(CRITEO_DENSE), "sparse": list(CRITEO_SPARSE), "bag_sizes": list(gen.bag_sizes),
             "cardinalities": list(gen.cardinalities), "offsets": gen.offsets.tolist(),
             "hash_ids": hashed or data == "synthetic-criteo-1tb"}
+
+
+def _first_partition(pattern: str) -> str:
+    from het.data.stream import MARKER
+
+    complete = sorted(p for p in glob.glob(pattern) if os.path.isfile(os.path.join(p, MARKER)))
+    if not complete:
+        raise ValueError(f"the checkpoint was trained on the stream {pattern!r}, whose first partition gives its "
+                         f"input spec: none is there now")
+    return complete[0]
 
 
 def _prepared_meta(directory: str, data: str) -> dict:

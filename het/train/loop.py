@@ -234,8 +234,9 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
         _exit_if_stopped(worker, start)
         steps = worker.step_count  # cfg.steps - start, or fewer when the time limit or validation stopped it
         kept = keeper.finish(start + steps) if keeper else start + steps  # the best validated model, put back
-        if kept != start + steps and cfg.checkpoint:
-            checkpoint.save(worker, cfg.checkpoint, kept)  # the checkpoint holds the model the job ends with
+        if cfg.checkpoint and (kept != start + steps or (cfg.stream.pattern and kept != checkpoint.saved_step(
+                cfg.checkpoint))):  # the checkpoint holds the model the job ends with (a stream's: at its end)
+            checkpoint.save(worker, cfg.checkpoint, kept)
         written = outputs.finish(start + steps, kept)  # every cache flushed: the last publication
         per_rank = gather(worker.counters(), world)
         scored = worker.task.progressive.merged(world) if worker.task.progressive is not None else None

@@ -51,3 +51,16 @@ def test_a_stream_job_refuses_what_it_cannot_have_beside_it(tmp_path):
                           "0.5", "--quiet", "--log-dir", str(tmp_path / "log")], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "no complete partition" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow  # two jobs and an export: about 25 s
+def test_online_training_keeps_up_with_a_drift_that_a_frozen_model_loses_to():
+    """het bench stream, small: the planted model turns 0.4 rad a partition; after 3 partitions
+    the frozen model scores worse partition by partition, the online one keeps learning."""
+    from het.bench.stream import run
+
+    r = run(partitions=6, frozen_after=3, rows=4000, drift=0.4, cap=1000, seed=0, extra=["--batch", "256"],
+            say=lambda _: None)
+    assert r["online_rows_trained"] == 24000 and r["frozen_rows_trained"] == 12000
+    assert r["frozen_auc"][-1] < r["frozen_auc"][0] - 0.02  # the world moved away from the frozen model
+    assert r["later"]["online"] > r["later"]["frozen"] and r["later"]["online_wins"] >= 2
