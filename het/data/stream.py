@@ -34,6 +34,14 @@ from het.data.prepared import HASHED_FORMAT, PreparedDataset
 MARKER = "_SUCCESS"  # a partition's last file: it is complete
 
 
+def first_partition(pattern: str) -> str:
+    """The first complete partition ``pattern`` matches (what gives a stream's columns)."""
+    complete = sorted(p for p in glob.glob(pattern) if os.path.isfile(os.path.join(p, MARKER)))
+    if not complete:
+        raise ValueError(f"no complete partition (a directory holding its {MARKER}) matches {pattern!r}")
+    return complete[0]
+
+
 class PartitionStream:
     """The partitions matching ``pattern``, taken in order as they complete (see the module).
 

@@ -23,7 +23,6 @@ into the dynamic table's key, as :class:`het.data.hashed.HashedIds` does.
 
 from __future__ import annotations
 
-import glob
 import os
 from dataclasses import dataclass
 
@@ -37,6 +36,7 @@ from het.data.labels import Positive
 from het.data.multi import multi_keys
 from het.data.numbers import parse_numbers
 from het.data.prepared import read_meta
+from het.data.stream import first_partition
 from het.data.table import hash_column
 from het.data.transforms import apply
 from het.data.vocab import apply_vocab
@@ -56,7 +56,7 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
     if data in ("synthetic-criteo", "synthetic-criteo-1tb"):
         return _synthetic_spec(config, data, hashed), {}
     if data == "stream":  # a stream's partitions: the first one's columns (synthetic ones: their generator's)
-        directory = _first_partition(config["stream"]["pattern"])
+        directory = first_partition(config["stream"]["pattern"])
         meta = _prepared_meta(directory, data)
         if meta.get("source") == "synthetic-stream":
             return _synthetic_spec(meta, "synthetic-criteo", hashed=True), {}
@@ -103,16 +103,6 @@ def _synthetic_spec(config: dict, data: str, hashed: bool) -> dict:
             "dense": list(CRITEO_DENSE), "sparse": list(CRITEO_SPARSE), "bag_sizes": list(gen.bag_sizes),
             "cardinalities": list(gen.cardinalities), "offsets": gen.offsets.tolist(),
             "hash_ids": hashed or data == "synthetic-criteo-1tb"}
-
-
-def _first_partition(pattern: str) -> str:
-    from het.data.stream import MARKER
-
-    complete = sorted(p for p in glob.glob(pattern) if os.path.isfile(os.path.join(p, MARKER)))
-    if not complete:
-        raise ValueError(f"the checkpoint was trained on the stream {pattern!r}, whose first partition gives its "
-                         f"input spec: none is there now")
-    return complete[0]
 
 
 def _prepared_meta(directory: str, data: str) -> dict:
