@@ -18,15 +18,15 @@ pytestmark = pytest.mark.cluster
 
 def test_partitions_landing_during_the_job_are_each_trained_once_and_scored_first(tmp_path):
     """Two workers of 256 rows a step; 5 partitions of 1,100 rows, the first two there at the
-    start, one more a second: 5,500 rows, not a multiple of 512: the last step shares out the
-    rest. The job ends 3 s after the last partition."""
+    start, one more every half second: 5,500 rows, not a multiple of 512: the last step shares
+    out the rest. The job ends 1.5 s after the last partition."""
     out, cfg = tmp_path / "parts", SyntheticCriteoConfig(cap=1000)
     write_stream(str(out), 2, 0, 1100, 0.05, cfg, say=lambda _: None)
-    writer = threading.Thread(target=write_stream, args=(str(out), 3, 1.0, 1100, 0.05, cfg),
+    writer = threading.Thread(target=write_stream, args=(str(out), 3, 0.5, 1100, 0.05, cfg),
                               kwargs={"first": 2, "say": lambda _: None})
     writer.start()
     try:
-        s = het("train", "--stream", str(out / "part-*"), "--stream-idle", "3", "--batch", "256", "--json",
+        s = het("train", "--stream", str(out / "part-*"), "--stream-idle", "1.5", "--batch", "256", "--json",
                 "--quiet", "--log-dir", str(tmp_path / "log"))
     finally:
         writer.join()
