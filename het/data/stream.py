@@ -114,11 +114,13 @@ class PartitionStream:
             self.parts.append((path, data))
             self._starts.append(self.rows + data.rows["train"])
 
-    def wait_for(self, rows: int, idle_s: float | None = None) -> bool:
+    def wait_for(self, rows: int, idle_s: float | None = None, stop=None) -> bool:
         """Wait until the stream holds ``rows`` rows: True; False once ``idle_s`` seconds passed
-        without a partition taken (None: wait for ever)."""
+        without a partition taken (None: wait for ever), or once ``stop()`` says so."""
         last = time.monotonic()
         while self.rows < rows:
+            if stop is not None and stop():
+                return False
             if self.refresh():
                 last = time.monotonic()
                 continue

@@ -192,8 +192,10 @@ class TrainConfig:
         if stream.pattern:  # the stream decides when the job ends; its batches are scored as they come
             require(self.data in (None, STREAM), f"stream: the stream is the job's data; got data {self.data!r} beside it")
             object.__setattr__(self, "data", STREAM)
-            for name, value in (("steps", STREAM_STEPS), ("eval_samples", 0)):
+            # no batch made ahead of its step: one past the stream's head would wait for data not there yet
+            for name, value in (("steps", STREAM_STEPS), ("eval_samples", 0), ("lookahead", 0)):
                 object.__setattr__(self, name, value if getattr(self, name) is None else getattr(self, name))
+            object.__setattr__(self, "prefetch", False)
         for name, value in MODEL_DEFAULTS[self.model].items():
             if getattr(self, name) is None and not isinstance(value, Samples):
                 object.__setattr__(self, name, value)
@@ -250,11 +252,11 @@ class TrainConfig:
             (not (self.publish.consistency == "bounded" and self.staleness == math.inf),
              "publish.consistency bounded needs a finite staleness: with inf a cached row's updates may never reach "
              "the shards, and a version could lack them for ever; use flush"),
-            (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve
+            (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve or self.lookahead
                                              or self.epochs or self.validation.every or self.export.dir
                                              or self.publish.dir or self.schedule.decay != "none"),
              "stream: a CTR job whose data is the stream, scored batch by batch as it comes (no data, eval_samples, "
-             "eval_curve, epochs, validation, export, publish or lr decay beside it)"),
+             "eval_curve, lookahead, epochs, validation, export, publish or lr decay beside it)"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),
              f"export and publish apply to CTR models; {self.model} is not exported"),
             *self._table_checks(),

@@ -52,8 +52,9 @@ class Worker:
         self.cfg, self.client, self.rank, self.world = cfg, client, rank, world
         self.device = torch.device(device)
         self.task = make_task(cfg)
-        if self.task.progressive is not None:  # a stream: read as rank `rank` of `world`
+        if self.task.progressive is not None:  # a stream: read as rank `rank` of `world`, waits ended by SIGTERM
             self.task.data.attach(rank, world)
+            self.task.data.stop = lambda: self.stop
         ids = self.task.table_ids()  # one table, or one a width
         share = {name: n / max(1, sum(ids.values())) for name, n in ids.items()}
         caches = {name: CacheConfig(capacity=(c := cfg.cache_rows_for(n, share[name])), policy=cfg.policy,
@@ -133,8 +134,12 @@ class Worker:
         for step in range(start, steps):
             if batch is None:  # a stream ended (het.train.streaming): every rank at the same step
                 break
-            next_batch = self.upcoming.batch(step + 1, end=steps) if step + 1 < steps else None
+            # the next batch before this step only to send its sync early: a stream's may wait for data
+            early = self.prefetch and step + 1 < steps
+            next_batch = self.upcoming.batch(step + 1, end=steps) if early else None
             loss = self.step(batch, next_batch)
+            if not early and step + 1 < steps:
+                next_batch = self.upcoming.batch(step + 1, end=steps)
             batch = next_batch
             left = steps - step - 1
             if self.lookahead and not self.bsp and 0 < left <= self.lookahead:

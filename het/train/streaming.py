@@ -75,6 +75,7 @@ class StreamSource:
         self.agreed = 0  # rows every rank holds, in the partitions rank 0 took
         self.ended = False
         self._last_taken = time.monotonic()
+        self.stop = lambda: False  # the worker's: a stop asked for (SIGTERM) ends a wait for the stream
 
     def _agree(self, rows: int) -> None:
         """Every rank holds rank 0's partitions once they hold ``rows`` rows, or once the stream
@@ -82,7 +83,10 @@ class StreamSource:
         while True:
             if self.rank == 0:
                 held = self.stream.rows
-                ready = self.stream.wait_for(rows, HEARTBEAT_S if self.idle_s is None else min(HEARTBEAT_S, self.idle_s))
+                ready = self.stream.wait_for(rows, HEARTBEAT_S if self.idle_s is None else min(HEARTBEAT_S, self.idle_s),
+                                             self.stop)
+                if self.stop():
+                    raise RuntimeError(f"asked to stop while waiting for the stream's rows past {self.stream.rows:,}")
                 if self.stream.rows > held:
                     self._last_taken = time.monotonic()
                 idle = self.idle_s is not None and time.monotonic() - self._last_taken >= self.idle_s

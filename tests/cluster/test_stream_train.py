@@ -64,3 +64,49 @@ def test_online_training_keeps_up_with_a_drift_that_a_frozen_model_loses_to():
     assert r["online_rows_trained"] == 24000 and r["frozen_rows_trained"] == 12000
     assert r["frozen_auc"][-1] < r["frozen_auc"][0] - 0.02  # the world moved away from the frozen model
     assert r["later"]["online"] > r["later"]["frozen"] and r["later"]["online_wins"] >= 2
+
+
+def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
+    """kill -9 of the launcher while it waits for the stream's next partition, after a
+    checkpoint; the job resumed from it goes on at the first row no checkpointed step trained:
+    the rows trained over both runs are the rows in the files, and the resumed run scores (so
+    trains) exactly the rows after the checkpoint's step."""
+    import json
+    import os
+    import signal
+    import time
+
+    from het.train import checkpoint
+    from jobs import alive
+
+    out, cfg, ck = tmp_path / "parts", SyntheticCriteoConfig(cap=1000), tmp_path / "ck"
+    write_stream(str(out), 3, 0, 1000, 0.05, cfg, say=lambda _: None)  # 3,000 rows: 11 steps of 256, 8 + 3
+    flags = ["--stream", str(out / "part-*"), "--batch", "128", "--checkpoint", str(ck), "--checkpoint-every", "4"]
+    first = subprocess.Popen([sys.executable, "-m", "het", "train", *flags, "--quiet", "--log-dir", str(tmp_path / "a")],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    pids = {}
+    try:
+        deadline = time.monotonic() + 120  # 3,000 rows hold 11 steps: the checkpoint of step 8, then it waits
+        while (checkpoint.saved_step(str(ck)) or 0) < 8 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.2)
+        pids = json.load(open(tmp_path / "a" / "pids.json"))
+        first.kill()  # kill -9 mid-stream: nothing flushed, nothing saved after step 8
+        first.wait()
+        deadline = time.monotonic() + 10  # a worker waiting for the stream leaves on SIGTERM too
+        while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [name for name, p in pids.items() if alive(p)]
+    finally:
+        first.kill()
+        for p in pids.values():
+            if alive(p):
+                os.kill(p, signal.SIGKILL)
+    saved = checkpoint.saved_step(str(ck))
+    assert saved == 8 and left == []
+    write_stream(str(out), 2, 0, 1000, 0.05, cfg, first=3, say=lambda _: None)  # the stream goes on meanwhile
+    s = het("train", *flags, "--resume", str(ck), "--stream-idle", "1", "--json", "--quiet",
+            "--log-dir", str(tmp_path / "b"))
+    stream = s["stream"]
+    assert stream["rows"] == 5000 and stream["rows_trained"] == 5000  # over both runs
+    assert stream["progressive"]["rows"] == 5000 - saved * 2 * 128  # this run: the rows after step 8, once
+    assert s["steps"] == 20 - saved  # ceil(5,000 / 256) steps in all
