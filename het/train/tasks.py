@@ -187,6 +187,8 @@ class GraphBatch:
 class GraphTask:
     pooling = padding_key = None  # one row per key
 
+    progressive = None  # no stream: a graph's nodes are scored at the end
+
     def __init__(self, cfg: TrainConfig):
         from het.data.graph import load, normalize_features
         from het.data.sampler import NeighborSampler
