@@ -66,6 +66,7 @@ def test_online_training_keeps_up_with_a_drift_that_a_frozen_model_loses_to():
     assert r["later"]["online"] > r["later"]["frozen"] and r["later"]["online_wins"] >= 2
 
 
+@pytest.mark.slow  # two jobs, one killed: about 15 s
 def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
     """kill -9 of the launcher while it waits for the stream's next partition, after a
     checkpoint; the job resumed from it goes on at the first row no checkpointed step trained:
