@@ -13,8 +13,8 @@ none) and the job ends.
 
 Each batch is scored before it trains (the training step's forward is that score: progressive
 validation, as in Google's ad click paper): :class:`Progressive` keeps, per partition, the log
-loss and a histogram of scores from which the AUC comes (4,096 bins: within about 1e-3 of the
-exact AUC), merged across ranks at the end.
+loss and a histogram of scores from which the AUC comes (4,096 bins: within 1e-4 of the exact
+AUC, tests/unit/test_stream.py), merged across ranks at the end.
 """
 
 from __future__ import annotations
