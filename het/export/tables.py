@@ -119,7 +119,8 @@ class ExportedTable:
         fresh = (at < 0).nonzero().flatten()  # keys never stored: their initial rows, made here
         if not len(fresh):
             return self._gather(at)
-        out = self._gather(at.index_fill_(0, fresh, 0))
+        # an empty table (a job's first base, before any push) has no row to gather in their place
+        out = self._gather(at.index_fill_(0, fresh, 0)) if len(self.values) else torch.zeros(len(keys), self.dim)
         initial = torch.from_numpy(initial_rows(self.cfg, keys.index_select(0, fresh).numpy()))
         if self.decay.active:
             initial = self.decay.bring(initial, torch.zeros(len(fresh), dtype=torch.int64), self.decayed_to)
