@@ -24,8 +24,9 @@ from het.train.tasks import job_tables
 pytestmark = pytest.mark.cluster
 
 
-@pytest.mark.parametrize("ids, dtype, rows_dtype", [("encoded", "fp32", "fp32"), ("hashed", "int8", "fp32"),
-                                                    ("encoded", "fp16", "bf16")])
+@pytest.mark.parametrize("ids, dtype, rows_dtype", [  # about 9 s each: the first in make test
+    ("encoded", "fp32", "fp32"), pytest.param("hashed", "int8", "fp32", marks=pytest.mark.slow),
+    pytest.param("encoded", "fp16", "bf16", marks=pytest.mark.slow)])
 def test_a_compacted_base_is_the_export_of_a_checkpoint_at_its_step(tmp_path, ids, dtype, rows_dtype):
     pub = tmp_path / "pub"
     cfg = TrainConfig.from_dict({"steps": 40, "dim": 8, "batch": 64, "synthetic": {"cap": 400}, "ids": ids,

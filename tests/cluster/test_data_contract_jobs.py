@@ -66,6 +66,7 @@ def test_a_five_class_rating_mapped_by_positive_trains(tmp_path):
     assert s["auc"] > 0.6  # a user's mean rating is learnt
 
 
+@pytest.mark.slow  # about 10 s: three jobs
 def test_a_table_smaller_than_a_batch_is_said_once(tmp_path):
     """What the data holds is said once, by rank 0 (the launcher never reads the data)."""
     lines = ["user,item,clicked"] + [f"u{i % 7},i{i % 11},{(i * 7) % 3 == 0:d}" for i in range(300)]

@@ -50,6 +50,7 @@ def test_a_follower_ends_with_the_scores_of_the_jobs_last_checkpoint(published):
     assert np.abs(live.current.model(dense, keys).numpy() - final(dense, keys).numpy()).max() <= 1e-6
 
 
+@pytest.mark.slow  # about 15 s; one table's publishing runs in make test
 def test_a_job_of_a_table_a_width_publishes_them_all_and_its_follower_ends_at_its_last_checkpoint(tmp_path):
     """--dim auto: a delta holds each width's table, a base is compacted from them, and the follower
     scores as the export of the job's last checkpoint."""
@@ -141,6 +142,7 @@ def _serve(pub) -> tuple[str, subprocess.Popen]:
     return line.strip().split(" on ")[1].split(" ")[0], proc
 
 
+@pytest.mark.slow  # about 17 s: a job long enough for several bases
 def test_a_base_comes_once_the_deltas_since_the_last_hold_its_bytes(tmp_path):
     """Deltas that carry most of a small table: bases follow their bytes (each once the deltas
     written since the newest base written hold its bytes), not the count (--publish-base-every

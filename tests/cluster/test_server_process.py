@@ -234,6 +234,7 @@ def test_a_shard_runs_one_torch_thread_unless_told_otherwise(tmp_path, monkeypat
     assert bad.returncode == 2 and "--threads must be >= 1, got 0" in bad.stderr
 
 
+@pytest.mark.slow  # about 8 s: ten thousand sessions
 def test_ten_thousand_sessions_left_idle_give_their_memory_back(tmp_path):
     """Sessions opened and left (each a signed push, as a worker's) are forgotten past the
     timeout: the shard's RSS comes back to within 50 MB of where it started."""
