@@ -275,8 +275,10 @@ class PSClient:
                 if len(keys):
                     yield np.asarray(keys, np.int64), np.asarray(rows, np.float32), widen(clocks, "clocks")
 
-    def stats(self) -> list[dict]:
-        return [m.meta["stats"] for m in self.link.broadcast(Op.STATS)]
+    def stats(self, report: dict[str, float] | None = None) -> list[dict]:
+        """Every shard's STATS; ``report``: the job's figures, which each shard keeps (the latest)
+        and serves among its Prometheus metrics as ``het_job_<name>``."""
+        return [m.meta["stats"] for m in self.link.broadcast(Op.STATS, lambda i: {"report": report} if report else {})]
 
     def stop_servers(self) -> None:
         self.link.broadcast(Op.STOP)

@@ -1,6 +1,7 @@
 """A shard's Prometheus metrics (``het serve --metrics-port P``): requests by op, latency
-histograms, refusals by reason, rows, memory, disk, WAL bytes and sessions, in the text format
-prometheus-client serves at ``/metrics``.
+histograms, refusals by reason, rows, memory, disk, WAL bytes and sessions, and the figures the
+training job reports (``het_job_<name>``: a stream's progressive AUC and log loss), in the text
+format prometheus-client serves at ``/metrics``.
 
 The serve loop owns the shard, so the HTTP thread never reads it: the loop hands over a copy of
 its STATS at most every ``every_s`` seconds (:meth:`ShardMetrics.refresh`) and the collector
@@ -119,6 +120,9 @@ class _Collector:
                                 ("wal_log_bytes", "Bytes in the write-ahead log now"),
                                 ("uptime_s", "Seconds since the shard started")):
             yield GaugeMetricFamily(f"het_shard_{_unit(name)}", help_text, value=s.get(name, 0))
+        for name, value in sorted(s.get("reported", {}).items()):  # the job's own figures (STATS' report)
+            yield GaugeMetricFamily(f"het_job_{name}", "Reported by the training job's rank 0 with its STATS request",
+                                    value=value)
         tables = s.get("tables", {})
         for name, help_text in TABLE_GAUGES.items():
             family = GaugeMetricFamily(f"het_shard_table_{name}", help_text, labels=["table"])

@@ -41,17 +41,15 @@ class Shard:
     Args:
         cfg: the tables, this shard's index and the number of shards.
         secret: a shared secret (bytes). With one, :meth:`handle_frames` serves only requests
-            signed with it, signs its replies, and counts the others in
-            ``stats["unauthenticated"]``.
+            signed with it, signs its replies, and counts the others (``unauthenticated``).
         state_dir: the directory SAVE and LOAD requests name files in, which the shard holds
             alone while it lives (:mod:`het.ps.store.state`); without one they are refused.
         wal: keep a write-ahead log in ``state_dir/wal`` (:mod:`het.ps.store.wal`): every push is
-            logged before it is acknowledged, and a shard started on a state directory that
-            holds a log recovers its last save and replays the pushes after it.
+            logged before it is acknowledged; a shard started on a state directory holding a log
+            recovers its last save and replays the pushes after it.
         fsync_s: with ``wal``, how often at most the log is forced to disk.
-        wal_recover_prefix: with ``wal``, a damaged log (not only a write a crash cut short)
-            is recovered up to the damage instead of refusing to start (what is dropped is in
-            ``notes``).
+        wal_recover_prefix: with ``wal``, recover a damaged log (not only a write a crash cut
+            short) up to the damage instead of refusing to start (what is dropped: ``notes``).
 
     Raises:
         DirectoryInUse: another shard holds ``state_dir``.
@@ -89,6 +87,7 @@ class Shard:
                           Op.CHANGED: self._on_changed}
         self.changes: dict[str, Changes] = {}  # per table, once a reader asked (het train --publish)
         self.parts = Parts()  # pushes in parts, held until their last part
+        self.reported: dict[str, float] = {}  # the latest figures a job reported with STATS
         self.wal = None
         # held before any table touches it: a second shard there would empty the first's disk tier
         self.state = StateDirectory(state_dir, wal, fsync_s, wal_recover_prefix)
@@ -218,7 +217,8 @@ class Shard:
         self.load(self.state.resolve(checks.path(meta), write=False))
         return {"path": meta["path"]}, []
 
-    def _on_stats(self, meta: dict, arrays: list):
+    def _on_stats(self, meta: dict, arrays: list):  # with the job's own figures (a stream's AUC): the latest kept
+        self.reported = checks.report(meta) or self.reported
         return {"stats": self.stats_dict()}, []
 
     def _on_info(self, meta: dict, arrays: list):
@@ -227,7 +227,7 @@ class Shard:
                           "max_keys": self.cfg.max_keys}}, []
 
     def _on_stop(self, meta: dict, arrays: list):
-        self.stopping = True
+        self.stopping = True  # the serve loop ends after this reply
         return {}, []
 
     def _on_changed(self, meta: dict, arrays: list):  # keys changed since a reader took them (het.ps.changes)
@@ -392,8 +392,9 @@ class Shard:
         """Counters; per table its stored rows and bytes (``tables``); the serving process's (``het serve``'s,
         or the caller's for a shard in a thread) resident memory now and at its peak, CPU seconds of every
         thread (ZeroMQ's too: ``process_cpu_s``) and of the thread that answers requests (``thread_cpu_s``:
-        the shard's own work, the rest is ZeroMQ's I/O), and torch threads."""
+        the shard's own work, the rest is ZeroMQ's I/O), torch threads, and what a job last ``reported``."""
         return dict(self.stats, **self.sessions.counts, **self.state.stats(), uptime_s=time.time() - self.started,
                     index=self.cfg.index, process_cpu_s=time.process_time(), thread_cpu_s=time.thread_time(),
                     tables={name: t.stats() for name, t in self.tables.items()}, threads=torch.get_num_threads(),
-                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(), sessions=len(self.sessions))
+                    rss_bytes=rss_bytes(), peak_rss_bytes=peak_rss_bytes(), sessions=len(self.sessions),
+                    reported=dict(self.reported))

@@ -9,6 +9,7 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
+from het.ps.wire.protocol import PSError
 from jobs import het
 
 pytestmark = pytest.mark.cluster
@@ -52,6 +53,15 @@ def test_a_shards_metrics_move_while_it_serves(tmp_path):
         assert after["het_shard_sessions"] >= 1 and after["het_shard_rss_bytes"] > 10 << 20
         latency = {k: v for k, v in after.items() if k.startswith("het_shard_request_seconds_count")}
         assert sum(latency.values()) >= pushes and 'het_shard_request_seconds_count{op="undecoded"}' in latency
+        # a job's own figures ride on its STATS (a stream's progressive AUC): kept, served, replaced
+        client.stats(report={"stream_auc_window": 0.75, "stream_logloss_window": 0.5})
+        reported = _until(server.metrics_url, lambda m: m.get("het_job_stream_auc_window") == 0.75)
+        assert reported["het_job_stream_auc_window"] == 0.75 and reported["het_job_stream_logloss_window"] == 0.5
+        with pytest.raises(PSError, match="meta\\['report'\\] must map"):
+            client.stats(report={"stream auc": float("nan")})
+        client.stats(report={"stream_auc_window": 0.8})
+        assert _until(server.metrics_url, lambda m: m.get("het_job_stream_auc_window") == 0.8)[
+            "het_job_stream_auc_window"] == 0.8
         client.close()
 
 

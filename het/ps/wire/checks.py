@@ -10,6 +10,8 @@ before a request leaves: :mod:`het.ps.wire.requests`.)
 
 from __future__ import annotations
 
+import math
+import re
 import secrets
 import warnings
 
@@ -173,6 +175,31 @@ def session(meta: dict) -> tuple[str, int] | None:
     return name, _int(meta, "seq", lo=1)
 
 
+MAX_REPORTED = 16  # figures a STATS request may report at most
+_REPORTED_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+
+
+def report(meta: dict) -> dict[str, float]:
+    """What a STATS request reports of its job for the shard's metrics (``report``): at most
+    :data:`MAX_REPORTED` names (lower-case, digits, underscores) to finite numbers.
+
+    Example:
+        >>> report({"report": {"stream_auc": 0.75}}), report({})
+        ({'stream_auc': 0.75}, {})
+        >>> report({"report": {"Stream AUC": 0.75}})
+        Traceback (most recent call last):
+        ...
+        ValueError: meta['report'] must map at most 16 names ([a-z][a-z0-9_]*, 48 characters at most) to finite numbers, got {'Stream AUC': 0.75}
+    """
+    value = meta.get("report", {})
+    if not (isinstance(value, dict) and len(value) <= MAX_REPORTED and all(
+            isinstance(k, str) and _REPORTED_NAME.fullmatch(k) and isinstance(v, (int, float))
+            and not isinstance(v, bool) and math.isfinite(v) for k, v in value.items())):
+        raise ValueError(f"meta['report'] must map at most {MAX_REPORTED} names ([a-z][a-z0-9_]*, 48 characters "
+                         f"at most) to finite numbers, got {str(value)[:200]}")
+    return {k: float(v) for k, v in value.items()}
+
+
 MAX_PARTS = 1 << 20  # parts of one push at most
 
 
@@ -217,7 +244,7 @@ def every_field(meta: dict) -> None:
     """
     for name, parse in (("table", table), ("step", step), ("as_of", as_of), ("lazy", lazy), ("grads", grads_as),
                         ("path", path), ("rows_only", rows_only), ("state", state), ("sq", sq), ("deltas", deltas),
-                        ("limit", lambda m: limit(m, MAX_STEP))):
+                        ("limit", lambda m: limit(m, MAX_STEP)), ("report", report)):
         if name in meta:
             parse(meta)
     if "bound" in meta:

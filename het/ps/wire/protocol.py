@@ -34,7 +34,7 @@ SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, r
                                                                then built (ceil(m/8),) u1 bits]
 PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
 SAVE/LOAD  -- (path, SAVE: [drop], [rows_only])                -- (path)
-STATS      --                                                  -- (stats)
+STATS      -- ([report: the job's figures for the metrics])    -- (stats)
 INFO       --                                                  -- (shard)
 STOP       --                                                  --
 =========  ==================================================  =================================
