@@ -84,6 +84,21 @@ class Server:
         self.stop()
 
 
+def write_csv(path, rows: int, shift: float = 0.0, seed: int = 0) -> None:
+    """A raw table of clicks: a 0/1 label ``clicked`` that follows ``price`` (a column centred on
+    ``shift``), and two categorical columns, ``city`` and ``ad``."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    price = rng.normal(shift, 1.0, rows)
+    city = rng.choice(["paris", "oslo", "rome", "lima"], rows)
+    ad = rng.integers(0, 50, rows)
+    clicked = (rng.random(rows) < 1 / (1 + np.exp(-2 * (price - shift)))).astype(int)
+    with open(path, "w") as f:
+        f.write("clicked,price,city,ad\n")
+        f.writelines(f"{c},{p:.4f},{t},ad{a}\n" for c, p, t, a in zip(clicked, price, city, ad))
+
+
 # a small publishing job (het train --publish): one worker, a small table
 PUBLISH_JOB = ("--workers", "1", "--synthetic-cap", "1000", "--dim", "16", "--batch", "128", "--eval-samples", "3000")
 

@@ -1,10 +1,12 @@
 """A stream of partitions: prepared directories read in order as they land, each once complete.
 
-A partition is a prepared directory of hashed ids (:class:`het.data.prepared.PreparedDataset`)
-whose path matches the stream's pattern (a glob, e.g. ``exports/hour=*``). It is complete once it
-holds :data:`MARKER`, which its writer puts there after every other file, as Spark and Hive jobs
-do; until then nothing of it is read, whatever it already holds. Complete partitions are taken in
-the order of their paths, each read back against its checksums first.
+A partition is a path matching the stream's pattern (a glob, e.g. ``exports/hour=*``): a prepared
+directory of hashed ids (:class:`het.data.prepared.PreparedDataset`), or a raw CSV, TSV or Parquet
+file or directory of them, prepared when taken (:mod:`het.data.stream_raw`). A directory is
+complete once it holds :data:`MARKER`, which its writer puts there after every other file, as
+Spark and Hive jobs do; until then nothing of it is read, whatever it already holds. A file is
+complete once it holds its final name (a hidden or ``.tmp`` name until then). Complete
+partitions are taken in the order of their paths, each read back against its checksums first.
 
 What is never taken, each with its reason in :attr:`PartitionStream.skipped`, and never tried
 again: a partition that lands after a later path was taken (out of order: the rows before it
@@ -19,9 +21,7 @@ some number of rows, and says when no partition came for ``idle_s`` seconds.
 
 from __future__ import annotations
 
-import glob
 import json
-import os
 import time
 import zlib
 from bisect import bisect_right
@@ -30,16 +30,21 @@ import numpy as np
 
 from het.data.batch import Batch
 from het.data.prepared import HASHED_FORMAT, PreparedDataset
-
-MARKER = "_SUCCESS"  # a partition's last file: it is complete
+from het.data.stream_raw import MARKER, RawPartitions, complete, default_directory, is_raw
 
 
 def first_partition(pattern: str) -> str:
     """The first complete partition ``pattern`` matches (what gives a stream's columns)."""
-    complete = sorted(p for p in glob.glob(pattern) if os.path.isfile(os.path.join(p, MARKER)))
-    if not complete:
-        raise ValueError(f"no complete partition (a directory holding its {MARKER}) matches {pattern!r}")
-    return complete[0]
+    found = complete(pattern)
+    if not found:
+        raise ValueError(f"no complete partition (a directory holding its {MARKER}, or a CSV, TSV or Parquet file "
+                         f"under its final name) matches {pattern!r}")
+    return found[0]
+
+
+def open_partition(path: str, raw: RawPartitions, verify: bool = True) -> PreparedDataset:
+    """Partition ``path``'s rows: a prepared directory's, or a raw partition's preparation."""
+    return PreparedDataset(raw.prepared(path) if is_raw(path) else path, verify=verify)
 
 
 class PartitionStream:
@@ -54,8 +59,9 @@ class PartitionStream:
         skipped: the partitions never taken, by path: why.
     """
 
-    def __init__(self, pattern: str, poll_s: float = 0.5):
+    def __init__(self, pattern: str, poll_s: float = 0.5, raw: RawPartitions | None = None):
         self.pattern, self.poll_s = pattern, poll_s
+        self.raw = raw or RawPartitions(default_directory(pattern))
         self.parts: list[tuple[str, PreparedDataset]] = []
         self.skipped: dict[str, str] = {}
         self._starts = [0]  # each partition's first row in the stream, then the stream's rows
@@ -69,7 +75,7 @@ class PartitionStream:
     def refresh(self) -> int:
         """Take the partitions completed since the last call, in order; how many were taken."""
         taken = {path for path, _ in self.parts}
-        found = sorted(p for p in glob.glob(self.pattern) if os.path.isfile(os.path.join(p, MARKER)))
+        found = complete(self.pattern)
         before = len(self.parts)
         for path in found:
             if path in taken or path in self.skipped:
@@ -84,11 +90,11 @@ class PartitionStream:
         if self.parts and path < self.parts[-1][0]:
             return f"out of order: it completed after {self.parts[-1][0]} was taken"
         try:
-            data = PreparedDataset(path, verify=True)
-        except ValueError as e:
-            return f"damaged or not a prepared directory: {e}"
+            data = open_partition(path, self.raw)
+        except (ValueError, OSError) as e:
+            return f"damaged, or neither a prepared directory nor a CSV, TSV or Parquet table: {e}"
         if data.meta.get("format") != HASHED_FORMAT or data.num_rows is not None:
-            return "not of hashed ids (het data prepare ... --hash, or het data stream-synthetic)"
+            return "not of hashed ids (het data prepare table, or het data stream-synthetic)"
         if self.parts:
             first = self.parts[0][1]
             if (data.num_dense, data.num_fields) != (first.num_dense, first.num_fields):
@@ -110,7 +116,7 @@ class PartitionStream:
             raise ValueError(f"partitions {paths[:len(self.parts)]} were asked for, this stream holds "
                              f"{[p for p, _ in self.parts]}")
         for path in paths[len(self.parts):]:
-            data = PreparedDataset(path, verify=False)
+            data = open_partition(path, self.raw, verify=False)
             self.parts.append((path, data))
             self._starts.append(self.rows + data.rows["train"])
 

@@ -211,7 +211,8 @@ def _reason(batch: pa.RecordBatch, spec: TableSpec, i: int, col: int) -> str:
 
 def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: str | None = None,
                   names: list[str] | None = None, max_rows: int | None = None, test_fraction: float = 0.1,
-                  seed: int = 0, progress: bool = True, max_skipped: float = 0.01, schema_toml: str | None = None) -> dict:
+                  seed: int = 0, progress: bool = True, max_skipped: float = 0.01, schema_toml: str | None = None,
+                  fitted: dict | None = None, extra_meta: dict | None = None) -> dict:
     """Hash CSV, TSV or Parquet files into ``out_dir`` in one pass; see the module docstring.
 
     Args:
@@ -223,6 +224,9 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
         max_rows, test_fraction, seed, progress: as in :func:`het.data.criteo.prepare`.
         max_skipped: the largest share of the lines that may be skipped; past it nothing is written.
         schema_toml: the schema used, written beside the data as ``schema.toml`` (``--schema`` reads it).
+        fitted: what :meth:`het.data.fitted.Fitter.fit` gave an earlier preparation, applied
+            instead of fitting on these rows (a stream's partitions share their first one's).
+        extra_meta: more entries of ``meta.json``.
 
     Returns:
         The summary: ``meta.json``'s content plus ``seconds`` and ``rows_per_second``.
@@ -247,10 +251,10 @@ def prepare_table(paths: list[str] | str, out_dir: str, spec: TableSpec, sep: st
     with writing(out_dir, len(spec.dense), sum(spec.bag_sizes)) as writer:
         stats, fitter = _write(paths, writer, spec, sep, names, max_rows, seed, test_fraction, progress)
         _check_rows(stats, spec, paths, max_skipped)
-        fitted = fitter.fit()
+        fitted = fitter.fit() if fitted is None else fitted
         if any(v is not None for v in fitted.values()):
             rewrite(writer.out_dir, spec, fitted)
-        meta = _meta(spec, stats, fitted, paths, max_rows, test_fraction, seed)
+        meta = {**_meta(spec, stats, fitted, paths, max_rows, test_fraction, seed), **(extra_meta or {})}
         if schema_toml is not None:
             with create(os.path.join(writer.out_dir, "schema.toml")) as f:
                 f.write(schema_toml.encode())

@@ -37,6 +37,7 @@ from het.data.multi import multi_keys
 from het.data.numbers import parse_numbers
 from het.data.prepared import read_meta
 from het.data.stream import first_partition
+from het.data.stream_raw import RawPartitions, default_directory, is_raw
 from het.data.table import hash_column
 from het.data.transforms import apply
 from het.data.vocab import apply_vocab
@@ -56,7 +57,11 @@ def build_spec(config: dict) -> tuple[dict, dict[str, str]]:
     if data in ("synthetic-criteo", "synthetic-criteo-1tb"):
         return _synthetic_spec(config, data, hashed), {}
     if data == "stream":  # a stream's partitions: the first one's columns (synthetic ones: their generator's)
-        directory = first_partition(config["stream"]["pattern"])
+        stream = config["stream"]
+        directory = first_partition(stream["pattern"])
+        if is_raw(directory):  # a raw partition: its preparation holds the columns and the fitted transforms
+            directory = RawPartitions(stream.get("prepared") or default_directory(stream["pattern"]),
+                                      stream.get("schema")).prepared(directory)
         meta = _prepared_meta(directory, data)
         if meta.get("source") == "synthetic-stream":
             return _synthetic_spec(meta, "synthetic-criteo", hashed=True), {}
