@@ -6,7 +6,8 @@ import importlib
 
 # Each module registers its own ``het bench NAME`` through its add_parser(bsub).
 BENCHES = ("cache", "ps", "memory", "e2e", "staleness", "scale", "missrate", "profile", "tiers", "predict", "serve",
-           "freshness", "floor", "index", "quality", "start", "stream", "report")
+           "freshness", "floor", "index", "quality", "start", "stream", "landing",
+           "report")
 
 
 def add_parser(sub) -> None:

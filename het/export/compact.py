@@ -42,7 +42,8 @@ from het.train.published import read_delta
 
 def compact(base: str, deltas: list[str], out: str, published: dict) -> dict:
     """Write the export ``out`` of ``base`` with ``deltas`` (paths, in version order) applied;
-    a summary. ``published``: the new version's ``version``, ``trained_at`` and ``step``."""
+    a summary. ``published``: the new version's ``version``, ``trained_at`` and ``step`` (and a
+    stream job's ``stream_rows``)."""
     start = time.process_time()
     if not deltas:
         raise ValueError(f"compacting {base}: no delta given, nothing to apply")
@@ -63,7 +64,8 @@ def compact(base: str, deltas: list[str], out: str, published: dict) -> dict:
         written, dense, changed = _apply(base, root, tables, deltas)
         body = {**manifest, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 "step": int(published["step"]), "checkpoint": None, "evaluation": None,
-                "published": {"version": int(published["version"]), "trained_at": float(published["trained_at"])},
+                "published": {"version": int(published["version"]), "trained_at": float(published["trained_at"]),
+                              **({"stream_rows": int(published["stream_rows"])} if "stream_rows" in published else {})},
                 "compacted": {"base": os.path.basename(os.path.abspath(base)), "deltas": len(deltas),
                               "rows": changed},
                 "tables": {name: {**entry, **written[name]} for name, entry in tables.items()},

@@ -5,12 +5,14 @@ Rank 0 writes, every ``every`` steps: the loss; its cache's hit rate, stale refr
 over the steps since the last point; the bytes each kind of traffic moved per sample, and the
 samples/s of the whole job; where its time went (compute, waiting on the PS, AllReduce); and
 the shards' rows, rows in DRAM and on disk, disk bytes, largest RSS and log (one STATS request to
-each shard a point). Evaluations (``--eval-curve`` and the final one) add ``eval/*``. The
+each shard a point); a stream's progressive AUC and log loss over the rolling window of its
+latest rows (``stream/*_window``: rank 0's share of each step's rows, scored before they train). Evaluations (``--eval-curve`` and the final one) add ``eval/*``. The
 writer is torch's SummaryWriter: TensorBoard's own event files, written from a thread.
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 from het.train.timeline import timeline_entry
@@ -62,6 +64,9 @@ class Board:
         waited = since["wait_ps_s"] + since["allreduce_s"]
         scalars.update({"time/wait_ps_s": since["wait_ps_s"], "time/allreduce_s": since["allreduce_s"],
                         "time/compute_s": max(0.0, wall - waited)})
+        if w.task.progressive is not None:  # a stream: its latest rows scored before they trained (rank 0's share)
+            window = w.task.progressive.window_metrics()
+            scalars.update({f"stream/{k}_window": window[k] for k in ("auc", "logloss") if math.isfinite(window[k])})
         shards = timeline_entry(w.client.stats(), 0.0, step, 0.0)
         scalars.update({f"ps/{k}": shards[k] for k in SHARDS})
         for name, value in scalars.items():

@@ -78,6 +78,8 @@ def write(worker, directory: str, step: int, replaces: str | None = None, rows_o
     groups = getattr(getattr(worker, "task", None), "groups", None)
     if groups:  # fields of several widths: which table holds which field's rows
         state["fields"] = [g.as_dict() for g in groups]
+    if getattr(getattr(worker, "task", None), "progressive", None) is not None:  # a stream's partitions and rows
+        state["stream"] = worker.task.data.position(step, worker.cfg.batch)
     files.write_file(os.path.join(directory, "worker.pt"), lambda f: torch.save(state, f))
 
 
@@ -177,6 +179,8 @@ def restore(worker, directory: str) -> int:
         raise ValueError(f"{path} does not fit this model: missing {missing}, unexpected {unexpected}")
     worker.dense.load_state_dict(state["optimizer"])
     worker.embedding.resume_at(int(state["step"]))  # the PS's Adam corrects its bias by the step number
+    if state.get("stream") and getattr(worker.task, "progressive", None) is not None:
+        worker.task.data.resume(state["stream"], int(state["step"]))  # every row once, in the order first taken
     barrier(worker.world)
     return int(state["step"])
 

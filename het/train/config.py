@@ -254,9 +254,9 @@ class TrainConfig:
              "the shards, and a version could lack them for ever; use flush"),
             (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve or self.lookahead
                                              or self.epochs or self.validation.every or self.export.dir
-                                             or self.publish.dir or self.schedule.decay != "none"),
+                                             or self.schedule.decay != "none"),
              "stream: a CTR job whose data is the stream, scored batch by batch as it comes (no data, eval_samples, "
-             "eval_curve, lookahead, epochs, validation, export, publish or lr decay beside it)"),
+             "eval_curve, lookahead, epochs, validation, export or lr decay beside it; --publish serves it)"),
             (not ((self.export.dir or self.publish.dir) and self.is_graph),
              f"export and publish apply to CTR models; {self.model} is not exported"),
             *self._table_checks(),

@@ -37,7 +37,7 @@ def run_local(cfg: TrainConfig, log_dir: str, secret: bytes | None = None, progr
     if cfg.stream.pattern:  # its first partition gives the tables' shapes: here before any process starts
         from het.train.streaming import StreamSource
 
-        StreamSource(cfg.stream.pattern, cfg.stream.idle)
+        StreamSource.of(cfg.stream)
     if cfg.epochs is not None:
         from het.train.tasks import resolve_epochs
 

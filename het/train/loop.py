@@ -28,6 +28,7 @@ from het.train.board import Board
 from het.train.exports import Outputs
 from het.train.rejoin import Rejoin, directory as rejoin_directory
 from het.train.selection import Keeper, eval_every
+from het.train.streaming import Progressive
 from het.train.summary import job_summary
 from het.train.tasks import make_task, resolve_epochs
 from het.train.timeline import Timeline, disk_postfix
@@ -54,6 +55,7 @@ class Worker:
         self.task = make_task(cfg)
         if self.task.progressive is not None:  # a stream: read as rank `rank` of `world`, waits ended by SIGTERM
             self.task.data.attach(rank, world)
+            self.task.progressive = Progressive(-(-cfg.stream.window // world))  # a rank's share of the window
             self.task.data.stop = lambda: self.stop
         ids = self.task.table_ids()  # one table, or one a width
         share = {name: n / max(1, sum(ids.values())) for name, n in ids.items()}
@@ -124,7 +126,7 @@ class Worker:
         bar = tqdm(total=None if self.task.progressive is not None else steps - start, desc=f"het train ({self.cfg.mode}, s={self.cfg.staleness})",
                    unit="step", disable=not progress or self.rank != 0, mininterval=0.5)
         # rank 0 alone asks the shards how they fare: the summary's timeline, the bar's rows on disk
-        timeline = Timeline(self.client.stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
+        timeline = Timeline(self._shard_stats, self.cfg.ps_stats_every if self.rank == 0 else 0,
                             self.cfg.batch * self.world, start)
         barrier(self.world)  # every rank's clock starts together: the time limit and samples/s are the job's
         start_time = time.perf_counter()
@@ -148,7 +150,9 @@ class Worker:
                 self.embedding.push_idle(1 / left)
             stats = self.embedding.total_stats()
             elapsed = time.perf_counter() - start_time
-            timeline.after_step(step + 1)
+            entry = timeline.after_step(step + 1)
+            if entry is not None and self.task.progressive is not None:  # a stream's latest rows, scored
+                entry["progressive"] = self.task.progressive.window_metrics()
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", hit_rate=f"{stats.get('hit_rate', 0):.3f}",
                             samples_per_s=f"{(step + 1 - start) * self.cfg.batch * self.world / elapsed:,.0f}",
@@ -161,6 +165,17 @@ class Worker:
         barrier(self.world)
         bar.close()
         return {"wall_s": time.perf_counter() - start_time, "loss": loss, "timeline": timeline.entries}
+
+    def _shard_stats(self) -> list[dict]:
+        """The shards' STATS (the timeline's), reporting a stream's rolling progressive AUC and
+        log loss over this rank's share of the latest rows, which the shards serve among their
+        Prometheus metrics (``het_job_stream_auc_window``, ...)."""
+        if self.task.progressive is None:
+            return self.client.stats()
+        window = self.task.progressive.window_metrics()
+        report = {"stream_auc_window": window["auc"], "stream_logloss_window": window["logloss"],
+                  "stream_rows_scored": float(sum(t[:2].sum() for t in self.task.progressive.parts.values()))}
+        return self.client.stats(report={k: v for k, v in report.items() if math.isfinite(v)})
 
     def _flush(self) -> None:
         """Push every cache's pending updates (the end of training), timing it and counting its
@@ -233,6 +248,8 @@ def run_worker(cfg: TrainConfig, addresses: list[str], secret: bytes | None = No
             addresses, timeout_s=timeout_s, secret=secret, reconnect_s=120.0 if cfg.ps_wal else 0.0,
             encrypt=cfg.ps_encrypt))
         hooks = [h for h in (checkpoint.saver(worker, cfg), *outputs.hooks, keeper, curve, board, rejoin) if h]
+        if outputs.publishes is not None and worker.task.progressive is not None:
+            worker.task.data.on_caught_up = outputs.publishes.caught_up  # a stream's rows served once trained
         # SIGTERM: stop at the next step boundary, flush, exit 143; a peer's death: flush, exit for a rejoin
         with _stop_on_sigterm(worker), rejoin.guard(lambda: start + worker.step_count):
             run = worker.train(cfg.steps, start, progress, on_step=lambda step: [h(step) for h in hooks])

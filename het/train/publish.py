@@ -66,6 +66,7 @@ from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.published import (base_name, bytes_under, delta_arrays, delta_name, encode_rows, listing,  # noqa: F401 - the
                                   write_delta)  # directory's names, read here by the freshness benchmark
+from het.train.streaming import stream_rows
 
 
 class Publisher:
@@ -98,6 +99,7 @@ class Publisher:
         self.base_bytes: int | None = None
         self.deltas: list[tuple[int, int, dict]] = []  # (version, bytes, manifest) of the deltas since it
         self.snapshot_due = False  # the next version must be a base from a snapshot
+        self.published_step = -1  # the step of the newest version started
         self.finishing = False
         self.stats = {"consistency": self.consistency, "rows_dtype": self.rows_dtype, "deltas": 0, "bases": 0,
                       "bases_compacted": 0, "compact_s": 0.0, "bases_for_size": 0, "delta_bytes": 0,
@@ -125,6 +127,17 @@ class Publisher:
         """Publish a version of step ``step`` now, on this thread (rank 0; caches as they are)."""
         self._join()
         self._start(step, inline=True)
+
+    def caught_up(self, step: int) -> None:
+        """A stream's training caught up with its data at ``step`` (every rank alike, before it
+        waits for the next partition, :mod:`het.train.streaming`): every cache flushed and, on
+        rank 0, a version of every update up to ``step`` published at once unless the newest
+        holds them. What lands is so served one pass over it and one follower poll later, not up
+        to a publish interval later, and no worker's updates wait in its cache meanwhile."""
+        self.worker.embedding.flush()
+        barrier(self.worker.world)
+        if self.worker.rank == 0 and step > self.published_step:
+            self.publish(step)
 
     def finish(self, step: int, base: bool = False) -> dict:
         """The last version (every cache flushed before), waited for; with ``base``, a base from
@@ -157,14 +170,15 @@ class Publisher:
             self.job = None
 
     def _start(self, step: int, inline: bool = False) -> None:
-        self.last = time.monotonic()
+        self.last, self.published_step = time.monotonic(), step
         version = self.version + 1
         if self.snapshot_due:
             self._snapshot_base(step, version)
             return
         view = ({n: self.worker.embedding.unpushed(n) for n in self.tables} if self.consistency == "bounded"
                 else None)
-        args = (version, step, time.time(), self._dense(), view, inline or self.connect is None)
+        args = (version, step, {"trained_at": time.time(), **stream_rows(self.worker.task, step)}, self._dense(), view,
+                inline or self.connect is None)
         if args[-1]:
             self._publish(*args)
         else:
@@ -185,7 +199,7 @@ class Publisher:
         self.viewed = {n: np.zeros(0, np.int64) for n in self.tables}  # a snapshot holds the shards' rows only
         snapshot = tempfile.mkdtemp(prefix=".snapshot-", dir=self.dir)
         os.rmdir(snapshot)
-        published = {"version": version, "trained_at": time.time()}
+        published = {"version": version, "trained_at": time.time(), **stream_rows(self.worker.task, step)}
         checkpoint.write(self.worker, snapshot, step, rows_only=True, published=published)  # no optimizer state: 2x, not 3x
         out = os.path.join(self.dir, base_name(version))
         proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, out, "--quiet", "--json", "--dtype",
@@ -249,7 +263,7 @@ class Publisher:
             self._failed(f"version {version} of {self.dir}", f"{type(e).__name__}: {e}")
             self.snapshot_due = True
 
-    def _publish(self, version: int, step: int, trained_at: float, dense: dict, view, inline: bool) -> None:
+    def _publish(self, version: int, step: int, made: dict, dense: dict, view, inline: bool) -> None:
         """Read the rows changed since the last version and write them as ``version``'s delta,
         rank 0's unpushed copies (``view``: keys, rows, clocks a table; None under ``flush``) over
         the shards' rows; start a base of it once the deltas since the last base near its size."""
@@ -272,7 +286,7 @@ class Publisher:
             keys, rows, clocks = delta_arrays(got, mine, client.tables[name].dim, self.buffers[name])
             tables[name] = (keys, encode_rows(rows, self.rows_dtype), clocks)
         rows = sum(len(t[0]) for t in tables.values())
-        meta = {"version": version, "step": step, "trained_at": trained_at, "rows": rows,
+        meta = {"version": version, "step": step, **made, "rows": rows,
                 "rows_dtype": self.rows_dtype, **self._behind(inline)}
         size = sum(a.nbytes for t in tables.values() for a in t) + sum(a.nbytes for a in dense.values())
         self._wait_base()  # followers have nothing to apply deltas to before the first base
@@ -345,7 +359,8 @@ class Publisher:
         out = os.path.join(self.dir, base_name(version))
         job = {"base": os.path.join(self.dir, base_name(self.base_version)), "out": out,
                "deltas": [os.path.join(self.dir, delta_name(v)) for v, _, _ in self.deltas],
-               "published": {"version": version, "trained_at": meta["trained_at"], "step": meta["step"]}}
+               "published": {"version": version, **{k: meta[k] for k in ("trained_at", "step", "stream_rows")
+                                                    if k in meta}}}
         try:
             self.compactor.stdin.write(json.dumps(job) + "\n")
             self.compactor.stdin.flush()

@@ -172,12 +172,20 @@ class StreamConfig:
     """Training on partitions as they land (``[stream]``, ``--stream PATTERN --stream-idle S``:
     :mod:`het.train.streaming`): each taken once complete, in order, trained once."""
 
-    pattern: str | None = setting(None, "CTR models: train on the partition directories this glob matches, in "
-                                        "order as each completes (its _SUCCESS), waiting for new ones",
+    pattern: str | None = setting(None, "CTR models: train on the partitions this glob matches (prepared "
+                                        "directories, CSV, TSV or Parquet), in order as each completes (its "
+                                        "_SUCCESS, or its final name), waiting for new ones",
                                   aliases=("--stream",))
-    idle: float | None = setting(None, "seconds without a new partition after which the job ends (default: wait "
-                                       "for ever)")
+    idle: float | None = setting(None, "seconds the job waits for a new partition, once it trained every row "
+                                       "there, before it ends (default: for ever)")
+    prepared: str | None = setting(None, "where raw (CSV, TSV, Parquet) partitions are prepared as they are taken "
+                                         "(default: a directory of the pattern's in the system's temporary one)")
+    schema: str | None = setting(None, "raw partitions' columns: a schema.toml as het data prepare table --schema "
+                                       "reads (default: inferred from the first partition's head)")
+    window: int = setting(100_000, "rows of progressive validation's rolling window (the latest rows scored, "
+                                   "besides each partition's): the summary, TensorBoard and the shards' metrics")
 
     def __post_init__(self) -> None:
         check_fields(self, "stream.")
         require(self.idle is None or self.idle >= 0, f"stream.idle must be >= 0 (seconds) or none, got {self.idle}")
+        require(self.window >= 1, f"stream.window must be >= 1 (rows), got {self.window}")

@@ -7,9 +7,14 @@ checkpoint at step ``s`` goes on at the first row no step before it trained, and
 trained twice. Rank 0 alone looks for partitions; whenever a step needs rows past those every
 rank holds, the ranks wait together for rank 0 to say which partitions hold them (it says so at
 least every :data:`HEARTBEAT_S` while it waits, keeping the process group alive), and every rank
-then reads the same partitions in the same order. When no partition came for ``--stream-idle``
-seconds, the rows left are shared out as the last step (fewer than ``W * B``; a rank may get
-none) and the job ends.
+then reads the same partitions in the same order. When a wait for rows passed ``--stream-idle``
+seconds with no partition taken, the rows left are shared out as the last step (fewer than
+``W * B``; a rank may get none) and the job ends. Before it waits (training caught up with the
+data), ``on_caught_up`` runs on every rank: the publisher's, which serves every row trained.
+
+A checkpoint holds the stream's :meth:`StreamSource.position` (the partitions taken, in order,
+and the rows trained); a job resumed from it reads those partitions in that order and goes on at
+the next row, whatever its workers and batch: every row once across restarts.
 
 Each batch is scored before it trains (the training step's forward is that score: progressive
 validation, as in Google's ad click paper): :class:`Progressive` keeps, per partition, the log
@@ -27,6 +32,7 @@ import torch
 
 from het.data.batch import Batch
 from het.data.stream import PartitionStream
+from het.data.stream_raw import RawPartitions, default_directory
 from het.dist.collectives import gather, rank0_object
 
 @dataclass(frozen=True)
@@ -39,6 +45,7 @@ class StreamBatch(Batch):
 
 HEARTBEAT_S = 60.0  # rank 0 tells the others it still waits at least this often (the group's timeout is 600 s)
 BINS = 4096
+CHUNKS = 8  # a rolling window's chunks
 
 
 class StreamSource:
@@ -46,6 +53,8 @@ class StreamSource:
 
     Args:
         pattern, idle_s: the stream's glob and its idle seconds (None: wait for ever).
+        prepared, schema: where raw partitions are prepared (None: :func:`default_directory`),
+            and their schema TOML (None: inferred from the first): :mod:`het.data.stream_raw`.
         rank, world: this rank, of how many.
         poll_s: how often rank 0 looks for partitions.
 
@@ -56,67 +65,112 @@ class StreamSource:
 
     num_rows = None
 
-    def __init__(self, pattern: str, idle_s: float | None, poll_s: float = 0.5):
+    def __init__(self, pattern: str, idle_s: float | None, poll_s: float = 0.5, prepared: str | None = None,
+                 schema: str | None = None):
         self.pattern, self.idle_s, self.poll_s = pattern, idle_s, poll_s
-        self.stream = PartitionStream(pattern, poll_s)
+        self.raw = RawPartitions(prepared or default_directory(pattern), schema)  # raw partitions' preparations
+        self.stream = PartitionStream(pattern, poll_s, self.raw)
         if not self.stream.wait_for(1, idle_s):  # the first partition gives the columns' widths
-            raise ValueError(f"stream {pattern!r}: no complete partition (a directory holding its _SUCCESS) came in "
+            raise ValueError(f"stream {pattern!r}: no complete partition (a directory holding its _SUCCESS, or a CSV, "
+                             f"TSV or Parquet file under its final name) came in "
                              f"{idle_s} s; skipped: {self.stream.skipped or 'none'}")
         first = self.stream.parts[0][1]
         self.num_ids, self.num_dense, self.num_fields = first.num_ids, first.num_dense, first.num_fields
         self.attach(0, 1)
+
+    @classmethod
+    def of(cls, stream) -> StreamSource:
+        """The source of a job's ``[stream]`` (:class:`het.train.sections.StreamConfig`)."""
+        return cls(stream.pattern, stream.idle, prepared=stream.prepared, schema=stream.schema)
 
     def attach(self, rank: int, world: int) -> None:
         """Read the stream as rank ``rank`` of ``world``: from its first partition, rank 0's
         choices."""
         self.rank, self.world = rank, world
         if rank != 0:
-            self.stream = PartitionStream(self.pattern, self.poll_s)  # to hold rank 0's partitions alone
+            self.stream = PartitionStream(self.pattern, self.poll_s, self.raw)  # to hold rank 0's partitions alone
         self.agreed = 0  # rows every rank holds, in the partitions rank 0 took
+        self.base_row, self.base_step = 0, 0  # step `base_step` trains from stream row `base_row` (a resumed job's)
+        self._made = None  # (step, its first row, this rank's lo, hi): the last step's rows
         self.ended = False
-        self._last_taken = time.monotonic()
         self.stop = lambda: False  # the worker's: a stop asked for (SIGTERM) ends a wait for the stream
+        # called on every rank with the step about to wait, when the stream holds no row it needs:
+        # training caught up with the data (the publisher's: a version of every row trained, now)
+        self.on_caught_up = None
 
-    def _agree(self, rows: int) -> None:
-        """Every rank holds rank 0's partitions once they hold ``rows`` rows, or once the stream
-        ended (no partition for ``idle_s``)."""
+    def _agree(self, rows: int, lo: int, step: int) -> None:
+        """Every rank holds rank 0's partitions once they hold ``rows`` rows, or some past row
+        ``lo`` (training caught up with the stream: those are trained now, in a smaller step,
+        not held back until a whole step's rows came), or once the stream ended (a wait of
+        ``idle_s`` with no partition). Before it waits, ``on_caught_up(step)``."""
+        first, self._last_taken = True, time.monotonic()  # idle: waited that long with no partition taken
         while True:
             if self.rank == 0:
                 held = self.stream.rows
-                ready = self.stream.wait_for(rows, HEARTBEAT_S if self.idle_s is None else min(HEARTBEAT_S, self.idle_s),
-                                             self.stop)
+                wait = 0.0 if first else HEARTBEAT_S if self.idle_s is None else min(HEARTBEAT_S, self.idle_s)
+                ready = self.stream.wait_for(rows if first else lo + 1, wait, self.stop)
                 if self.stop():
                     raise RuntimeError(f"asked to stop while waiting for the stream's rows past {self.stream.rows:,}")
                 if self.stream.rows > held:
                     self._last_taken = time.monotonic()
                 idle = self.idle_s is not None and time.monotonic() - self._last_taken >= self.idle_s
-                said = ([p for p, _ in self.stream.parts], ready, idle)
+                said = ([p for p, _ in self.stream.parts], self.stream.rows > lo, idle)
             else:
                 said = None
-            paths, ready, idle = rank0_object(said, self.world)
+            paths, some, idle = rank0_object(said, self.world)
             if self.rank != 0:
                 self.stream.adopt(paths)
-            if ready or idle:
-                self.agreed, self.ended = self.stream.rows, not ready
+            self.agreed = self.stream.rows
+            if some or idle:
+                self.ended = not some
                 return
+            if first and self.on_caught_up is not None:
+                self.on_caught_up(step)
+            first = False
 
-    def step_rows(self, step: int, size: int) -> tuple[int, int]:
-        """The stream rows this rank trains at ``step`` (``lo, hi``), waiting for them; an empty
-        span past the stream's end."""
-        lo, need = step * self.world * size, (step + 1) * self.world * size
+    def first_row(self, step: int, size: int) -> int:
+        """The stream row step ``step`` (of batches of ``size`` a rank) starts from."""
+        return self.base_row + (step - self.base_step) * self.world * size
+
+    def position(self, step: int, size: int) -> dict:
+        """Where the stream stands after ``step`` steps, for a checkpoint: the partitions taken,
+        in order, and the rows trained."""
+        return {"partitions": [path for path, _ in self.stream.parts],
+                "rows": min(self.first_row(step, size), self.agreed)}
+
+    def resume(self, position: dict, step: int) -> None:
+        """Go on from a checkpoint's :meth:`position` at ``step``: the partitions it had taken,
+        in its order (one that landed since, before the last of them, is out of order), and the
+        first row no step before trained, whatever the workers and batch were."""
+        self.stream = PartitionStream(self.pattern, self.poll_s, self.raw)
+        self.stream.adopt(list(position["partitions"]))
+        self.agreed, self.ended = self.stream.rows, False
+        self.base_row, self.base_step, self._made = int(position["rows"]), step, None
+
+    def step_rows(self, step: int, size: int) -> tuple[int, int, int]:
+        """The stream rows step ``step`` trains: the first, and this rank's share (``lo, hi``),
+        waiting for them. A step short of ``W * size`` rows (the stream's head, or its end)
+        takes what there is, and the next step starts past it."""
+        if self._made is not None and self._made[0] == step:  # asked again: the same rows
+            return self._made[1:]
+        first = self.first_row(step, size)
+        need = first + self.world * size
         if need > self.agreed and not self.ended:
-            self._agree(need)
-        hi = min(need, self.agreed)
-        n = max(0, hi - lo)
-        return lo + self.rank * n // self.world, lo + (self.rank + 1) * n // self.world
+            self._agree(need, first, step)
+        end = min(need, self.agreed)
+        n = max(0, end - first)
+        if 0 < n < self.world * size and not self.ended:  # caught up: the next step goes on from here
+            self.base_row, self.base_step = end, step + 1
+        self._made = (step, first, first + self.rank * n // self.world, first + (self.rank + 1) * n // self.world)
+        return self._made[1:]
 
     def step_batch(self, step: int, size: int) -> tuple[Batch, np.ndarray] | None:
         """This rank's batch of ``step`` and each row's partition; None once the stream ended
         before the step (every rank alike)."""
-        lo, hi = self.step_rows(step, size)
-        if step * self.world * size >= self.agreed:
+        first, lo, hi = self.step_rows(step, size)
+        if first >= self.agreed:
             return None
-        if hi == lo:  # the last step's rows went to the ranks before this one
+        if hi == lo:  # a short step's rows went to the ranks before this one
             first = self.stream.parts[0][1]
             return first.rows_between("train", 0, 0), np.zeros(0, np.int64)
         return self.stream.rows_between(lo, hi), self.stream.partitions_of(lo, hi)
@@ -128,17 +182,29 @@ class StreamSource:
     def summary(self, steps: int, size: int) -> dict:
         """The stream's part of the job's summary: partitions taken, rows trained over every run
         of the job (a step's rows are a function of the step), what was skipped and why."""
-        trained = min(steps * self.world * size, self.agreed)
+        trained = min(self.first_row(steps, size), self.agreed)
         return {"partitions": len(self.stream.parts), "rows_trained": trained, "rows": self.agreed,
                 "ended": self.ended, "skipped": dict(self.stream.skipped)}
 
 
 class Progressive:
     """Progressive validation's tally (see the module): per partition, rows, the log loss's sum
-    and histograms of the scores of positives and negatives."""
+    and histograms of the scores of positives and negatives; and the same over this rank's
+    latest rows (a rolling window of about ``window`` rows, in :data:`CHUNKS` chunks: the
+    oldest chunk leaves as a new one fills), which is what a dashboard follows while the job runs.
 
-    def __init__(self):
+    Example:
+        >>> p = Progressive(window=8)
+        >>> p.add(torch.tensor([2.0, -2.0, 1.0, -1.0]), torch.tensor([1.0, 0.0, 1.0, 0.0]), np.zeros(4, np.int64))
+        >>> p.window_metrics()["auc"], p.window_metrics()["rows"]
+        (1.0, 4)
+    """
+
+    def __init__(self, window: int = 100_000):
         self.parts: dict[int, np.ndarray] = {}  # partition -> (3, BINS): positives, negatives; [2, 0]: loss sum
+        self.chunk = max(1, window // CHUNKS)  # rows a chunk of the window holds
+        self.chunks: list[np.ndarray] = [np.zeros((3, BINS))]  # the window, oldest first; the last filling
+        self.filling = 0  # rows in the last chunk
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, parts: np.ndarray) -> None:
         """Score one batch (its logits before it trains). Shape: (n,), (n,), (n,)."""
@@ -150,25 +216,53 @@ class Progressive:
         positive = labels.numpy() > 0.5
         for p in np.unique(parts):
             at = parts == p
-            tally = self.parts.setdefault(int(p), np.zeros((3, BINS)))
-            tally[0] += np.bincount(bins[at & positive], minlength=BINS)
-            tally[1] += np.bincount(bins[at & ~positive], minlength=BINS)
-            tally[2, 0] += loss[at].sum()
+            _tally(self.parts.setdefault(int(p), np.zeros((3, BINS))), bins[at], positive[at], loss[at])
+        done = 0
+        while done < len(parts):  # the window: the rows in order, into its newest chunk
+            take = min(len(parts) - done, self.chunk - self.filling)
+            at = slice(done, done + take)
+            _tally(self.chunks[-1], bins[at], positive[at], loss[at])
+            self.filling, done = self.filling + take, done + take
+            if self.filling == self.chunk:  # full: the oldest chunk leaves
+                self.chunks, self.filling = [*self.chunks[-(CHUNKS - 1):], np.zeros((3, BINS))], 0
 
-    def merged(self, world: int) -> dict[int, np.ndarray]:
-        """Every rank's tallies summed (every rank calls it)."""
-        out: dict[int, np.ndarray] = {}
-        for tallies in gather(self.parts, world):
-            for p, t in tallies.items():
-                out[p] = out.get(p, 0) + t
-        return out
+    def window_metrics(self) -> dict:
+        """AUC, log loss and rows of this rank's rolling window."""
+        t = self.window()
+        return {"rows": int(t[:2].sum()), **_metrics(t)}
+
+    def window(self) -> np.ndarray:
+        """This rank's window, summed. Shape: (3, BINS)."""
+        return np.sum(self.chunks, axis=0)
+
+    def merged(self, world: int) -> dict:
+        """Every rank's tallies summed (every rank calls it): ``parts`` (partition -> tally) and
+        ``window`` (the ranks' windows: the job's latest rows)."""
+        parts: dict[int, np.ndarray] = {}
+        window = np.zeros((3, BINS))
+        for theirs in gather({"parts": self.parts, "window": self.window()}, world):
+            for p, t in theirs["parts"].items():
+                parts[p] = parts.get(p, 0) + t
+            window += theirs["window"]
+        return {"parts": parts, "window": window}
 
     @staticmethod
-    def metrics(tallies: dict[int, np.ndarray], names: list[str]) -> dict:
-        """AUC and log loss per partition and over all of them, from merged tallies."""
+    def metrics(merged: dict, names: list[str]) -> dict:
+        """AUC and log loss per partition, over all of them and over the window, from
+        :meth:`merged` tallies."""
+        tallies = merged["parts"]
         every = sum(tallies.values()) if tallies else np.zeros((3, BINS))
         per = [{"partition": names[p], "rows": int(t[:2].sum()), **_metrics(t)} for p, t in sorted(tallies.items())]
-        return {"rows": int(every[:2].sum()), **_metrics(every), "by_partition": per}
+        window = merged["window"]
+        return {"rows": int(every[:2].sum()), **_metrics(every), "by_partition": per,
+                "window": {"rows": int(window[:2].sum()), **_metrics(window)}}
+
+
+def _tally(t: np.ndarray, bins: np.ndarray, positive: np.ndarray, loss: np.ndarray) -> None:
+    """Add rows (their score bins, labels and losses) to tally ``t``."""
+    t[0] += np.bincount(bins[positive], minlength=BINS)
+    t[1] += np.bincount(bins[~positive], minlength=BINS)
+    t[2, 0] += loss.sum()
 
 
 def _metrics(t: np.ndarray) -> dict:
@@ -178,6 +272,15 @@ def _metrics(t: np.ndarray) -> dict:
     below = np.concatenate([[0.0], np.cumsum(neg)[:-1]])  # negatives in lower bins
     auc = float((pos * (below + neg / 2)).sum() / (pos.sum() * neg.sum())) if pos.sum() and neg.sum() else float("nan")
     return {"auc": auc, "logloss": float(t[2, 0] / n) if n else float("nan")}
+
+
+def stream_rows(task, step: int) -> dict:
+    """A stream job's rows trained by ``step`` (the step now: a stream's steps differ in rows),
+    for a published version's manifest (``stream_rows``: what its follower serves); {} for
+    another job."""
+    if getattr(task, "progressive", None) is None:
+        return {}
+    return {"stream_rows": task.data.position(step, task.cfg.batch)["rows"]}
 
 
 def stream_summary(task, steps: int, scored: dict) -> dict:

@@ -41,7 +41,8 @@ class CTRTask:
         if cfg.stream.pattern:
             from het.train.streaming import Progressive, StreamSource
 
-            self.data, self.progressive = StreamSource(cfg.stream.pattern, cfg.stream.idle), Progressive()
+            self.data = StreamSource.of(cfg.stream)
+            self.progressive = Progressive(cfg.stream.window)
         elif cfg.data.startswith("criteo:"):
             from het.data.criteo import CriteoDataset
 

@@ -3,23 +3,27 @@ the last step sharing out the rows left; every batch scored before it trains."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
+import time
 
+import numpy as np
 import pytest
 
 from het.data.stream_synthetic import write_stream
 from het.data.synthetic import SyntheticCriteoConfig
-from jobs import het
+from jobs import het, write_csv
 
 pytestmark = pytest.mark.cluster
 
 
 def test_partitions_landing_during_the_job_are_each_trained_once_and_scored_first(tmp_path):
     """Two workers of 256 rows a step; 5 partitions of 1,100 rows, the first two there at the
-    start, one more every half second: 5,500 rows, not a multiple of 512: the last step shares
-    out the rest. The job ends 1.5 s after the last partition."""
+    start, one more every half second: 5,500 rows, not a multiple of 512: a step that finds
+    fewer rows than its 512 (training caught up with the stream) trains those and the next goes
+    on past them. The job ends after waiting 1.5 s for a partition."""
     out, cfg = tmp_path / "parts", SyntheticCriteoConfig(cap=1000)
     write_stream(str(out), 2, 0, 1100, 0.05, cfg, say=lambda _: None)
     writer = threading.Thread(target=write_stream, args=(str(out), 3, 0.5, 1100, 0.05, cfg),
@@ -32,7 +36,7 @@ def test_partitions_landing_during_the_job_are_each_trained_once_and_scored_firs
         writer.join()
     stream = s["stream"]
     assert stream["partitions"] == 5 and stream["rows"] == 5500 and stream["rows_trained"] == 5500
-    assert stream["ended"] and not stream["skipped"] and s["steps"] == 11  # ceil(5,500 / 512)
+    assert stream["ended"] and not stream["skipped"] and s["steps"] >= 11  # ceil(5,500 / 512), more when caught up
     scored = stream["progressive"]
     assert scored["rows"] == 5500 and [p["rows"] for p in scored["by_partition"]] == [1100] * 5
     assert [p["partition"].rsplit("/", 1)[1] for p in scored["by_partition"]] == [f"part-0000{i}" for i in range(5)]
@@ -71,7 +75,7 @@ def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
     """kill -9 of the launcher while it waits for the stream's next partition, after a
     checkpoint; the job resumed from it goes on at the first row no checkpointed step trained:
     the rows trained over both runs are the rows in the files, and the resumed run scores (so
-    trains) exactly the rows after the checkpoint's step."""
+    trains) exactly the rows after the checkpoint's."""
     import json
     import os
     import signal
@@ -87,7 +91,7 @@ def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids = {}
     try:
-        deadline = time.monotonic() + 120  # 3,000 rows hold 11 steps: the checkpoint of step 8, then it waits
+        deadline = time.monotonic() + 120  # 3,000 rows: 11 steps and a short one, checkpoints at 4, 8, 12
         while (checkpoint.saved_step(str(ck)) or 0) < 8 and time.monotonic() < deadline and first.poll() is None:
             time.sleep(0.2)
         pids = json.load(open(tmp_path / "a" / "pids.json"))
@@ -103,11 +107,111 @@ def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     saved = checkpoint.saved_step(str(ck))
-    assert saved == 8 and left == []
+    import torch
+
+    trained = torch.load(ck / "worker.pt", weights_only=False)["stream"]["rows"]  # rows its steps trained
+    assert saved >= 8 and left == [] and trained == min(3000, saved * 2 * 128)
     write_stream(str(out), 2, 0, 1000, 0.05, cfg, first=3, say=lambda _: None)  # the stream goes on meanwhile
     s = het("train", *flags, "--resume", str(ck), "--stream-idle", "1", "--json", "--quiet",
             "--log-dir", str(tmp_path / "b"))
     stream = s["stream"]
     assert stream["rows"] == 5000 and stream["rows_trained"] == 5000  # over both runs
-    assert stream["progressive"]["rows"] == 5000 - saved * 2 * 128  # this run: the rows after step 8, once
-    assert s["steps"] == 20 - saved  # ceil(5,000 / 256) steps in all
+    assert stream["progressive"]["rows"] == 5000 - trained  # this run: the rows after the checkpoint's, once
+
+
+def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_partition(tmp_path):
+    """--publish beside --stream: when training catches up with the stream, every cache is
+    flushed and a version of every row trained is published at once (the publish interval here
+    is a minute: no version comes from it), so a follower serves a partition before the next
+    one lands; the last version holds every row."""
+    from het.bench.landing import _rows
+    from het.bench.serve import _instances
+    from het.online.follow import newest_base, scan
+
+    out, cfg, pub = tmp_path / "parts", SyntheticCriteoConfig(cap=1000), tmp_path / "pub"
+    write_stream(str(out), 2, 0, 1000, 0.05, cfg, say=lambda _: None)
+    seen, scores = [], []  # (version, stream rows) of each version there when the third partition lands; scores of the first
+
+    def land_later():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(_rows(str(pub), v) for v in scan(str(pub))[1]):
+            time.sleep(0.1)
+        seen.extend((v, _rows(str(pub), v)) for v in scan(str(pub))[1])
+        empty = newest_base(str(pub)).model  # the first base: before any push, a table of no rows
+        rows = _instances(empty, 8)
+        scores.append(empty.predict({k: [r[k] for r in rows] for k in rows[0]}))
+        write_stream(str(out), 1, 0, 1000, 0.05, cfg, first=2, say=lambda _: None)
+
+    writer = threading.Thread(target=land_later)
+    writer.start()
+    try:
+        s = het("train", "--stream", str(out / "part-*"), "--stream-idle", "3", "--batch", "100", "--publish",
+                str(pub), "--publish-every", "60", "--ps-stats-every", "0.2", "--json", "--quiet",
+                "--log-dir", str(tmp_path / "log"))
+    finally:
+        writer.join()
+    assert s["stream"]["rows_trained"] == 3000 and s["steps"] == 15
+    assert seen and max(rows for _, rows in seen) == 2000  # the first two partitions, served before the third
+    assert len(scores) == 1 and np.all((scores[0] > 0) & (scores[0] < 1))
+    bases, deltas = scan(str(pub))
+    assert s["published"]["version"] == max(bases + deltas) and _rows(str(pub), max(bases + deltas)) == 3000
+    assert s["published"]["consistency"] == "bounded"
+    # the rolling window of the rows scored last, in the summary and the timeline (what the shards report)
+    window = s["stream"]["progressive"]["window"]
+    assert window["rows"] == 3000 and abs(window["auc"] - s["stream"]["progressive"]["auc"]) < 1e-9
+    assert any("progressive" in e for e in s["timeline"])
+
+
+def test_a_stream_resumed_with_another_batch_goes_on_at_its_row_and_skips_a_late_partition(tmp_path):
+    """The checkpoint holds the partitions taken and the rows trained: a job resumed from it with
+    another batch size trains from the next row, and a partition that landed meanwhile ahead of
+    a taken one in path order is skipped, not slipped in (its rows would shift every later row)."""
+    out, cfg, ck = tmp_path / "parts", SyntheticCriteoConfig(cap=1000), tmp_path / "ck"
+    write_stream(str(out), 2, 0, 1000, 0.05, cfg, say=lambda _: None)
+    first = het("train", "--stream", str(out / "part-*"), "--stream-idle", "0", "--batch", "128", "--checkpoint",
+                str(ck), "--json", "--quiet", "--log-dir", str(tmp_path / "a"))
+    assert first["stream"]["rows_trained"] == 2000
+    late = tmp_path / "late"
+    write_stream(str(late), 1, 0, 1000, 0.05, cfg, first=0, say=lambda _: None)  # part-00000 of another stream
+    os.rename(late / "part-00000", out / "part-00000a")  # sorts between the two taken
+    write_stream(str(out), 1, 0, 1000, 0.05, cfg, first=2, say=lambda _: None)
+    s = het("train", "--stream", str(out / "part-*"), "--stream-idle", "1", "--batch", "100", "--resume", str(ck),
+            "--json", "--quiet", "--log-dir", str(tmp_path / "b"))
+    stream = s["stream"]
+    assert stream["partitions"] == 3 and stream["rows"] == 3000 and stream["rows_trained"] == 3000
+    assert stream["progressive"]["rows"] == 1000 and s["steps"] == 5  # the third partition's rows, once
+    assert list(stream["skipped"]) == [str(out / "part-00000a")] and "out of order" in stream["skipped"][
+        str(out / "part-00000a")]
+
+
+def test_a_stream_of_csv_files_trains_and_its_export_scores_raw_rows(tmp_path):
+    """CSV files renamed into place, one landing during the job: each prepared as taken (the
+    columns inferred from the first), trained once; the export of the checkpoint reads raw
+    values with the first partition's transforms."""
+    from het.export import load_model
+
+    out, ck, ex = tmp_path / "in", tmp_path / "ck", tmp_path / "ex"
+    out.mkdir()
+    for i in range(2):
+        write_csv(tmp_path / f"{i}.csv", 600, seed=i)
+        os.rename(tmp_path / f"{i}.csv", out / f"part-{i}.csv")
+
+    def land_later():
+        time.sleep(1.0)
+        write_csv(tmp_path / "2.csv", 600, seed=2)
+        os.rename(tmp_path / "2.csv", out / "part-2.csv")
+
+    writer = threading.Thread(target=land_later)
+    writer.start()
+    try:
+        s = het("train", "--stream", str(out / "part-*.csv"), "--stream-idle", "3", "--stream-prepared",
+                str(tmp_path / "prepared"), "--batch", "50", "--checkpoint", str(ck), "--json", "--quiet",
+                "--log-dir", str(tmp_path / "log"))
+    finally:
+        writer.join()
+    assert s["stream"]["partitions"] == 3 and s["stream"]["rows_trained"] == 1800 and not s["stream"]["skipped"]
+    assert s["stream"]["progressive"]["by_partition"][2]["auc"] > 0.6  # price tells the label
+    het("export", str(ck), str(ex), "--json")
+    model = load_model(str(ex))
+    scores = model.predict({"price": [-2.0, 2.0], "city": ["paris", "nowhere"], "ad": ["ad1", "ad7"]})
+    assert np.all((scores > 0) & (scores < 1)) and scores[1] > scores[0]
