@@ -179,6 +179,8 @@ class Rejoin:
         state = {"format": FORMAT, "step": step, "generation": self.generation, "lost": self.lost,
                  "model": {k: v for k, v in w.model.state_dict().items() if not k.startswith("embedding.")},
                  "optimizer": w.dense.state_dict()}
+        if w.task.progressive is not None:  # a stream's place: its steps differ in rows (het.train.streaming)
+            state["stream"] = w.task.data.position(step, w.cfg.batch)
         files.write_file(self._path(".pt"), lambda f: torch.save(state, f))
         self.snapshot_step, self._snapshot_time = step, time.monotonic()
 
@@ -238,6 +240,8 @@ class Rejoin:
             raise ValueError(f"{path} does not fit this model: missing {missing}, unexpected {unexpected}")
         w.dense.load_state_dict(state["optimizer"])
         w.embedding.resume_at(int(state["step"]))
+        if state.get("stream") and w.task.progressive is not None:
+            w.task.data.resume(state["stream"], int(state["step"]))
         self.rejoined_at = int(state["step"])
         if w.rank == 0:
             _say(f"het train: the workers re-formed (generation {self.generation}) at step {self.rejoined_at}; "

@@ -70,34 +70,38 @@ def test_online_training_keeps_up_with_a_drift_that_a_frozen_model_loses_to():
     assert r["later"]["online"] > r["later"]["frozen"] and r["later"]["online_wins"] >= 2
 
 
-@pytest.mark.slow  # two jobs, one killed: about 15 s
-def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
-    """kill -9 of the launcher while it waits for the stream's next partition, after a
-    checkpoint; the job resumed from it goes on at the first row no checkpointed step trained:
-    the rows trained over both runs are the rows in the files, and the resumed run scores (so
-    trains) exactly the rows after the checkpoint's."""
+@pytest.mark.slow  # two jobs, one killed: about 30 s each
+@pytest.mark.parametrize("victim", ["launcher", "worker 1"])
+def test_a_stream_job_killed_mid_partition_and_resumed_trains_every_row_once(tmp_path, victim):
+    """kill -9 of the launcher, or of a worker (its job then stops), in the middle of a
+    partition, after a checkpoint; the job resumed from it goes on at the first row no
+    checkpointed step trained: the rows trained over both runs are the rows in the files, and
+    the resumed run scores (so trains) exactly the rows after the checkpoint's."""
     import json
-    import os
     import signal
-    import time
+
+    import torch
 
     from het.train import checkpoint
     from jobs import alive
 
     out, cfg, ck = tmp_path / "parts", SyntheticCriteoConfig(cap=1000), tmp_path / "ck"
-    write_stream(str(out), 3, 0, 1000, 0.05, cfg, say=lambda _: None)  # 3,000 rows: 11 steps of 256, 8 + 3
-    flags = ["--stream", str(out / "part-*"), "--batch", "128", "--checkpoint", str(ck), "--checkpoint-every", "4"]
+    write_stream(str(out), 1, 0, 100_000, 0.05, cfg, say=lambda _: None)  # 391 steps of 256
+    flags = ["--stream", str(out / "part-*"), "--batch", "128", "--checkpoint", str(ck), "--checkpoint-every", "20"]
     first = subprocess.Popen([sys.executable, "-m", "het", "train", *flags, "--quiet", "--log-dir", str(tmp_path / "a")],
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     pids = {}
     try:
-        deadline = time.monotonic() + 120  # 3,000 rows: 11 steps and a short one, checkpoints at 4, 8, 12
-        while (checkpoint.saved_step(str(ck)) or 0) < 8 and time.monotonic() < deadline and first.poll() is None:
-            time.sleep(0.2)
+        deadline = time.monotonic() + 120
+        while (checkpoint.saved_step(str(ck)) or 0) < 40 and time.monotonic() < deadline and first.poll() is None:
+            time.sleep(0.05)
         pids = json.load(open(tmp_path / "a" / "pids.json"))
-        first.kill()  # kill -9 mid-stream: nothing flushed, nothing saved after step 8
-        first.wait()
-        deadline = time.monotonic() + 10  # a worker waiting for the stream leaves on SIGTERM too
+        if victim == "launcher":
+            first.kill()  # nothing flushed, nothing saved after the checkpoint
+        else:
+            os.kill(pids[victim], signal.SIGKILL)  # the launcher sees it and stops the job
+        first.wait(60)
+        deadline = time.monotonic() + 10  # the others leave on SIGTERM, or on their group's loss
         while any(alive(p) for p in pids.values()) and time.monotonic() < deadline:
             time.sleep(0.1)
         left = [name for name, p in pids.items() if alive(p)]
@@ -107,16 +111,14 @@ def test_a_stream_job_killed_and_resumed_trains_every_row_once(tmp_path):
             if alive(p):
                 os.kill(p, signal.SIGKILL)
     saved = checkpoint.saved_step(str(ck))
-    import torch
-
     trained = torch.load(ck / "worker.pt", weights_only=False)["stream"]["rows"]  # rows its steps trained
-    assert saved >= 8 and left == [] and trained == min(3000, saved * 2 * 128)
-    write_stream(str(out), 2, 0, 1000, 0.05, cfg, first=3, say=lambda _: None)  # the stream goes on meanwhile
+    assert left == [] and saved >= 40 and trained == saved * 2 * 128 < 100_000  # killed mid-partition
+    write_stream(str(out), 2, 0, 1000, 0.05, cfg, first=1, say=lambda _: None)  # the stream goes on meanwhile
     s = het("train", *flags, "--resume", str(ck), "--stream-idle", "1", "--json", "--quiet",
             "--log-dir", str(tmp_path / "b"))
     stream = s["stream"]
-    assert stream["rows"] == 5000 and stream["rows_trained"] == 5000  # over both runs
-    assert stream["progressive"]["rows"] == 5000 - trained  # this run: the rows after the checkpoint's, once
+    assert stream["rows"] == 102_000 and stream["rows_trained"] == 102_000  # over both runs
+    assert stream["progressive"]["rows"] == 102_000 - trained  # this run: the rows after the checkpoint's, once
 
 
 def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_partition(tmp_path):
@@ -215,3 +217,48 @@ def test_a_stream_of_csv_files_trains_and_its_export_scores_raw_rows(tmp_path):
     model = load_model(str(ex))
     scores = model.predict({"price": [-2.0, 2.0], "city": ["paris", "nowhere"], "ad": ["ad1", "ad7"]})
     assert np.all((scores > 0) & (scores < 1)) and scores[1] > scores[0]
+
+
+@pytest.mark.slow  # about 40 s
+def test_a_stream_job_whose_worker_dies_re_forms_at_its_rows(tmp_path):
+    """--max-restarts: a worker killed -9 mid-partition, the workers re-form from the dense
+    snapshot while the shards serve on, and go on at that snapshot's row, a short step before
+    it included (the rows of a step are not a function of the step alone once training caught
+    up with the stream): every row trained, the re-formed group scoring exactly those after it."""
+    import json
+    import signal
+
+    from het.train import checkpoint
+
+    out, cfg, ck = tmp_path / "parts", SyntheticCriteoConfig(cap=1000), tmp_path / "ck"
+    write_stream(str(out), 1, 0, 1000, 0.05, cfg, say=lambda _: None)  # 3 steps of 256 and a short one of 232
+
+    def land_later():  # once the job caught up (a second after step 2's checkpoint: steps take ms), a long one
+        deadline = time.monotonic() + 120
+        while (checkpoint.saved_step(str(ck)) or 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)
+        write_stream(str(out), 1, 0, 100_000, 0.05, cfg, first=1, say=lambda _: None)
+
+    writer = threading.Thread(target=land_later)
+    writer.start()
+    log = tmp_path / "log"
+    job = subprocess.Popen([sys.executable, "-m", "het", "train", "--stream", str(out / "part-*"), "--stream-idle",
+                            "5", "--batch", "128", "--checkpoint", str(ck), "--checkpoint-every", "2",
+                            "--max-restarts", "2", "--dense-snapshot-s", "0.5", "--json", "--quiet", "--log-dir",
+                            str(log)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while (checkpoint.saved_step(str(ck)) or 0) < 60 and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.05)
+        os.kill(json.load(open(log / "pids.json"))["worker 1"], signal.SIGKILL)
+        out_text, err = job.communicate(timeout=300)
+    finally:
+        job.kill()
+        writer.join()
+    assert job.returncode == 0, err[-3000:]
+    s = json.loads(out_text.strip().splitlines()[-1])
+    assert s["worker_restarts"] == 1 and 60 <= s["rejoined_at_step"]
+    assert s["stream"]["rows"] == 101_000 and s["stream"]["rows_trained"] == 101_000
+    at = 1000 + (s["rejoined_at_step"] - 4) * 256  # the snapshot's row: four steps took the first 1,000
+    assert s["stream"]["progressive"]["rows"] == 101_000 - at
