@@ -25,6 +25,7 @@ import json
 import time
 import zlib
 from bisect import bisect_right
+from typing import Protocol
 
 import numpy as np
 
@@ -47,8 +48,38 @@ def open_partition(path: str, raw: RawPartitions, verify: bool = True) -> Prepar
     return PreparedDataset(raw.prepared(path) if is_raw(path) else path, verify=verify)
 
 
+class Source(Protocol):
+    """What a stream job reads of its source (:mod:`het.train.streaming`), and all it reads: a
+    source of another kind (Kafka's records: each poll a unit named by its offsets) is a module
+    giving these. A unit is taken once, in one order every rank and every resumed run repeats.
+
+    Attributes:
+        parts: the units taken, in order: ``(name, data)``; ``data`` has ``rows["train"]``,
+            ``num_ids``, ``num_dense``, ``num_fields`` and ``rows_between("train", lo, hi)``.
+        skipped: units never taken, by name: why.
+        rows: rows in the units taken.
+    """
+
+    parts: list
+    skipped: dict[str, str]
+    rows: int
+
+    def wait_for(self, rows: int, idle_s: float | None = None, stop=None) -> bool:
+        """Take units until they hold ``rows`` rows (True), or ``idle_s`` passed with none taken."""
+
+    def adopt(self, names: list[str]) -> None:
+        """Take exactly ``names``, in order (another rank's, or a checkpoint's, choice)."""
+
+    def rows_between(self, lo: int, hi: int) -> Batch:
+        """The stream's rows ``lo .. hi - 1``, across units."""
+
+    def partitions_of(self, lo: int, hi: int) -> np.ndarray:
+        """The index in ``parts`` of each row ``lo .. hi - 1``."""
+
+
 class PartitionStream:
-    """The partitions matching ``pattern``, taken in order as they complete (see the module).
+    """The partitions matching ``pattern``, taken in order as they complete (see the module): a
+    :class:`Source`.
 
     Args:
         pattern: a glob of partition directories.

@@ -1,20 +1,21 @@
 """Training on a stream of partitions (``het train --stream PATTERN``): every row once, in order.
 
-The stream (:class:`het.data.stream.PartitionStream`) is the job's data. Step ``s`` trains the
-stream's rows ``s * W * B .. (s + 1) * W * B - 1`` (``W`` ranks of ``B`` rows), rank ``r`` the
-``r``-th share: which rows a step trains is a function of the step alone, so a job resumed from a
-checkpoint at step ``s`` goes on at the first row no step before it trained, and no row is
-trained twice. Rank 0 alone looks for partitions; whenever a step needs rows past those every
-rank holds, the ranks wait together for rank 0 to say which partitions hold them (it says so at
-least every :data:`HEARTBEAT_S` while it waits, keeping the process group alive), and every rank
-then reads the same partitions in the same order. When a wait for rows passed ``--stream-idle``
-seconds with no partition taken, the rows left are shared out as the last step (fewer than
-``W * B``; a rank may get none) and the job ends. Before it waits (training caught up with the
-data), ``on_caught_up`` runs on every rank: the publisher's, which serves every row trained.
+The stream (a :class:`het.data.stream.Source`; partitions: :class:`~het.data.stream.PartitionStream`)
+is the job's data, its rows one sequence. Each step trains the next ``W * B`` rows (``W`` ranks of
+``B`` rows), rank ``r`` the ``r``-th share. Rank 0 alone looks for partitions; whenever a step
+needs rows past those every rank holds, the ranks ask together, and rank 0 says which partitions
+hold them (at least every :data:`HEARTBEAT_S` while it waits, keeping the process group alive);
+every rank then reads the same partitions in the same order. A step that finds fewer rows than
+``W * B`` (training caught up with the data) trains those at once, the ranks sharing them (a
+rank may get none), and the next step starts past them: what lands is trained a pass after it
+lands, not once a whole step's rows came. Only a step that finds no row waits; before it does,
+``on_caught_up`` runs on every rank (the publisher's, which serves every row trained). When a
+wait passed ``--stream-idle`` seconds with no partition taken, the job ends.
 
-A checkpoint holds the stream's :meth:`StreamSource.position` (the partitions taken, in order,
-and the rows trained); a job resumed from it reads those partitions in that order and goes on at
-the next row, whatever its workers and batch: every row once across restarts.
+A checkpoint (and a re-forming group's dense snapshot) holds the stream's
+:meth:`StreamSource.position`: the partitions taken, in order, and the rows trained; a job resumed
+from it reads those partitions in that order and goes on at the next row, whatever its workers and
+batch: every row once across restarts.
 
 Each batch is scored before it trains (the training step's forward is that score: progressive
 validation, as in Google's ad click paper): :class:`Progressive` keeps, per partition, the log
