@@ -148,8 +148,8 @@ def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_part
     writer.start()
     try:
         s = het("train", "--stream", str(out / "part-*"), "--stream-idle", "3", "--batch", "100", "--publish",
-                str(pub), "--publish-every", "60", "--ps-stats-every", "0.2", "--json", "--quiet",
-                "--log-dir", str(tmp_path / "log"))
+                str(pub), "--publish-every", "60", "--ps-stats-every", "0.2", "--tensorboard-every", "5", "--json",
+                "--quiet", "--log-dir", str(tmp_path / "log"))
     finally:
         writer.join()
     assert s["stream"]["rows_trained"] == 3000 and s["steps"] == 15
@@ -162,6 +162,13 @@ def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_part
     window = s["stream"]["progressive"]["window"]
     assert window["rows"] == 3000 and abs(window["auc"] - s["stream"]["progressive"]["auc"]) < 1e-9
     assert any("progressive" in e for e in s["timeline"])
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "log" / "tensorboard"))
+    events.Reload()
+    auc = events.Scalars("stream/auc_window")
+    assert [e.step for e in auc] == [5, 10, 15] and all(0 < e.value < 1 for e in auc)
+    assert [e.step for e in events.Scalars("stream/logloss_window")] == [5, 10, 15]
 
 
 def test_a_stream_resumed_with_another_batch_goes_on_at_its_row_and_skips_a_late_partition(tmp_path):
