@@ -110,6 +110,21 @@ def read_delta(path: str, version: int) -> tuple[dict, dict, dict]:
     return meta, tables, dense
 
 
+def _not_in(keys: np.ndarray, sorted_keys: np.ndarray) -> np.ndarray:
+    """Which of ``keys`` are not in ``sorted_keys`` (ascending): a binary search each, where
+    ``np.isin`` sorts both again for every piece (two thirds of the publishing thread's time,
+    py-spy on the default job).
+
+    Example:
+        >>> _not_in(np.array([5, 1, 9, 7]), np.array([1, 7])).tolist()
+        [True, False, True, False]
+    """
+    if not len(sorted_keys):
+        return np.ones(len(keys), bool)
+    at = np.minimum(np.searchsorted(sorted_keys, keys), len(sorted_keys) - 1)
+    return sorted_keys[at] != keys
+
+
 def delta_arrays(pieces: list, view, dim: int, buffer: list) -> tuple:
     """A delta's keys, rows and clocks: the shards' changed rows (``pieces``: keys, rows, clocks
     each) with rank 0's copies (``view``: keys, rows, clocks; None: none) in place of theirs where
@@ -127,7 +142,8 @@ def delta_arrays(pieces: list, view, dim: int, buffer: list) -> tuple:
     if view is None:
         view = (np.zeros(0, np.int64), np.zeros((0, dim), np.float32), np.zeros(0, np.int64))
     vk, vr, vc = (np.asarray(a) for a in view)
-    keeps = [~np.isin(k, vk) for k, _, _ in pieces]  # a shard's row that rank 0's copy replaces goes
+    ordered = np.sort(vk)
+    keeps = [_not_in(k, ordered) for k, _, _ in pieces]  # a shard's row that rank 0's copy replaces goes
     counts = [int(np.count_nonzero(m)) for m in keeps]
     n = sum(counts) + len(vk)
     if buffer[0] is None or len(buffer[0]) < n or buffer[0].shape[1] != dim:

@@ -10,7 +10,7 @@ from hypothesis.extra.numpy import arrays
 
 from het import arrayfile
 from het.train.config import TrainConfig
-from het.train.published import ROW_DTYPES, decode_rows, encode_rows, read_delta, write_delta
+from het.train.published import ROW_DTYPES, decode_rows, delta_arrays, encode_rows, read_delta, write_delta
 
 
 @settings(max_examples=60, deadline=None)
@@ -56,3 +56,25 @@ def test_bounded_publishing_needs_a_finite_staleness_bound():
         TrainConfig.from_dict({"publish": {"dir": "p", "consistency": "sometimes"}})
     with pytest.raises(ValueError, match="publish.dtype"):
         TrainConfig.from_dict({"publish": {"dir": "p", "dtype": "int8"}})
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(-5, 40), unique=True, max_size=12), max_size=4),
+       st.lists(st.integers(-5, 40), unique=True, max_size=10))
+def test_rank_0s_copies_replace_the_shards_rows_of_the_same_keys(pieces_keys, view_keys):
+    """Keys are unique within a piece (a shard's page) and within the view; a key may be in
+    several pieces (shards) only under distinct tables, never here."""
+    seen, pieces = set(), []
+    for ks in pieces_keys:
+        ks = [k for k in ks if k not in seen]
+        seen.update(ks)
+        k = np.array(ks, np.int64)
+        pieces.append((k, k[:, None].astype(np.float32) * [1, 1], np.ones(len(k), np.int64)))
+    vk = np.array(view_keys, np.int64)
+    view = (vk, vk[:, None].astype(np.float32) * [10, 10], np.full(len(vk), 2, np.int64))
+    keys, rows, clocks = delta_arrays(pieces, view, 2, [None])
+    want = {int(k): (float(k), 1) for k in seen}
+    want.update({int(k): (10.0 * k, 2) for k in vk})
+    assert sorted(keys.tolist()) == sorted(want) and len(keys) == len(want)
+    for k, r, c in zip(keys.tolist(), rows, clocks.tolist()):
+        assert (r.tolist(), c) == ([want[k][0]] * 2, want[k][1])
