@@ -43,13 +43,17 @@ def save(worker, directory: str, step: int) -> None:
     """Flush every cache (no update left behind), then write the checkpoint (all ranks call this)."""
     worker.embedding.flush()
     barrier(worker.world)
+    task, extra = getattr(worker, "task", None), {}
+    if getattr(task, "progressive", None) is not None:  # a stream's scores so far, for the runs resumed from it
+        rows = task.data.position(step, worker.cfg.batch)["rows"]
+        extra["progressive"] = task.progressive.carry(worker.world, rows, task.data.ends())
     if worker.rank == 0:
         # written whole under a temporary name, then swapped in: a crash leaves the old one intact
         final = os.path.abspath(directory)
         tmp, old = f"{final}.tmp-{step}", f"{final}.old-{step}"
         remove_stale(final)
         shutil.rmtree(tmp, ignore_errors=True)
-        write(worker, tmp, step, replaces=final)
+        write(worker, tmp, step, replaces=final, **extra)
         files.fsync_tree(tmp)  # every file of it on disk before it takes the name
         if os.path.exists(final):
             os.replace(final, old)
@@ -181,6 +185,8 @@ def restore(worker, directory: str) -> int:
     worker.embedding.resume_at(int(state["step"]))  # the PS's Adam corrects its bias by the step number
     if state.get("stream") and getattr(worker.task, "progressive", None) is not None:
         worker.task.data.resume(state["stream"], int(state["step"]))  # every row once, in the order first taken
+        if state.get("progressive"):
+            worker.task.progressive.resume_from(state["progressive"], worker.rank)
     barrier(worker.world)
     return int(state["step"])
 

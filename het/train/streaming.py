@@ -129,6 +129,10 @@ class StreamSource:
                 self.on_caught_up(step)
             first = False
 
+    def ends(self) -> list[int]:
+        """Each taken partition's last row plus one, in the stream."""
+        return [int(e) for e in np.cumsum([data.rows["train"] for _, data in self.stream.parts])]
+
     def first_row(self, step: int, size: int) -> int:
         """The stream row step ``step`` (of batches of ``size`` a rank) starts from."""
         return self.base_row + (step - self.base_step) * self.world * size
@@ -206,11 +210,17 @@ class Progressive:
         self.chunk = max(1, window // CHUNKS)  # rows a chunk of the window holds
         self.chunks: list[np.ndarray] = [np.zeros((3, BINS))]  # the window, oldest first; the last filling
         self.filling = 0  # rows in the last chunk
+        self.added = 0  # rows this rank scored in this run
+        # rank 0, from the checkpoint a job resumed from: the partitions earlier runs scored whole
+        # (their metrics) and their tallies summed: the summary spans every run of the job
+        self.done: dict[int, dict] = {}
+        self.before = np.zeros((3, BINS))
 
     def add(self, logits: torch.Tensor, labels: torch.Tensor, parts: np.ndarray) -> None:
         """Score one batch (its logits before it trains). Shape: (n,), (n,), (n,)."""
         if not len(parts):
             return
+        self.added += len(parts)
         logits, labels = logits.detach().double().cpu().reshape(-1), labels.detach().double().cpu().reshape(-1)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, labels, reduction="none").numpy()
         bins = np.minimum((torch.sigmoid(logits).numpy() * BINS).astype(np.int64), BINS - 1)
@@ -237,26 +247,47 @@ class Progressive:
         return np.sum(self.chunks, axis=0)
 
     def merged(self, world: int) -> dict:
-        """Every rank's tallies summed (every rank calls it): ``parts`` (partition -> tally) and
-        ``window`` (the ranks' windows: the job's latest rows)."""
+        """Every rank's tallies summed (every rank calls it): ``parts`` (partition -> tally),
+        ``window`` (the ranks' windows: the job's latest rows) and ``added`` (rows scored in
+        this run); with what earlier runs scored (``done``, ``before``: rank 0's)."""
         parts: dict[int, np.ndarray] = {}
-        window = np.zeros((3, BINS))
-        for theirs in gather({"parts": self.parts, "window": self.window()}, world):
+        window, added = np.zeros((3, BINS)), 0
+        for theirs in gather({"parts": self.parts, "window": self.window(), "added": self.added}, world):
             for p, t in theirs["parts"].items():
                 parts[p] = parts.get(p, 0) + t
             window += theirs["window"]
-        return {"parts": parts, "window": window}
+            added += theirs["added"]
+        return {"parts": parts, "window": window, "added": added, "done": self.done, "before": self.before}
+
+    def carry(self, world: int, rows: int, ends: list[int]) -> dict:
+        """What a checkpoint after stream row ``rows`` keeps for the runs resumed from it (every
+        rank calls it; rank 0's is whole): the partitions scored whole by then as their metrics,
+        their tallies summed, the tallies of the partitions not yet whole, and the window."""
+        m = self.merged(world)
+        whole = {p: t for p, t in m["parts"].items() if ends[p] <= rows}
+        return {"done": {**self.done, **{p: {"rows": int(t[:2].sum()), **_metrics(t)} for p, t in whole.items()}},
+                "before": self.before + sum(whole.values(), np.zeros((3, BINS))),
+                "open": {p: t for p, t in m["parts"].items() if p not in whole}, "window": m["window"]}
+
+    def resume_from(self, carried: dict, rank: int) -> None:
+        """Go on from :meth:`carry`'s (rank 0 holds it; the other ranks start empty)."""
+        if rank == 0:
+            self.done, self.before = dict(carried["done"]), np.array(carried["before"])
+            self.parts = {int(p): np.array(t) for p, t in carried["open"].items()}
+            self.chunks, self.filling = [np.array(carried["window"]), np.zeros((3, BINS))], 0
 
     @staticmethod
     def metrics(merged: dict, names: list[str]) -> dict:
         """AUC and log loss per partition, over all of them and over the window, from
-        :meth:`merged` tallies."""
+        :meth:`merged` tallies: over every run of the job resumed from a checkpoint
+        (``rows_this_run``: the rows this run scored)."""
         tallies = merged["parts"]
-        every = sum(tallies.values()) if tallies else np.zeros((3, BINS))
-        per = [{"partition": names[p], "rows": int(t[:2].sum()), **_metrics(t)} for p, t in sorted(tallies.items())]
+        every = merged["before"] + sum(tallies.values(), np.zeros((3, BINS)))
+        per = [{"partition": names[p], **m} for p, m in sorted(merged["done"].items())]
+        per += [{"partition": names[p], "rows": int(t[:2].sum()), **_metrics(t)} for p, t in sorted(tallies.items())]
         window = merged["window"]
         return {"rows": int(every[:2].sum()), **_metrics(every), "by_partition": per,
-                "window": {"rows": int(window[:2].sum()), **_metrics(window)}}
+                "rows_this_run": int(merged["added"]), "window": {"rows": int(window[:2].sum()), **_metrics(window)}}
 
 
 def _tally(t: np.ndarray, bins: np.ndarray, positive: np.ndarray, loss: np.ndarray) -> None:

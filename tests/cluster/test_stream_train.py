@@ -118,7 +118,9 @@ def test_a_stream_job_killed_mid_partition_and_resumed_trains_every_row_once(tmp
             "--log-dir", str(tmp_path / "b"))
     stream = s["stream"]
     assert stream["rows"] == 102_000 and stream["rows_trained"] == 102_000  # over both runs
-    assert stream["progressive"]["rows"] == 102_000 - trained  # this run: the rows after the checkpoint's, once
+    scored = stream["progressive"]  # this run scored (so trained) the rows after the checkpoint's, once
+    assert scored["rows_this_run"] == 102_000 - trained and scored["rows"] == 102_000  # with the first run's
+    assert [p["rows"] for p in scored["by_partition"]] == [100_000, 1000, 1000]  # the first split across the runs
 
 
 def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_partition(tmp_path):
@@ -188,7 +190,11 @@ def test_a_stream_resumed_with_another_batch_goes_on_at_its_row_and_skips_a_late
             "--json", "--quiet", "--log-dir", str(tmp_path / "b"))
     stream = s["stream"]
     assert stream["partitions"] == 3 and stream["rows"] == 3000 and stream["rows_trained"] == 3000
-    assert stream["progressive"]["rows"] == 1000 and s["steps"] == 5  # the third partition's rows, once
+    assert stream["progressive"]["rows_this_run"] == 1000 and s["steps"] == 5  # the third partition's rows, once
+    scored = stream["progressive"]  # over both runs: the first run's partitions kept by the checkpoint
+    assert scored["rows"] == 3000 and [p["rows"] for p in scored["by_partition"]] == [1000] * 3
+    assert [p["auc"] for p in scored["by_partition"][:2]] == [p["auc"] for p in first["stream"]["progressive"][
+        "by_partition"]]
     assert list(stream["skipped"]) == [str(out / "part-00000a")] and "out of order" in stream["skipped"][
         str(out / "part-00000a")]
 
@@ -268,4 +274,4 @@ def test_a_stream_job_whose_worker_dies_re_forms_at_its_rows(tmp_path):
     assert s["worker_restarts"] == 1 and 60 <= s["rejoined_at_step"]
     assert s["stream"]["rows"] == 101_000 and s["stream"]["rows_trained"] == 101_000
     at = 1000 + (s["rejoined_at_step"] - 4) * 256  # the snapshot's row: four steps took the first 1,000
-    assert s["stream"]["progressive"]["rows"] == 101_000 - at
+    assert s["stream"]["progressive"]["rows_this_run"] == 101_000 - at
