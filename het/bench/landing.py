@@ -7,9 +7,10 @@ trains on them as they land and publishes (``--publish``, at the default interva
 process notes when each partition landed (its marker written) and, from the server's own
 ``het_serve_model_version`` gauge sampled every ``--sample-s`` seconds, when each version began to
 answer. A version's manifest says how many of the stream's rows it holds (``stream_rows``); a
-partition is served once a version holding its last row answers. Its landing-to-served
-time is the difference: the data's age when served scores first carry it, which is what a
-follower of the stream sees (Monolith's sync interval).
+partition is served once a version holding its last row answers. Its landing-to-served time is
+the difference: the data's age when served scores first carry it, which is what a follower of
+the stream sees (Monolith's sync interval). The percentiles are over the partitions that land
+once the server answers; those before it wait for the job's start (``before_serving_s``).
 
 It also checks that the served model moved with the data: the server's scores of a fixed probe (256
 rows read as the first base's input) change from the first version to the last.
@@ -146,12 +147,15 @@ def _report(summary, landed, versions, pub, rows, every_s, publish_every, first_
         end = (p + 1) * rows  # the partition's last row, plus one
         served = [seen for seen, held in versions.values() if held is not None and held >= end]
         lags.append(min(served) - at if served else float("nan"))
-    lag = np.asarray(lags[1:] or lags)  # the first landed before the job started: its time holds the start
-    return {"partitions": len(landed), "rows": rows, "every_s": every_s,
+    serving = min(seen for seen, _ in versions.values())  # a partition landed before holds the job's start
+    steady = [x for x, at in zip(lags, landed) if at >= serving]
+    lag = np.asarray(steady or [float("nan")])
+    return {"partitions": len(landed), "rows": rows, "every_s": every_s, "measured": len(steady),
             "publish_every_s": publish_every, "versions": len(versions),
             "landing_to_served_s": {"p50": float(np.nanpercentile(lag, 50)), "p99": float(np.nanpercentile(lag, 99)),
                                     "max": float(np.nanmax(lag)), "never": int(np.isnan(lag).sum())},
-            "first_partition_s": lags[0], "by_partition": [round(x, 2) for x in lags],
+            "before_serving_s": [round(x, 2) for x, at in zip(lags, landed) if at < serving],
+            "by_partition": [round(x, 2) for x in lags],
             "landed_at_s": [round(t - landed[0], 2) for t in landed],  # since the first landed
             # each version served: since the first landed, and the stream rows it holds
             "served_at_s": {v: [round(versions[v][0] - landed[0], 2), versions[v][1]] for v in sorted(versions)},
@@ -189,6 +193,6 @@ def _main(args) -> None:
         print(json.dumps(result))
     else:
         lag = result["landing_to_served_s"]
-        print(f"landing to served over {result['partitions']} partitions (publish every "
+        print(f"landing to served over {result['measured']} partitions (publish every "
               f"{result['publish_every_s']:g} s): p50 {lag['p50']:.1f} s, p99 {lag['p99']:.1f} s, max {lag['max']:.1f} s"
               f"{'; never served: ' + str(lag['never']) if lag['never'] else ''}")

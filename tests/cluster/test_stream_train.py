@@ -275,3 +275,18 @@ def test_a_stream_job_whose_worker_dies_re_forms_at_its_rows(tmp_path):
     assert s["stream"]["rows"] == 101_000 and s["stream"]["rows_trained"] == 101_000
     at = 1000 + (s["rejoined_at_step"] - 4) * 256  # the snapshot's row: four steps took the first 1,000
     assert s["stream"]["progressive"]["rows_this_run"] == 101_000 - at
+
+
+@pytest.mark.slow  # a job, its server and five partitions: about 40 s
+def test_het_bench_landing_serves_each_partition_after_it_lands():
+    """het bench landing, small: every partition landing during the job is served, each by a
+    version holding its last row, within seconds here (a poll, a pass, a flush and a delta)."""
+    from het.bench.landing import run
+
+    r = run(partitions=5, every_s=4.0, rows=3000, drift=0.05, extra=["--workers", "1", "--dim", "16"],
+            say=lambda _: None)
+    assert r["rows_trained"] == 15000 and r["landing_to_served_s"]["never"] == 0
+    assert r["measured"] >= 2 and r["measured"] + len(r["before_serving_s"]) == 5
+    assert 0 < r["landing_to_served_s"]["max"] < 4.0  # before the next partition lands
+    assert r["scores_moved"] > 0 and r["published"]["consistency"] == "bounded"
+    assert sorted(rows for _, rows in r["served_at_s"].values() if rows is not None)[-1] == 15000
