@@ -265,16 +265,17 @@ class Progressive:
         their tallies summed, the tallies of the partitions not yet whole, and the window."""
         m = self.merged(world)
         whole = {p: t for p, t in m["parts"].items() if ends[p] <= rows}
+        tensor = torch.from_numpy  # a checkpoint holds tensors and plain values: torch.load(weights_only=True) reads it
         return {"done": {**self.done, **{p: {"rows": int(t[:2].sum()), **_metrics(t)} for p, t in whole.items()}},
-                "before": self.before + sum(whole.values(), np.zeros((3, BINS))),
-                "open": {p: t for p, t in m["parts"].items() if p not in whole}, "window": m["window"]}
+                "before": tensor(self.before + sum(whole.values(), np.zeros((3, BINS)))),
+                "open": {p: tensor(t) for p, t in m["parts"].items() if p not in whole}, "window": tensor(m["window"])}
 
     def resume_from(self, carried: dict, rank: int) -> None:
         """Go on from :meth:`carry`'s (rank 0 holds it; the other ranks start empty)."""
         if rank == 0:
-            self.done, self.before = dict(carried["done"]), np.array(carried["before"])
-            self.parts = {int(p): np.array(t) for p, t in carried["open"].items()}
-            self.chunks, self.filling = [np.array(carried["window"]), np.zeros((3, BINS))], 0
+            self.done, self.before = dict(carried["done"]), carried["before"].numpy().copy()
+            self.parts = {int(p): t.numpy().copy() for p, t in carried["open"].items()}
+            self.chunks, self.filling = [carried["window"].numpy().copy(), np.zeros((3, BINS))], 0
 
     @staticmethod
     def metrics(merged: dict, names: list[str]) -> dict:
