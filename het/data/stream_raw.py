@@ -19,7 +19,8 @@ prepare table --schema`` reads), else is inferred from the first partition's hea
 id to its out-of-vocabulary key: a dynamic table's admission does that job on a stream).
 
 A preparation is kept, named after its partition: a job resumed, or another rank of the job,
-finds it (its sources' paths and sizes checked) instead of preparing it again.
+finds it instead of preparing it again, once its sources' paths, sizes and times, its columns
+and (past the first partition) its transforms are this job's.
 """
 
 from __future__ import annotations
@@ -83,15 +84,19 @@ class RawPartitions:
         files = raw_files(path)
         if not files:
             raise ValueError(f"{path}: no data file in it (CSV, TSV or Parquet; hidden names are left out)")
+        if os.path.islink(self.directory):
+            raise ValueError(f"{self.directory}: a link, expected a directory for the stream's preparations "
+                             f"(give another with --stream-prepared)")
         out = os.path.join(self.directory, _name(path))
-        sources = [{"path": os.path.abspath(f), "bytes": os.path.getsize(f)} for f in files]
+        sources = [{"path": os.path.abspath(f), "bytes": (st := os.stat(f)).st_size, "mtime_ns": st.st_mtime_ns}
+                   for f in files]
+        if self.spec is None:
+            self._schema_from(files[0])
         kept = _meta(out)
-        if kept is not None and kept.get("stream_sources") == sources:
+        if kept is not None and self._fits(kept, sources):  # these files, prepared as this job would
             if self.fitted is None:
                 self._first_from(kept)
             return out
-        if self.spec is None:
-            self._schema_from(files[0])
         os.makedirs(self.directory, exist_ok=True)
         prepare_table(files, out, self.spec, test_fraction=0.0, progress=False, schema_toml=self.schema_toml,
                       fitted=self.fitted, extra_meta={"stream_sources": sources, "stream_schema": self.schema_toml,
@@ -118,16 +123,17 @@ class RawPartitions:
                               bucket=tuple(schema.bucket), buckets=schema.buckets or 10)
         self.schema_toml = schema.to_toml()
 
-    def _first_from(self, meta: dict) -> None:
-        """The first partition's fit and spec, from its preparation (a resumed job's too)."""
-        from het.data.table import TableSpec
+    def _fits(self, kept: dict, sources: list) -> bool:
+        """Whether a kept preparation is of these files (paths, sizes, times), under this job's
+        columns and, past the first partition, its first partition's fit."""
+        spec = json.loads(json.dumps(dataclasses.asdict(self.spec)))
+        fitted = self.fitted is None or all(kept.get(k) == self.fitted[k] for k in ("dense_transforms", "buckets"))
+        return kept.get("stream_sources") == sources and kept.get("stream_spec") == spec and fitted
 
+    def _first_from(self, meta: dict) -> None:
+        """The first partition's fit, from its preparation (a resumed job's too)."""
         self.fitted = {"dense_transforms": meta.get("dense_transforms"), "buckets": meta.get("buckets"),
                        "vocabulary": None}
-        if self.spec is None:
-            s = meta["stream_spec"]
-            self.spec = TableSpec(**{k: tuple(v) if isinstance(v, list) else v for k, v in s.items()})
-            self.schema_toml = meta.get("stream_schema")
 
 
 def _name(path: str) -> str:

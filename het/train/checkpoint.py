@@ -17,7 +17,9 @@ checksums (the saves and ``worker.pt`` are zip files with a CRC-32 a member,
 ``evaluation.json`` its own), read back before it is trusted: a damaged checkpoint is refused,
 naming the file and the bytes.
 
-Every rank's batches are a function of the step, so the step is the data position.
+Every rank's batches are a function of the step, so the step is the data position; a stream's
+(whose steps differ in rows once training catches up with it) is written beside it: the
+partitions taken and the rows trained, with its progressive metrics so far.
 """
 
 from __future__ import annotations

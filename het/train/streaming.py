@@ -71,10 +71,13 @@ class StreamSource:
         self.pattern, self.idle_s, self.poll_s = pattern, idle_s, poll_s
         self.raw = RawPartitions(prepared or default_directory(pattern), schema)  # raw partitions' preparations
         self.stream = PartitionStream(pattern, poll_s, self.raw)
-        if not self.stream.wait_for(1, idle_s):  # the first partition gives the columns' widths
+        # the first partition gives the columns' widths; one refused (damaged, a schema that does not
+        # fit) is said at once rather than waited past
+        refused = lambda: bool(self.stream.skipped) and not self.stream.parts  # noqa: E731
+        if not self.stream.wait_for(1, idle_s, refused):
             raise ValueError(f"stream {pattern!r}: no complete partition (a directory holding its _SUCCESS, or a CSV, "
-                             f"TSV or Parquet file under its final name) came in "
-                             f"{idle_s} s; skipped: {self.stream.skipped or 'none'}")
+                             f"TSV or Parquet file under its final name) was taken in {idle_s} s; refused: "
+                             f"{self.stream.skipped or 'none'}")
         first = self.stream.parts[0][1]
         self.num_ids, self.num_dense, self.num_fields = first.num_ids, first.num_dense, first.num_fields
         self.attach(0, 1)
@@ -186,7 +189,7 @@ class StreamSource:
 
     def summary(self, steps: int, size: int) -> dict:
         """The stream's part of the job's summary: partitions taken, rows trained over every run
-        of the job (a step's rows are a function of the step), what was skipped and why."""
+        of the job (from its place in the checkpoint resumed from), what was skipped and why."""
         trained = min(self.first_row(steps, size), self.agreed)
         return {"partitions": len(self.stream.parts), "rows_trained": trained, "rows": self.agreed,
                 "ended": self.ended, "skipped": dict(self.stream.skipped)}

@@ -55,6 +55,14 @@ def test_a_stream_job_refuses_what_it_cannot_have_beside_it(tmp_path):
                           "0.5", "--quiet", "--log-dir", str(tmp_path / "log")], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 2 and "no complete partition" in out.stderr and "Traceback" not in out.stderr
+    (tmp_path / "in").mkdir()  # a first partition refused (its schema names a column it lacks): said at once
+    write_csv(tmp_path / "in" / "part-0.csv", 50)
+    (tmp_path / "schema.toml").write_text('label = "clicked"\ndense = ["price"]\nsparse = ["shop"]\n')
+    out = subprocess.run([sys.executable, "-m", "het", "train", "--stream", str(tmp_path / "in" / "*.csv"),
+                          "--stream-schema", str(tmp_path / "schema.toml"), "--stream-prepared", str(tmp_path / "p"),
+                          "--quiet", "--log-dir", str(tmp_path / "log2")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert "refused" in out.stderr and "sparse column(s) ['shop'] not found" in out.stderr
 
 
 @pytest.mark.slow  # two jobs and an export: about 25 s

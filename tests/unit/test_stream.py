@@ -147,6 +147,7 @@ def test_raw_partitions_are_prepared_as_taken_under_the_first_ones_transforms(tm
     import pyarrow.csv
     import pyarrow.parquet
 
+    from het.data.prepared import PreparedDataset
     from het.data.stream_raw import RawPartitions
 
     out, prepared = tmp_path / "in", tmp_path / "prepared"
@@ -173,6 +174,12 @@ def test_raw_partitions_are_prepared_as_taken_under_the_first_ones_transforms(tm
     again.adopt([p for p, _ in stream.parts])
     assert sorted(os.listdir(prepared)) == made and again.rows == 900
     assert np.array_equal(again.rows_between(0, 900).dense, stream.rows_between(0, 900).dense)
+    (tmp_path / "schema.toml").write_text('label = "clicked"\ndense = ["price"]\nsparse = ["city"]\n')
+    other = RawPartitions(str(prepared), str(tmp_path / "schema.toml"))  # other columns: prepared anew
+    assert PreparedDataset(other.prepared(str(out / "part-0.csv"))).num_fields == 1
+    write_csv(out / "part-1.csv", 300, 5.0, 9)  # rewritten in place: its preparation is not this file's
+    assert other.prepared(str(out / "part-1.csv")) and not np.array_equal(
+        PreparedDataset(other.prepared(str(out / "part-1.csv"))).rows_between("train", 0, 300).dense, second.dense)
 
 
 def test_a_raw_stream_refuses_a_vocabulary_and_says_why_a_bad_partition_is_skipped(tmp_path):
