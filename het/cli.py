@@ -8,6 +8,8 @@ import gc
 import importlib
 import sys
 
+from het.process import follow_parent
+
 # Each ``het SUBCOMMAND`` and its module, in the order ``het --help`` lists them: the module has
 # ``add_parser(subparsers)``, which sets ``func``, the subcommand's entry point.
 COMMANDS = {"train": "het.train.cli", "export": "het.export.cli", "predict": "het.export.predict_cli",
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     # At exit the interpreter's garbage collections walk every object torch made: 0.7-0.9 s of a
     # stopping worker's, shard's or launcher's life on a busy machine, 0.15 s once frozen (measured).
     atexit.register(gc.freeze)
+    follow_parent()
     argv = sys.argv[1:] if argv is None else argv
     args = parser(argv[0] if argv and argv[0] in COMMANDS else None).parse_args(argv)
     try:

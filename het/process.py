@@ -1,4 +1,12 @@
-"""Helpers for the processes het starts (shards, workers, namespaced hosts)."""
+"""Helpers for the processes het starts (shards, workers, namespaced hosts).
+
+A het process that starts ``python -m het ...`` while it runs threads (a worker's publisher, a
+shard's IO, torch's pools) runs no Python between fork and exec (``preexec_fn``, which can
+deadlock on a lock another thread held at the fork, leaving a copy of the parent that never
+execs): the child is asked to die with its parent through its environment
+(:func:`parent_env`, taken by :func:`follow_parent` as ``het`` starts), and a lower priority is
+set from outside (:func:`lower_priority`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +20,36 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(sig))  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: the parent's own cleanup still runs
+        pass
+
+
+PARENT_ENV = "HET_DIE_WITH_PARENT"
+
+
+def parent_env(env: dict | None = None) -> dict:
+    """``env`` (default: this process's) for a ``python -m het`` child that is to get SIGTERM
+    when this process dies: :func:`follow_parent` reads it in the child."""
+    return dict(os.environ if env is None else env, **{PARENT_ENV: str(os.getpid())})
+
+
+def follow_parent() -> None:
+    """In a ``het`` process started with :func:`parent_env`: die with the parent, as
+    :func:`die_with_parent` asks; a parent gone before the ask is a SIGTERM at once. The
+    variable is taken, so this process's own children are asked of it, not of its parent."""
+    parent = os.environ.pop(PARENT_ENV, None)
+    if parent is None:
+        return
+    die_with_parent()
+    if str(os.getppid()) != parent:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def lower_priority(pid: int, nice: int) -> None:
+    """Run process ``pid`` (a child just started) at niceness ``nice``: what training does not
+    use. Set from outside, not in the child before exec (see the module)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, nice)
+    except (ProcessLookupError, PermissionError):  # it ended already, or it is not ours to lower
         pass
 
 

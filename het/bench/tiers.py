@@ -34,7 +34,7 @@ import sys
 import tempfile
 
 from het.config import parse_bytes
-from het.process import die_with_parent
+from het.process import parent_env
 
 JOB = ("--data", "synthetic-criteo-1tb", "--dim", "64")
 STEPS = 10**9  # more than any time limit allows: the limit ends each job
@@ -64,7 +64,7 @@ def run_job(args: list[str], timeout_s: float) -> dict:
         try:
             out = subprocess.run([sys.executable, "-m", "het", *args, "--log-dir", os.path.join(log_dir, "job")],
                                  stdout=subprocess.PIPE, stderr=err, text=True, timeout=timeout_s,
-                                 preexec_fn=die_with_parent)
+                                 env=parent_env())
         except subprocess.TimeoutExpired:
             raise RuntimeError(f"het {shlex.join(args)} ran past {timeout_s:.0f} s; its logs: {log_dir}") from None
         err.seek(0)

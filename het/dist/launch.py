@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 
 from het.config import ShardConfig, TableConfig
-from het.process import die_with_parent
+from het.process import parent_env
 from het.ps.server_process import JobShard, ServerProcess
 
 
@@ -162,8 +162,8 @@ class LocalCluster:
             open(log, "w").close()
             out = open(log, "a")  # appended to by the child's stdout and by the tee of its stderr
             tee = rank == 0 and self.progress
-            proc = self._popen(f"worker{rank}")(cmd, env=env, stdout=out, stderr=subprocess.PIPE if tee else out,
-                                                start_new_session=True, preexec_fn=die_with_parent)
+            proc = self._popen(f"worker{rank}")(cmd, env=parent_env(env), stdout=out,
+                                                stderr=subprocess.PIPE if tee else out, start_new_session=True)
             out.close()
             if tee:  # rank 0's progress bar reaches the terminal and its log
                 threading.Thread(target=_tee, args=(proc.stderr, log), daemon=True).start()

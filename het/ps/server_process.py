@@ -14,7 +14,7 @@ import sys
 import threading
 
 from het.config import ShardConfig
-from het.process import die_with_parent
+from het.process import parent_env
 from het.ps.store import saves
 from het.ps.wire.auth import SECRET_ENV, check_bind, check_secret
 
@@ -65,8 +65,8 @@ class ServerProcess:
         self.log_path = log_path
         self._log = open(log_path, "w") if log_path else None
         self.proc = popen(cmd, stdout=subprocess.PIPE, stderr=self._log or subprocess.DEVNULL,
-                                     text=True, env=dict(_child_env(secret), **(env or {})),
-                                     start_new_session=new_session, preexec_fn=die_with_parent)
+                                     text=True, env=parent_env(dict(_child_env(secret), **(env or {}))),
+                                     start_new_session=new_session)
         self.metrics_url = self.address = None
         self._start = (start_timeout_s, metrics_port is not None)
         if wait:
@@ -164,7 +164,7 @@ def supervise(argv: list[str], bind: str, restarts: int | None, backoff_s: float
     done = 0
     while True:
         proc = subprocess.Popen([sys.executable, "-m", "het", "serve", *argv, "--bind", bind], stdout=subprocess.PIPE,
-                                text=True, preexec_fn=die_with_parent)
+                                text=True, env=parent_env())
         child[:] = [proc]
         if stopping.is_set() and proc.poll() is None:  # a signal that came while it started
             proc.send_signal(signal.SIGTERM)

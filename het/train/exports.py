@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 
+from het.process import lower_priority
 from het.train import checkpoint
 from het.train.config import TrainConfig
 
@@ -48,7 +49,8 @@ class Exporter:
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen([sys.executable, "-m", "het", "export", snapshot, self.out, "--dtype",
                                       self.cfg.export.dtype, "--quiet", "--json"], stdout=self.log,
-                                     stderr=subprocess.STDOUT, preexec_fn=_lower_priority)
+                                     stderr=subprocess.STDOUT)
+        lower_priority(self.proc.pid, 10)  # the export shares the machine with training: training first
 
     def wait(self) -> None:
         """Wait for the export in flight, if any; a failed one is counted and named."""
@@ -75,10 +77,6 @@ def exporter(worker, cfg: TrainConfig) -> Exporter | None:
     if not cfg.export.dir or not cfg.export.every:
         return None
     return Exporter(worker, cfg)
-
-
-def _lower_priority() -> None:
-    os.nice(10)  # the export shares the machine with training: training first
 
 
 class Outputs:

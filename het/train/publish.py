@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from het.dist.collectives import barrier, rank0_says
+from het.process import lower_priority
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.published import (base_name, bytes_under, delta_arrays, delta_name, encode_rows, listing,  # noqa: F401 - the
@@ -355,7 +356,9 @@ class Publisher:
         version, _, meta = self.deltas[-1]
         if self.compactor is None:
             self.compactor = subprocess.Popen([sys.executable, "-m", "het.export.compact", "--serve"], text=True,
-                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_lower_priority)
+                                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+            lower_priority(self.compactor.pid, 19)  # the lowest that still makes progress on a machine
+            # training keeps busy (SCHED_IDLE could starve it, and a delta may wait for the base it makes)
         out = os.path.join(self.dir, base_name(version))
         job = {"base": os.path.join(self.dir, base_name(self.base_version)), "out": out,
                "deltas": [os.path.join(self.dir, delta_name(v)) for v, _, _ in self.deltas],
@@ -385,12 +388,6 @@ class Publisher:
         for v in deltas:
             if v <= kept[0]:
                 os.remove(os.path.join(self.dir, delta_name(v)))
-
-
-def _lower_priority() -> None:
-    """The lowest priority that still makes progress on a machine training keeps busy (nice 19;
-    SCHED_IDLE could starve it, and a delta may wait for the base it makes)."""
-    os.nice(19)
 
 
 def publisher(worker, cfg: TrainConfig, connect=None) -> Publisher | None:
