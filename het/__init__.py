@@ -26,7 +26,7 @@ import importlib
 # a command line or starts others (the launcher, ``het --help``) loads no torch
 _PUBLIC = {"CacheConfig": "het.config", "OptimizerConfig": "het.config", "ShardConfig": "het.config",
            "TableConfig": "het.config", "EmbeddingCache": "het.cache", "Embedding": "het.nn", "PSClient": "het.ps",
-           "PSError": "het.ps", "ServerProcess": "het.ps.server_process", "ServerThread": "het.ps", "Shard": "het.ps"}
+           "PSError": "het.ps", "ServerProcess": "het.ps.server.process", "ServerThread": "het.ps", "Shard": "het.ps"}
 
 
 def __getattr__(name: str):

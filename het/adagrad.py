@@ -1,4 +1,4 @@
-"""Adagrad's move for a sum of steps: the one formula the shard's Adagrad (het.ps.store.optim)
+"""Adagrad's move for a sum of steps: the one formula the shard's Adagrad (het.ps.server.store.optim)
 and a worker cache's local rule (het.cache) share, so that a cached copy moves as the server's
 row will when its pending push lands."""
 

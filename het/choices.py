@@ -50,7 +50,7 @@ class Choice(str, enum.Enum):
 
 
 class Optimizer(Choice):
-    """The optimizers a shard applies to pushed rows (:mod:`het.ps.store.optim`)."""
+    """The optimizers a shard applies to pushed rows (:mod:`het.ps.server.store.optim`)."""
 
     SGD = "sgd"
     ADAGRAD = "adagrad"
@@ -87,7 +87,7 @@ class PushDtype(Choice):
 class RowDtype(Choice):
     """How a shard stores a table's rows: float32, or in half the bytes as float16 (11
     significant bits, values to 65504) or bfloat16 (8 bits, float32's range). Optimizer state
-    stays float32; updates are computed in float32 and rounded (:mod:`het.ps.halves`)."""
+    stays float32; updates are computed in float32 and rounded (:mod:`het.ps.protocol.halves`)."""
 
     FP32 = "fp32"
     FP16 = "fp16"

@@ -21,7 +21,7 @@ from het.staleness import check_staleness
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
-MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.store.admission)
+MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.server.store.admission)
 DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableConfig's, for rows=None
 
 
@@ -33,7 +33,7 @@ class TableConfig:
         name: the table's name; letters, digits, ``_ . -``.
         rows: number of rows (keys are ``0 .. rows - 1``); ``None`` makes the table *dynamic*:
             it takes any int64 key (raw or hashed ids, no vocabulary), and a shard stores only
-            the rows that pushes have changed (:mod:`het.ps.store.dynamic`).
+            the rows that pushes have changed (:mod:`het.ps.server.store.dynamic`).
         dim: width of a row.
         optimizer: the sparse optimizer the shards apply to this table.
         init_scale: rows start uniform in ``[-init_scale, init_scale]``.
@@ -43,7 +43,7 @@ class TableConfig:
             many worker-steps; before that its reads give the initial row and its gradients are
             dropped (and counted). 1 admits every key on its first push.
         admit_counters: dynamic tables with ``admit_after > 1``: the bytes of each shard's
-            count-min sketch of sightings (one byte a counter, :mod:`het.ps.store.admission`). With
+            count-min sketch of sightings (one byte a counter, :mod:`het.ps.server.store.admission`). With
             ``m`` keys not yet admitted, a key is admitted early with probability near
             ``(1 - exp(-4 m / admit_counters)) ** 4``.
         expire_after: dynamic tables: a row not updated for this many steps is removed (it
@@ -52,7 +52,7 @@ class TableConfig:
             updated rows are evicted; ``None``: no budget.
         row_dtype: how shards store the rows: ``fp32``, or ``fp16`` / ``bf16`` in half the bytes
             (optimizer state stays float32; a row's initial value and every update rounded to
-            it, :mod:`het.ps.halves`).
+            it, :mod:`het.ps.protocol.halves`).
         row_rounding: half-precision rows: ``stochastic`` or ``nearest`` rounding of updates.
 
     Example:
@@ -195,7 +195,7 @@ class ShardConfig:
     """One PS shard: which slice of every table it holds.
 
     Keys are partitioned by ``key % num_shards``: shard ``i`` holds keys ``i, i + S, ...``
-    at local row ``key // S`` (see :mod:`het.ps.partition`).
+    at local row ``key // S`` (see :mod:`het.ps.protocol.partition`).
 
     ``max_keys`` bounds the keys of one request; a frame larger than such a request's largest
     array (``max_frame_bytes``: its rows, plus room for the header) drops its sender's

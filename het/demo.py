@@ -19,8 +19,8 @@ from tqdm import tqdm
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
 from het.data.zipf import Zipf
 from het.nn.embedding import Embedding
-from het.ps.client import PSClient
-from het.ps.server_process import ServerProcess
+from het.ps.client.client import PSClient
+from het.ps.server.process import ServerProcess
 from het.staleness import staleness_flag
 
 

@@ -1,5 +1,5 @@
 """A directory one process at a time may own: :class:`DirectoryLock` (a shard's state
-directory, :mod:`het.ps.store.state`)."""
+directory, :mod:`het.ps.server.store.state`)."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import json
 import typing
 
 from het.config import DYNAMIC_ONLY, OptimizerConfig, ShardConfig, TableConfig
-from het.ps.server import run_foreground
+from het.ps.server.server import run_foreground
 from het.train.flags import add_flag, default_help, flag_name
 
 # The flags generated from each config: (config, its fields left out, flags named otherwise than --FIELD)
@@ -137,13 +137,13 @@ def cmd_serve(args) -> None:
 
     import torch
 
-    from het.ps.wire.auth import load_secret
+    from het.ps.protocol.auth import load_secret
 
     if args.supervise is not None:
         if not (args.wal and args.state_dir):
             raise ValueError("--supervise needs --wal and --state-dir DIR: a shard restarted without its log "
                              "would come back empty")
-        from het.ps.server_process import supervise
+        from het.ps.server.process import supervise
 
         raise SystemExit(supervise(_without_supervise(sys.argv[2:]), args.bind,
                                    None if args.supervise < 0 else args.supervise))

@@ -8,11 +8,11 @@ import pytest
 import zmq
 
 from het.config import ShardConfig
-from het.ps.store import saves
-from het.ps.client import PSClient
-from het.ps.server import ServerThread
-from het.ps.shard import Shard
-from het.ps.wire.transport import LocalTransport
+from het.ps.server.store import saves
+from het.ps.client.client import PSClient
+from het.ps.server.server import ServerThread
+from het.ps.server.shard import Shard
+from het.ps.protocol.transport import LocalTransport
 
 
 class LocalCluster:

@@ -7,7 +7,7 @@ from collections import OrderedDict
 
 import torch
 
-from het.ps.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
+from het.ps.server.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
 
 
 class ExactLRU:

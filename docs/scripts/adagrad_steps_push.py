@@ -16,7 +16,7 @@ import time
 import torch
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps.store.fixed import FixedRows
+from het.ps.server.store.fixed import FixedRows
 
 
 def main() -> None:

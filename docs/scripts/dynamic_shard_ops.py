@@ -14,8 +14,8 @@ import numpy as np
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.partition import mix
-from het.ps.shard import Shard
+from het.ps.protocol.partition import mix
+from het.ps.server.shard import Shard
 
 
 def main() -> None:

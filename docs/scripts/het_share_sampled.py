@@ -85,14 +85,14 @@ def _runs_native(frame: str) -> bool:
 def run(steps: int) -> dict:
     import torch
 
-    from het.ps.client import PSClient
+    from het.ps.local import local_client
     from het.train.config import TrainConfig
     from het.train.loop import Worker
     from het.train.tasks import job_tables
 
     torch.set_num_threads(1)
     cfg = TrainConfig(eval_samples=0, workers=1)
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init))
+    worker = Worker(cfg, local_client(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init))
     worker.train(20, 0, progress=False)
     t0 = time.perf_counter()
     worker.train(20 + steps, 20, progress=False)

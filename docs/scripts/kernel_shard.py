@@ -1,6 +1,6 @@
 """What het's client reaches on ``het bench ps``'s step against a shard whose hot requests cost
 nothing but their kernels: the bound of moving the shard's request path into native code. The
-shard process holds a real :class:`het.ps.shard.Shard` (it answers INFO, STATS and the rows'
+shard process holds a real :class:`het.ps.server.shard.Shard` (it answers INFO, STATS and the rows'
 first, delta-coded pushes, and holds the rows), but reads a PULL or PUSH by its header alone,
 trusting the bench's layout (int32 keys, float32 gradients, uint8 counts) and checking nothing
 but the gradients' finiteness, calls the table's kernels (the lazy pull's one-pass gather, the
@@ -26,11 +26,11 @@ from lean_client import _lean, setup  # a sibling script: run as docs/scripts/ke
 from het import native
 from het.bench.ps import _Shard, raw_zmq
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.hot import encode_reply
-from het.ps.shard import Shard
-from het.ps.wire.protocol import HEADER, Op
-from het.ps.wire.transport import ZmqEndpoint
+from het.ps.client.client import PSClient
+from het.ps.server.hot import encode_reply
+from het.ps.server.shard import Shard
+from het.ps.protocol.messages import HEADER, Op
+from het.ps.protocol.transport import ZmqEndpoint
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 TABLE = TableConfig("bench", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01))

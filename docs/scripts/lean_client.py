@@ -23,7 +23,7 @@ import torch
 from het import native
 from het.bench.ps import _Shard, raw_zmq
 from het.config import OptimizerConfig, TableConfig
-from het.ps.wire.protocol import HEADER, MAGIC, VERSION, Op
+from het.ps.protocol.messages import HEADER, MAGIC, VERSION, Op
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 

@@ -20,6 +20,7 @@ import time
 import torch
 
 from het import native
+from het.ps.local import local_client
 
 
 class _Timed:
@@ -51,14 +52,14 @@ def main() -> None:
     seconds: collections.Counter = collections.Counter()
     native.ops = _Timed(native.ops, seconds)
 
-    from het.ps.client import PSClient
+    from het.ps.client.client import PSClient
     from het.train.config import TrainConfig
     from het.train.loop import Worker
     from het.train.tasks import job_tables
 
     torch.set_num_threads(1)
     cfg = TrainConfig()
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init))
+    worker = Worker(cfg, local_client(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init))
     worker.train(30, 0, progress=False)
     seconds.clear()
     start = time.perf_counter()

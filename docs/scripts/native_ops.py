@@ -6,7 +6,7 @@ Prints one JSON object: milliseconds per call of ``initial_rows`` (100,000 keys 
 a fixed table's push (4,096 distinct rows of dim 128 into 200,000, each optimizer) and of a
 step's unique keys and inverse (13,312 keys; reference ``torch.unique``), native and reference
 in turn for ``--rounds`` rounds, and the ratio of the medians. The reference path is
-``het.ps.initial.hash_rows`` (initial_rows) and ``FixedRows(..., native=False)`` (push). Not native,
+``het.ps.protocol.initial.hash_rows`` (initial_rows) and ``FixedRows(..., native=False)`` (push). Not native,
 timed the same way: ``Embedding.forward``'s per-key gather by ``index_select`` (the "native"
 column) against the ``rows[inverse]`` it replaced, forward and backward.
 """
@@ -23,8 +23,8 @@ import torch
 
 from het import native
 from het.config import OptimizerConfig, TableConfig
-from het.ps.initial import hash_rows, initial_counters, initial_rows
-from het.ps.store.fixed import FixedRows
+from het.ps.protocol.initial import hash_rows, initial_counters, initial_rows
+from het.ps.server.store.fixed import FixedRows
 
 
 def time_initial_rows(use_native: bool, keys: np.ndarray, table: TableConfig) -> float:

@@ -20,15 +20,15 @@ import zlib
 import numpy as np
 import torch
 
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 
 def pushed_gradients(steps: int = 300) -> np.ndarray:
     cfg = TrainConfig.load(None, {"batch": 128, "steps": steps}, {})
-    client = PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
+    client = local_client(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
     kept = []
 

@@ -6,7 +6,7 @@ each kind moved:
     .venv/bin/python docs/scripts/push_kinds.py [--steps 300]
 
 Every process of the job loads a ``sitecustomize`` from a temporary directory that wraps
-:func:`het.ps.store.kernels.native_push_args` to append each push's kind and rows to a file.
+:func:`het.ps.server.store.kernels.native_push_args` to append each push's kind and rows to a file.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import tempfile
 
 HOOK = '''
 import os
-import het.ps.store.kernels as kernels
+import het.ps.server.store.kernels as kernels
 
 _args = kernels.native_push_args
 

@@ -1,6 +1,6 @@
 """What a push costs a shard under a memory budget besides the rows it changes: the peak RSS
 over the request's start, per key and in records (a row and its Adagrad state), for pushes of
-new keys into a dynamic table of dim 64 with a disk tier (het.ps.budget's SCRATCH_RECORDS).
+new keys into a dynamic table of dim 64 with a disk tier (het.ps.server.budget's SCRATCH_RECORDS).
 
     .venv/bin/python docs/scripts/push_scratch.py [--keys 65536] [--memory-mib 64] [--rounds 4]
 
@@ -18,9 +18,9 @@ import tempfile
 import numpy as np
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.shard import Shard
-from het.ps.store.dynamic import release_freed_memory
-from het.ps.wire.protocol import Message, Op
+from het.ps.server.shard import Shard
+from het.ps.server.store.dynamic import release_freed_memory
+from het.ps.protocol.messages import Message, Op
 
 
 def _rss_and_peak() -> tuple[int, int]:

@@ -18,8 +18,8 @@ import torch
 
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.shard import Shard
+from het.ps.client.client import PSClient
+from het.ps.server.shard import Shard
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 KERNELS = ("pull_touched", "table_push", "all_finite")

@@ -29,7 +29,7 @@ import zmq
 
 from het import native
 from het.config import OptimizerConfig, TableConfig
-from het.ps.store.fixed import FixedRows
+from het.ps.server.store.fixed import FixedRows
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 PULL = (BATCH * 8, BATCH * DIM * 4 + BATCH * 8)  # keys out; rows and clocks back

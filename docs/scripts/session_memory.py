@@ -9,7 +9,7 @@ import numpy as np
 import zmq
 
 from het import PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.wire.protocol import Message, Op, decode, encode
+from het.ps.protocol.messages import Message, Op, decode, encode
 
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 10_000
 SECRET = b"correct horse battery staple"

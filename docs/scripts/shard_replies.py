@@ -4,7 +4,7 @@
 
 An in-process shard (SGD, 200,000 rows of dim 128) answers encoded PULL requests of 4,096
 distinct random rows (`Shard.handle_frames`, as its server loop calls it), the last two replies
-kept alive as ZeroMQ keeps frames in flight. "pooled": het.ps.store.kernels.ReplyBuffers as the shard
+kept alive as ZeroMQ keeps frames in flight. "pooled": het.ps.server.store.kernels.ReplyBuffers as the shard
 runs it; "fresh": a ``torch.empty`` per reply, as before. Prints one JSON object: ms per reply,
 each round, and the medians.
 """
@@ -19,10 +19,10 @@ import time
 import numpy as np
 import torch
 
-import het.ps.store.kernels as table_module
+import het.ps.server.store.kernels as table_module
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.wire.protocol import Message, Op, encode
-from het.ps.shard import Shard
+from het.ps.protocol.messages import Message, Op, encode
+from het.ps.server.shard import Shard
 
 
 def main(rounds: int = 6, replies: int = 300) -> None:

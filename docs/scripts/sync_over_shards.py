@@ -14,10 +14,10 @@ import time
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import client as client_module
-from het.ps.client import PSClient
-from het.ps.shard import Shard
-from het.ps.wire.transport import LocalChannel
+from het.ps.client import client as client_module
+from het.ps.client.client import PSClient
+from het.ps.server.shard import Shard
+from het.ps.protocol.transport import LocalChannel
 
 ROWS = 1_000_000
 

@@ -19,7 +19,7 @@ import torch
 
 from het.cache.cache import EmbeddingCache
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
-from het.ps.shard import Shard
+from het.ps.server.shard import Shard
 from het.staleness import bound_to_wire, format_staleness
 
 

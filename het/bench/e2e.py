@@ -4,7 +4,7 @@ Every PS shard and every worker runs in its own network namespace, the hosts joi
 and every link shaped with tbf to ``--bandwidth`` (het.bench.netns); each mode trains the same
 Wide&Deep job and reports its samples/s, bytes per sample and time split, and its ratio to
 het s=100 in the same run. tbf shapes bandwidth only; ``latency_ms`` adds a one-way delay to
-every worker's PS link in the transport (``HET_PS_LATENCY_MS``, see het.ps.wire.transport), not to
+every worker's PS link in the transport (``HET_PS_LATENCY_MS``, see het.ps.protocol.transport), not to
 the AllReduce between workers.
 """
 
@@ -16,7 +16,7 @@ import os
 import secrets
 import tempfile
 
-from het.ps.wire.transport import LATENCY_ENV, check_latency, latency_from_env
+from het.ps.protocol.transport import LATENCY_ENV, check_latency, latency_from_env
 from het.staleness import parse_staleness
 from het.train.config import MODES, TrainConfig
 from het.train.flags import add_config_flags, config_from_args

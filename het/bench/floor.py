@@ -40,7 +40,7 @@ class PlainEmbedding(nn.Module):
 
     def __init__(self, table, hashed: bool, mode: Pooling | None):
         super().__init__()
-        from het.ps.initial import initial_rows
+        from het.ps.protocol.initial import initial_rows
 
         import numpy as np
 

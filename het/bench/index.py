@@ -5,7 +5,7 @@ lookup keys/s on one core, for the native index and its reference.
 arrive), then batches of held keys and of keys never inserted are looked up (as a pull's keys).
 A key's bytes are the index's own account (its tables and its slot -> key array), the growth of
 the process's resident memory while the keys went in, and beside both the 8 bytes of clock and
-last step that :class:`het.ps.store.dynamic.DynamicRows` keeps a slot: together, everything a
+last step that :class:`het.ps.server.store.dynamic.DynamicRows` keeps a slot: together, everything a
 stored key costs in DRAM besides its row and optimizer state. The reference (sorted runs, whose
 insert sorts its recent run again) is measured on ``--reference-keys``, fewer: its bytes a key
 do not depend on the count, its speed falls with it.
@@ -25,7 +25,7 @@ import torch
 
 from het import native
 from het.process import release_freed_memory, rss_bytes
-from het.ps.store.index import KeyIndex, NativeKeyIndex
+from het.ps.server.store.index import KeyIndex, NativeKeyIndex
 
 META_BYTES = 8  # DynamicRows' clock and last step a slot (int32 each)
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.store import optim
-from het.ps.client import PSClient
-from het.ps.server_process import ServerProcess
-from het.ps.store.fixed import FixedRows
+from het.ps.server.store import optim
+from het.ps.client.client import PSClient
+from het.ps.server.process import ServerProcess
+from het.ps.server.store.fixed import FixedRows
 
 
 def distinct_keys(n: int, seed: int = 0) -> np.ndarray:

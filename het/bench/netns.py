@@ -15,7 +15,7 @@ uses 192.0.2.0/24 a connection from here to ``net.address(h)`` would leave by th
 interface. Each link is shaped in both directions (the host's eth0 for what it sends, the
 bridge port for what it receives). ``netem`` is not available on these kernels: latency, where
 wanted, belongs in the transport (``HET_PS_LATENCY_MS``, or ``het bench e2e --latency-ms``; see
-:class:`het.ps.wire.transport.DelayedChannel`).
+:class:`het.ps.protocol.transport.DelayedChannel`).
 
 Everything made here is removed on exit from the ``with`` block, after an exception or Ctrl-C
 inside it, at interpreter exit (atexit) and on SIGTERM; what a killed run (SIGKILL) leaves

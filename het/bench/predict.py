@@ -30,6 +30,7 @@ from torch import nn
 
 from het.train.config import TrainConfig
 from het.train.flags import add_config_flags, config_from_args
+from het.ps.local import local_client
 
 
 def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "fp32", servers: int | None = None,
@@ -39,13 +40,13 @@ def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "f
     and with ``scores`` the training model's own ``(labels, probabilities)`` of those held-out
     samples (:meth:`het.train.tasks.CTRTask.test_scores`)."""
     from het.export.writer import export
-    from het.ps.client import PSClient
+    from het.ps.client.client import PSClient
     from het.train import checkpoint
     from het.train.loop import Worker
     from het.train.tasks import job_tables
 
     ckpt, out = os.path.join(directory, "checkpoint"), os.path.join(directory, "export")
-    client = PSClient.local(job_tables(cfg), servers or cfg.servers, lazy_init=cfg.lazy_init, **(shard_options or {}))
+    client = local_client(job_tables(cfg), servers or cfg.servers, lazy_init=cfg.lazy_init, **(shard_options or {}))
     try:
         worker = Worker(cfg, client)
         worker.train(steps, progress=False)

@@ -8,8 +8,8 @@ then the flush itself;
 each is timed apart (``tail_s_per_step``, ``flush_s``), as they are the end of training, not its
 steady state. The result: seconds per step and the functions with the most time of their own
 (``tottime``) and in total (``cumtime``), per step. The shard's work is in the profile too (an
-in-process shard answers inside the client's send), under ``het/ps/shard.py`` and
-``het/ps/store/optim.py``.
+in-process shard answers inside the client's send), under ``het/ps/server/shard.py`` and
+``het/ps/server/store/optim.py``.
 
 Compare configurations in one run of this command on the same machine, not across runs:
 timings here are noisy.
@@ -25,11 +25,11 @@ import time
 
 import torch
 
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.flags import add_config_flags, config_from_args, overrides
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:
@@ -47,7 +47,7 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
     """
     if steps < 1 or warmup < 0 or top < 1:
         raise ValueError(f"steps >= 1, warmup >= 0 and top >= 1 expected, got {steps}, {warmup}, {top}")
-    client = PSClient.local(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
+    client = local_client(job_tables(cfg), cfg.servers, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
     # the tail: the steps that push idle rows (lookahead of them) and the last, after the window
     tail = worker.lookahead + 1 if worker.lookahead and not worker.bsp else 0
@@ -73,7 +73,7 @@ def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> 
     stats = pstats.Stats(profiler)
     het = het_seconds(stats)
     shard = sum(ct for (path, _, name), (_, _, _, ct, _) in stats.stats.items()
-                if name == "handle_frames" and path.endswith(os.path.join("het", "ps", "shard.py")))
+                if name == "handle_frames" and path.endswith(os.path.join("het", "ps", "server", "shard.py")))
     return {"s_per_step": wall / steps, "steps": steps, "warmup": warmup, "tail_steps": tail_ran,
             "tail_s_per_step": (ended - marks["end"] - worker.flush_s) / tail_ran if tail_ran else 0.0,
             "flush_s": worker.flush_s,

@@ -38,9 +38,9 @@ import torch
 import zmq
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.partition import mix
-from het.ps.server_process import ServerProcess
+from het.ps.client.client import PSClient
+from het.ps.protocol.partition import mix
+from het.ps.server.process import ServerProcess
 
 
 def _echo(address_queue, reply_bytes: list, server_secret: bytes | None = None) -> None:

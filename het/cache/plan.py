@@ -10,7 +10,7 @@ import torch
 @dataclass
 class Rows:
     """Rows bound for the PS: keys, summed gradients and update counts, and under a local rule
-    that follows Adagrad the sums of the steps' squared gradients (het.ps.store.optim.Pushed).
+    that follows Adagrad the sums of the steps' squared gradients (het.ps.server.store.optim.Pushed).
     Shape: keys (n,), grads (n, D), counts (n,), sq (n, 1) or (n, D)."""
 
     keys: torch.Tensor

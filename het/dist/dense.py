@@ -159,7 +159,7 @@ def ps_dense_bytes(numel: int) -> int:
     """Bytes a worker's step moves in mode ps for ``numel`` dense parameters: a pull and a push
     of the whole dense table, rows of DENSE_ROW floats, each with its key both ways (one byte:
     the keys 0, 1, 2, ... of a table of two rows or more travel delta-coded), its clock (int16,
-    as it travels from the 256th step on to the 32,767th: :func:`het.ps.wire.integers.narrow`) and
+    as it travels from the 256th step on to the 32,767th: :func:`het.ps.protocol.integers.narrow`) and
     the push's count (one byte), and the pull's marks of the rows the client builds (a bit a
     row). A model for projections: :class:`PSDense` counts what travels.
 

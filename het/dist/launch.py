@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from het.config import ShardConfig, TableConfig
 from het.process import parent_env
-from het.ps.server_process import JobShard, ServerProcess
+from het.ps.server.process import JobShard, ServerProcess
 
 
 class ClusterError(RuntimeError):
@@ -59,7 +59,7 @@ class LocalCluster:
     """Start, watch and stop the processes of one local training job: ``servers`` shards of
     ``tables``, and ``workers`` ranks of ``het train --ps ADDRESSES WORKER_ARGS...``. ``tables``
     may be a job's config instead (``TrainConfig.to_dict()``): each shard then makes the job's
-    tables itself (:class:`het.ps.server_process.JobShard`), and this process needs neither
+    tables itself (:class:`het.ps.server.process.JobShard`), and this process needs neither
     torch nor the data."""
 
     def __init__(self, tables: list[TableConfig] | dict, workers: int, servers: int, worker_args: list[str], log_dir: str,

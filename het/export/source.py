@@ -2,7 +2,7 @@
 
 A checkpoint (``het train --checkpoint DIR``, :mod:`het.train.checkpoint`) is ``DIR/worker.pt``
 (the job's config, the dense model, the step) and ``DIR/ps/shard-<i>.pt``, one save per PS shard
-(:mod:`het.ps.shard`). A fixed table's rows sit in each shard's save, key ``k`` on shard
+(:mod:`het.ps.server.shard`). A fixed table's rows sit in each shard's save, key ``k`` on shard
 ``k % S`` at local row ``k // S``; a dynamic table's stored keys and rows sit beside each other,
 its rows either in the save or, for a shard with a disk tier, in the segment files linked beside
 it. :class:`Checkpoint` reads every file back against its checksums first, in blocks
@@ -24,9 +24,9 @@ from het import files
 from het.config import TableConfig
 from het.decay import DECAYED, RowDecay, steps_of
 from het.export.lazy import LazyTensor, TorchFile
-from het.ps.store import optim
-from het.ps.store.disk import read_saved
-from het.ps.store.saves import check_format, check_shards_here, table_dir
+from het.ps.server.store import optim
+from het.ps.server.store.disk import read_saved
+from het.ps.server.store.saves import check_format, check_shards_here, table_dir
 from het.train.checkpoint import FORMAT as WORKER_FORMAT, read_checked_json
 
 PIECE_BYTES = 32 << 20  # rows read at once from a save

@@ -4,7 +4,7 @@ memory maps.
 A fixed table's rows are stored by key (row ``k`` is key ``k``); a dynamic table's stored rows
 in the order of its key index (:mod:`het.export.index`), and a key it never stored (not
 admitted, expired, never trained) reads as training reads it: its seeded initial row
-(:func:`het.ps.initial.initial_rows`; decayed to the checkpoint's step where the rows decay,
+(:func:`het.ps.protocol.initial.initial_rows`; decayed to the checkpoint's step where the rows decay,
 :mod:`het.decay`), computed when asked, never stored.
 """
 
@@ -21,7 +21,7 @@ from het.decay import RowDecay
 from het.export import index as key_index
 from het.export import rows as row_codec
 from het.export.source import Checkpoint
-from het.ps.initial import initial_rows
+from het.ps.protocol.initial import initial_rows
 
 
 def write(ckpt: Checkpoint, name: str, directory: str, dtype: str, progress=None) -> dict:

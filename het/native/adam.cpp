@@ -1,4 +1,4 @@
-// Adam's steps of a push that sums several (het.ps.store.optim.adam_steps), in one pass a point
+// Adam's steps of a push that sums several (het.ps.server.store.optim.adam_steps), in one pass a point
 // instead of a dozen tensor ops: the same floats, op for op (the build does not contract them
 // into FMAs), the square roots and the row means by torch's own kernels (their bits).
 #include <torch/extension.h>
@@ -10,9 +10,9 @@
 
 namespace {
 
-constexpr int64_t kPoints = 8;  // het.ps.store.optim.ADAM_POINTS
+constexpr int64_t kPoints = 8;  // het.ps.server.store.optim.ADAM_POINTS
 
-// Where point j of a row of u steps starts and ends, and the step it is taken at (het.ps.store.optim.adam_steps).
+// Where point j of a row of u steps starts and ends, and the step it is taken at (het.ps.server.store.optim.adam_steps).
 struct Point {
   int64_t first, end, k;
 };
@@ -49,7 +49,7 @@ void mean_squares(const float* g, const float* sq, const int64_t* u, int64_t n, 
 
 }  // namespace
 
-// het.ps.store.optim.adam_steps on gathered rows: the moments old_m, old_v (n, D), the summed
+// het.ps.server.store.optim.adam_steps on gathered rows: the moments old_m, old_v (n, D), the summed
 // gradients (n, D), their steps u (n,) and squares sq (n, 1 or D), the tables p1, p2 (b^i) and
 // sizes (the step sizes of the last top + 1 steps). Returns the rows' move, and the new moments.
 std::vector<torch::Tensor> adam_steps(torch::Tensor old_m, torch::Tensor old_v, torch::Tensor grads,

@@ -1,4 +1,4 @@
-// A dynamic table's storage in chunks (het/ps/store/chunks.py): a gather and a scatter of slots
+// A dynamic table's storage in chunks (het/ps/server/store/chunks.py): a gather and a scatter of slots
 // in one pass over them, whatever chunk each slot is in, for rows of any width and element type.
 // Python would group the slots by chunk first (a binary search and a filter a chunk); here a
 // slot's chunk is a few bit operations (het_push::ChunkStore::locate) and the rows ahead are

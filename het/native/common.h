@@ -1,8 +1,8 @@
 // What every part of het's native core shares: the includes, argument checks and prefetching.
 //
 // het's native core (the other files here) runs the hot paths in one pass over the keys where
-// the PyTorch reference (het/cache/torch_step.py, het/ps/store/kernels.py, het/ps/initial.py,
-// het/ps/wire/replies.py) needs dozens of small tensor ops. Same results, bit for bit: every float
+// the PyTorch reference (het/cache/torch_step.py, het/ps/server/store/kernels.py, het/ps/protocol/initial.py,
+// het/ps/client/replies.py) needs dozens of small tensor ops. Same results, bit for bit: every float
 // is computed with the same operations in the same order as the reference (compiled with
 // -ffp-contract=off: a multiply-add is fused only where torch's kernel fuses it, and square roots
 // are torch's own). CPU tensors only; functions update the tensors they are given in place.

@@ -1,4 +1,4 @@
-// Rows stored in half precision (het/ps/halves.py, halves.h): float32 values rounded to float16
+// Rows stored in half precision (het/ps/protocol/halves.py, halves.h): float32 values rounded to float16
 // or bfloat16 in one pass.
 #include "common.h"
 #include "halves.h"

@@ -1,4 +1,4 @@
-// Rows stored in half precision (het/ps/halves.py): float32 values rounded to float16 or
+// Rows stored in half precision (het/ps/protocol/halves.py): float32 values rounded to float16 or
 // bfloat16, to nearest or stochastically; the same bits as the reference's torch ops (each
 // float computed with the same operation in the same order). halves.cpp binds a pass over
 // rows; table.cpp's push rounds the rows it wrote with it.
@@ -22,7 +22,7 @@ namespace het_halves {
 constexpr uint64_t kField = 0x9E3779B97F4A7C15ULL;  // halves._FIELD
 constexpr uint64_t kM1 = 0xBF58476D1CE4E5B9ULL, kM2 = 0x94D049BB133111EBULL;  // partition.mix
 
-// het.ps.partition.mix: splitmix64's finaliser, wrapping products, logical shifts.
+// het.ps.protocol.partition.mix: splitmix64's finaliser, wrapping products, logical shifts.
 inline uint64_t mix(uint64_t x) {
   x ^= x >> 30;
   x *= kM1;

@@ -1,12 +1,12 @@
-// A client's hot requests and replies (het/ps/wire/hot.py's HotPath), and a shard's hot requests
-// (het/ps/hot.py), each read or written in one call.
+// A client's hot requests and replies (het/ps/client/hot.py's HotPath), and a shard's hot requests
+// (het/ps/server/hot.py), each read or written in one call.
 //
 // A request's header frame written as the Python writer writes it (hot_head), its integers first
 // narrowed in one pass (narrow_ints: keys, counts). A reply read (hot_reply): the header checked,
 // the meta compared with the text a shard writes for a PULL's or a PUSH's reply, the arrays'
 // frames measured against it, and the result made: a PULL's rows (a view of their frame, which it
 // keeps alive) and its clocks widened to int64; a PUSH's rows applied. It reads only the exact
-// text the shard writes (het/ps/hot.py's encode_reply); anything else (an error, a lazy reply with
+// text the shard writes (het/ps/server/hot.py's encode_reply); anything else (an error, a lazy reply with
 // rows to build, another spelling of the same meta) it leaves to the Python reader, which reads
 // any reply. A shard's hot request read (hot_request) the same way: the text the client's short
 // path writes, or nothing (the shard's Python reader then, which reads any spelling).
@@ -180,7 +180,7 @@ py::object hot_reply(py::list frames, int64_t op, uint64_t rid, int64_t n, int64
 
 // `values` (int64, 1-D, contiguous) as the narrowest of uint8, int16, int32 (from the one at
 // `narrowest`: 0 uint8, 1 int16, 2 int32) that holds every one, else themselves (int64); and the
-// least and greatest of them (0 and 0 for none). het/ps/wire/integers.py's narrow, in one pass.
+// least and greatest of them (0 and 0 for none). het/ps/protocol/integers.py's narrow, in one pass.
 py::tuple narrow_ints(torch::Tensor values, int64_t narrowest) {
   TORCH_CHECK(values.device().is_cpu() && values.scalar_type() == torch::kInt64 && values.dim() == 1 &&
                   values.is_contiguous(),
@@ -210,7 +210,7 @@ py::tuple narrow_ints(torch::Tensor values, int64_t narrowest) {
 }
 
 // A hot request's header frame: the header, then the meta `head` + its arrays' specs + "]}", the
-// specs written as het/ps/wire/protocol.py's specs_text writes them; and the bytes of the arrays.
+// specs written as het/ps/protocol/messages.py's specs_text writes them; and the bytes of the arrays.
 // None where an array is not C-contiguous or not of a wire dtype (the Python writer's then).
 py::object hot_head(int64_t op, uint64_t rid, const std::string& head, py::list arrays) {
   std::string text = head;
@@ -300,7 +300,7 @@ py::dtype wire_dtype(char kind, int bytes) {
 
 }  // namespace
 
-// A shard's hot request `frames` (het/ps/hot.py), in the text het's client writes: a PULL of keys
+// A shard's hot request `frames` (het/ps/server/hot.py), in the text het's client writes: a PULL of keys
 // {"lazy":L,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[keys]}, or a PUSH of keys, float32
 // gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]}, either
 // with "deltas":{"0":F} before its nonce where its keys travel as steps from F; its nonce `nonce`,

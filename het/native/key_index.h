@@ -1,4 +1,4 @@
-// A dynamic table's key index on a shard (het/ps/store/index.py's native form), bound to Python
+// A dynamic table's key index on a shard (het/ps/server/store/index.py's native form), bound to Python
 // in module.cpp: int64 key -> storage slot, and each slot's key.
 //
 // Memory is the point: a shard of a 10^9-row table holds hundreds of millions of keys. Each key

@@ -329,7 +329,7 @@ inline void adagrad_steps_row(float* acc, float* w, const float* g, int64_t u, c
   }
 }
 
-// Adagrad with a push of several steps in place (het.ps.store.optim.Adagrad with Pushed; the
+// Adagrad with a push of several steps in place (het.ps.server.store.optim.Adagrad with Pushed; the
 // general path's "adagrad_steps"), one gradient per row (`a` a permutation of the slots), in
 // one pass over the gradients in order, each row and its sums ahead prefetched: row j's
 // gradient sums u[i] steps whose squares sum to sq[i] (one float a row, W = 1, shared out in

@@ -1,5 +1,5 @@
 // Where a push's rows live (table.cpp's push_rows reads and writes rows only through these):
-// a fixed table's tensors, or a dynamic table's chunks (het/ps/store/chunks.py).
+// a fixed table's tensors, or a dynamic table's chunks (het/ps/server/store/chunks.py).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -12,7 +12,7 @@
 namespace het_push {
 
 // Where a push's rows live. A fixed table: one weight tensor, one tensor a state, a clock and a
-// mark a row. A dynamic table (het/ps/store/chunks.py): slots in chunks, a slot's optimizer
+// mark a row. A dynamic table (het/ps/server/store/chunks.py): slots in chunks, a slot's optimizer
 // state packed after one another in one record of another chunk list, and its meta (clock, last
 // step) two integers of a third, 32-bit until het widens them to 64. Either in float32 or in
 // half precision. The push below reads and writes rows only through these, so all take the
@@ -40,7 +40,7 @@ struct FlatStore {
   void written(int64_t r, int64_t clock) const { ck[r] = clock, tc[r] = true; }
 };
 
-// A dynamic table's chunks (het/ps/store/chunks.py): where a slot lives, and its meta.
+// A dynamic table's chunks (het/ps/server/store/chunks.py): where a slot lives, and its meta.
 struct ChunkMeta {
   std::vector<void*> meta;
   bool wide;             // meta in int64 (else int32)
@@ -133,7 +133,7 @@ struct ChunkHalfStore : ChunkRows<uint16_t> {
 
 // A fixed table whose rows are stored in half precision (H: c10::Half or c10::BFloat16; their
 // bits here): a push reads each row widened to float32, computes as for a float32 table, and
-// writes it rounded (het/ps/halves.py: stochastically by the row's key and new clock, or to
+// writes it rounded (het/ps/protocol/halves.py: stochastically by the row's key and new clock, or to
 // nearest). Key of local row r: r * shards + index.
 template <typename H>
 struct HalfStore {

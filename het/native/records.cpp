@@ -1,4 +1,4 @@
-// A disk tier's reads (het/ps/store/disk.py): records at byte offsets of segment files, read
+// A disk tier's reads (het/ps/server/store/disk.py): records at byte offsets of segment files, read
 // with pread by several threads at once. A random read of a record not in the page cache waits
 // on the disk; threads keep several in flight (`python docs/scripts/tier_reads.py`, docs/RESULTS.md:
 // 4-5x the records/s of a read-only map with 16), and a read in the page cache is a copy, without

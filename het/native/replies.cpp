@@ -1,4 +1,4 @@
-// A reply's rows on the shard (het/ps/store/kernels.py's NativeReplies): a fixed table's rows
+// A reply's rows on the shard (het/ps/server/store/kernels.py's NativeReplies): a fixed table's rows
 // gathered whole, the rows ahead prefetched, into reused buffers.
 #include "common.h"
 #include "ops.h"
@@ -47,7 +47,7 @@ static torch::Tensor gather_into(const torch::Tensor& weight, const std::vector<
   return out;
 }
 
-// A lazy reply's rows (het.ps.store.fixed.FixedRows.rows_to_send): the rows idx whose `touched` mark
+// A lazy reply's rows (het.ps.server.store.fixed.FixedRows.rows_to_send): the rows idx whose `touched` mark
 // is set, in order, and `built` (n,) uint8, 1 where a row was left for the client to build.
 // The rows go into `out`'s first rows (at least n of dim D: a reused reply buffer), or into a new
 // tensor when `out` is empty; the rows written are returned.
@@ -73,10 +73,10 @@ std::vector<torch::Tensor> gather_touched(torch::Tensor weight, torch::Tensor to
 }
 
 // A lazy pull's whole reply from a fixed float32 table, in one pass over its keys
-// (het.ps.store.fixed.FixedRows.pull_reply): the rows idx whose `touched` mark is set, gathered as
+// (het.ps.server.store.fixed.FixedRows.pull_reply): the rows idx whose `touched` mark is set, gathered as
 // gather_touched gathers them; their clocks in the narrowest of uint8, int16, int32 and int64 that
-// holds them all (het.ps.wire.integers.narrow); and the built marks a bit a row, the first row's
-// in the lowest bit (het.ps.wire.protocol.pack_marks).
+// holds them all (het.ps.protocol.integers.narrow); and the built marks a bit a row, the first row's
+// in the lowest bit (het.ps.protocol.messages.pack_marks).
 std::vector<torch::Tensor> pull_touched(torch::Tensor weight, torch::Tensor touched, torch::Tensor clocks,
                                         torch::Tensor idx, torch::Tensor out) {
   check(weight, torch::kFloat32, "weight");

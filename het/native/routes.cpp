@@ -1,5 +1,5 @@
 // A request's keys routed to the shards, and the shards' reply rows put back in the keys' order, on
-// the client (het/ps/partition.py's split, het/ps/wire/replies.py's merge): each in one pass over
+// the client (het/ps/protocol/partition.py's split, het/ps/client/replies.py's merge): each in one pass over
 // the keys, where torch's ops take a sort and an indexed assignment.
 #include "common.h"
 #include "ops.h"

@@ -1,9 +1,9 @@
-// Initial rows (het/ps/initial.py) and a lazy reply's rows, clocks and state put together on
-// the client (het/ps/wire/replies.py).
+// Initial rows (het/ps/protocol/initial.py) and a lazy reply's rows, clocks and state put together on
+// the client (het/ps/client/replies.py).
 #include "common.h"
 #include "ops.h"
 
-// het.ps.initial.initial_rows after its counters: row i, column c is splitmix64 of
+// het.ps.protocol.initial.initial_rows after its counters: row i, column c is splitmix64 of
 // (counters[i] * dim + c) ^ salt, its top 24 bits scaled to [-scale, scale), in float64 as numpy
 // computes it, then rounded to float32.
 inline void initial_row(uint64_t counter, int64_t dim, uint64_t salt, double scale, float* o) {
@@ -33,8 +33,8 @@ torch::Tensor initial_rows(torch::Tensor counters, int64_t dim, int64_t salt, do
   return out;
 }
 
-// het.ps.initial.initial_counters of one key: the key itself, or where key * dim wraps (a negative
-// key, or one at or past 2^64 / dim), splitmix64's finaliser of it (het.ps.partition.mix).
+// het.ps.protocol.initial.initial_counters of one key: the key itself, or where key * dim wraps (a negative
+// key, or one at or past 2^64 / dim), splitmix64's finaliser of it (het.ps.protocol.partition.mix).
 inline uint64_t initial_counter(int64_t key, int64_t dim) {
   const uint64_t k = uint64_t(key);
   bool wide = key < 0;
@@ -49,7 +49,7 @@ inline uint64_t initial_counter(int64_t key, int64_t dim) {
   return x ^ (x >> 31);
 }
 
-// het.ps.wire.replies: one shard's lazy reply, its rows, clocks and optimizer state put together in one
+// het.ps.client.replies: one shard's lazy reply, its rows, clocks and optimizer state put together in one
 // pass. Row i of the n it answers is built here where bit i of `bits` is set (little bit order,
 // np.packbits's): the initial row of its key (initial_rows of initial_counters), clock 0 and the
 // initial state `init` (W floats, none when W = 0); else it is the next of the k rows, clocks and

@@ -1,5 +1,5 @@
-// A table's push (fixed, fixed in half precision, or dynamic) on the shard (het/ps/store/kernels.py),
-// and the finiteness check of het/ps/limits.py.
+// A table's push (fixed, fixed in half precision, or dynamic) on the shard (het/ps/server/store/kernels.py),
+// and the finiteness check of het/ps/protocol/limits.py.
 #include "adagrad.h"
 #include "ops.h"
 #include "push_in_place.h"
@@ -22,7 +22,7 @@ static bool all_finite(const float* x, int64_t n) {
   return true;
 }
 
-// het.ps.limits.all_finite: whether every float of a contiguous float32 tensor is finite.
+// het.ps.protocol.limits.all_finite: whether every float of a contiguous float32 tensor is finite.
 bool all_finite_op(torch::Tensor x) {
   check(x, torch::kFloat32, "x");
   return all_finite(x.data_ptr<float>(), x.numel());
@@ -49,7 +49,7 @@ using het_push::sgd_push_in_place;
 // computed aside and checked first (every value finite, no clock past max_clock), and written
 // only if they pass. `at` gives each gradient's place in `rows`, and `inverse` each count's. SGD
 // applies the gradients in order, duplicates one after another; Adagrad and Adam take one
-// gradient per row (duplicates summed by the caller). The floats follow het.ps.store.optim's tensor ops:
+// gradient per row (duplicates summed by the caller). The floats follow het.ps.server.store.optim's tensor ops:
 // torch's index_add_(alpha) is a fused multiply-add (its kernel: vec::fmadd), and square roots
 // are torch's. Returns 0, or what failed: 1 rows, 2 + i state i, 100 a clock, 101 the meta's width.
 template <typename Store>
@@ -143,7 +143,7 @@ int64_t push_rows(const Store& t, int S, const std::string& kind, torch::Tensor 
       }
     }
   } else if (several) {
-    // het.ps.store.optim.Adagrad with a push of several steps (Pushed): row j's gradient sums steps[j]
+    // het.ps.server.store.optim.Adagrad with a push of several steps (Pushed): row j's gradient sums steps[j]
     // steps whose squares sum to sq[j] (one float a row, shared out in proportion to the sum's
     // squares, or one a coordinate); the accumulator grows by them and the row moves by
     // lr * g * adagrad_factor. One gradient per row (at is the identity).
@@ -235,7 +235,7 @@ int64_t table_push(const std::string& kind, torch::Tensor weight, std::vector<to
                    max_clock, steps, sq);
 }
 
-// FixedRows.push for a fixed table whose rows are stored in half precision (het/ps/halves.py):
+// FixedRows.push for a fixed table whose rows are stored in half precision (het/ps/protocol/halves.py):
 // `weight` float16 or bfloat16, the rest as table_push; a row is rounded stochastically by its
 // key (local row * shards + index) and new clock, or to nearest.
 int64_t table_push_half(const std::string& kind, torch::Tensor weight, std::vector<torch::Tensor> state,
@@ -273,7 +273,7 @@ static het_push::ChunkRows<T> chunk_rows(const het_push::ChunkMeta& where, const
 }
 
 // DynamicRows.push for a dynamic table's stored slots (push_rows above), its storage in chunks
-// (het.ps.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim; float32, or float16 or
+// (het.ps.server.store.chunks.Chunks, the first of 2^bits slots): `weight` (dim; float32, or float16 or
 // bfloat16: then the j-th row written is rounded as table_push_half rounds it, by its key
 // keys[j]), `state` (the states packed, S of dim each; none without state) and `meta` (clock,
 // last step: int32, or int64 once widened) chunk by chunk. Each written slot's last step becomes

@@ -1,6 +1,6 @@
-// A hot request's keys and counts on the shard (het/ps/store/fixed.py's FixedRows.wire_pull and
-// wire_push), read as they travel in one pass each: what the checked path (het/ps/wire/checks.py,
-// het/ps/limits.py, het/ps/partition.py) does in several tensor ops and a copy. Each answers
+// A hot request's keys and counts on the shard (het/ps/server/store/fixed.py's FixedRows.wire_pull and
+// wire_push), read as they travel in one pass each: what the checked path (het/ps/protocol/checks.py,
+// het/ps/protocol/limits.py, het/ps/protocol/partition.py) does in several tensor ops and a copy. Each answers
 // only what it proves in range; anything else is None, and the checked path then names what is
 // wrong (nothing has changed yet).
 #include <pybind11/pybind11.h>
@@ -49,7 +49,7 @@ bool widen_counts(const C* c, int64_t n, int64_t most, int64_t* out) {
 }  // namespace
 
 // A fixed table's keys as a request carries them (1-D int32 or int64, at least one), as the
-// int64 local rows of shard `index` of `shards` (het.ps.partition.local_rows) of a table of
+// int64 local rows of shard `index` of `shards` (het.ps.protocol.partition.local_rows) of a table of
 // `rows` keys; None where any key is out of [0, rows) or another shard's.
 py::object wire_rows(torch::Tensor keys, int64_t rows, int64_t shards, int64_t index) {
   TORCH_CHECK(keys.dim() == 1 && keys.is_contiguous() && keys.device().is_cpu(), "keys: expected a 1-D CPU tensor");
@@ -66,7 +66,7 @@ py::object wire_rows(torch::Tensor keys, int64_t rows, int64_t shards, int64_t i
 }
 
 // A push's counts as they travel (1-D uint8, int16, int32 or int64) widened to int64
-// (het.ps.wire.integers.widen); None where any lies outside [0, most].
+// (het.ps.protocol.integers.widen); None where any lies outside [0, most].
 py::object wire_counts(torch::Tensor counts, int64_t most) {
   TORCH_CHECK(counts.dim() == 1 && counts.is_contiguous() && counts.device().is_cpu(),
               "counts: expected a 1-D CPU tensor");

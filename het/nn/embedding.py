@@ -22,9 +22,10 @@ from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.bags import bag_keys, pool
 from het.nn.upcoming import Upcoming
-from het.ps.client import PSClient
-from het.ps.limits import check_finite
-from het.ps.wire.requests import check_keys
+from het.nn.tables import module_tables, own_shards
+from het.ps.client.client import PSClient
+from het.ps.client.requests import check_keys
+from het.ps.protocol.limits import check_finite
 
 # the most keys one push of a flush carries (Embedding._push): 16,384 rows of dim 128 are 8 MiB
 FLUSH_KEYS = 1 << 14
@@ -59,7 +60,7 @@ class Embedding(nn.Module):
         optimizer: the sparse optimizer for the single-table form: a name or an
             :class:`~het.config.OptimizerConfig`; ``lr`` goes with a name.
         cache: a :class:`~het.config.CacheConfig` for every table, or a dict by table name.
-        client: a connected :class:`~het.ps.client.PSClient`; ``None`` starts ``num_shards``
+        client: a connected :class:`~het.ps.client.client.PSClient`; ``None`` starts ``num_shards``
             in-process shards (one process, no sockets).
         mode: ``None`` returns one row per key; ``"sum"`` or ``"mean"`` pools bags of keys
             (``offsets`` as ``nn.EmbeddingBag``, or the last dimension of a 2-D input).
@@ -96,9 +97,9 @@ class Embedding(nn.Module):
                  push_dtype: str = "f32"):
         super().__init__()
         self.push_dtype = PushDtype.parse(push_dtype, "push_dtype")
-        tables = self._tables(num_embeddings, embedding_dim, tables, optimizer, lr)
+        tables = module_tables(num_embeddings, embedding_dim, tables, optimizer, lr)
         mode = None if mode is None else Pooling.parse(mode, "mode (or None)")
-        self.client = client if client is not None else PSClient.local(tables, num_shards)
+        self.client = client if client is not None else own_shards(tables, num_shards)
         for t in tables:
             served = self.client.tables.get(t.name)
             if served is None or (served.rows, served.dim) != (t.rows, t.dim):
@@ -120,17 +121,6 @@ class Embedding(nn.Module):
         self.grad_scale = grad_scale
         self.traffic = Counter()  # payload bytes: sparse_pull, sparse_push, sync
         self.wait_s = 0.0         # time blocked on the PS
-
-    @staticmethod
-    def _tables(num, dim, tables, optimizer, lr) -> list[TableConfig]:
-        if tables is not None:
-            if num is not None or dim is not None:
-                raise ValueError("give either num_embeddings and embedding_dim, or tables, not both")
-            return [tables] if isinstance(tables, TableConfig) else list(tables)
-        if num is None or dim is None:
-            raise ValueError("give num_embeddings and embedding_dim, or tables")
-        opt = optimizer if isinstance(optimizer, OptimizerConfig) else OptimizerConfig(optimizer, lr=lr)
-        return [TableConfig("embedding", rows=num, dim=dim, optimizer=opt)]
 
     # -- forward ----------------------------------------------------------------------------
     def forward(self, keys: torch.Tensor, offsets: torch.Tensor | None = None,
@@ -265,7 +255,7 @@ class Embedding(nn.Module):
     def _push(self, rows_by_table: dict) -> None:
         """Push the rows and wait. Many rows (a flush of a whole cache) go as pushes of at most
         :data:`FLUSH_KEYS` keys, two in flight: a shard applies a push whole, with scratch in
-        proportion to it, and under a memory budget (het.ps.shard) that is counted."""
+        proportion to it, and under a memory budget (het.ps.server.shard) that is counted."""
         handles, self._early = self._early, []  # push_idle's, sent earlier
         for name, rows in rows_by_table.items():
             out = self._outbox[name]

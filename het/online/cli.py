@@ -42,7 +42,7 @@ def _main(args: argparse.Namespace) -> None:
     import torch
     import uvicorn
 
-    from het.ps.wire.auth import is_loopback
+    from het.ps.protocol.auth import is_loopback
     from het.online.app import Limits, Metrics, make_app
     from het.online.follow import Follower, newest_base
     from het.online.live import Live, first_version

@@ -1,14 +1,11 @@
-"""The parameter server, in two rooms and the actors between them.
+"""The parameter server, by side, ps-lite style:
 
-- ``store/``: each table's rows, clocks and optimizer state behind one interface
-  (:class:`~het.ps.store.rowstore.RowStore`), with the optimizers, the disk tier, the
-  write-ahead log and the saves beneath it;
-- ``wire/``: what travels (the protocol, its signing and transport), what a client checks and
-  routes before a request leaves, what a shard accepts, and how replies merge;
-- what both share: how keys spread over shards (partition), the limits a request keeps, the
-  initial value of a row no push touched (initial);
-- the shard (wire requests in, stores answering), the server that puts it behind a transport,
-  and the client, ps-lite style.
+- ``protocol/``: what both sides share (the messages, their signing and transport, the rules a
+  request keeps, how keys spread over shards, the initial rows, where a save sits on disk);
+- ``client/``: the worker's side, which imports nothing of the server;
+- ``server/``: the shard's side (the stores beneath the shard, the server, its process);
+- ``local``: shards in this process behind a client (tests, het.Embedding alone), and
+  ``reshard``, the offline tool: the ends, above both sides.
 """
 
 from __future__ import annotations
@@ -16,11 +13,11 @@ from __future__ import annotations
 import importlib
 
 # each public name and its module, imported on first use (PEP 562): the launcher, which starts
-# shards as processes (het.ps.server_process), loads neither the client nor the store nor torch
-_PUBLIC = {"PSClient": "het.ps.client", "ServerProcess": "het.ps.server_process", "ServerThread": "het.ps.server",
-           "Shard": "het.ps.shard", "AuthError": "het.ps.wire.protocol", "ProtocolError": "het.ps.wire.protocol",
-           "PSError": "het.ps.wire.protocol", "VersionError": "het.ps.wire.protocol", "Handle": "het.ps.wire.replies",
-           "SyncResult": "het.ps.wire.replies"}
+# shards as processes (het.ps.server.process), loads neither the client nor the store nor torch
+_PUBLIC = {"PSClient": "het.ps.client.client", "ServerProcess": "het.ps.server.process", "ServerThread": "het.ps.server.server",
+           "Shard": "het.ps.server.shard", "AuthError": "het.ps.protocol.messages", "ProtocolError": "het.ps.protocol.messages",
+           "PSError": "het.ps.protocol.messages", "VersionError": "het.ps.protocol.messages", "Handle": "het.ps.client.replies",
+           "SyncResult": "het.ps.client.replies"}
 
 
 def __getattr__(name: str):

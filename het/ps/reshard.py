@@ -1,6 +1,6 @@
 """Resharding a saved PS: the shard files of ``S`` shards -> those of ``S'`` shards.
 
-Keys are spread by ``key % S`` (``mix(key) % S`` for a dynamic table, :mod:`het.ps.partition`),
+Keys are spread by ``key % S`` (``mix(key) % S`` for a dynamic table, :mod:`het.ps.protocol.partition`),
 so a PS saved with one number of shards cannot be loaded by another. :func:`reshard` moves every row with its clock, its
 ``touched`` mark and its optimizer state to the shard and local row it has under ``S'``. It
 works one new shard at a time, with the old files memory-mapped, so it needs about one new
@@ -24,10 +24,10 @@ import torch
 
 from het import files
 from het.config import TableConfig
-from het.ps import partition
-from het.ps.store import optim
-from het.ps.store.saves import SAVE_FORMAT, check_format, check_shards_here, rows_dir
-from het.ps.store.disk import read_saved
+from het.ps.protocol import partition
+from het.ps.server.store import optim
+from het.ps.server.store.saves import SAVE_FORMAT, check_format, check_shards_here, rows_dir
+from het.ps.server.store.disk import read_saved
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 

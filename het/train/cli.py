@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_train(args) -> None:
-    from het.ps.wire.auth import load_secret
+    from het.ps.protocol.auth import load_secret
 
     if args.config_json:
         cfg = TrainConfig.from_dict(json.loads(args.config_json))

@@ -21,7 +21,7 @@ from het.config import CacheConfig
 from het.dist.collectives import barrier, gather, join_group, local_device
 from het.dist.dense import AllReduceDense, DenseSync, PSDense
 from het.nn.embedding import Embedding
-from het.ps.client import PSClient
+from het.ps.client.client import PSClient
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.board import Board

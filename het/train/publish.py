@@ -6,7 +6,7 @@ the same directory goes on from the last number, so its followers keep following
 
 - ``delta-<v>.het`` every ``every`` seconds: the rows the pushes changed since the version
   before, read from the shards' own record of changed keys (the CHANGED request,
-  :mod:`het.ps.changes`), in the table's precision (``dtype`` to choose another), with the dense
+  :mod:`het.ps.server.changes`), in the table's precision (``dtype`` to choose another), with the dense
   weights. Its bytes follow the rows that changed, not the table.
 - ``base-<v>/``, a full export: the first from a snapshot (the shards' rows, saved without
   their optimizer state, and the dense model, exported by ``het export`` in a process of its

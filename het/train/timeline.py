@@ -35,7 +35,7 @@ class Timeline:
     """Samples of the shards' STATS at the step boundaries past every ``every_s`` seconds.
 
     Args:
-        stats: asks the shards; one dict per shard (:meth:`het.ps.client.PSClient.stats`).
+        stats: asks the shards; one dict per shard (:meth:`het.ps.client.client.PSClient.stats`).
         every_s: seconds between samples (0: never).
         samples_per_step: the samples of one step over every worker (batch x workers).
         step: the step training starts from (a resumed job's is not 0).

@@ -12,8 +12,8 @@ import torch
 from conftest import raw_request
 
 from het import PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.wire.auth import SECRET_ENV
-from het.ps.wire.protocol import ERROR, AuthError, Message, Op, PSError, decode, encode
+from het.ps.protocol.auth import SECRET_ENV
+from het.ps.protocol.messages import ERROR, AuthError, Message, Op, PSError, decode, encode
 
 pytestmark = pytest.mark.cluster
 
@@ -90,7 +90,7 @@ def test_encrypted_shards_serve_only_curve_clients_of_the_same_secret():
     """`het serve --encrypt` / `PSClient.connect(encrypt=True)`: CURVE keyed by the secret."""
     import zmq
 
-    from het.ps.server import ServerThread
+    from het.ps.server.server import ServerThread
 
     with ServerThread(ShardConfig((TableConfig("t", rows=8, dim=2),)), secret=SECRET, encrypt=True) as server:
         assert server.endpoint.socket.mechanism == zmq.CURVE

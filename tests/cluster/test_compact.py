@@ -13,13 +13,13 @@ import torch
 from het.export.compact import compact
 from het.export.model import load_model
 from het.export.writer import export
-from het.ps.client import PSClient
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.publish import Publisher
 from het.train.published import base_name, delta_name, listing
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 pytestmark = pytest.mark.cluster
 
@@ -32,7 +32,7 @@ def test_a_compacted_base_is_the_export_of_a_checkpoint_at_its_step(tmp_path, id
     cfg = TrainConfig.from_dict({"steps": 40, "dim": 8, "batch": 64, "synthetic": {"cap": 400}, "ids": ids,
                                  "row_dtype": rows_dtype, "export": {"dtype": dtype},
                                  "publish": {"dir": str(pub), "every": 1000, "base_every": 1000, "keep": 1000}})
-    client = PSClient.local(job_tables(cfg), num_shards=2, lazy_init=cfg.lazy_init)
+    client = local_client(job_tables(cfg), num_shards=2, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
     publisher = Publisher(worker, cfg)  # base 0 from a snapshot, exported by het export
     step = 0

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.store import saves
-from het.ps.client import PSClient
-from het.ps.server_process import ServerProcess
+from het.ps.protocol import layout
+from het.ps.client.client import PSClient
+from het.ps.server.process import ServerProcess
 from jobs import het
 
 pytestmark = pytest.mark.cluster
@@ -85,8 +85,8 @@ SMALL = ["--batch", "64", "--dim", "32", "--workers", "1", "--eval-samples", "0"
 
 def final_rows(checkpoint, servers=1):
     """Every (key, row, state, clock) of a checkpoint's PS, read through a shard without a budget."""
-    from het.ps.shard import Shard
-    from het.ps.store.saves import read_save
+    from het.ps.server.shard import Shard
+    from het.ps.server.store.saves import read_save
     parts = []
     for i in range(servers):
         path = os.path.join(checkpoint, "ps", f"shard-{i}.pt")
@@ -131,7 +131,7 @@ def test_a_job_with_a_disk_tier_checkpoints_and_resumes_like_a_straight_run(tmp_
     assert straight["ps"]["disk_bytes"] > 0 and straight["ps"]["disk_reads"] > 0
     het("train", *SMALL, "--steps", "6", "--checkpoint", str(tmp_path / "half"), "--checkpoint-every", "6",
         "--log-dir", str(tmp_path / "l2"))
-    assert len(saves.rows_dirs(str(tmp_path / "half" / "ps" / "shard-0.pt"))) == 1
+    assert len(layout.rows_dirs(str(tmp_path / "half" / "ps" / "shard-0.pt"))) == 1
     het("train", *SMALL, "--steps", "12", "--resume", str(tmp_path / "half"), "--checkpoint",
         str(tmp_path / "resumed"), "--checkpoint-every", "12", "--log-dir", str(tmp_path / "l3"))
     a, b = final_rows(tmp_path / "straight"), final_rows(tmp_path / "resumed")

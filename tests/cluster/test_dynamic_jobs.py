@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from het.ps.client import PSClient
+from het.ps.client.client import PSClient
 from jobs import het, shared_file
 
 pytestmark = pytest.mark.cluster

@@ -103,7 +103,7 @@ def test_a_table_four_times_the_memory_limit_exports_and_scores_under_it(tmp_pat
     import torch
 
     from het.config import TableConfig
-    from het.ps.client import PSClient
+    from het.ps.local import local_client
     from het.train import checkpoint
     from het.train.config import TrainConfig
     from types import SimpleNamespace
@@ -119,7 +119,7 @@ def test_a_table_four_times_the_memory_limit_exports_and_scores_under_it(tmp_pat
     assert tables[0].rows * dim * 4 >= 4 * (256 << 20)
     model = task.build_model(torch.nn.Embedding(1, dim))
     worker = SimpleNamespace(rank=0, world=1, cfg=cfg, model=model, embedding=SimpleNamespace(flush=lambda: None),
-                             dense=SimpleNamespace(state_dict=dict), client=PSClient.local(tables))
+                             dense=SimpleNamespace(state_dict=dict), client=local_client(tables))
     checkpoint.save(worker, str(tmp_path / "ck"), 1)
     worker.client.close()
     del worker

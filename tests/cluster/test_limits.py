@@ -13,10 +13,10 @@ import torch
 import zmq
 
 from het.config import ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.wire.protocol import Message, Op, decode, encode
-from het.ps.server import ServerThread
-from het.ps.server_process import ServerProcess
+from het.ps.client.client import PSClient
+from het.ps.protocol.messages import Message, Op, decode, encode
+from het.ps.server.server import ServerThread
+from het.ps.server.process import ServerProcess
 from conftest import raw_request
 
 pytestmark = pytest.mark.cluster

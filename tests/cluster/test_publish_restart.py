@@ -10,12 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from het.ps.client import PSClient
+from het.ps.client.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.publish import Publisher, listing
 from het.train.tasks import job_tables
 from het.config import TableConfig
+from het.ps.local import local_client
 
 pytestmark = pytest.mark.cluster
 
@@ -28,7 +29,7 @@ def _restart_records(client: PSClient, shards) -> None:
 
 def test_a_reader_is_told_which_shards_record_started_again():
     table = TableConfig("t", rows=100, dim=2)
-    client = PSClient.local([table], num_shards=2)
+    client = local_client([table], num_shards=2)
     started = []
     assert list(client.changed("t", started=started)) == [] and started == [0, 1]  # the records begin
 
@@ -49,7 +50,7 @@ def test_a_reader_is_told_which_shards_record_started_again():
 def test_a_version_after_a_shards_record_started_again_is_a_base(tmp_path):
     cfg = TrainConfig.from_dict({"steps": 20, "dim": 8, "batch": 64, "synthetic": {"cap": 500}, "servers": 2,
                                  "publish": {"dir": str(tmp_path / "pub"), "every": 1000, "keep": 2}})
-    client = PSClient.local(job_tables(cfg), num_shards=2, lazy_init=cfg.lazy_init)
+    client = local_client(job_tables(cfg), num_shards=2, lazy_init=cfg.lazy_init)
     worker = Worker(cfg, client)
     publisher = Publisher(worker, cfg)  # a base at the start
     for step in range(3):

@@ -13,8 +13,8 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.wire.connection import WaitAbandoned
-from het.ps.wire.protocol import ERROR, VERSION, Message, Op, HEADER, MAGIC, decode, encode
+from het.ps.client.connection import WaitAbandoned
+from het.ps.protocol.messages import ERROR, VERSION, Message, Op, HEADER, MAGIC, decode, encode
 
 pytestmark = pytest.mark.cluster
 

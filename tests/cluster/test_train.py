@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from het.data.batch import Batch
-from het.ps.client import PSClient
+from het.ps.client.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 from jobs import alive, het, shared_file
 
 pytestmark = pytest.mark.cluster
@@ -257,7 +258,7 @@ def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_b
     het("train", *args)
     cfg = TrainConfig(staleness=0, optimizer="sgd", lr=0.5, dense_lr=0.05, dim=8, batch=2 * batch, eval_samples=0,
                       workers=1, steps=steps, synthetic={"cap": 2000})
-    reference = Worker(cfg, PSClient.local(job_tables(cfg)))
+    reference = Worker(cfg, local_client(job_tables(cfg)))
     for step in range(steps):
         both = [reference.task.data.batch("train", step * 2 + rank, batch) for rank in range(2)]
         reference.step(Batch.cat(both))
@@ -269,7 +270,7 @@ def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_b
     rows = torch.load(tmp_path / "ckpt" / "ps" / "shard-0.pt", weights_only=True)["tables"]["embedding"]["weight"]
     expected = reference.embedding.read(torch.arange(rows.shape[0]))
     assert torch.allclose(rows, expected, atol=1e-6)
-    fresh = PSClient.local(job_tables(cfg))
+    fresh = local_client(job_tables(cfg))
     assert not torch.allclose(rows, fresh.wait(fresh.pull("embedding", torch.arange(rows.shape[0])))[0])
 
 

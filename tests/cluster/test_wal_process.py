@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.store import wal
-from het.ps.server_process import ServerProcess
+from het.ps.client.client import PSClient
+from het.ps.server.store import wal
+from het.ps.server.process import ServerProcess
 
 pytestmark = pytest.mark.cluster
 CFG = ShardConfig((TableConfig("t", rows=500, dim=4, optimizer=OptimizerConfig("adam", lr=0.01)),))
@@ -170,7 +170,7 @@ def test_a_supervised_shard_killed_comes_back_on_its_address_and_loses_nothing(t
     import sys
     import time
 
-    from het.ps.server import ServerThread
+    from het.ps.server.server import ServerThread
 
     state = tmp_path / "state"
     supervisor = subprocess.Popen([sys.executable, "-m", "het", "serve", "--table", "t:500:4", "--optimizer", "adam",

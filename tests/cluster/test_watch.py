@@ -9,7 +9,7 @@ import torch
 import conftest
 
 from het import CacheConfig, Embedding, OptimizerConfig, PSClient, ServerProcess, ShardConfig, TableConfig
-from het.ps.wire.protocol import PSError
+from het.ps.protocol.messages import PSError
 from jobs import het
 
 pytestmark = pytest.mark.cluster

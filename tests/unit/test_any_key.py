@@ -186,7 +186,7 @@ def test_bench_cache_runs_on_raw_int64_ids():
     import numpy as np
 
     from het.bench.cache import run
-    from het.ps.partition import mix
+    from het.ps.protocol.partition import mix
 
     trace = np.random.default_rng(0).zipf(1.2, 40_000) % 10_000
     small = run(trace, 2048, 1000, "lru", dim=8)

@@ -7,14 +7,14 @@ import torch
 
 from het.cli import main
 from het.config import ShardConfig, TableConfig
-from het.ps.wire.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
-from het.ps.client import PSClient
-from het.ps.wire.protocol import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, HEADER, decode,
+from het.ps.protocol.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
+from het.ps.client.client import PSClient
+from het.ps.protocol.messages import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, HEADER, decode,
                                   encode)
-from het.ps.server import ServerThread
-from het.ps.server_process import ServerProcess, _child_env
-from het.ps.shard import Shard
-from het.ps.wire.transport import LocalTransport
+from het.ps.server.server import ServerThread
+from het.ps.server.process import ServerProcess, _child_env
+from het.ps.server.shard import Shard
+from het.ps.protocol.transport import LocalTransport
 
 SECRET = b"correct horse battery staple"
 TABLE = TableConfig("t", rows=16, dim=3)
@@ -236,8 +236,8 @@ class Recording:
 
 
 def recorded_client(shard: Shard):
-    from het.ps.client import PSClient
-    from het.ps.wire.transport import LocalTransport
+    from het.ps.client.client import PSClient
+    from het.ps.protocol.transport import LocalTransport
 
     transport = LocalTransport()
     channel = Recording(transport.connect(transport.bind("s", shard)))

@@ -13,10 +13,10 @@ from het.config import CacheConfig, TableConfig
 from het.data.synthetic import MLPERF_BAG_SIZES, MLPERF_CARDINALITIES, SyntheticCriteo, criteo_1tb
 from het.nn import Embedding, FieldBags
 from het.nn.bags import bag_keys, pool
-from het.ps.client import PSClient
 from het.train import loop
 from het.train.config import TrainConfig
 from het.train.tasks import CTR_MODELS, CTRTask
+from het.ps.local import local_client
 
 ONE_TB = "synthetic-criteo-1tb"
 
@@ -92,7 +92,7 @@ def test_a_worker_trains_1tb_bags_through_het_embeddings_sum_mode(monkeypatch):
 
     monkeypatch.setattr(loop, "make_task", make_task)
     cfg = TrainConfig(data=ONE_TB, model="dcn", batch=32, dim=8, steps=4, workers=1, lookahead=2, cache_rows=300)
-    client = PSClient.local([TableConfig("embedding", rows=1000, dim=8)])
+    client = local_client([TableConfig("embedding", rows=1000, dim=8)])
     worker = loop.Worker(cfg, client)
     assert worker.embedding.mode == "sum" and worker.prefetch and worker.lookahead == 2
     run = worker.train(4, progress=False)

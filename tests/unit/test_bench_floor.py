@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from het.bench.floor import _train_argv, floor_model
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 SMALL = {"dim": 8, "batch": 64, "synthetic.cap": 2000}
 
@@ -19,7 +19,7 @@ def test_the_floor_trains_as_het_does_at_staleness_zero(optimizer):
                                   "dense_optimizer": optimizer, "dense_lr": 0.05, "lookahead": 0}, {})
     _, floor, step = floor_model(cfg)
     losses = [step(i) for i in range(10)]
-    client = PSClient.local(job_tables(cfg))
+    client = local_client(job_tables(cfg))
     try:
         worker = Worker(cfg, client)
         het_loss = worker.train(10, progress=False)["loss"]

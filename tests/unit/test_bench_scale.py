@@ -8,10 +8,10 @@ import torch
 
 from het.bench import scale
 from het.dist.dense import DENSE_ROW, PSDense, dense_table, ps_dense_bytes
-from het.ps.client import PSClient
 from het.staleness import parse_stalenesses
 from het.train.config import TrainConfig
 from het.train.tasks import dense_params, make_task
+from het.ps.local import local_client
 
 
 def fake_run(mode="het:100", workers=2, dim=16, steps=100, wall_s=2.0, split=(0.6, 0.3, 0.1), bps=1000.0,
@@ -77,7 +77,7 @@ def test_dense_params_match_the_model_the_worker_trains():
 def test_dense_ps_bytes_match_what_mode_ps_counts():
     model = torch.nn.Sequential(torch.nn.Linear(30, 20), torch.nn.Linear(20, 1))
     numel = sum(p.numel() for p in model.parameters())
-    dense = PSDense(model, PSClient.local([dense_table(numel, 0.1)]), world=1, rank=0)
+    dense = PSDense(model, local_client([dense_table(numel, 0.1)]), world=1, rank=0)
     dense.before_forward()
     model(torch.zeros(2, 30)).sum().backward()
     dense.after_backward()

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from het.config import TableConfig
-from het.ps.client import PSClient
 from het.train import checkpoint, local
 from het.train.config import TrainConfig
+from het.ps.local import local_client
 from damage import flip_in_largest_member
 
 
@@ -17,7 +17,7 @@ def fake_worker() -> SimpleNamespace:
     """What checkpoint.save reads of a worker: one rank, a local PS, a dense model."""
     return SimpleNamespace(rank=0, world=1, cfg=TrainConfig(), model=torch.nn.Linear(2, 1),
                            embedding=SimpleNamespace(flush=lambda: None), dense=SimpleNamespace(state_dict=dict),
-                           client=PSClient.local([TableConfig("t", rows=4, dim=2)]))
+                           client=local_client([TableConfig("t", rows=4, dim=2)]))
 
 
 def leftovers(tmp_path) -> list[str]:
@@ -61,7 +61,7 @@ def test_a_save_cut_between_its_two_renames_is_kept(tmp_path):
 def test_a_damaged_checkpoint_is_refused_naming_the_file_and_loads_nothing(tmp_path):
     import pytest
 
-    from het.ps.wire.protocol import PSError
+    from het.ps.protocol.messages import PSError
 
     worker = fake_worker()
     worker.client.wait(worker.client.push("t", torch.tensor([1]), torch.ones(1, 2), torch.ones(1, dtype=torch.int64)))

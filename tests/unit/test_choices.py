@@ -10,8 +10,8 @@ import torch
 from het import choices
 from het.choices import DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Model, Optimizer, Policy, PushDtype
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
+from het.ps.local import local_client
 
 ENUMS = [c for c in vars(choices).values() if isinstance(c, type) and issubclass(c, Choice) and c is not Choice]
 
@@ -58,7 +58,7 @@ def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path)
     """The shards' saves are read with ``torch.load(weights_only=True)``: an enum member there
     would be refused; a checkpoint's config is plain data too."""
     table = TableConfig("t", rows=8, dim=2, optimizer=OptimizerConfig("adagrad", lr=0.1))
-    client = PSClient.local([table])
+    client = local_client([table])
     [path] = client.save(str(tmp_path / "ps"))
     saved = torch.load(path, weights_only=True)
     assert only_plain(saved) and client.load(str(tmp_path / "ps"))
@@ -68,7 +68,7 @@ def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path)
 
 def test_every_table_keyed_by_a_choice_covers_it_exactly():
     from het.cache.policy import POLICIES
-    from het.ps.wire.protocol import GRAD_BYTES
+    from het.ps.protocol.messages import GRAD_BYTES
     from het.train.loop import TORCH_OPTIMIZERS
     from het.train.tasks import CTR_MODELS
 
@@ -76,5 +76,5 @@ def test_every_table_keyed_by_a_choice_covers_it_exactly():
     assert set(TORCH_OPTIMIZERS) == set(DENSE_OPTIMIZERS)
     assert set(CTR_MODELS) | set(GRAPH_MODELS) == set(Model) and not set(CTR_MODELS) & set(GRAPH_MODELS)
     for name in Optimizer:
-        OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.store.optim.make
-        PSClient.local([TableConfig("t", rows=2, dim=2, optimizer=OptimizerConfig(name))])
+        OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.server.store.optim.make
+        local_client([TableConfig("t", rows=2, dim=2, optimizer=OptimizerConfig(name))])

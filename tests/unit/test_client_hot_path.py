@@ -1,4 +1,4 @@
-"""The client's short path for hot requests (het.ps.wire.hot) against its general path: for any
+"""The client's short path for hot requests (het.ps.client.hot) against its general path: for any
 pull or push, the same frames on the wire, the same results, the same counts; and for any reply,
 well formed or not, the same result or the same error. Each test runs with the requests written
 and the replies read natively where they can be (``native``), and by Python alone (``python``)."""
@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.shard import Shard
-from het.ps.wire import hot
-from het.ps.wire.protocol import HEADER, Message, Op, PSError, ProtocolError, encode
+from het.ps.client.client import PSClient
+from het.ps.server.shard import Shard
+from het.ps.client import hot
+from het.ps.protocol.messages import HEADER, Message, Op, PSError, ProtocolError, encode
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),

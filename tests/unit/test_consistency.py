@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from conftest import LocalCluster
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps import partition
+from het.ps.protocol import partition
 
 DIM = 2
 

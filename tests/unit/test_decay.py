@@ -11,9 +11,9 @@ import torch
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
 from het.decay import RowDecay, state_of, steps_of
 from het.nn.embedding import Embedding
-from het.ps import hot
-from het.ps.initial import initial_rows
-from het.ps.shard import Shard
+from het.ps.server import hot
+from het.ps.protocol.initial import initial_rows
+from het.ps.server.shard import Shard
 from het.schedule import Schedule
 from reference import TORCH_OPTIMIZERS
 
@@ -179,7 +179,7 @@ def test_a_save_and_the_write_ahead_log_keep_each_rows_step(tmp_path):
 
 def test_wire_refusals_and_publishing_name_what_l2_needs():
     shard, _ = decaying_shard()
-    from het.ps.wire.protocol import Message, Op
+    from het.ps.protocol.messages import Message, Op
 
     reply = shard.handle(Message(Op.PULL, 1, {"table": "t", "as_of": -1}, [np.array([0])]))
     assert reply.status == 1 and "as_of" in reply.meta["error"]
@@ -195,9 +195,9 @@ def test_wire_refusals_and_publishing_name_what_l2_needs():
 def test_the_native_push_of_rows_that_decay_equals_the_reference(optimizer):
     """A float32 fixed table's native push brings its rows to the push's step first, then pushes
     with the optimizer's own state: the torch reference's rows and state."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
     from het import native as het_native
-    from het.ps.store.kernels import NATIVE_OPTIMIZERS, BroughtPush
+    from het.ps.server.store.kernels import NATIVE_OPTIMIZERS, BroughtPush
 
     cfg = TableConfig("t", rows=30, dim=5, optimizer=OptimizerConfig(optimizer, lr=0.05, l2=0.4))
     native, reference = FixedRows(cfg, 0, 1), FixedRows(cfg, 0, 1, native=False)

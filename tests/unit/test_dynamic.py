@@ -7,12 +7,12 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.store.chunks import Chunks
+from het.ps.server.store.chunks import Chunks
 from het import native
-from het.ps.store.index import KeyIndex, NativeKeyIndex
-from het.ps.wire.protocol import Message, Op
-from het.ps.shard import Shard
-from het.ps.initial import initial_rows
+from het.ps.server.store.index import KeyIndex, NativeKeyIndex
+from het.ps.protocol.messages import Message, Op
+from het.ps.server.shard import Shard
+from het.ps.protocol.initial import initial_rows
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1, initial_accumulator=0.1),
               OptimizerConfig("adam", lr=0.01)]
@@ -109,7 +109,7 @@ def test_any_int64_key_is_a_key_and_untouched_rows_are_not_stored():
 
 def test_keys_of_another_shard_are_refused_by_the_hashed_rule():
     s = Shard(ShardConfig((TableConfig("t", rows=None, dim=2),), index=0, num_shards=2))
-    from het.ps.partition import shard_of
+    from het.ps.protocol.partition import shard_of
 
     keys = torch.arange(100)
     theirs = keys[shard_of(keys, 2, hashed=True) == 1][:1].numpy()
@@ -151,7 +151,7 @@ def test_an_aging_sketch_keeps_admitting_early_rarely_however_many_keys_pass():
     """A stream of 200,000 distinct keys, each seen once, through a sketch of 1,024 counters a
     row: without halving every counter fills and nearly every key reads as seen twice; with it
     the rate stays near the sketch's 2%, and a key seen every batch is still admitted."""
-    from het.ps.store.admission import SightingSketch
+    from het.ps.server.store.admission import SightingSketch
 
     sketch = SightingSketch(counters=4096)
     early, steady = [], torch.tensor([-1])
@@ -256,7 +256,7 @@ def test_the_key_index_is_a_dictionary(make, ops):
     """Inserts, removes and lookups, freed slots reused as a table reuses them: each index
     answers as a dictionary does, key -> slot and slot -> key."""
     index, truth, free, used = make(), {}, [], 0
-    import het.ps.store.index as module
+    import het.ps.server.store.index as module
 
     old = module.MIN_RECENT
     module.MIN_RECENT = 4  # merge often
@@ -369,7 +369,7 @@ def test_chunks_refuse_slots_out_of_range(first):
 
 def test_reshard_moves_a_dynamic_table_with_its_state(tmp_path):
     from het.ps.reshard import reshard
-    from het.ps.partition import shard_of
+    from het.ps.protocol.partition import shard_of
 
     table = TableConfig("t", rows=None, dim=4, optimizer=OPTIMIZERS[1], admit_after=2)
     old = [Shard(ShardConfig((table,), index=i, num_shards=2)) for i in range(2)]

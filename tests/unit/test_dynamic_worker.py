@@ -9,12 +9,13 @@ import torch
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.cache.policy import EMPTY
 from het.config import ShardConfig
-from het.ps import partition
-from het.ps.store import saves
-from het.ps.client import PSClient
-from het.ps.shard import Shard
-from het.ps.initial import initial_rows
-from het.ps.wire.transport import LocalTransport
+from het.ps.protocol import partition
+from het.ps.server.store import saves
+from het.ps.client.client import PSClient
+from het.ps.server.shard import Shard
+from het.ps.protocol.initial import initial_rows
+from het.ps.protocol.transport import LocalTransport
+from het.ps.local import local_client
 
 LO, HI = -2**63, 2**63 - 1
 RAW = torch.tensor([EMPTY, LO, HI, 0, -2, 1 << 40, 7, -(1 << 50), 12345678901234])
@@ -36,7 +37,7 @@ def shards(tables, num_shards, max_keys=ShardConfig.max_keys):
 @pytest.mark.parametrize("lazy", [True, False])
 @pytest.mark.parametrize("num_shards", [1, 3])
 def test_pull_gives_initial_rows_in_key_order_for_any_int64_key(lazy, num_shards):
-    client = PSClient.local([table()], num_shards, lazy_init=lazy)
+    client = local_client([table()], num_shards, lazy_init=lazy)
     keys = RAW[torch.randperm(len(RAW), generator=torch.Generator().manual_seed(0))]
     rows, clocks = client.wait(client.pull("ids", keys))
     assert torch.equal(rows, torch.from_numpy(initial_rows(table(), keys.numpy())))
@@ -59,7 +60,7 @@ def test_pushes_land_on_the_hashed_shard_and_come_back_in_key_order():
 
 
 def test_fixed_tables_keep_their_range_check_and_dynamic_ones_their_dtype_check():
-    client = PSClient.local([table(rows=10), TableConfig("raw", rows=None, dim=2)], 2)
+    client = local_client([table(rows=10), TableConfig("raw", rows=None, dim=2)], 2)
     with pytest.raises(ValueError, match="key -1 out of range for table 'ids' with 10 rows"):
         client.pull("ids", torch.tensor([3, -1]))
     with pytest.raises(TypeError, match=r"keys must be int64 \(or int32\), as nn.Embedding takes them, got torch.float32"):
@@ -95,7 +96,7 @@ def _whole_then_in_parts(monkeypatch, requests) -> tuple:
     """``requests(client)`` -> (a handle, its result), run with parts of PART_BYTES (one request
     a shard) and of the floor (1,024 keys) on two shards of 6,000 keys: the handle's parts
     counted, the two results equal; the first."""
-    import het.ps.client as client_module
+    import het.ps.client.client as client_module
 
     results = []
     for part_bytes in (client_module.PART_BYTES, 0):  # 0: parts of the floor, 1,024 keys
@@ -116,7 +117,7 @@ def _whole_then_in_parts(monkeypatch, requests) -> tuple:
 def test_big_pulls_and_pushes_travel_in_parts_in_flight_together_and_give_what_one_message_gives(monkeypatch):
     """A flush's push or a bulk pull of many rows goes in requests of about PART_BYTES of rows
     (at least 1,024 keys), all sent before any is waited for; the rows are those of whole ones."""
-    import het.ps.client as client_module
+    import het.ps.client.client as client_module
 
     keys = KEYS_6000
     grads = torch.randn(len(keys), DIM, generator=torch.Generator().manual_seed(2))
@@ -200,7 +201,7 @@ def test_embedding_reads_initial_rows_of_raw_ids_and_names_a_dynamic_table():
         out = emb(RAW.reshape(3, 3))
     assert torch.equal(out.reshape(-1, DIM), torch.from_numpy(initial_rows(t, RAW.numpy())))
     assert "ids: dynamic x 3 sgd" in repr(emb)
-    fixed = PSClient.local([table(rows=10)], 1)
+    fixed = local_client([table(rows=10)], 1)
     with pytest.raises(ValueError, match=r"table 'ids' \(dynamic x 3\) is not what the PS serves: 10 x 3"):
         Embedding(tables=t, client=fixed)
     with pytest.raises(ValueError, match="key -1 out of range"):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.client import PSClient
+from het.ps.local import local_client
 from reference import train_side_by_side
 
 
@@ -58,7 +58,7 @@ def test_a_dynamic_table_trains_bit_for_bit_as_a_fixed_one(optimizer):
     embs = []
     for size in (rows, None):
         table = TableConfig("embedding", rows=size, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.05))
-        embs.append(Embedding(tables=table, client=PSClient.local([table], num_shards=2),
+        embs.append(Embedding(tables=table, client=local_client([table], num_shards=2),
                               cache=CacheConfig(capacity=24, staleness=0, ways=8)))
     g = torch.Generator().manual_seed(3)
     for _ in range(40):
@@ -80,7 +80,7 @@ def test_before_admission_a_worker_reads_the_initial_row(optimizer):
     optimizer; the third step's push is applied."""
     table = TableConfig("embedding", rows=None, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.1), admit_after=3)
     mine = TableConfig("embedding", rows=None, dim=4)  # what the user wrote: the shards' rule counts
-    emb = Embedding(tables=mine, client=PSClient.local([table]), cache=CacheConfig(capacity=8, staleness=0))
+    emb = Embedding(tables=mine, client=local_client([table]), cache=CacheConfig(capacity=8, staleness=0))
     assert emb.tables["embedding"] == table
     keys = torch.tensor([2 ** 40, -7])
     start = emb(keys).detach().clone()
@@ -268,8 +268,8 @@ def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies
     """The time split's PS wait: an in-process shard answers at once, so a merge made slow
     (0.2 s a reply) must not show in ``wait_s``; it is the worker's own work. Two shards: every
     reply goes through a merge (one shard's pull or push of every key is its reply as it is)."""
-    import het.ps.client as client_module
-    import het.ps.wire.hot as hot_module
+    import het.ps.client.client as client_module
+    import het.ps.client.hot as hot_module
 
     merge = client_module.merge
 
@@ -279,7 +279,7 @@ def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies
 
     monkeypatch.setattr(client_module, "merge", slow_merge)
     monkeypatch.setattr(hot_module, "merge", slow_merge)  # the short path's replies of several shards
-    emb = Embedding(100, 4, cache=CacheConfig(capacity=10, staleness=2), client=PSClient.local(
+    emb = Embedding(100, 4, cache=CacheConfig(capacity=10, staleness=2), client=local_client(
         [TableConfig("embedding", rows=100, dim=4)], num_shards=2))
     start = time.perf_counter()
     emb(torch.tensor([1, 2, 3])).sum().backward()
@@ -292,8 +292,8 @@ def test_wait_s_counts_the_time_blocked_on_the_ps_not_the_merging_of_its_replies
 def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(monkeypatch):
     """Mode ps's dense pull and push: as the embedding's, a slow merge (0.2 s a reply) is the
     worker's own work, not PS wait. Two shards, as there."""
-    import het.ps.client as client_module
-    import het.ps.wire.hot as hot_module
+    import het.ps.client.client as client_module
+    import het.ps.client.hot as hot_module
     from het.dist.dense import PSDense, dense_table
 
     merge = client_module.merge
@@ -303,7 +303,7 @@ def test_mode_ps_dense_wait_counts_the_time_blocked_on_the_ps_not_the_merging(mo
         return merge(*args)
 
     model = torch.nn.Linear(3, 1)
-    dense = PSDense(model, PSClient.local([dense_table(4, 0.1)], num_shards=2), world=1, rank=0)
+    dense = PSDense(model, local_client([dense_table(4, 0.1)], num_shards=2), world=1, rank=0)
     monkeypatch.setattr(client_module, "merge", slow_merge)
     monkeypatch.setattr(hot_module, "merge", slow_merge)  # the short path's replies of several shards
     start = time.perf_counter()
@@ -342,7 +342,7 @@ def test_a_flush_in_pieces_leaves_the_rows_a_whole_one_does(optimizer, monkeypat
     for most in (1 << 14, 5):
         monkeypatch.setattr(module, "FLUSH_KEYS", most)
         table = TableConfig("embedding", rows=64, dim=4, optimizer=OptimizerConfig(optimizer, lr=0.05))
-        client = PSClient.local([table])
+        client = local_client([table])
         emb = Embedding(tables=table, client=client, cache=CacheConfig(capacity=48, staleness=1000))
         g = torch.Generator().manual_seed(3)
         for _ in range(6):
@@ -359,7 +359,7 @@ def test_a_flush_in_pieces_leaves_the_rows_a_whole_one_does(optimizer, monkeypat
 @pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int8, torch.bool, torch.float32])
 def test_keys_of_a_type_nn_embedding_refuses_are_refused(dtype):
     table = TableConfig("t", rows=10, dim=2)
-    client = PSClient.local([table])
+    client = local_client([table])
     keys = torch.tensor([1, 0, 1]).to(dtype)
     with pytest.raises(TypeError, match=f"keys must be int64 \\(or int32\\), as nn.Embedding takes them, got {dtype}"):
         client.wait(client.push("t", keys, torch.ones(3, 2), torch.ones(3, dtype=torch.int64)))

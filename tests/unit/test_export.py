@@ -19,6 +19,7 @@ from het.export import layout, load_model
 from het.export.predict import predict
 from het.export.writer import export
 from het.train.config import TrainConfig
+from het.ps.local import local_client
 
 SAMPLES = 3000  # held-out samples scored by training and by the export
 
@@ -325,12 +326,12 @@ def test_graphsage_is_refused_in_one_line(tmp_path):
     from types import SimpleNamespace
 
     cfg = TrainConfig(model="graphsage")
-    from het.ps.client import PSClient
+    from het.ps.client.client import PSClient
     from het.config import TableConfig
 
     worker = SimpleNamespace(rank=0, world=1, cfg=cfg, model=torch.nn.Linear(2, 1),
                              embedding=SimpleNamespace(flush=lambda: None), dense=SimpleNamespace(state_dict=dict),
-                             client=PSClient.local([TableConfig("embedding", rows=4, dim=2)]))
+                             client=local_client([TableConfig("embedding", rows=4, dim=2)]))
     checkpoint.save(worker, str(tmp_path / "ck"), 1)
     with pytest.raises(ValueError, match="a graphsage checkpoint is not exported: scoring a node needs"):
         export(str(tmp_path / "ck"), str(tmp_path / "out"))

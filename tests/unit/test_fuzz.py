@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.wire.protocol import ERROR, Message, Op, decode, encode
-from het.ps.shard import Shard
+from het.ps.protocol.messages import ERROR, Message, Op, decode, encode
+from het.ps.server.shard import Shard
 
 from conftest import built
 

@@ -7,10 +7,10 @@ import torch
 
 from conftest import built
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig, native
-from het.ps import halves
-from het.ps.initial import initial_rows
-from het.ps.store.dynamic import DynamicRows
-from het.ps.store.fixed import FixedRows
+from het.ps.protocol import halves
+from het.ps.protocol.initial import initial_rows
+from het.ps.server.store.dynamic import DynamicRows
+from het.ps.server.store.fixed import FixedRows
 from reference import train_side_by_side
 
 BITS = {"fp16": 11, "bf16": 8}  # significant bits: a value's step is |value| / 2^(bits - 1) at most
@@ -243,7 +243,7 @@ def test_the_native_half_push_gives_the_float32_push_rounded_bit_for_bit(row_dty
     """The native push on half rows (each widened as read, rounded as written) against the
     reference: torch's push on float32 copies of the rows, rounded back; duplicates, several
     shards' keys and a refused push included."""
-    from het.ps.store.kernels import HalfPush, NativeHalfPush, TorchPush
+    from het.ps.server.store.kernels import HalfPush, NativeHalfPush, TorchPush
 
     def table():
         cfg = TableConfig("t", rows=90, dim=8, row_dtype=row_dtype, row_rounding=rounding,

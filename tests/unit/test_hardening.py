@@ -14,9 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import limits
-from het.ps.wire.protocol import ERROR, Message, Op, decode, encode
-from het.ps.shard import Shard
+from het.ps.protocol import limits
+from het.ps.protocol.messages import ERROR, Message, Op, decode, encode
+from het.ps.server.shard import Shard
+from het.ps.local import local_client
 
 DIM = 4
 
@@ -240,7 +241,7 @@ def test_a_shard_without_a_state_directory_saves_and_loads_nothing(tmp_path):
 
 @pytest.mark.parametrize("address", ["127.0.0.1:99999", "127.0.0.1:", "127.0.0.1:-1", "nohost"])
 def test_a_bind_address_out_of_range_is_refused(address):
-    from het.ps.wire.transport import tcp_address
+    from het.ps.protocol.transport import tcp_address
 
     with pytest.raises(ValueError, match="expected an address 'host:port'"):
         tcp_address(address)
@@ -286,9 +287,9 @@ def test_a_push_in_parts_refused_at_its_last_part_leaves_its_first_unapplied(op)
 
 
 def test_a_client_push_split_at_max_keys_is_applied_whole_or_not_at_all():
-    from het.ps.client import PSClient
-    from het.ps.wire.protocol import PSError
-    from het.ps.wire.transport import LocalTransport
+    from het.ps.client.client import PSClient
+    from het.ps.protocol.messages import PSError
+    from het.ps.protocol.transport import LocalTransport
 
     s = Shard(ShardConfig((TableConfig("t", rows=64, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.1)),),
                           max_keys=8))
@@ -323,9 +324,9 @@ def test_a_push_refused_counts_no_sighting_for_admission():
 
 
 def test_counts_and_clocks_must_be_integers_not_truncated():
-    from het.ps.client import PSClient
+    from het.ps.client.client import PSClient
 
-    client = PSClient.local([TableConfig("t", rows=8, dim=DIM)])
+    client = local_client([TableConfig("t", rows=8, dim=DIM)])
     with pytest.raises(TypeError, match="counts must be integers, got torch.float32"):
         client.push("t", torch.tensor([1]), torch.ones(1, DIM), torch.tensor([1.5]))
     with pytest.raises(TypeError, match="clocks must be integers, got torch.float64"):
@@ -334,9 +335,9 @@ def test_counts_and_clocks_must_be_integers_not_truncated():
 
 
 def test_a_refused_push_records_no_key_as_changed():
-    from het.ps.client import PSClient
-    from het.ps.wire.protocol import PSError
-    from het.ps.wire.transport import LocalTransport
+    from het.ps.client.client import PSClient
+    from het.ps.protocol.messages import PSError
+    from het.ps.protocol.transport import LocalTransport
 
     s = shard("sgd")
     transport = LocalTransport()

@@ -1,4 +1,4 @@
-"""The shard's short path for hot requests (het.ps.hot) against the general path: for any request,
+"""The shard's short path for hot requests (het.ps.server.hot) against the general path: for any request,
 well formed or not, the same reply byte for byte, the same counters, the same tables. Requests are
 written in the order of fields het's client writes (the text the native reader reads); each test
 runs with hot requests read natively where they can be (``native``), and by Python alone
@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps import hot
-from het.ps.changes import Changes
-from het.ps.limits import MAX_CLOCK
-from het.ps.shard import Shard
-from het.ps.store.fixed import FixedRows
-from het.ps.wire.integers import delta_keys
-from het.ps.wire.protocol import HEADER, Message, Op, encode
+from het.ps.server import hot
+from het.ps.server.changes import Changes
+from het.ps.protocol.limits import MAX_CLOCK
+from het.ps.server.shard import Shard
+from het.ps.server.store.fixed import FixedRows
+from het.ps.protocol.integers import delta_keys
+from het.ps.protocol.messages import HEADER, Message, Op, encode
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),

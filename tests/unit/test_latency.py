@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from het.config import ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.server import ServerThread
-from het.ps.wire.transport import LATENCY_ENV, DelayedChannel, ZmqChannel, ZmqTransport
+from het.ps.client.client import PSClient
+from het.ps.server.server import ServerThread
+from het.ps.protocol.transport import LATENCY_ENV, DelayedChannel, ZmqChannel, ZmqTransport
 
 TABLE = TableConfig("t", rows=1000, dim=4)
 

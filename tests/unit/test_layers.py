@@ -16,6 +16,8 @@ import itertools
 import pathlib
 import re
 import shutil
+import subprocess
+import sys
 
 import het
 
@@ -42,17 +44,21 @@ LAYERS = (
     ("cli",),
     ("__main__",),
 )
-# het.ps's rooms, lowest first: what both sides share (how keys spread, the limits, the initial
-# rows), the store and the wire, the shard between them, and the ends: the client, the server,
-# and the offline reshard tool.
+# het.ps's sides, lowest first: what both share (the protocol), the worker's side (the client)
+# and the shard's (the server) beside it, neither importing the other, and the ends above both:
+# shards in this process behind a client, and the offline reshard tool.
 PS_ROOMS = (
-    ("partition", "limits"),
-    ("halves",),
-    ("initial",),
-    ("store", "wire"),
-    ("changes", "parts", "sessions", "metrics", "budget", "hot", "reads"),
+    ("protocol",),
+    ("client", "server"),
+    ("local", "reshard"),
+)
+# het.ps.server's rooms, lowest first: the stores, what the shard keeps beside them, the shard,
+# and the server and process that put it behind a transport.
+SERVER_ROOMS = (
+    ("store",),
+    ("budget", "changes", "hot", "metrics", "parts", "reads", "sessions"),
     ("shard",),
-    ("client", "server", "server_process", "reshard"),
+    ("server", "process"),
 )
 
 
@@ -81,7 +87,7 @@ def imports(name: str, path: pathlib.Path, known: dict) -> set[str]:
             if node.level:
                 parent = package.split(".")[:len(package.split(".")) - (node.level - 1)]
                 base = ".".join(parent + ([base] if base else []))
-            for a in node.names:  # `from het.ps import client` imports the module het.ps.client
+            for a in node.names:  # `from het.ps import client` imports the module het.ps.client.client
                 out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in known else base)
         elif by_name and isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in known:
             out.add(node.value)
@@ -98,9 +104,9 @@ def package_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def room_of(module: str) -> str:
-    """``het.ps.store.fixed`` -> ``store``; ``het.ps.shard`` -> ``shard``."""
-    return module.split(".")[2]
+def room_of(module: str, depth: int = 2) -> str:
+    """``het.ps.server.store.fixed`` -> ``server`` (``depth`` 3: ``store``); ``het.ps.local`` -> ``local``."""
+    return module.split(".")[depth]
 
 
 def against_order(edges: dict[str, set[str]], layers: tuple, part, within: str = "het") -> list[str]:
@@ -125,10 +131,11 @@ def against_order(edges: dict[str, set[str]], layers: tuple, part, within: str =
 
 
 def upward(edges: dict[str, set[str]]) -> list[str]:
-    """Imports against :data:`LAYERS` between het's packages, and against :data:`PS_ROOMS`
-    inside het.ps."""
+    """Imports against :data:`LAYERS` between het's packages, against :data:`PS_ROOMS` inside
+    het.ps and against :data:`SERVER_ROOMS` inside het.ps.server."""
     return (against_order(edges, LAYERS, lambda m: package_of(m).split(".")[1])
-            + against_order(edges, PS_ROOMS, room_of, within="het.ps"))
+            + against_order(edges, PS_ROOMS, room_of, within="het.ps")
+            + against_order(edges, SERVER_ROOMS, lambda m: room_of(m, 3), within="het.ps.server"))
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -193,6 +200,8 @@ def test_every_package_and_ps_room_has_a_layer():
     assert names == {name for layer in LAYERS for name in layer}
     rooms = {room_of(m) for m in modules() if m.startswith("het.ps.")}
     assert rooms == {name for layer in PS_ROOMS for name in layer}
+    rooms = {room_of(m, 3) for m in modules() if m.startswith("het.ps.server.")}
+    assert rooms == {name for layer in SERVER_ROOMS for name in layer}
 
 
 def test_the_architecture_states_the_declared_order():
@@ -200,6 +209,8 @@ def test_the_architecture_states_the_declared_order():
     assert stated_layers(doc) == LAYERS[:-1]
     ps = doc.split("## Layers", 1)[1].split("het.ps", 1)[1]
     assert stated_layers("## Layers" + ps) == PS_ROOMS
+    server = ps.split("het.ps.server", 1)[1]
+    assert stated_layers("## Layers" + server) == SERVER_ROOMS
 
 
 def test_no_import_against_the_layer_order():
@@ -208,17 +219,34 @@ def test_no_import_against_the_layer_order():
 
 def test_a_planted_upward_import_fails_the_check(tmp_path):
     """The check itself, on a copy of het: an import of the training loop planted inside a
-    function of the cache (a lazy import: it counts), and one of the wire planted in the store,
-    are each found."""
+    function of the cache (a lazy import: it counts), one of the server planted in the client,
+    one of the client in the server's store, one of the client in the protocol and one of the
+    shard in the store are each found."""
     copy = tmp_path / "het"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("*.so", "*.cpu", "__pycache__"))
     assert upward(graph(copy)) == []
-    cache = copy / "cache" / "cache.py"
-    cache.write_text(cache.read_text() + "\n\ndef _planted():\n    from het.train import loop\n")
-    fixed = copy / "ps" / "store" / "fixed.py"
-    fixed.write_text(fixed.read_text() + "\nfrom het.ps.wire import protocol\n")
-    assert upward(graph(copy)) == ["het.cache.cache -> het.train.loop (layer 4 -> 9)",
-                                   "het.ps.store.fixed -> het.ps.wire.protocol (layer 3 -> 3)"]
+    plants = {"cache/cache.py": "\n\ndef _planted():\n    from het.train import loop\n",
+              "ps/client/requests.py": "\nfrom het.ps.server import shard\n",
+              "ps/server/store/fixed.py": "\nfrom het.ps.client import replies\nfrom het.ps.server import shard\n",
+              "ps/protocol/messages.py": "\nfrom het.ps.client import connection\n"}
+    for name, line in plants.items():
+        (copy / name).write_text((copy / name).read_text() + line)
+    assert upward(graph(copy)) == [
+        "het.cache.cache -> het.train.loop (layer 4 -> 9)",
+        "het.ps.client.requests -> het.ps.server.shard (layer 1 -> 1)",
+        "het.ps.protocol.messages -> het.ps.client.connection (layer 0 -> 1)",
+        "het.ps.server.store.fixed -> het.ps.client.replies (layer 1 -> 1)",
+        "het.ps.server.store.fixed -> het.ps.server.shard (layer 0 -> 2)"]
+
+
+def test_a_worker_loads_no_module_of_the_server():
+    """What a training worker imports (its loop, het.Embedding, the command) loads the protocol
+    and the client, and no module of het.ps.server."""
+    code = ("import sys, het.train.cli, het.train.loop, het.nn.embedding\n"
+            "print(sorted(m for m in sys.modules if m.startswith('het.ps.')))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "het.ps.client.client" in loaded and "het.ps.protocol.messages" in loaded
+    assert "het.ps.server" not in loaded, loaded
 
 
 def test_no_import_cycle_between_modules():

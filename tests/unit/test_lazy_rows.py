@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.wire.protocol import Message, Op, PSError, decode, encode
-from het.ps.initial import initial_rows
+from het.ps.protocol.messages import Message, Op, PSError, decode, encode
+from het.ps.protocol.initial import initial_rows
 from conftest import LocalCluster, ZmqCluster
 
 T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)
@@ -166,7 +166,7 @@ def test_a_table_built_on_first_touch_equals_one_built_at_start(optimizer, row_d
     """A shard builds a fixed table's rows on first touch (a push, or a read of rows that may be
     untouched): every reply and, at the end, every row, clock and optimizer state equal, bit for
     bit, those of the same table with every row built at start; only the rows reached are built."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
 
     cfg = TableConfig("t", rows=60 * shards, dim=5, seed=4, row_dtype=row_dtype,
                       optimizer=OptimizerConfig(optimizer, lr=0.05, initial_accumulator=0.2))

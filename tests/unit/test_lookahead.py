@@ -11,6 +11,7 @@ from het.cache.belady import belady_miss_rate
 from het.cache.cache import EmbeddingCache
 from het.cache.lookahead import NEVER, Lookahead
 from het.data.zipf import zipf_keys
+from het.ps.local import local_client
 from reference import train_side_by_side
 
 
@@ -133,7 +134,7 @@ def test_wrong_announcements_cost_hits_never_correctness(cluster_factory):
 
 
 def test_the_worker_announces_the_batches_it_trains_on():
-    from het.ps.client import PSClient
+    from het.ps.client.client import PSClient
     from het.train.config import TrainConfig
     from het.train.loop import Worker
     from het.train.tasks import job_tables
@@ -141,7 +142,7 @@ def test_the_worker_announces_the_batches_it_trains_on():
     def batches(lookahead):
         cfg = TrainConfig(steps=6, batch=32, dim=4, lookahead=lookahead, eval_samples=0,
                           synthetic={"cap": 1000})
-        worker = Worker(cfg, PSClient.local(job_tables(cfg), 1))
+        worker = Worker(cfg, local_client(job_tables(cfg), 1))
         made = [worker.upcoming.batch(s).sparse for s in range(6)]
         return made, worker.embedding.caches["embedding"].window
 

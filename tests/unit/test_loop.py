@@ -11,11 +11,11 @@ takes a few seconds. Every figure is deterministic: one worker, seeded data, no 
 import pytest
 import torch
 
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.summary import summarise
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 STEPS, DIM, EVAL_SAMPLES = 300, 32, 8192
 
@@ -23,7 +23,7 @@ STEPS, DIM, EVAL_SAMPLES = 300, 32, 8192
 def short_run(mode: str) -> dict:
     """``het train --mode MODE --steps 300 --dim 32 --workers 1``'s summary, in this process."""
     cfg = TrainConfig(mode=mode, staleness=100, steps=STEPS, dim=DIM, workers=1, eval_samples=EVAL_SAMPLES)
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), lazy_init=cfg.lazy_init))
+    worker = Worker(cfg, local_client(job_tables(cfg), lazy_init=cfg.lazy_init))
     run = worker.train(STEPS, progress=False)
     metrics = worker.evaluate(EVAL_SAMPLES)
     return summarise(cfg, 1, cfg.servers, STEPS, run["wall_s"], [worker.counters()], metrics, worker.task.num_rows)

@@ -215,7 +215,7 @@ def test_cpu_flags_keep_the_instruction_sets_of_x86_and_arm(tmp_path):
 @given(n=st.integers(0, 10_000), seed=st.integers(0, 2**32 - 1),
        bad=st.sampled_from([None, math.nan, math.inf, -math.inf, 3.4e38]))
 def test_native_all_finite_says_what_torch_says(n, seed, bad):
-    from het.ps.limits import all_finite
+    from het.ps.protocol.limits import all_finite
 
     x = torch.randn(n, generator=torch.Generator().manual_seed(seed)) * 1e30
     if bad is not None and n:
@@ -237,7 +237,7 @@ def test_the_build_is_the_source_in_the_tree():
        keys=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=40))
 def test_native_initial_rows_equal_numpys_bit_for_bit(dim, scale, seed, name, keys):
     """Every key (negative and huge ones take the mixed counter), dim, scale and seed."""
-    from het.ps.initial import hash_rows, initial_counters, initial_rows
+    from het.ps.protocol.initial import hash_rows, initial_counters, initial_rows
 
     table = TableConfig(name, rows=None, dim=dim, seed=seed, init_scale=scale)
     keys = np.array(keys + [0, 1, 2**63 - 1, -(2**63)], dtype=np.int64)
@@ -256,8 +256,8 @@ def test_native_lazy_reply_equals_the_reference(dim, seed, marks, width, accumul
     """One shard's lazy reply: the rows, clocks and optimizer state sent, and those of the rows
     built here (any keys: negative and huge ones take the mixed counter; an initial state that is
     not zeros), natively in one pass as the reference puts them together, bit for bit."""
-    from het.ps.wire.replies import Handle, NativeParts, TorchParts
-    from het.ps.wire.protocol import Op
+    from het.ps.client.replies import Handle, NativeParts, TorchParts
+    from het.ps.protocol.messages import Op
 
     table = TableConfig("t", rows=None, dim=dim, seed=seed, init_scale=0.3,
                         optimizer=OptimizerConfig("adagrad", lr=0.1, initial_accumulator=accumulator))
@@ -333,10 +333,10 @@ def test_native_unique_refuses_what_it_cannot_take():
        wide=st.booleans(), rows=st.integers(1, 40), layout=st.sampled_from([(0, 1), (0, 2), (1, 2), (2, 3)]))
 def test_native_wire_rows_take_exactly_the_keys_the_checks_take(keys, wide, rows, layout):
     """A request's keys as they travel (int32 or int64) located natively: the local rows of
-    het.ps.partition for keys in range and on the shard, else None, as the checked path refuses
+    het.ps.protocol.partition for keys in range and on the shard, else None, as the checked path refuses
     them (out_of_range, the shard rule)."""
-    from het.ps import partition
-    from het.ps.limits import out_of_range
+    from het.ps.protocol import partition
+    from het.ps.protocol.limits import out_of_range
 
     index, shards = layout
     dtype = np.int64 if wide else np.int32
@@ -356,7 +356,7 @@ def test_native_wire_rows_take_exactly_the_keys_the_checks_take(keys, wide, rows
 def test_native_wire_counts_take_exactly_the_counts_the_checks_take(counts, dtype):
     """A push's counts as they travel widened natively: int64, where every one lies in [0, MAX_COUNT]
     as checks.push holds them; else None. Another dtype: None."""
-    from het.ps.limits import MAX_COUNT
+    from het.ps.protocol.limits import MAX_COUNT
 
     counts = [c for c in counts if np.iinfo(dtype).min <= c <= np.iinfo(dtype).max]
     got = native.ops.wire_counts(torch.from_numpy(np.array(counts, dtype)), MAX_COUNT)
@@ -377,8 +377,8 @@ def test_a_native_push_equals_the_reference_bit_for_bit(seed, optimizer, dim, ro
     """Pushes with duplicate keys, several steps, each optimizer and dims off the vector width;
     a push that would overflow a value or a clock is refused whole, with the same message, on
     both paths."""
-    from het.ps.limits import MAX_CLOCK
-    from het.ps.store.fixed import FixedRows
+    from het.ps.protocol.limits import MAX_CLOCK
+    from het.ps.server.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig(optimizer, lr=0.05))
@@ -421,8 +421,8 @@ def native_and_reference_shards(table: str, optimizer: OptimizerConfig, seed: in
     the rows' dtype if not fp32), one pushing natively, one by the torch reference, and the 64
     keys in a random order (a dynamic table's spread over a wide range)."""
     from het.config import ShardConfig
-    from het.ps.shard import Shard
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.shard import Shard
+    from het.ps.server.store.fixed import FixedRows
 
     dynamic, dtype = table.startswith("dynamic"), table.split()[-1] if " " in table else "fp32"
     cfg = TableConfig("t", rows=None if dynamic else 64, dim=16, optimizer=optimizer, row_dtype=dtype)
@@ -451,7 +451,7 @@ def test_an_adagrad_push_refused_part_way_puts_everything_back(table, fails, sev
     Pushes of several steps (their squares sent along) too: equal to the reference to float
     rounding (their square roots IEEE's, the reference's torch's). A quarter of the keys are new
     to the push."""
-    from het.ps.limits import MAX_CLOCK, MAX_COUNT
+    from het.ps.protocol.limits import MAX_CLOCK, MAX_COUNT
 
     dynamic = table.startswith("dynamic")
     lr = {"row": 3e38, "unfit": 6e4 if several else 4e4}.get(fails, 0.05)  # a step moves a row by about lr
@@ -575,7 +575,7 @@ def test_a_native_reply_sends_the_rows_the_reference_sends(seed, dim, rows, lazy
     """A pull's or sync's rows (``rows_to_send``), gathered natively (rows prefetched ahead, the
     lazy reply's marks in the same pass), equal numpy's take and torch's masks bit for bit:
     duplicate keys, no key, every row touched or none."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim)
@@ -600,10 +600,10 @@ def test_a_native_pull_reply_is_the_references_arrays(seed, dim, rows, clock):
     """A lazy pull's reply in one native pass (``FixedRows.pull_reply``: rows, clocks narrowed,
     marks packed) equals what the shard makes of the reference's ``rows_to_send`` and
     ``clocks_of``, byte for byte and dtype for dtype, whatever the clocks' width."""
-    from het.ps.store.fixed import FixedRows
-    from het.ps.store.rowstore import sent_of
-    from het.ps.wire.integers import narrow
-    from het.ps.wire.protocol import pack_marks
+    from het.ps.server.store.fixed import FixedRows
+    from het.ps.server.store.rowstore import sent_of
+    from het.ps.protocol.integers import narrow
+    from het.ps.protocol.messages import pack_marks
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim)
@@ -639,7 +639,7 @@ def test_a_native_gather_refuses_a_row_out_of_range():
 def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
     """Replies' rows go out in reused buffers: a buffer whose rows a frame, a view or a tensor
     still holds is never written again; once they are gone, it is."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
 
     table = FixedRows(TableConfig("t", rows=1000, dim=4), 0, 1)
     first, _ = table.rows_to_send(torch.tensor([1, 2, 3]), lazy=False)
@@ -665,7 +665,7 @@ def test_a_reply_buffer_is_reused_only_once_nothing_holds_its_rows():
 def test_reply_buffers_of_varying_sizes_hold_what_is_in_use():
     """Replies of every size, each dropped before the next: a free buffer too small makes way
     for a bigger one, so the pool does not grow to its limit."""
-    from het.ps.store.kernels import ReplyBuffers
+    from het.ps.server.store.kernels import ReplyBuffers
 
     pool = ReplyBuffers(dim=8)
     gen = torch.Generator().manual_seed(0)
@@ -697,7 +697,7 @@ def test_a_native_push_of_several_adagrad_steps_equals_the_reference_to_rounding
     """Pushes whose rows sum several steps, with their squares (duplicates too, some single
     steps among them): the same rows, accumulators and clocks as the reference, to float
     rounding (the native square roots are IEEE's, torch's vectorised ones are not)."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adagrad", lr=0.05))
@@ -719,8 +719,8 @@ def test_a_native_adam_push_of_several_steps_equals_the_reference_bit_for_bit(se
     """Adam pushes whose rows sum several steps with their squares (duplicates, and rows of one
     step or none among them): the rows of one step go through the native pass, the others are
     taken apart aside; the same bits as the reference, and a push refused alike changes nothing."""
-    from het.ps.limits import MAX_CLOCK
-    from het.ps.store.fixed import FixedRows
+    from het.ps.protocol.limits import MAX_CLOCK
+    from het.ps.server.store.fixed import FixedRows
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim, optimizer=OptimizerConfig("adam", lr=0.05))

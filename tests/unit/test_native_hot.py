@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from het import native
 from het.config import TableConfig
-from het.ps.wire import hot
-from het.ps.wire.integers import _narrowest, _torch_ints
-from het.ps.wire.protocol import HEADER, MAGIC, OK, VERSION, Op, specs_text
-from het.ps.wire.requests import keys_to_send
+from het.ps.client import hot
+from het.ps.protocol.integers import _narrowest, _torch_ints
+from het.ps.protocol.messages import HEADER, MAGIC, OK, VERSION, Op, specs_text
+from het.ps.client.requests import keys_to_send
 
 pytestmark = pytest.mark.skipif(native.ops is None, reason="the native core is not built")
 

@@ -12,11 +12,11 @@ import torch
 from conftest import built
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.adagrad import adagrad_factor
-from het.ps.store import wal
-from het.ps.client import PSClient
-from het.ps.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
-from het.ps.wire.protocol import PSError
-from het.ps.store.fixed import FixedRows
+from het.ps.server.store import wal
+from het.ps.server.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
+from het.ps.protocol.messages import PSError
+from het.ps.server.store.fixed import FixedRows
+from het.ps.local import local_client
 
 
 def pushed_beside(table, make_opt, steps: int, seed: int, scale: float = 1.0):
@@ -91,7 +91,7 @@ def test_the_factor_of_one_step_is_adagrads():
 def test_the_local_copy_under_rowwise_adagrad_is_the_row_the_server_then_holds():
     """One worker, staleness 3: after each push the cached copies equal the server's rows."""
     table = TableConfig("embedding", rows=30, dim=8, optimizer=OptimizerConfig("rowwise_adagrad", lr=0.05))
-    client = PSClient.local([table])
+    client = local_client([table])
     emb = Embedding(tables=table, client=client, cache=CacheConfig(capacity=30, staleness=3, ways=8))
     gen = torch.Generator().manual_seed(2)
     for _ in range(12):
@@ -129,7 +129,7 @@ def test_squares_travel_only_for_rows_of_several_steps_and_land_as_if_all_had(na
     with the rows and state it would have from every row's square, bit for bit, with duplicate
     keys (whose steps add up) and without; the bytes saved are the left-out squares'."""
     cfg = TableConfig("t", rows=12, dim=4, optimizer=OptimizerConfig(name, lr=0.1))
-    client, reference, plain = PSClient.local([cfg], 2), PSClient.local([cfg], 2), PSClient.local([cfg], 2)
+    client, reference, plain = local_client([cfg], 2), local_client([cfg], 2), local_client([cfg], 2)
     gen = torch.Generator().manual_seed(5)
     for i in range(6):  # keys with duplicates, and without (their rows of one step then take no square)
         keys = torch.randint(0, 12, (9,), generator=gen) if i % 2 else torch.randperm(12, generator=gen)[:9]
@@ -150,7 +150,7 @@ def test_squares_travel_only_for_rows_of_several_steps_and_land_as_if_all_had(na
 
 def test_a_shard_refuses_squares_for_neither_every_row_nor_the_rows_of_several_steps():
     cfg = TableConfig("t", rows=10, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1))
-    client = PSClient.local([cfg], 1)
+    client = local_client([cfg], 1)
     keys, grads, counts = torch.tensor([1, 2, 3]), torch.ones(3, 4), torch.tensor([1, 3, 1])
     with pytest.raises(PSError, match=r"or of \(1, 1\|4\) for the 1 rows of several steps, got float32 \(2, 1\)"):
         client.link.send(0, 99, 2, {"table": "t", "sq": True, "step": 1},
@@ -220,7 +220,7 @@ def test_an_adam_tables_cache_pushes_squares_and_lands_on_sparse_adams_rows():
     same whatever the copies hold): the cache pushes each row's 12 steps once, with their
     squares, and the shard's rows after the flush are SparseAdam's after 12 steps."""
     table = TableConfig("embedding", rows=20, dim=8, optimizer=OptimizerConfig("adam", lr=0.01))
-    emb = Embedding(tables=table, client=PSClient.local([table]), cache=CacheConfig(capacity=20, staleness=100, ways=4))
+    emb = Embedding(tables=table, client=local_client([table]), cache=CacheConfig(capacity=20, staleness=100, ways=4))
     reference = torch.nn.Embedding(20, 8, sparse=True)
     with torch.no_grad():
         reference.weight.copy_(emb.read(torch.arange(20)))
@@ -278,7 +278,7 @@ def test_ftrl_on_the_ps_equals_its_torch_reference_with_l1_l2_and_beta():
 def test_ftrl_applied_only_at_pushes_equals_applying_it_every_step():
     """The lazy identity: every row stepped every step (untouched rows with a zero gradient) ends
     where pushing only the touched rows leaves it, bit for bit, under L1 and L2."""
-    from het.ps.store.optim import ftrl_step
+    from het.ps.server.store.optim import ftrl_step
 
     cfg = OptimizerConfig("ftrl", lr=0.1, l1=0.001, l2=0.5)
     gen = torch.Generator().manual_seed(2)

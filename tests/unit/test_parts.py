@@ -1,11 +1,11 @@
-"""A push in parts (het.ps.parts): held until its last part, joined in order; a part out of
+"""A push in parts (het.ps.server.parts): held until its last part, joined in order; a part out of
 order or unlike those before it refused with the push held so far; a bounded number held."""
 
 import numpy as np
 import pytest
 import torch
 
-from het.ps.parts import MAX_HELD, Checked, Parts
+from het.ps.server.parts import MAX_HELD, Checked, Parts
 
 
 def part(keys, table="t", step=1) -> Checked:

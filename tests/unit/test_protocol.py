@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het.config import ShardConfig, TableConfig
-from het.ps.wire.integers import delta_keys, narrow, undelta_keys, widen
-from het.ps.wire.protocol import ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, HEADER, decode, encode
-from het.ps.shard import Shard
+from het.ps.protocol.integers import delta_keys, narrow, undelta_keys, widen
+from het.ps.protocol.messages import ERROR, MAGIC, VERSION, Message, Op, ProtocolError, VersionError, HEADER, decode, encode
+from het.ps.server.shard import Shard
 
 
 def test_round_trip_keeps_arrays_and_meta():

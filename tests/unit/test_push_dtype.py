@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.wire.protocol import Message, Op
+from het.ps.protocol.messages import Message, Op
+from het.ps.local import local_client
 
 T = TableConfig("t", rows=40, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.1))
 
@@ -17,7 +17,7 @@ def test_the_shard_applies_exactly_the_rounded_gradients(op):
     keys = torch.tensor([1, 5, 9, 33])
     grads = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)) * 1e-3
     counts = torch.ones(4, dtype=torch.int64)
-    bf16, f32 = PSClient.local([T], 2), PSClient.local([T], 2)
+    bf16, f32 = local_client([T], 2), local_client([T], 2)
     if op == "push":
         bf16.wait(bf16.push("t", keys, grads, counts, grad_dtype="bf16"))
     else:
@@ -33,7 +33,7 @@ def test_bf16_pushes_send_half_the_gradient_bytes():
     keys, grads, counts = torch.arange(32), torch.ones(32, 8), torch.ones(32, dtype=torch.int64)
     sent = {}
     for dtype in ("f32", "bf16"):
-        client = PSClient.local([T], 1)
+        client = local_client([T], 1)
         before = client.bytes["sent"]
         client.wait(client.push("t", keys, grads, counts, grad_dtype=dtype))
         sent[dtype] = client.bytes["sent"] - before
@@ -41,7 +41,7 @@ def test_bf16_pushes_send_half_the_gradient_bytes():
 
 
 def test_a_bad_gradient_format_is_refused_and_the_shard_keeps_serving():
-    client = PSClient.local([T], 1)
+    client = local_client([T], 1)
     shard = client.channels[0].shard
     bad = shard.handle(Message(Op.PUSH, 1, {"table": "t", "grads": "fp8"},
                                [np.array([1]), np.zeros((1, 8), np.int16), np.array([1])]))

@@ -9,10 +9,10 @@ import torch
 from het.cache.cache import EmbeddingCache
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.embedding import Embedding
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 DIM = 4
 
@@ -69,7 +69,7 @@ def train(push_idle: bool, monkeypatch) -> tuple[dict, torch.Tensor, torch.Tenso
         if not push_idle:
             m.setattr(Embedding, "push_idle", lambda self, share: None)
         cfg = TrainConfig(steps=60, batch=128, dim=DIM, workers=1, lookahead=8)
-        client = PSClient.local(job_tables(cfg), lazy_init=cfg.lazy_init)
+        client = local_client(job_tables(cfg), lazy_init=cfg.lazy_init)
         worker = Worker(cfg, client)
         worker.train(cfg.steps, progress=False)
     counters = worker.counters()

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
-from het.ps.client import PSClient
 from het.train import rejoin
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.rejoin import Rejoin, StateFile, lost_updates, read_records
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 CFG = TrainConfig(steps=40, dim=8, batch=64, staleness=100, synthetic={"cap": 2000})
 
@@ -65,7 +65,7 @@ def _train(worker, hook, start: int, steps: int) -> None:
 
 def test_a_new_generation_takes_up_the_dense_snapshot_and_counts_the_lost_updates(tmp_path, restarts):
     restarts(0)
-    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    client = local_client(job_tables(CFG), lazy_init=CFG.lazy_init)
     first = Worker(CFG, client)
     (tmp_path / "rank-3.gen-0.state").write_bytes(b"an earlier job's")
     r0 = Rejoin(first, str(tmp_path), snapshot_s=1e9)
@@ -96,7 +96,7 @@ def test_a_new_generation_takes_up_the_dense_snapshot_and_counts_the_lost_update
 
 def test_a_group_with_no_snapshot_resumes_as_a_fresh_start_would(tmp_path, restarts):
     restarts(1)
-    worker = Worker(CFG, PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init))
+    worker = Worker(CFG, local_client(job_tables(CFG), lazy_init=CFG.lazy_init))
     r = Rejoin(worker, str(tmp_path))
     assert r.begin(lambda: 0) == 0 and r.rejoined_at is None
     assert r.summary(0, 40) == {"worker_restarts": 1, "updates_lost": 0}
@@ -104,7 +104,7 @@ def test_a_group_with_no_snapshot_resumes_as_a_fresh_start_would(tmp_path, resta
 
 def test_a_damaged_snapshot_is_refused_not_loaded(tmp_path, restarts):
     restarts(0)
-    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    client = local_client(job_tables(CFG), lazy_init=CFG.lazy_init)
     r0 = Rejoin(Worker(CFG, client), str(tmp_path))
     r0.begin(lambda: 0)
     from damage import flip_in_largest_member
@@ -119,7 +119,7 @@ def test_a_planted_snapshot_is_never_run_as_code(tmp_path, restarts):
     import pickle
 
     restarts(0)
-    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    client = local_client(job_tables(CFG), lazy_init=CFG.lazy_init)
     Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
     ran = tmp_path.parent / "ran"
 
@@ -142,7 +142,7 @@ def test_a_rejoin_directory_others_can_reach_is_refused(tmp_path, restarts, mode
     shared = tmp_path / "shared"
     shared.mkdir()
     os.chmod(shared, mode)
-    worker = Worker(CFG, PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init))
+    worker = Worker(CFG, local_client(job_tables(CFG), lazy_init=CFG.lazy_init))
     with pytest.raises(ValueError, match=f"mode 0700, got one of uid {os.geteuid()} with mode {mode:o}"):
         Rejoin(worker, str(shared)).begin(lambda: 0)
     fresh = tmp_path / "fresh"
@@ -152,7 +152,7 @@ def test_a_rejoin_directory_others_can_reach_is_refused(tmp_path, restarts, mode
 
 def test_a_record_cut_short_is_named_not_skipped_silently(tmp_path, restarts, capsys):
     restarts(0)
-    client = PSClient.local(job_tables(CFG), lazy_init=CFG.lazy_init)
+    client = local_client(job_tables(CFG), lazy_init=CFG.lazy_init)
     Rejoin(Worker(CFG, client), str(tmp_path)).begin(lambda: 0)
     record = tmp_path / "rank-0.gen-0.state"
     record.write_bytes(record.read_bytes()[:20])

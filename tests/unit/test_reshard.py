@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps import partition
-from het.ps.client import PSClient
+from het.ps.protocol import partition
+from het.ps.client.client import PSClient
 from het.ps.reshard import reshard
+from het.ps.local import local_client
 
 TABLES = [TableConfig("a", rows=103, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1)),
           TableConfig("b", rows=7, dim=2, optimizer=OptimizerConfig("adam", lr=0.01))]
@@ -18,7 +19,7 @@ TABLES = [TableConfig("a", rows=103, dim=4, optimizer=OptimizerConfig("adagrad",
 def trained(num_shards: int) -> tuple[PSClient, dict]:
     """A PS of ``num_shards`` shards after a few pushes, and each table's pushed keys (the rows
     it marks touched)."""
-    client = PSClient.local(TABLES, num_shards)
+    client = local_client(TABLES, num_shards)
     g = torch.Generator().manual_seed(num_shards)
     pushed = {}
     for table in TABLES:
@@ -46,7 +47,7 @@ def test_a_resharded_ps_answers_and_trains_as_the_original(tmp_path, before, aft
     original.save(str(tmp_path / "old"))
     paths = reshard(str(tmp_path / "old"), str(tmp_path / "new"), after)
     assert [os.path.basename(p) for p in paths] == [f"shard-{j}.pt" for j in range(after)]
-    moved = PSClient.local(TABLES, after)
+    moved = local_client(TABLES, after)
     moved.load(str(tmp_path / "new"))
     assert not pushed["a"].all() and pushed["a"].any()  # some keys untouched, some touched
     for table in TABLES:

@@ -1,4 +1,4 @@
-"""The contract every table store keeps (het.ps.store.rowstore.RowStore), run over each: a fixed
+"""The contract every table store keeps (het.ps.server.store.rowstore.RowStore), run over each: a fixed
 table, a dynamic one in memory, and a dynamic one tiered between a DRAM pool and disk. The
 shard calls them through this interface alone, so each must answer it the same way."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.initial import initial_rows
-from het.ps.shard import Shard
-from het.ps.store.dynamic import DynamicRows
-from het.ps.store.fixed import FixedRows
-from het.ps.store.rowstore import RowStore, open_stores
+from het.ps.protocol.initial import initial_rows
+from het.ps.server.shard import Shard
+from het.ps.server.store.dynamic import DynamicRows
+from het.ps.server.store.fixed import FixedRows
+from het.ps.server.store.rowstore import RowStore, open_stores
 
 DIM = 4
 OPT = OptimizerConfig("adagrad", lr=0.1)

@@ -9,7 +9,7 @@ import pytest
 
 from het import cli
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.server_process import JobShard
+from het.ps.server.process import JobShard
 from het.serve import shard_config
 from het.train.config import TrainConfig
 from het.train.tasks import job_tables
@@ -95,7 +95,7 @@ def test_help_shows_each_generated_flags_default(capsys):
 
 
 def test_a_launchers_job_gives_the_shard_the_jobs_tables_and_settings_at_its_place():
-    """A local job's launcher hands each shard the job's config (het.ps.server_process.JobShard):
+    """A local job's launcher hands each shard the job's config (het.ps.server.process.JobShard):
     the shard makes the tables the workers expect, so the launcher loads neither torch nor data."""
     job = TrainConfig(ps_memory="64MiB", ps_memory_policy="lfu", ps_wal=True, ps_wal_max="1MiB", steps=1)
     spec = dataclasses.asdict(JobShard(job.to_dict(), 1, 2))

@@ -6,20 +6,20 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client import PSClient
-from het.ps.wire.protocol import Message, Op, PSError
-from het.ps.shard import Shard
-from het.ps.initial import initial_rows
+from het.ps.protocol.messages import Message, Op, PSError
+from het.ps.server.shard import Shard
+from het.ps.protocol.initial import initial_rows
+from het.ps.local import local_client
 
 T = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0))
 
 
 def test_initial_rows_do_not_depend_on_the_number_of_shards():
     keys = torch.arange(20)
-    one = PSClient.local([T], 1)
-    three = PSClient.local([T], 3)
+    one = local_client([T], 1)
+    three = local_client([T], 3)
     assert torch.equal(one.wait(one.pull("t", keys))[0], three.wait(three.pull("t", keys))[0])
-    other_seed = PSClient.local([TableConfig("t", rows=20, dim=3, seed=1)], 1)
+    other_seed = local_client([TableConfig("t", rows=20, dim=3, seed=1)], 1)
     assert not torch.equal(one.wait(one.pull("t", keys))[0], other_seed.wait(other_seed.pull("t", keys))[0])
 
 
@@ -33,7 +33,7 @@ def test_initial_rows_are_pinned_bit_for_bit():
 
 
 def test_push_sums_duplicate_keys_and_counts_clocks():
-    client = PSClient.local([T], 2)
+    client = local_client([T], 2)
     before = client.wait(client.pull("t", torch.tensor([4, 5])))[0]
     keys = torch.tensor([4, 5, 4])
     client.wait(client.push("t", keys, torch.tensor([[1.0] * 3, [2.0] * 3, [3.0] * 3]), torch.tensor([1, 2, 1])))
@@ -44,7 +44,7 @@ def test_push_sums_duplicate_keys_and_counts_clocks():
 
 @pytest.mark.parametrize("bound, expect", [(0, [0, 1, 2]), (1, [0, 2]), (math.inf, [0])])
 def test_sync_returns_misses_and_rows_staler_than_the_bound(bound, expect):
-    client = PSClient.local([T], 3)
+    client = local_client([T], 3)
     keys = torch.tensor([7, 8, 9])
     client.wait(client.push("t", torch.tensor([8, 9, 9]), torch.zeros(3, 3), torch.tensor([1, 1, 1])))
     # key 7 is a miss (-1); key 8 is one update behind, key 9 two
@@ -54,14 +54,14 @@ def test_sync_returns_misses_and_rows_staler_than_the_bound(bound, expect):
 
 
 def test_push_sync_applies_the_push_first():
-    client = PSClient.local([T], 2)
+    client = local_client([T], 2)
     res = client.wait(client.push_sync("t", torch.tensor([3]), torch.ones(1, 3), torch.tensor([1]),
                                        torch.tensor([3, 4]), torch.tensor([0, 0]), 0))
     assert res.index.tolist() == [0] and res.clocks.tolist() == [1]
 
 
 def test_bad_pushes_are_refused_and_change_nothing():
-    client = PSClient.local([T], 1)
+    client = local_client([T], 1)
     rows0, clocks0 = client.wait(client.pull("t", torch.arange(20)))
     shard = client.channels[0].shard
     with pytest.raises(ValueError, match="NaN or inf"):
@@ -120,7 +120,7 @@ def test_delta_coded_keys_reach_the_same_rows_as_plain_ones_and_bad_codes_change
     """A client sends ascending keys as the steps between them (a byte each here): the shard
     applies and answers them as the plain keys; a code naming another array, or steps that do
     not step up, is refused whole."""
-    plain, coded = PSClient.local([T], 1), PSClient.local([T], 1)
+    plain, coded = local_client([T], 1), local_client([T], 1)
     keys = torch.tensor([2, 3, 9, 17])
     for client in (plain, coded):
         client.wait(client.push("t", keys, torch.ones(4, 3), torch.tensor([1, 2, 1, 1])))
@@ -148,7 +148,7 @@ def test_a_push_in_any_order_lands_as_the_same_push_in_key_order():
     clocks the shard ends with are the same either way, duplicates included."""
     keys = torch.tensor([17, 2, 9, 3, 9])
     grads, counts = torch.arange(15.0).reshape(5, 3), torch.tensor([1, 2, 1, 3, 1])
-    shuffled, ordered = PSClient.local([T], 1), PSClient.local([T], 1)
+    shuffled, ordered = local_client([T], 1), local_client([T], 1)
     order = torch.sort(keys, stable=True).indices
     for client, at in ((shuffled, torch.arange(5)), (ordered, order)):
         client.wait(client.push("t", keys[at], grads[at], counts[at]))
@@ -162,7 +162,7 @@ def test_a_push_in_any_order_lands_as_the_same_push_in_key_order():
 
 
 def test_error_replies_raise_ps_error_naming_the_shard():
-    client = PSClient.local([T], 1)
+    client = local_client([T], 1)
     with pytest.raises(PSError, match=r"PS shard 0 \(local-0\) refused LOAD: ValueError: no saved shard"):
         client.load_named("nonexistent")
     with pytest.raises(ValueError, match="no saved shard at /nonexistent/dir/shard-0.pt"):
@@ -172,7 +172,7 @@ def test_error_replies_raise_ps_error_naming_the_shard():
 @pytest.mark.parametrize("opt", ["sgd", "adagrad", "adam"])
 def test_save_and_load_restore_rows_clocks_and_optimizer_state(tmp_path, opt):
     table = TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig(opt, lr=0.1))
-    client = PSClient.local([table], 2)
+    client = local_client([table], 2)
     keys = torch.tensor([1, 2, 3])
     push = lambda: client.wait(client.push("t", keys, torch.ones(3, 2), torch.ones(3, dtype=torch.int64), step=1))
     push()
@@ -186,15 +186,15 @@ def test_save_and_load_restore_rows_clocks_and_optimizer_state(tmp_path, opt):
 
 
 def test_load_refuses_a_file_of_another_layout(tmp_path):
-    client = PSClient.local([T], 1)
+    client = local_client([T], 1)
     client.save(str(tmp_path))
-    other = PSClient.local([TableConfig("t", rows=21, dim=3)], 1)
+    other = local_client([TableConfig("t", rows=21, dim=3)], 1)
     with pytest.raises(PSError, match="has shape"):
         other.load(str(tmp_path))
 
 
 def test_stats_count_requests_rows_and_bytes():
-    client = PSClient.local([T], 1, lazy_init=False)
+    client = local_client([T], 1, lazy_init=False)
     client.wait(client.pull("t", torch.arange(5)))
     stats = client.stats()[0]
     assert stats["requests_pull"] == 1 and stats["rows_out"] == 5
@@ -202,7 +202,7 @@ def test_stats_count_requests_rows_and_bytes():
 
 
 def test_stats_count_rows_left_for_a_lazy_client_to_build():
-    client = PSClient.local([T], 1)  # lazy_init by default
+    client = local_client([T], 1)  # lazy_init by default
     client.wait(client.push("t", torch.tensor([1, 3]), torch.ones(2, 3), torch.ones(2, dtype=torch.int64)))
     client.wait(client.pull("t", torch.arange(5)))
     stats = client.stats()[0]
@@ -210,9 +210,9 @@ def test_stats_count_rows_left_for_a_lazy_client_to_build():
 
 
 def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
-    sgd = PSClient.local([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("sgd", lr=0.1))], 1)
+    sgd = local_client([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("sgd", lr=0.1))], 1)
     sgd.save(str(tmp_path))
-    adam = PSClient.local([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("adam", lr=0.1))], 1)
+    adam = local_client([TableConfig("t", rows=10, dim=2, optimizer=OptimizerConfig("adam", lr=0.1))], 1)
     adam.wait(adam.push("t", torch.tensor([1]), torch.ones(1, 2), torch.tensor([1])))
     before = adam.wait(adam.pull("t", torch.arange(10)))
     with pytest.raises(PSError, match=r"optimizer state \[\], this shard's adam needs \['exp_avg', 'exp_avg_sq'\]"):
@@ -223,7 +223,7 @@ def test_load_of_another_optimizers_state_changes_nothing(tmp_path):
 
 def test_keys_past_int32_travel_as_int64_and_either_width_reaches_the_same_rows():
     dyn = TableConfig("ids", rows=None, dim=3, optimizer=OptimizerConfig("sgd", lr=0.5))
-    client = PSClient.local([dyn], 2)
+    client = local_client([dyn], 2)
     narrow, wide = torch.tensor([7, -3, 2**31 - 1]), torch.tensor([7, -3, 2**40])
     for keys, key_bytes in ((narrow, 4), (wide, 8)):
         assert client.sync("ids", keys, torch.full_like(keys, -1), 0).sync_bytes == 3 * key_bytes + 3 * 2  # int16 clocks
@@ -235,7 +235,7 @@ def test_keys_past_int32_travel_as_int64_and_either_width_reaches_the_same_rows(
 
 
 def test_sync_clocks_and_indices_travel_as_narrow_as_they_fit():
-    client = PSClient.local([T], 1)
+    client = local_client([T], 1)
     keys = torch.tensor([1, 2])
     small = client.sync("t", keys, torch.tensor([-1, 0]), 0)
     assert small.sync_bytes == 2 * 1 + 2 * 2                     # keys 1, 2 as steps 0, 1; int16 clocks (-1: a miss)
@@ -274,7 +274,7 @@ def test_a_save_removes_the_one_it_replaces_and_a_bad_name_to_drop_changes_nothi
 
 @pytest.mark.parametrize("shards", [1, 3])
 def test_a_request_of_no_keys_sends_nothing_and_gives_empty_results(shards):
-    client = PSClient.local([T], shards)
+    client = local_client([T], shards)
     before = [s.get("requests_pull", 0) + s.get("requests_push", 0) for s in client.stats()]
     rows, clocks = client.wait(client.pull("t", torch.tensor([], dtype=torch.int64)))
     assert rows.shape == (0, 3) and clocks.shape == (0,)
@@ -303,7 +303,7 @@ def test_a_table_that_refuses_non_finite_gradients_itself_names_them_as_the_chec
     have said, counts it an error (not a refused update) and changes nothing, a new key of a
     dynamic table left unstored. A push that overflows is refused as the table names it."""
     from het import native
-    from het.ps.wire import checks
+    from het.ps.protocol import checks
 
     if native.ops is None:
         pytest.skip("het's native core is not built")
@@ -333,7 +333,7 @@ def test_a_dynamic_table_that_may_not_see_every_gradient_keeps_the_pass(monkeypa
     yet admitted unseen, so its push cannot be the gradients' check: the shard's pass runs and
     refuses a NaN for such a key, counting nothing. Half rows keep the pass too, as a fixed
     table's."""
-    from het.ps.wire import checks
+    from het.ps.protocol import checks
 
     passes = []
     check = checks.check_finite
@@ -419,7 +419,7 @@ def test_a_non_finite_gradient_is_refused_as_before_where_the_pass_is_not_spared
 def test_a_reference_push_that_fails_part_way_changes_nothing():
     """Adam's steps taken apart by torch's ops with an lr past float32's range: torch raises
     while it writes; the rows, clocks, marks and state written are put back."""
-    from het.ps.store.fixed import FixedRows
+    from het.ps.server.store.fixed import FixedRows
 
     cfg = _adam_past_float32()
     shard = Shard(ShardConfig((cfg,)))

@@ -9,12 +9,13 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.store import saves
-from het.ps.store.disk import Segments
-from het.ps.store.dynamic import DynamicRows
-from het.ps.wire.protocol import Message, Op
-from het.ps.shard import Shard
-from het.ps.store.tiers import TieredRows
+from het.ps.protocol import layout
+from het.ps.server.store import saves
+from het.ps.server.store.disk import Segments
+from het.ps.server.store.dynamic import DynamicRows
+from het.ps.protocol.messages import Message, Op
+from het.ps.server.shard import Shard
+from het.ps.server.store.tiers import TieredRows
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1), OptimizerConfig("adam", lr=0.01)]
 
@@ -180,9 +181,9 @@ def test_a_shard_keeps_its_budget_and_answers_like_one_without(tmp_path):
     assert tiered.stats["paged_in_rows"] > 0
     path = str(tmp_path / "state" / "ckpt" / "shard-0.pt")
     tiered.save(path)
-    assert len(saves.rows_dirs(path)) == 1
+    assert len(layout.rows_dirs(path)) == 1
     tiered.save(path)  # again: the old rows directory goes
-    assert len(saves.rows_dirs(path)) == 1
+    assert len(layout.rows_dirs(path)) == 1
     again = Shard(ShardConfig((table(OPTIMIZERS[1], dim=32),), memory=2_000_000), state_dir=str(tmp_path / "state2"))
     again.load(path)
     q = Message(Op.PULL, 1, {"table": "emb"}, [keys.numpy()])
@@ -200,7 +201,7 @@ def test_a_budget_needs_a_dynamic_table_and_a_state_directory(tmp_path):
 
 
 def test_reshard_reads_the_disk_tier_of_every_shard(tmp_path):
-    from het.ps import partition
+    from het.ps.protocol import partition
     from het.ps.reshard import reshard
     cfg = table(OPTIMIZERS[2], dim=32)
     shards = [Shard(ShardConfig((cfg,), i, 2, memory=1_000_000), state_dir=str(tmp_path / f"s{i}")) for i in range(2)]
@@ -255,8 +256,8 @@ def test_compaction_inside_a_request_is_bounded_and_finishes_over_the_next_ones(
     """Garbage across many segments: a request's compaction moves at most COMPACT_RECORDS live
     records (past one part of WRITE_RECORDS), a segment may be left part moved, the next requests go
     on, and every row reads as written."""
-    from het.ps.store import tiers
-    from het.ps.store.tiers import TieredRows
+    from het.ps.server.store import tiers
+    from het.ps.server.store.tiers import TieredRows
 
     monkeypatch.setattr(tiers, "COMPACT_RECORDS", 40)
     monkeypatch.setattr(tiers, "WRITE_RECORDS", 8)  # a segment holds 32: moved in parts, one part partly
@@ -282,7 +283,7 @@ def test_compaction_inside_a_request_is_bounded_and_finishes_over_the_next_ones(
 def test_places_are_32_bit_until_a_record_number_outgrows_them(tmp_path, monkeypatch):
     """A slot's place (position, record) costs 8 bytes; past NARROW records the pair widens to
     64 bits once, every place kept, and rows read as written on both sides of it."""
-    from het.ps.store import tiers
+    from het.ps.server.store import tiers
 
     monkeypatch.setattr(tiers, "NARROW", 300)
     t = TieredRows(dim=3, state_width=0, directory=str(tmp_path / "tier"), capacity=8, segment_bytes=16 * 32)

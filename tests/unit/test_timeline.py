@@ -4,7 +4,6 @@ the time limit, in process: one worker against in-process shards."""
 import pytest
 
 from het import cli
-from het.ps.client import PSClient
 from het.train.cli import format_summary
 from het.train.config import TrainConfig
 from het.train.flags import config_from_args
@@ -12,6 +11,7 @@ from het.train.loop import Worker
 from het.train.summary import ps_summary
 from het.train.tasks import job_tables
 from het.train.timeline import Timeline
+from het.ps.local import local_client
 
 SMALL = dict(dim=8, batch=64, workers=1, eval_samples=0, synthetic={"cap": 2000})
 
@@ -46,7 +46,7 @@ def test_samples_fall_on_the_grid_of_every_s_and_never_without_it():
 
 def test_a_time_limit_stops_training_at_a_step_boundary_with_a_timeline():
     cfg = TrainConfig(steps=100_000, time_limit_s=1.0, ps_stats_every=0.25, **SMALL)
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), lazy_init=cfg.lazy_init))
+    worker = Worker(cfg, local_client(job_tables(cfg), lazy_init=cfg.lazy_init))
     run = worker.train(cfg.steps, progress=False)
     assert worker.out_of_time and not worker.stop and 0 < worker.step_count < cfg.steps
     assert 1.0 <= run["wall_s"] < 10
@@ -61,7 +61,7 @@ def test_a_time_limit_stops_training_at_a_step_boundary_with_a_timeline():
 
 def test_without_a_time_limit_every_step_runs_and_no_sample_is_taken():
     cfg = TrainConfig(steps=5, ps_stats_every=0, **SMALL)
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), lazy_init=cfg.lazy_init))
+    worker = Worker(cfg, local_client(job_tables(cfg), lazy_init=cfg.lazy_init))
     run = worker.train(cfg.steps, progress=False)
     assert (worker.step_count, worker.out_of_time, run["timeline"]) == (5, False, [])
 

@@ -6,17 +6,17 @@ import torch
 
 from het.config import CacheConfig
 from het.nn import Embedding
-from het.ps.client import PSClient
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
+from het.ps.local import local_client
 
 
 def recorded_job(monkeypatch, steps: int, lookahead: int, prefetch: bool = True, staleness: int = 100) -> list:
     """The events of a short job: ("make", step), ("announce", step), ("prefetch", step), in order."""
     cfg = TrainConfig(steps=steps, batch=16, dim=4, lookahead=lookahead, prefetch=prefetch, staleness=staleness,
                       eval_samples=0, workers=1, synthetic={"cap": 500})
-    worker = Worker(cfg, PSClient.local(job_tables(cfg), 1))
+    worker = Worker(cfg, local_client(job_tables(cfg), 1))
     events, step_of = [], {}
     make, announce, prefetch_keys = worker.upcoming.make, Embedding.announce, Embedding.prefetch
 

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.wire.protocol import ERROR, Message, Op
-from het.ps.shard import Shard
-from het.ps.store.wal import WriteAheadLog
+from het.ps.protocol.messages import ERROR, Message, Op
+from het.ps.server.shard import Shard
+from het.ps.server.store.wal import WriteAheadLog
 
 
 def table(optimizer):
@@ -94,7 +94,7 @@ def test_a_log_past_wal_max_becomes_a_base_and_a_kill_still_loses_nothing(tmp_pa
 def test_a_base_that_never_landed_leaves_its_log_aside_and_nothing_is_lost(tmp_path, monkeypatch):
     """The child writing a base dies (as when the shard is killed meanwhile): the log set aside
     stays, is replayed after the older base, and the next rebase is written whole."""
-    from het.ps.store import state as state_module
+    from het.ps.server.store import state as state_module
 
     def dies(path, stores, header):
         pid = os.fork()
@@ -189,7 +189,7 @@ def test_a_push_sent_again_is_applied_once_across_a_restart(tmp_path):
 
 
 def test_a_request_for_an_earlier_run_of_the_shard_is_refused_unread(tmp_path):
-    from het.ps.wire.protocol import decode, encode
+    from het.ps.protocol.messages import decode, encode
 
     s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True)
     before = state(s)
@@ -312,7 +312,7 @@ def test_no_damage_to_the_log_puts_a_wrong_row_in_the_shard(tmp_path_factory, ho
 def test_a_base_that_cannot_be_started_fails_no_push(tmp_path, monkeypatch):
     """fork refused (no memory, say): the push that crossed the bound is still acknowledged, the
     failure counted, and the log set aside is replayed as ever."""
-    from het.ps.store import state as state_module
+    from het.ps.server.store import state as state_module
 
     def refused(path, stores, header):
         raise OSError(12, "Cannot allocate memory")
@@ -335,7 +335,7 @@ def _record(log: WriteAheadLog, step: int) -> int:
 
 @pytest.mark.parametrize("how", ["short", "refused"])
 def test_a_failed_write_leaves_no_fragment_and_no_gap(tmp_path, monkeypatch, how):
-    from het.ps.store import wal
+    from het.ps.server.store import wal
 
     log = WriteAheadLog(str(tmp_path), fsync_s=0)
     assert _record(log, 1) == 1
@@ -358,7 +358,7 @@ def test_a_failed_write_leaves_no_fragment_and_no_gap(tmp_path, monkeypatch, how
 
 
 def test_a_failed_write_that_cannot_be_cut_off_refuses_every_later_record(tmp_path, monkeypatch):
-    from het.ps.store import wal
+    from het.ps.server.store import wal
 
     log = WriteAheadLog(str(tmp_path), fsync_s=0)
     real = os.write
@@ -395,7 +395,7 @@ def test_an_idle_log_is_forced_to_disk_within_fsync_s(tmp_path):
 def test_the_shards_loop_forces_an_idle_log_to_disk(tmp_path):
     import time
 
-    from het.ps.server import serve
+    from het.ps.server.server import serve
 
     s = Shard(ShardConfig((table("sgd"),)), state_dir=str(tmp_path), wal=True, fsync_s=0.3)
     push(s, np.random.default_rng(0), 1)
