@@ -120,8 +120,8 @@ def columns_of(instances: list[dict], fields: list[str], multi: dict | None = No
             kinds.add(str)  # past int64: as text, what a CSV of the same value gives
         if len(kinds) > 1 and (str in kinds or bool in kinds):
             values = [None if v is None else str(v) for v in values]
-        elif kinds == {int, float}:
-            values = [None if v is None else float(v) for v in values]
+        elif kinds == {int, float}:  # an int no float64 holds (past 2^53) stays one: refused as it is alone
+            values = [v if v is None or (type(v) is int and float(v) != v) else float(v) for v in values]
         columns[name] = values
     return columns
 

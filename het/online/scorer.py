@@ -144,7 +144,10 @@ def _refused_where(model, instances: list[dict], fields: list[str], error: Value
 
 
 def _reason_alone(model, instance: dict, fields: list[str]) -> str:
-    parsed = model.inputs.parse(to_arrow(columns_of([instance], fields, model.inputs.spec.get("multi"))))
+    try:
+        parsed = model.inputs.parse(to_arrow(columns_of([instance], fields, model.inputs.spec.get("multi"))))
+    except ValueError as e:  # what Arrow refuses of it alone (an integer past 2^53 in a number column)
+        return str(e)
     return parsed.reasons.get(0, "cannot be read")
 
 

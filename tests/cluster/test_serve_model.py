@@ -12,7 +12,7 @@ import sys
 import time
 
 import httpx
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 import numpy as np
 import pytest
 
@@ -196,6 +196,8 @@ def instance_of(draw_dense, draw_ids):
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(requests=st.lists(st.lists(instance_of(dense_values, id_values), min_size=1, max_size=3), min_size=1,
                          max_size=4))
+@example(requests=[[instances(1)[0]], [{**instances(1)[0], "I1": 2**53 + 1}]])  # past 2^53: no float64 holds it
+@example(requests=[[instances(1)[0], {**instances(1)[0], "I1": 2**53 + 1, "C1": None}]])
 def test_a_request_is_accepted_alike_alone_and_in_any_batch(app_parts, requests):
     from het.online.requests import BadRequest, instances_of
 
