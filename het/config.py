@@ -190,9 +190,57 @@ class CacheConfig:
         object.__setattr__(self, "local_update", LocalUpdate.parse(self.local_update, "local_update"))
 
 
+@dataclass(frozen=True, kw_only=True)
+class ShardSettings:
+    """A shard's settings beyond its tables and its place among the shards: declared, documented
+    and checked here once. ``het serve`` takes each as a flag (``--memory``), a training job as
+    its ``[shard]`` table (``--shard-memory``), and a job's shards are built with all of them, so a
+    setting added here reaches every one of those with no other change. Sizes may be given as
+    text (``"2GiB"``).
+
+    Example:
+        >>> ShardSettings(memory="2GiB", wal_max=None).memory
+        2147483648
+    """
+
+    max_keys: int = setting(1 << 18, "keys in one request at most; a larger frame drops its sender")
+    memory: int | None = setting(None, "DRAM kept for rows, optimizer state and index (e.g. 2GiB); the rest of "
+                                 "the rows live in a disk tier in the state directory, and a job's table is made "
+                                 "dynamic (default: all in memory)", kind="size")
+    memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
+    page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
+                            "after its reply, before the step that needs them")
+    wal_max: int | None = setting(None, "with a write-ahead log: past this many bytes of log (e.g. 64MiB) the shard "
+                                  "starts the log afresh while a forked child writes its tables as the log's "
+                                  "base (none: the log grows until a save)", kind="size")
+    session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
+                                    "dedup entries); a forgotten one's requests are refused")
+    max_sessions: int = setting(65536, "client sessions held at most: past it the longest unseen is forgotten")
+
+    def __post_init__(self) -> None:
+        for name in ("memory", "wal_max"):  # a size as text: "2GiB"
+            if isinstance(getattr(self, name), str):
+                try:
+                    object.__setattr__(self, name, parse_bytes(getattr(self, name)))
+                except ValueError as e:
+                    raise ValueError(f"{name}: {e}") from None
+        require(is_int(self.max_keys) and self.max_keys >= 1, f"max_keys must be an int >= 1, got {self.max_keys!r}")
+        require(self.memory is None or (is_int(self.memory) and self.memory > 0),
+                f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
+        require(self.wal_max is None or (is_int(self.wal_max) and self.wal_max > 0),
+                f"wal_max must be a number of bytes > 0 (or None: no bound), got {self.wal_max!r}")
+        require(type(self.page_in) is bool, f"page_in must be true or false, got {self.page_in!r}")
+        require(isinstance(self.session_idle_s, (int, float)) and not isinstance(self.session_idle_s, bool)
+                and self.session_idle_s > 0, f"session_idle_s must be a number of seconds > 0, got {self.session_idle_s!r}")
+        require(is_int(self.max_sessions) and self.max_sessions >= 1,
+                f"max_sessions: an int >= 1, got {self.max_sessions!r}")
+        object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
+
+
 @dataclass(frozen=True)
-class ShardConfig:
-    """One PS shard: which slice of every table it holds.
+class ShardConfig(ShardSettings):
+    """One PS shard: which slice of every table it holds, and its settings
+    (:class:`ShardSettings`, keyword arguments).
 
     Keys are partitioned by ``key % num_shards``: shard ``i`` holds keys ``i, i + S, ...``
     at local row ``key // S`` (see :mod:`het.ps.protocol.partition`).
@@ -209,21 +257,9 @@ class ShardConfig:
     tables: tuple[TableConfig, ...]
     index: int = setting(0, "which shard of num_shards this one is")
     num_shards: int = setting(1, "how many shards hold the tables together")
-    max_keys: int = setting(1 << 18, "keys in one request at most; a larger frame drops its sender")
-    memory: int | None = setting(None, "dynamic tables: DRAM kept for rows, optimizer state and index (e.g. 2GiB); "
-                                 "the rest of the rows live in a disk tier in the state directory (default: all "
-                                 "in memory)", kind="size")
-    memory_policy: Policy = setting(Policy.LRU, "with a memory budget: which rows leave DRAM first")
-    page_in: bool = setting(True, "with a memory budget: the rows on disk a sync names are paged into DRAM "
-                            "after its reply", aliases=("--prefetch",))
-    wal_max: int | None = setting(None, "with a write-ahead log: past this many bytes of log (e.g. 64MiB) the shard "
-                                  "starts the log afresh while a forked child writes its tables as the log's "
-                                  "base (none: the log grows until a save)", kind="size")
-    session_idle_s: float = setting(3600.0, "client sessions idle this long are forgotten (their replay and "
-                                    "dedup entries); a forgotten one's requests are refused")
-    max_sessions: int = setting(65536, "client sessions held at most: past it the longest unseen is forgotten")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         tables = tuple(TableConfig.from_dict(t) if isinstance(t, dict) else t for t in self.tables)
         object.__setattr__(self, "tables", tables)
         require(len(tables) > 0, "a shard needs at least one table")
@@ -233,20 +269,8 @@ class ShardConfig:
                  f"num_shards must be an int >= 1, got {self.num_shards!r}")
         require(isinstance(self.index, int) and 0 <= self.index < self.num_shards,
                  f"shard index must be in [0, {self.num_shards}), got {self.index!r}")
-        require(isinstance(self.max_keys, int) and not isinstance(self.max_keys, bool) and self.max_keys >= 1,
-                 f"max_keys must be an int >= 1, got {self.max_keys!r}")
-        if self.memory is not None:
-            require(isinstance(self.memory, int) and not isinstance(self.memory, bool) and self.memory > 0,
-                     f"memory must be a number of bytes > 0 (or None: no budget), got {self.memory!r}")
-            require(any(t.dynamic for t in tables), "a memory budget needs a dynamic table (rows=None): "
-                     "a fixed table is all in memory")
-        require(self.wal_max is None or (isinstance(self.wal_max, int) and not isinstance(self.wal_max, bool)
-                                          and self.wal_max > 0),
-                 f"wal_max must be a number of bytes > 0 (or None: no bound), got {self.wal_max!r}")
-        require(isinstance(self.session_idle_s, (int, float)) and self.session_idle_s > 0,
-                 f"session_idle_s must be a number of seconds > 0, got {self.session_idle_s!r}")
-        require(type(self.max_sessions) is int and self.max_sessions >= 1, f"max_sessions: an int >= 1, got {self.max_sessions!r}")
-        object.__setattr__(self, "memory_policy", Policy.parse(self.memory_policy, "memory_policy"))
+        require(self.memory is None or any(t.dynamic for t in tables),
+                "a memory budget needs a dynamic table (rows=None): a fixed table is all in memory")
 
     @classmethod
     def from_dict(cls, d: dict) -> "ShardConfig":

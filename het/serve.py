@@ -19,9 +19,10 @@ from het.config import DYNAMIC_ONLY, OptimizerConfig, ShardConfig, TableConfig
 from het.ps.server.server import run_foreground
 from het.train.flags import add_flag, default_help, flag_name
 
-# The flags generated from each config: (config, its fields left out, flags named otherwise than --FIELD)
+# The flags generated from each config: (config, its fields left out, flags named otherwise than --FIELD: a
+# name, or names, the first the flag's and the others its aliases)
 GENERATED = {
-    "shard": (ShardConfig, ("tables",), {"index": "--shard-index"}),
+    "shard": (ShardConfig, ("tables",), {"index": "--shard-index", "page_in": ("--page-in", "--prefetch")}),
     "table": (TableConfig, ("name", "rows", "dim", "optimizer"), {}),
     "optimizer": (OptimizerConfig, ("schedule",), {"name": "--optimizer"}),  # a schedule comes with a job (--job)
 }
@@ -38,7 +39,7 @@ def add_parser(sub) -> None:
                    help="a table to hold (repeat for several); ROWS 'dynamic': any int64 key, only the rows "
                    "pushes changed are stored")
     s.add_argument("--config", help="a training job's TOML: hold the tables that job needs, with its shard "
-                   "settings (ps_memory...; the flags given win)")
+                   "settings ([shard]; the flags given win)")
     s.add_argument("--state-dir", metavar="DIR", help="where SAVE and LOAD requests may read and write "
                    "(relative names only; created if missing); without it the shard saves and loads nothing")
     s.add_argument("--encrypt", action="store_true", help="every frame under ZeroMQ's CURVE encryption, keyed "
@@ -72,8 +73,10 @@ def add_parser(sub) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name not in left_out:
-                add_flag(groups[prefix], names.get(f.name, flag_name(f.name)), f"{prefix}.{f.name}", f,
-                         hints[f.name], default_help(f), none_ok=f.default is None)
+                flag = names.get(f.name, flag_name(f.name))
+                name, *aliases = (flag,) if isinstance(flag, str) else flag
+                add_flag(groups[prefix], name, f"{prefix}.{f.name}", f, hints[f.name], default_help(f),
+                         none_ok=f.default is None, aliases=tuple(aliases))
     s.set_defaults(func=cmd_serve)
 
 

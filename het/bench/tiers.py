@@ -1,10 +1,10 @@
 """``het bench tiers``: a job whose shards keep at most a budget of rows in DRAM, the rest on
-disk (``het train --ps-memory``), against the same job with every row in DRAM.
+disk (``het train --shard-memory``), against the same job with every row in DRAM.
 
 Both jobs train on synthetic-criteo-1tb at dim 64 (hashed ids: one dynamic table that grows
 with the ids training touches), each ``het train`` a subprocess that stops after its time
 limit and samples the shards every 10 s (its summary's ``timeline``): the tiered job with
-``--ps-memory BUDGET`` for ``--minutes``, the baseline without it for ``--baseline-minutes``.
+``--shard-memory BUDGET`` for ``--minutes``, the baseline without it for ``--baseline-minutes``.
 Reported, beside each job's figures:
 
 - ``speed_ratio_first_5min``: the tiered job's samples/s over the first ``--baseline-minutes``
@@ -20,7 +20,7 @@ and the budget + 1 GiB, and its rows in memory and on disk, against minutes of t
 
 Example (the last line of stdout is the JSON object)::
 
-    het bench tiers --minutes 20 --baseline-minutes 5 --ps-memory 2GiB --json
+    het bench tiers --minutes 20 --baseline-minutes 5 --shard-memory 2GiB --json
 """
 
 from __future__ import annotations
@@ -49,11 +49,11 @@ def job_args(minutes: float, ps_memory: str | None = None, extra: list[str] = ()
 
     Example:
         >>> " ".join(job_args(20, "2GiB", ["--workers", "1"]))
-        'train --data synthetic-criteo-1tb --dim 64 --time-limit 1200 --steps 1000000000 --ps-stats-every 10 --json --quiet --ps-memory 2GiB --workers 1'
+        'train --data synthetic-criteo-1tb --dim 64 --time-limit 1200 --steps 1000000000 --ps-stats-every 10 --json --quiet --shard-memory 2GiB --workers 1'
     """
     args = ["train", *JOB, "--time-limit", f"{minutes * 60:g}", "--steps", str(STEPS),
             "--ps-stats-every", str(STATS_EVERY_S), "--json", "--quiet"]
-    return args + (["--ps-memory", ps_memory] if ps_memory else []) + list(extra)
+    return args + (["--shard-memory", ps_memory] if ps_memory else []) + list(extra)
 
 
 def run_job(args: list[str], timeout_s: float) -> dict:
@@ -135,7 +135,7 @@ def plot_tiers(result: dict, path: str) -> None:
     minutes = [e["t_s"] / 60 for e in tiered]
     budget = result["budget_bytes"]
     fig, axes = plt.subplots(1, 3, figsize=(16, 4.5))
-    axes[0].plot(minutes, [e["samples_per_s"] for e in tiered], label=f"--ps-memory {result['ps_memory']}")
+    axes[0].plot(minutes, [e["samples_per_s"] for e in tiered], label=f"--shard-memory {result['ps_memory']}")
     axes[0].plot([e["t_s"] / 60 for e in baseline], [e["samples_per_s"] for e in baseline], "--",
                  label="every row in DRAM")
     axes[0].set_ylabel("samples/s (all workers, between samples)")
@@ -163,10 +163,10 @@ def run(minutes: float = 20, baseline_minutes: float = 5, ps_memory: str = "2GiB
     """Run the tiered job, then the baseline; the result (and the plot at ``plot``, unless None)."""
     budget = parse_bytes(ps_memory)  # a bad size fails before any job starts
     if budget <= 0:
-        raise ValueError(f"--ps-memory must be more than 0 bytes, got {ps_memory!r}")
+        raise ValueError(f"--shard-memory must be more than 0 bytes, got {ps_memory!r}")
     jobs = {}
     for name, job_minutes, memory in (("tiered", minutes, ps_memory), ("baseline", baseline_minutes, None)):
-        say(f"het bench tiers: the {name} job, {job_minutes:g} min" + (f", --ps-memory {memory}" if memory else ""))
+        say(f"het bench tiers: the {name} job, {job_minutes:g} min" + (f", --shard-memory {memory}" if memory else ""))
         summary = run_job(job_args(job_minutes, memory, extra), timeout_s=job_minutes * 60 + 900)
         jobs[name] = {k: summary[k] for k in FIGURES if k in summary}
     result = {"bench": "tiers", "ps_memory": ps_memory, "budget_bytes": budget, "minutes": minutes,
@@ -180,12 +180,13 @@ def run(minutes: float = 20, baseline_minutes: float = 5, ps_memory: str = "2GiB
 
 def add_parser(bsub) -> None:
     """Register ``het bench tiers`` on the subparsers of ``het bench``."""
-    p = bsub.add_parser("tiers", help="a job with a DRAM budget per shard (--ps-memory) against every row in DRAM",
+    p = bsub.add_parser("tiers", help="a job with a DRAM budget per shard (--shard-memory) against every row in DRAM",
                         description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--minutes", type=float, default=20, help="the tiered job's training time (default 20)")
     p.add_argument("--baseline-minutes", type=float, default=5,
                    help="the baseline's training time, and the window the speeds are compared over (default 5)")
-    p.add_argument("--ps-memory", default="2GiB", help="each shard's DRAM budget, as het train takes it (default 2GiB)")
+    p.add_argument("--shard-memory", "--ps-memory", dest="ps_memory", default="2GiB",
+                   help="each shard's DRAM budget, as het train takes it (default 2GiB)")
     p.add_argument("--plot", default="docs/img/tiers_scale.png", help="where the PNG goes (default %(default)s)")
     p.add_argument("--extra", default="", help="more het train flags for both jobs, in one string (they win): "
                    "--extra='--workers 1 --servers 2'")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, LocalUpdate, Mode, Model, Optimizer,
                          Policy, PushDtype, RowDtype, RowRounding)
-from het.config import parse_bytes, plain, setting
+from het.config import ShardSettings, parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.fields import build, check_fields, merge, require, set_dotted
 from het.train.defaults import MODEL_DEFAULTS, TABLE_DEFAULTS, Samples
@@ -49,6 +49,42 @@ GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic
 
 PREPARED = ("table:", "criteo:")
 AUTO, AUTO_MOST = "auto", 64  # dim = "auto": a width a field from its distinct ids, at most 64
+
+
+# Settings spelled otherwise before, by their old key: TOML keys and flags (``--ps-memory``) of
+# these still work, each saying once, on stderr, how it is spelled.
+RENAMED = {"ps_memory": "shard.memory", "ps_wal_max": "shard.wal_max", "ps_memory_policy": "shard.memory_policy",
+           "ps_page_in": "shard.page_in"}
+
+
+def renamed(d: dict) -> dict:
+    """``d`` (a config's keys) with every key of :data:`RENAMED` moved to its new place (a new
+    key given beside it wins), saying so on stderr.
+
+    Example:
+        >>> renamed({"ps_memory": "2GiB", "steps": 3})  # and a line on stderr
+        {'steps': 3, 'shard': {'memory': '2GiB'}}
+    """
+    for old, new in RENAMED.items():
+        if old in d:
+            value = d.pop(old)
+            head, _, leaf = new.partition(".")
+            section = d.setdefault(head, {})
+            if isinstance(section, dict):
+                section.setdefault(leaf, value)
+            say_renamed(old, new)
+    return d
+
+
+def say_renamed(old: str, new: str) -> None:
+    """One line on stderr: setting ``old`` is spelled ``new`` (once a process for each)."""
+    if (old, new) not in _SAID:
+        _SAID.add((old, new))
+        print(f"het: {old} is spelled {new} (flag --{new.replace('.', '-').replace('_', '-')}); the old "
+              f"spelling will be removed", file=sys.stderr)
+
+
+_SAID: set = set()
 
 
 @dataclass(frozen=True)
@@ -152,18 +188,9 @@ class TrainConfig:
     expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
     max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores in a table (each, with a table "
                                    "a width); the least recently updated go first (none: no budget)")
-    ps_memory: str | None = setting(None, "each shard keeps at most this much of its rows, optimizer state and "
-                                    "index in DRAM (e.g. 2GiB), the other rows in a disk tier under RUN_DIR/ps-<i>; "
-                                    "makes the table dynamic (none: all in memory)", kind="size")
-    ps_wal_max: str | None = setting(None, "with ps_wal: past this much log (e.g. 64MiB) a shard writes its tables as "
-                                     "the log's base and starts it afresh (none: the log grows until a checkpoint)",
-                                     kind="size")
-    ps_memory_policy: Policy = setting(Policy.LRU, "with ps_memory: which rows leave DRAM first")
-    ps_page_in: bool = setting(True, "with ps_memory: a shard pages the rows on disk that a prefetched sync "
-                               "names into DRAM after replying, before the step that needs them")
     row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the embedding rows: fp16 or bf16 take half "
                                   "the bytes (optimizer state stays fp32; updates rounded, see row_rounding); "
-                                  "not with ps_memory")
+                                  "not with shard.memory")
     row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "with row_dtype fp16 or bf16: how an updated row "
                                         "is rounded (stochastic: exact on average, as FBGEMM's; nearest)")
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
@@ -179,6 +206,7 @@ class TrainConfig:
     schedule: ScheduleConfig = setting(help="the learning rates' warmup and decay", factory=ScheduleConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
+    shard: ShardSettings = setting(help="the settings of the job's shards (het serve's flags)", factory=ShardSettings)
     stream: StreamConfig = setting(help="training on partitions as they land", factory=StreamConfig)
 
     def __post_init__(self) -> None:
@@ -203,12 +231,11 @@ class TrainConfig:
         for name, value in MODEL_DEFAULTS[self.model].items():  # in samples: steps at the batch, once checked
             if getattr(self, name) is None:
                 object.__setattr__(self, name, value.steps(self.batch) if self.batch > 0 else 0)
-        for name in ("ps_memory", "ps_wal_max", "cache_memory"):
-            try:
-                value = parse_bytes(getattr(self, name)) if getattr(self, name) is not None else None
-            except ValueError as e:
-                raise ValueError(f"{name}: {e}") from None
-            require(value is None or value > 0, f"{name} must be > 0, got {getattr(self, name)!r}")
+        try:
+            value = parse_bytes(self.cache_memory) if self.cache_memory is not None else None
+        except ValueError as e:
+            raise ValueError(f"cache_memory: {e}") from None
+        require(value is None or value > 0, f"cache_memory must be > 0, got {self.cache_memory!r}")
         for ok, message in self._checks():
             require(ok, message)
 
@@ -264,9 +291,9 @@ class TrainConfig:
             (self.ps_metrics_port is None or 0 <= self.ps_metrics_port <= 65535 - self.servers,
              f"ps_metrics_port must be a port (0: free ones) leaving room for {self.servers} shards, "
              f"got {self.ps_metrics_port}"),
-            (self.ps_wal_max is None or self.ps_wal, "ps_wal_max bounds the shards' log: it needs ps_wal"),
-            (self.row_dtype == RowDtype.FP32 or self.ps_memory is None,
-             f"row_dtype {self.row_dtype} with ps_memory: a shard's disk tier stores float32 records; "
+            (self.shard.wal_max is None or self.ps_wal, "shard.wal_max bounds the shards' log: it needs ps_wal"),
+            (self.row_dtype == RowDtype.FP32 or self.shard.memory is None,
+             f"row_dtype {self.row_dtype} with shard.memory: a shard's disk tier stores float32 records; "
              f"use row_dtype fp32 there"),
         ]
 
@@ -289,11 +316,6 @@ class TrainConfig:
             if self.data == kind or (arg and self.data.startswith(prefix + ":") and len(self.data) > len(prefix) + 1):
                 return True
         return False
-
-    @property
-    def ps_memory_bytes(self) -> int | None:
-        """``ps_memory`` in bytes (``2GiB``, ``512MiB``, or a number)."""
-        return None if self.ps_memory is None else parse_bytes(self.ps_memory)
 
     @property
     def is_graph(self) -> bool:
@@ -339,8 +361,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "TrainConfig":
-        """The config of :meth:`to_dict`'s form (or a TOML file's); unknown keys are refused."""
-        return build(cls, dict(d), "")
+        """The config of :meth:`to_dict`'s form (or a TOML file's); unknown keys are refused, a
+        key of :data:`RENAMED` is read as its new one."""
+        return build(cls, renamed(dict(d)), "")
 
     @classmethod
     def load(cls, path: str | None, overrides: dict | None = None, defaults: dict | None = None) -> "TrainConfig":

@@ -20,7 +20,7 @@ from het.choices import Choice
 from het.config import parse_bytes
 from het.staleness import parse_staleness
 from het.train.fields import check_widths
-from het.train.config import TrainConfig
+from het.train.config import RENAMED, TrainConfig, say_renamed
 from het.train.defaults import MODEL_DEFAULTS
 
 
@@ -60,14 +60,17 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
         if key not in keys:
             continue
         help = _help(key, f) if key not in defaults else f"{f.metadata.get('help', '')} (default: {defaults[key]})"
-        add_flag(group, flag_name(key), key, f, hint, help, none_ok=_accepts_none(hint, f))
+        add_flag(group, flag_name(key), key, f, hint, help, none_ok=_accepts_none(hint, f),
+                 renamed=tuple(flag_name(old) for old, new in RENAMED.items() if new == key))
 
 
-def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str, none_ok: bool = False) -> None:
-    """Add the flag ``name`` (and the field's ``aliases``) of setting ``f``, whose type is
-    ``hint``, to ``parser``; its value goes to ``dest`` when given, nowhere otherwise (so a
-    flag not given leaves the config's own default). ``none_ok``: ``none`` is a value."""
-    names = (name, *(a for a in f.metadata.get("aliases", ()) if a != name))
+def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str, none_ok: bool = False,
+             aliases: tuple[str, ...] = (), renamed: tuple[str, ...] = ()) -> None:
+    """Add the flag ``name`` (and the field's ``aliases``, and ``aliases``) of setting ``f``, whose
+    type is ``hint``, to ``parser``; its value goes to ``dest`` when given, nowhere otherwise (so
+    a flag not given leaves the config's own default). ``none_ok``: ``none`` is a value.
+    ``renamed``: the setting's old flags, which still work, saying once how it is spelled."""
+    names = (name, *(a for a in (*f.metadata.get("aliases", ()), *aliases) if a != name))
     kwargs = {"dest": dest, "default": argparse.SUPPRESS, "help": help}
     if hint is bool:
         kwargs["action"] = argparse.BooleanOptionalAction
@@ -77,6 +80,23 @@ def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str
         plain = "SIZE" if f.metadata.get("kind") == "size" else dest.rpartition(".")[2].upper()
         kwargs["metavar"] = "{" + ",".join(choices) + "}" if choices else plain
     parser.add_argument(*names, **kwargs)
+    if renamed:
+        parser.add_argument(*renamed, **kwargs | {"help": argparse.SUPPRESS, "action": _renamed(kwargs.get("action"))})
+
+
+def _renamed(base):
+    """An argparse action that stores its value as ``base`` does (None: as given), saying first
+    how the setting the old flag names is spelled."""
+    class Renamed(base or argparse.Action):
+        def __call__(self, parser, namespace, values, option_string=None):
+            old = option_string.replace("--no-", "--", 1) if option_string.startswith("--no-") else option_string
+            say_renamed(old.lstrip("-").replace("-", "_"), self.dest)
+            if base is None:
+                setattr(namespace, self.dest, values)
+            else:
+                super().__call__(parser, namespace, values, option_string)
+
+    return Renamed
 
 
 def choices_of(hint, f: dataclasses.Field) -> tuple[str, ...]:

@@ -11,7 +11,6 @@ import shutil
 import sys
 import threading
 
-from het.config import parse_bytes
 from het.dist.launch import ClusterError, LocalCluster
 from het.train.config import TrainConfig
 
@@ -127,12 +126,14 @@ def _warn_of_data(cfg: TrainConfig) -> None:
 
 
 def shard_options(cfg: TrainConfig) -> dict:
-    """The job's settings of its shards beyond their tables (a memory budget and its disk tier, a
-    bound on the log)."""
-    options = {} if cfg.ps_wal_max is None else {"wal_max": parse_bytes(cfg.ps_wal_max)}
-    if cfg.ps_memory is None:
-        return options
-    return options | {"memory": cfg.ps_memory_bytes, "memory_policy": cfg.ps_memory_policy, "page_in": cfg.ps_page_in}
+    """The job's settings of its shards beyond their tables: every field of its ``[shard]``
+    (:class:`het.config.ShardSettings`), so a setting declared there reaches the shards as it is.
+
+    Example:
+        >>> shard_options(TrainConfig(shard={"memory": "1GiB"}))["memory"]
+        1073741824
+    """
+    return {f.name: getattr(cfg.shard, f.name) for f in dataclasses.fields(cfg.shard)}
 
 
 def check_job(cfg: TrainConfig) -> None:

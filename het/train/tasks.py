@@ -288,7 +288,7 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     apply only to dynamic tables."""
     task = task or make_task(cfg)
     dynamic = {"admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
-    fixed = (task.num_rows is not None and cfg.ps_memory is None
+    fixed = (task.num_rows is not None and cfg.shard.memory is None
              and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None})
     groups = task.groups or [FieldGroup(EMBEDDING_TABLE, task.dim, (), (), (), None, task.num_rows)]
     tables = []

@@ -80,7 +80,7 @@ def test_with_a_log_the_killed_shard_also_replays_the_pushes_after_its_save(tmp_
 
 
 SMALL = ["--batch", "64", "--dim", "32", "--workers", "1", "--eval-samples", "0", "--staleness", "0", "--json", "--quiet",
-         "--optimizer", "adagrad", "--lr", "0.1", "--ids", "hashed", "--ps-memory", "1MiB"]
+         "--optimizer", "adagrad", "--lr", "0.1", "--ids", "hashed", "--shard-memory", "1MiB"]
 
 
 def final_rows(checkpoint, servers=1):
@@ -110,8 +110,8 @@ def test_training_at_staleness_0_under_a_budget_gives_the_rows_of_all_in_memory(
     the same job with every row in DRAM (one worker: two would order their pushes by chance)."""
     args = [a for a in SMALL if a not in ("adagrad", "--optimizer")] + ["--optimizer", optimizer]
     runs = {}
-    for name, budget in (("all", []), ("budget", ["--ps-memory", memory])):
-        argv = [a for a in args if a not in ("--ps-memory", "1MiB")] + budget
+    for name, budget in (("all", []), ("budget", ["--shard-memory", memory])):
+        argv = [a for a in args if a not in ("--shard-memory", "1MiB")] + budget
         runs[name] = het("train", *argv, "--steps", "24", "--checkpoint", str(tmp_path / name),
                          "--checkpoint-every", "24", "--log-dir", str(tmp_path / f"logs-{name}"))
     ps = runs["budget"]["ps"]
@@ -123,7 +123,7 @@ def test_training_at_staleness_0_under_a_budget_gives_the_rows_of_all_in_memory(
 
 @pytest.mark.slow  # 30 s; the default suite keeps test_train's checkpoint test and test_tiers' saves
 def test_a_job_with_a_disk_tier_checkpoints_and_resumes_like_a_straight_run(tmp_path):
-    """`het train --ps-memory`: a checkpoint carries the disk tier (linked beside each shard's
+    """`het train --shard-memory`: a checkpoint carries the disk tier (linked beside each shard's
     file), and 6 steps, a checkpoint, 6 more give the rows of 12 straight, bit for bit."""
     straight = het("train", *SMALL, "--steps", "12", "--checkpoint", str(tmp_path / "straight"),
                    "--checkpoint-every", "12", "--log-dir", str(tmp_path / "l1"))
@@ -142,7 +142,7 @@ def test_a_job_with_a_disk_tier_checkpoints_and_resumes_like_a_straight_run(tmp_
 @pytest.mark.slow
 def test_the_mlperf_shaped_job_keeps_most_rows_on_disk_within_its_budget(tmp_path):
     """The issue's quick version: 1,500 steps of the 1TB-shaped data under 256 MiB per shard."""
-    out = het("train", "--data", "synthetic-criteo-1tb", "--dim", "64", "--steps", "1500", "--ps-memory", "256MiB",
+    out = het("train", "--data", "synthetic-criteo-1tb", "--dim", "64", "--steps", "1500", "--shard-memory", "256MiB",
               "--json", "--quiet", "--log-dir", str(tmp_path / "logs"), timeout=1800)
     ps = out["ps"]
     assert ps["rows_on_disk"] > ps["rows_in_memory"] > 0

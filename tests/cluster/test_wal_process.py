@@ -64,7 +64,7 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
     """`het train --ps-wal`: the shard is killed (-9) mid-job; the launcher starts it again on
     its address from its log, the workers re-send what it had not answered, and at s = 0 with
     SGD the final rows equal an uninterrupted run's: no update lost or applied twice. With
-    ``--ps-wal-max`` the kill comes after the log was rebased, a few records past its base."""
+    ``--shard-wal-max`` the kill comes after the log was rebased, a few records past its base."""
     import json
     import os
     import random
@@ -78,7 +78,7 @@ def test_a_job_whose_shard_is_killed_and_restarted_from_its_log_loses_no_update(
     runs = {}
     for name in ("straight", "killed"):
         logs, ckpt = tmp_path / name, tmp_path / f"{name}-ckpt"
-        bound = ["--ps-wal-max", wal_max] if wal_max and name == "killed" else []
+        bound = ["--shard-wal-max", wal_max] if wal_max and name == "killed" else []
         launcher = subprocess.Popen([sys.executable, "-m", "het", "train", *common, *bound, "--log-dir", str(logs),
                                      "--checkpoint", str(ckpt)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True)
@@ -149,11 +149,11 @@ def test_a_second_shard_on_a_held_state_directory_refuses_to_start_in_one_line(t
 
 @pytest.mark.slow
 def test_the_default_jobs_log_stays_under_twice_wal_max_over_1000_steps(tmp_path):
-    """`het train --ps-wal --ps-wal-max 64MiB`: the log (and the one set aside while a base is
+    """`het train --ps-wal --shard-wal-max 64MiB`: the log (and the one set aside while a base is
     written) sampled every second never holds more than 128 MiB; about 1.3 GB pass through it."""
     from jobs import het
 
-    summary = het("train", "--steps", "1000", "--ps-wal", "--ps-wal-max", "64MiB", "--ps-stats-every", "1",
+    summary = het("train", "--steps", "1000", "--ps-wal", "--shard-wal-max", "64MiB", "--ps-stats-every", "1",
                   "--json", "--quiet", "--log-dir", str(tmp_path))
     sizes = [e["wal_log_bytes"] for e in summary["timeline"]]
     assert len(sizes) >= 20 and max(sizes) <= 128 << 20, sizes

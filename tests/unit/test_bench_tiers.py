@@ -58,12 +58,12 @@ def test_a_run_of_fabricated_jobs_gives_the_result_and_the_plot(tmp_path, monkey
     jobs = {True: summary(timeline(20, 500, 1e6, budget + 0.3 * GIB, on_disk_after=5), 20_000_000, 1),
             False: summary(timeline(5, 1000, 1e6, 3 * GIB), 5_000_000, 5_000_000 * 600)}
     ran = []
-    monkeypatch.setattr(tiers, "run_job", lambda args, timeout_s: ran.append(args) or jobs["--ps-memory" in args])
+    monkeypatch.setattr(tiers, "run_job", lambda args, timeout_s: ran.append(args) or jobs["--shard-memory" in args])
     plot = tmp_path / "img" / "tiers.png"
     result = tiers.run(minutes=20, baseline_minutes=5, ps_memory="2GiB", plot=str(plot), extra=["--workers", "1"],
                        say=lambda line: None)
     assert ran == [tiers.job_args(20, "2GiB", ["--workers", "1"]), tiers.job_args(5, None, ["--workers", "1"])]
-    assert "--ps-memory" not in ran[1] and ran[1][ran[1].index("--time-limit") + 1] == "300"
+    assert "--shard-memory" not in ran[1] and ran[1][ran[1].index("--time-limit") + 1] == "300"
     assert result["budget_bytes"] == budget and result["speed_ratio_first_5min"] == pytest.approx(0.5)
     assert result["tiered"]["planted_auc"] == 0.8 and len(result["tiered"]["timeline"]) == 120
     assert plot.stat().st_size > 10_000 and result["plot"] == str(plot)
@@ -73,7 +73,7 @@ def test_the_command_is_registered_and_refuses_a_bad_budget_before_any_job(capsy
     args = cli.parser().parse_args(["bench", "tiers", "--minutes", "1", "--extra=--workers 1", "--json"])
     assert (args.minutes, args.baseline_minutes, args.ps_memory, args.extra) == (1.0, 5.0, "2GiB", "--workers 1")
     with pytest.raises(SystemExit) as e:
-        cli.main(["bench", "tiers", "--ps-memory", "2 potatoes"])
+        cli.main(["bench", "tiers", "--shard-memory", "2 potatoes"])
     assert e.value.code == 2 and "expected a size such as 2GiB" in capsys.readouterr().err
     with pytest.raises(ValueError, match="more than 0 bytes"):
         tiers.run(ps_memory="0", plot=None)

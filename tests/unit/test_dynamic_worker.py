@@ -28,7 +28,7 @@ def table(rows=None, **kw):
 
 def shards(tables, num_shards, max_keys=ShardConfig.max_keys):
     transport = LocalTransport()
-    made = [Shard(ShardConfig(tuple(tables), i, num_shards, max_keys), state_dir=saves.local(i))
+    made = [Shard(ShardConfig(tuple(tables), i, num_shards, max_keys=max_keys), state_dir=saves.local(i))
             for i in range(num_shards)]
     names = [transport.bind(f"local-{i}", s) for i, s in enumerate(made)]
     return made, (lambda **kw: PSClient([transport.connect(n) for n in names], **kw))

@@ -34,7 +34,7 @@ def job(model="wdl", kind="fixed", **settings) -> tuple[TrainConfig, dict]:
     if kind in ("dynamic", "tiered"):
         base.update(ids="hashed", admit_after=2)
     if kind == "tiered":
-        base.update(ps_memory="2MiB")
+        base.update(shard={"memory": "2MiB"})
         options = {"memory": 2 << 20}
     return TrainConfig.from_dict(base), options
 

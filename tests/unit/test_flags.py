@@ -1,24 +1,27 @@
 """``het train``'s flags (het.train.flags): one per setting of TrainConfig, each with its help,
 its default and the choices of a closed setting; the flags given override the TOML file."""
 
+import dataclasses
 import typing
 
 import pytest
 
 from het import cli
 from het.choices import Model
-from het.train import local
+from het.config import ShardConfig, ShardSettings, parse_bytes
+from het.train import config, local
 from het.train.config import TrainConfig
+from het.train.tasks import job_tables
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
 
 EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"},  # settings that need another
-         "ps_wal_max": {"ps_wal": True}, "row_l1": {"optimizer": "ftrl"}, "row_l2": {"optimizer": "ftrl"}}
+         "shard.wal_max": {"ps_wal": True}, "row_l1": {"optimizer": "ftrl"}, "row_l2": {"optimizer": "ftrl"}}
 
 
 def a_value(key, f, hint):
     """A value of the setting other than its default, and how a flag spells it."""
     choices = choices_of(hint, f)
-    default = TrainConfig().__getattribute__(key) if "." not in key else None
+    default = TrainConfig().__getattribute__(key) if "." not in key else f.default
     if key == "data":
         return "criteo:some-dir", "criteo:some-dir"
     if choices:
@@ -66,6 +69,8 @@ def test_every_setting_has_help_and_is_a_flag_and_a_toml_key(tmp_path):
         lines += [f"[{head}]\n" + "\n".join([*inner, f"{leaf} = {_toml(value)}"])] if head else [f"{key} = {_toml(value)}"]
         toml.write_text("\n".join(lines) + "\n")
         by_toml = TrainConfig.load(str(toml))
+        if head == "shard" and f.metadata.get("kind") == "size":  # a shard's sizes are bytes once read
+            value = parse_bytes(value)
         for cfg in (by_flag, by_toml):
             got = getattr(getattr(cfg, head) if head else cfg, leaf)
             assert got == value, f"{key}: expected {value!r}, got {got!r}"
@@ -121,3 +126,30 @@ def test_tensorboard_dir_is_also_spelled_tensorboard():
     args = cli.parser().parse_args(["train", "--tensorboard", "tb", "--tensorboard-every", "5"])
     cfg = config_from_args(args)
     assert (cfg.tensorboard_dir, cfg.tensorboard_every) == ("tb", 5)
+
+
+def test_a_shard_setting_is_a_shard_flag_and_its_old_spelling_still_works_saying_so_once(capsys, monkeypatch):
+    monkeypatch.setattr(config, "_SAID", set())  # said once a process: this test's process may have said them
+    new = config_from_args(cli.parser().parse_args(["train", "--shard-memory", "1GiB", "--no-shard-page-in"]))
+    assert (new.shard.memory, new.shard.page_in) == (1 << 30, False) and capsys.readouterr().err == ""
+    old = config_from_args(cli.parser().parse_args(["train", "--ps-memory", "1GiB", "--no-ps-page-in",
+                                                    "--ps-memory-policy", "lfu"]))
+    assert old.shard == dataclasses.replace(new.shard, memory_policy="lfu")
+    err = capsys.readouterr().err.splitlines()
+    assert sorted(err) == ["het: ps_memory is spelled shard.memory (flag --shard-memory); the old spelling will be removed",
+                           "het: ps_memory_policy is spelled shard.memory_policy (flag --shard-memory-policy); the old "
+                           "spelling will be removed",
+                           "het: ps_page_in is spelled shard.page_in (flag --shard-page-in); the old spelling will be "
+                           "removed"]
+
+
+def test_every_shard_setting_reaches_a_jobs_shards():
+    """A field of ShardSettings is a job's [shard] key and reaches the shards' ShardConfig with
+    no other declaration: each set to a value other than its default is read back there."""
+    hints = typing.get_type_hints(ShardSettings)
+    values = {f.name: a_value("shard." + f.name, f, hints[f.name])[0] for f in dataclasses.fields(ShardSettings)}
+    cfg = TrainConfig(ids="hashed", ps_wal=True, shard=values)
+    shard = ShardConfig(tuple(job_tables(cfg)), **local.shard_options(cfg))
+    for f in dataclasses.fields(ShardSettings):
+        expected = parse_bytes(values[f.name]) if f.metadata.get("kind") == "size" else values[f.name]
+        assert getattr(shard, f.name) == expected != f.default, f.name

@@ -160,8 +160,8 @@ def test_saves_keep_half_rows_and_a_float32_save_loads_rounded(tmp_path):
 def test_half_rows_refuse_a_memory_budget():
     from het.train.config import TrainConfig
 
-    with pytest.raises(ValueError, match="row_dtype bf16 with ps_memory"):
-        TrainConfig(row_dtype="bf16", ps_memory="1GiB")
+    with pytest.raises(ValueError, match="row_dtype bf16 with shard.memory"):
+        TrainConfig(row_dtype="bf16", shard={"memory": "1GiB"})
     with pytest.raises(ValueError, match="disk tier stores float32"):
         DynamicRows(TableConfig("d", rows=None, dim=4, row_dtype="fp16"), 0, 1, disk_dir="/nonexistent")
     with pytest.raises(ValueError, match="row_dtype must be one of"):

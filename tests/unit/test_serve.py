@@ -52,9 +52,11 @@ def test_the_flags_given_set_the_fields_they_name():
                               page_in=False)
 
 
-def test_a_jobs_toml_gives_its_tables_and_shard_settings_and_the_flags_win(tmp_path):
+@pytest.mark.parametrize("toml", ['[shard]\nmemory = "64MiB"\nmemory_policy = "lfu"\n',
+                                  'ps_memory = "64MiB"\nps_memory_policy = "lfu"\n'])  # the old keys too
+def test_a_jobs_toml_gives_its_tables_and_shard_settings_and_the_flags_win(tmp_path, toml):
     job = tmp_path / "job.toml"
-    job.write_text('ps_memory = "64MiB"\nps_memory_policy = "lfu"\nsteps = 1\n')
+    job.write_text("steps = 1\n" + toml)
     cfg = shard_config(parse("--config", str(job), "--shard-index", "1", "--num-shards", "2"))
     assert cfg.tables == tuple(job_tables(TrainConfig.load(str(job))))
     assert (cfg.index, cfg.num_shards, cfg.memory, cfg.memory_policy) == (1, 2, 64 << 20, "lfu")
@@ -97,7 +99,7 @@ def test_help_shows_each_generated_flags_default(capsys):
 def test_a_launchers_job_gives_the_shard_the_jobs_tables_and_settings_at_its_place():
     """A local job's launcher hands each shard the job's config (het.ps.server.process.JobShard):
     the shard makes the tables the workers expect, so the launcher loads neither torch nor data."""
-    job = TrainConfig(ps_memory="64MiB", ps_memory_policy="lfu", ps_wal=True, ps_wal_max="1MiB", steps=1)
+    job = TrainConfig(shard={"memory": "64MiB", "memory_policy": "lfu", "wal_max": "1MiB"}, ps_wal=True, steps=1)
     spec = dataclasses.asdict(JobShard(job.to_dict(), 1, 2))
     cfg = shard_config(parse("--job-shard", json.dumps(spec)))
     assert cfg == ShardConfig(tuple(job_tables(job)), index=1, num_shards=2, memory=64 << 20,

@@ -102,9 +102,9 @@ def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
 
 
 @pytest.mark.parametrize("settings, message", [
-    ({"ps_wal_max": "64MiB"}, "ps_wal_max bounds the shards' log: it needs ps_wal"),
-    ({"ps_wal": True, "ps_wal_max": "0"}, "ps_wal_max must be > 0, got '0'"),
-    ({"ps_wal": True, "ps_wal_max": "lots"}, "ps_wal_max: "),
+    ({"shard": {"wal_max": "64MiB"}}, "shard.wal_max bounds the shards' log: it needs ps_wal"),
+    ({"ps_wal": True, "shard": {"wal_max": "0"}}, "wal_max must be a number of bytes > 0"),
+    ({"ps_wal": True, "shard": {"wal_max": "lots"}}, "wal_max: "),
     ({"tensorboard_every": -1}, "tensorboard_every must be >= 0"),
     ({"powersgd_rank": 0}, "powersgd_rank must be >= 1"),
     ({"dense_snapshot_s": 0}, "dense_snapshot_s must be > 0"),

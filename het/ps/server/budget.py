@@ -1,4 +1,4 @@
-"""A shard's memory budget (``ShardConfig.memory``, ``het train --ps-memory``): what it gives each
+"""A shard's memory budget (``ShardConfig.memory``, ``het train --shard-memory``): what it gives each
 table's DRAM pool, and the allocator kept to it.
 
 What every table holds whatever its pool's size (fixed tables, indexes, clocks, sketches) comes
