@@ -149,10 +149,10 @@ def test_a_stream_job_publishes_what_it_trained_while_it_waits_for_the_next_part
         while time.monotonic() < deadline and not any(_rows(str(pub), v) for v in scan(str(pub))[1]):
             time.sleep(0.1)
         seen.extend((v, _rows(str(pub), v)) for v in scan(str(pub))[1])
+        write_stream(str(out), 1, 0, 1000, 0.05, cfg, first=2, say=lambda _: None)  # at once: the job waits 3 s
         empty = newest_base(str(pub)).model  # the first base: before any push, a table of no rows
         rows = _instances(empty, 8)
         scores.append(empty.predict({k: [r[k] for r in rows] for k in rows[0]}))
-        write_stream(str(out), 1, 0, 1000, 0.05, cfg, first=2, say=lambda _: None)
 
     writer = threading.Thread(target=land_later)
     writer.start()
