@@ -8,11 +8,11 @@ import pytest
 import zmq
 
 from het.config import ShardConfig
-from het.ps.server.store import saves
 from het.ps.client.client import PSClient
+from het.ps.protocol.transport import LocalTransport
 from het.ps.server.server import ServerThread
 from het.ps.server.shard import Shard
-from het.ps.protocol.transport import LocalTransport
+from het.ps.server.store import saves
 
 
 class LocalCluster:

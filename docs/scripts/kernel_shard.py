@@ -27,10 +27,10 @@ from het import native
 from het.bench.ps import _Shard, raw_zmq
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client.client import PSClient
-from het.ps.server.hot import encode_reply
-from het.ps.server.shard import Shard
 from het.ps.protocol.messages import HEADER, Op
 from het.ps.protocol.transport import ZmqEndpoint
+from het.ps.server.hot import encode_reply
+from het.ps.server.shard import Shard
 
 ROWS, BATCH, DIM = 200_000, 4096, 128
 TABLE = TableConfig("bench", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("sgd", lr=0.01))

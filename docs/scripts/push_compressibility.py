@@ -20,10 +20,10 @@ import zlib
 import numpy as np
 import torch
 
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 
 def pushed_gradients(steps: int = 300) -> np.ndarray:

@@ -18,9 +18,9 @@ import tempfile
 import numpy as np
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.protocol.messages import Message, Op
 from het.ps.server.shard import Shard
 from het.ps.server.store.dynamic import release_freed_memory
-from het.ps.protocol.messages import Message, Op
 
 
 def _rss_and_peak() -> tuple[int, int]:

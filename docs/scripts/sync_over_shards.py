@@ -16,8 +16,8 @@ import torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client import client as client_module
 from het.ps.client.client import PSClient
-from het.ps.server.shard import Shard
 from het.ps.protocol.transport import LocalChannel
+from het.ps.server.shard import Shard
 
 ROWS = 1_000_000
 

@@ -17,9 +17,9 @@ import numpy as np
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.server.store import optim
 from het.ps.client.client import PSClient
 from het.ps.server.process import ServerProcess
+from het.ps.server.store import optim
 from het.ps.server.store.fixed import FixedRows
 
 

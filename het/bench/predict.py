@@ -28,9 +28,9 @@ import time
 import torch
 from torch import nn
 
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.flags import add_config_flags, config_from_args
-from het.ps.local import local_client
 
 
 def trained_export(cfg: TrainConfig, steps: int, directory: str, dtype: str = "fp32", servers: int | None = None,

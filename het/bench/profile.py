@@ -25,11 +25,11 @@ import time
 
 import torch
 
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.flags import add_config_flags, config_from_args, overrides
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 
 def run(cfg: TrainConfig, steps: int = 200, warmup: int = 20, top: int = 20) -> dict:

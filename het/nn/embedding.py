@@ -21,8 +21,8 @@ from het.cache.cache import EmbeddingCache, Plan, Rows, summed_stats
 from het.choices import Pooling, PushDtype
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.bags import bag_keys, pool
-from het.nn.upcoming import Upcoming
 from het.nn.tables import module_tables, own_shards
+from het.nn.upcoming import Upcoming
 from het.ps.client.client import PSClient
 from het.ps.client.requests import check_keys
 from het.ps.protocol.limits import check_finite

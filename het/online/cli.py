@@ -42,11 +42,11 @@ def _main(args: argparse.Namespace) -> None:
     import torch
     import uvicorn
 
-    from het.ps.protocol.auth import is_loopback
     from het.online.app import Limits, Metrics, make_app
     from het.online.follow import Follower, newest_base
     from het.online.live import Live, first_version
     from het.online.scorer import Scorer
+    from het.ps.protocol.auth import is_loopback
 
     host, _, port = args.bind.rpartition(":")
     if not host or not port.isdigit():

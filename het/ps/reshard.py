@@ -26,8 +26,8 @@ from het import files
 from het.config import TableConfig
 from het.ps.protocol import partition
 from het.ps.server.store import optim
-from het.ps.server.store.saves import SAVE_FORMAT, check_format, check_shards_here, rows_dir
 from het.ps.server.store.disk import read_saved
+from het.ps.server.store.saves import SAVE_FORMAT, check_format, check_shards_here, rows_dir
 
 _FILE = re.compile(r"shard-(\d+)\.pt$")
 

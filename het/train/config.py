@@ -29,8 +29,8 @@ from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, 
                          Policy, PushDtype, RowDtype, RowRounding)
 from het.config import ShardSettings, parse_bytes, plain, setting
 from het.staleness import format_staleness
-from het.train.fields import build, check_fields, merge, require, set_dotted
 from het.train.defaults import MODEL_DEFAULTS, TABLE_DEFAULTS, Samples
+from het.train.fields import build, check_fields, merge, require, set_dotted
 from het.train.sections import (ExportConfig, GraphConfig, PublishConfig, ScheduleConfig, StreamConfig,
                                 SyntheticConfig, ValidationConfig)
 

@@ -19,9 +19,9 @@ import typing
 from het.choices import Choice
 from het.config import parse_bytes
 from het.staleness import parse_staleness
-from het.train.fields import check_widths
 from het.train.config import RENAMED, TrainConfig, say_renamed
 from het.train.defaults import MODEL_DEFAULTS
+from het.train.fields import check_widths
 
 
 def config_fields(cls=TrainConfig, prefix: str = ""):

@@ -23,8 +23,8 @@ from het.dist.dense import AllReduceDense, DenseSync, PSDense
 from het.nn.embedding import Embedding
 from het.ps.client.client import PSClient
 from het.train import checkpoint
-from het.train.config import TrainConfig
 from het.train.board import Board
+from het.train.config import TrainConfig
 from het.train.exports import Outputs
 from het.train.rejoin import Rejoin, directory as rejoin_directory
 from het.train.selection import Keeper, eval_every

@@ -13,13 +13,13 @@ import torch
 from het.export.compact import compact
 from het.export.model import load_model
 from het.export.writer import export
+from het.ps.local import local_client
 from het.train import checkpoint
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.publish import Publisher
 from het.train.published import base_name, delta_name, listing
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 pytestmark = pytest.mark.cluster
 

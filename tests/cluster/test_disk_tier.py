@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.protocol import layout
 from het.ps.client.client import PSClient
+from het.ps.protocol import layout
 from het.ps.server.process import ServerProcess
 from jobs import het
 

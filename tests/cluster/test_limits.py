@@ -15,8 +15,8 @@ import zmq
 from het.config import ShardConfig, TableConfig
 from het.ps.client.client import PSClient
 from het.ps.protocol.messages import Message, Op, decode, encode
-from het.ps.server.server import ServerThread
 from het.ps.server.process import ServerProcess
+from het.ps.server.server import ServerThread
 from conftest import raw_request
 
 pytestmark = pytest.mark.cluster

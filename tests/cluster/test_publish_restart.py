@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
+from het.config import TableConfig
 from het.ps.client.client import PSClient
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.publish import Publisher, listing
 from het.train.tasks import job_tables
-from het.config import TableConfig
-from het.ps.local import local_client
 
 pytestmark = pytest.mark.cluster
 

@@ -14,10 +14,10 @@ import torch
 
 from het.data.batch import Batch
 from het.ps.client.client import PSClient
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 from jobs import alive, het, shared_file
 
 pytestmark = pytest.mark.cluster

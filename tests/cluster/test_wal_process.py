@@ -12,8 +12,8 @@ import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client.client import PSClient
-from het.ps.server.store import wal
 from het.ps.server.process import ServerProcess
+from het.ps.server.store import wal
 
 pytestmark = pytest.mark.cluster
 CFG = ShardConfig((TableConfig("t", rows=500, dim=4, optimizer=OptimizerConfig("adam", lr=0.01)),))

@@ -7,14 +7,14 @@ import torch
 
 from het.cli import main
 from het.config import ShardConfig, TableConfig
-from het.ps.protocol.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
 from het.ps.client.client import PSClient
+from het.ps.protocol.auth import MAC_SIZE, SECRET_ENV, check_bind, is_loopback, load_secret
 from het.ps.protocol.messages import (ERROR, OK, SIGNED, AuthError, Message, Op, ProtocolError, PSError, HEADER, decode,
                                   encode)
-from het.ps.server.server import ServerThread
-from het.ps.server.process import ServerProcess, _child_env
-from het.ps.server.shard import Shard
 from het.ps.protocol.transport import LocalTransport
+from het.ps.server.process import ServerProcess, _child_env
+from het.ps.server.server import ServerThread
+from het.ps.server.shard import Shard
 
 SECRET = b"correct horse battery staple"
 TABLE = TableConfig("t", rows=16, dim=3)

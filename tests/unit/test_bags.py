@@ -13,10 +13,10 @@ from het.config import CacheConfig, TableConfig
 from het.data.synthetic import MLPERF_BAG_SIZES, MLPERF_CARDINALITIES, SyntheticCriteo, criteo_1tb
 from het.nn import Embedding, FieldBags
 from het.nn.bags import bag_keys, pool
+from het.ps.local import local_client
 from het.train import loop
 from het.train.config import TrainConfig
 from het.train.tasks import CTR_MODELS, CTRTask
-from het.ps.local import local_client
 
 ONE_TB = "synthetic-criteo-1tb"
 

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from het.bench.floor import _train_argv, floor_model
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 SMALL = {"dim": 8, "batch": 64, "synthetic.cap": 2000}
 

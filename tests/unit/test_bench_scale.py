@@ -8,10 +8,10 @@ import torch
 
 from het.bench import scale
 from het.dist.dense import DENSE_ROW, PSDense, dense_table, ps_dense_bytes
+from het.ps.local import local_client
 from het.staleness import parse_stalenesses
 from het.train.config import TrainConfig
 from het.train.tasks import dense_params, make_task
-from het.ps.local import local_client
 
 
 def fake_run(mode="het:100", workers=2, dim=16, steps=100, wall_s=2.0, split=(0.6, 0.3, 0.1), bps=1000.0,

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 import torch
 
 from het.config import TableConfig
+from het.ps.local import local_client
 from het.train import checkpoint, local
 from het.train.config import TrainConfig
-from het.ps.local import local_client
 from damage import flip_in_largest_member
 
 

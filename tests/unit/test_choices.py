@@ -10,8 +10,8 @@ import torch
 from het import choices
 from het.choices import DENSE_OPTIMIZERS, GRAPH_MODELS, Choice, Model, Optimizer, Policy, PushDtype
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
-from het.train.config import TrainConfig
 from het.ps.local import local_client
+from het.train.config import TrainConfig
 
 ENUMS = [c for c in vars(choices).values() if isinstance(c, type) and issubclass(c, Choice) and c is not Choice]
 

@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.client.client import PSClient
-from het.ps.server.shard import Shard
 from het.ps.client import hot
+from het.ps.client.client import PSClient
 from het.ps.protocol.messages import HEADER, Message, Op, PSError, ProtocolError, encode
+from het.ps.server.shard import Shard
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),

@@ -11,8 +11,8 @@ import torch
 from het.config import CacheConfig, OptimizerConfig, ShardConfig, TableConfig
 from het.decay import RowDecay, state_of, steps_of
 from het.nn.embedding import Embedding
-from het.ps.server import hot
 from het.ps.protocol.initial import initial_rows
+from het.ps.server import hot
 from het.ps.server.shard import Shard
 from het.schedule import Schedule
 from reference import TORCH_OPTIMIZERS
@@ -195,8 +195,8 @@ def test_wire_refusals_and_publishing_name_what_l2_needs():
 def test_the_native_push_of_rows_that_decay_equals_the_reference(optimizer):
     """A float32 fixed table's native push brings its rows to the push's step first, then pushes
     with the optimizer's own state: the torch reference's rows and state."""
-    from het.ps.server.store.fixed import FixedRows
     from het import native as het_native
+    from het.ps.server.store.fixed import FixedRows
     from het.ps.server.store.kernels import NATIVE_OPTIMIZERS, BroughtPush
 
     cfg = TableConfig("t", rows=30, dim=5, optimizer=OptimizerConfig(optimizer, lr=0.05, l2=0.4))

@@ -6,13 +6,13 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.server.store.chunks import Chunks
 from het import native
-from het.ps.server.store.index import KeyIndex, NativeKeyIndex
+from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.protocol.initial import initial_rows
 from het.ps.protocol.messages import Message, Op
 from het.ps.server.shard import Shard
-from het.ps.protocol.initial import initial_rows
+from het.ps.server.store.chunks import Chunks
+from het.ps.server.store.index import KeyIndex, NativeKeyIndex
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1, initial_accumulator=0.1),
               OptimizerConfig("adam", lr=0.01)]
@@ -368,8 +368,8 @@ def test_chunks_refuse_slots_out_of_range(first):
 
 
 def test_reshard_moves_a_dynamic_table_with_its_state(tmp_path):
-    from het.ps.reshard import reshard
     from het.ps.protocol.partition import shard_of
+    from het.ps.reshard import reshard
 
     table = TableConfig("t", rows=None, dim=4, optimizer=OPTIMIZERS[1], admit_after=2)
     old = [Shard(ShardConfig((table,), index=i, num_shards=2)) for i in range(2)]

@@ -9,13 +9,13 @@ import torch
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.cache.policy import EMPTY
 from het.config import ShardConfig
-from het.ps.protocol import partition
-from het.ps.server.store import saves
 from het.ps.client.client import PSClient
-from het.ps.server.shard import Shard
+from het.ps.local import local_client
+from het.ps.protocol import partition
 from het.ps.protocol.initial import initial_rows
 from het.ps.protocol.transport import LocalTransport
-from het.ps.local import local_client
+from het.ps.server.shard import Shard
+from het.ps.server.store import saves
 
 LO, HI = -2**63, 2**63 - 1
 RAW = torch.tensor([EMPTY, LO, HI, 0, -2, 1 << 40, 7, -(1 << 50), 12345678901234])

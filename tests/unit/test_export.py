@@ -18,8 +18,8 @@ from het.bench.predict import trained_export
 from het.export import layout, load_model
 from het.export.predict import predict
 from het.export.writer import export
-from het.train.config import TrainConfig
 from het.ps.local import local_client
+from het.train.config import TrainConfig
 
 SAMPLES = 3000  # held-out samples scored by training and by the export
 
@@ -326,8 +326,8 @@ def test_graphsage_is_refused_in_one_line(tmp_path):
     from types import SimpleNamespace
 
     cfg = TrainConfig(model="graphsage")
-    from het.ps.client.client import PSClient
     from het.config import TableConfig
+    from het.ps.client.client import PSClient
 
     worker = SimpleNamespace(rank=0, world=1, cfg=cfg, model=torch.nn.Linear(2, 1),
                              embedding=SimpleNamespace(flush=lambda: None), dense=SimpleNamespace(state_dict=dict),

@@ -11,8 +11,8 @@ from het.choices import Model
 from het.config import ShardConfig, ShardSettings, parse_bytes
 from het.train import config, local
 from het.train.config import TrainConfig
-from het.train.tasks import job_tables
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
+from het.train.tasks import job_tables
 
 EXTRA = {"checkpoint_every": {"checkpoint": "ck"}, "export.every": {"export.dir": "model"},  # settings that need another
          "shard.wal_max": {"ps_wal": True}, "row_l1": {"optimizer": "ftrl"}, "row_l2": {"optimizer": "ftrl"}}

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.local import local_client
 from het.ps.protocol import limits
 from het.ps.protocol.messages import ERROR, Message, Op, decode, encode
 from het.ps.server.shard import Shard
-from het.ps.local import local_client
 
 DIM = 4
 

@@ -12,13 +12,13 @@ from hypothesis import strategies as st
 
 from het import native
 from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.protocol.integers import delta_keys
+from het.ps.protocol.limits import MAX_CLOCK
+from het.ps.protocol.messages import HEADER, Message, Op, encode
 from het.ps.server import hot
 from het.ps.server.changes import Changes
-from het.ps.protocol.limits import MAX_CLOCK
 from het.ps.server.shard import Shard
 from het.ps.server.store.fixed import FixedRows
-from het.ps.protocol.integers import delta_keys
-from het.ps.protocol.messages import HEADER, Message, Op, encode
 
 ROWS, DIM = 40, 3
 TABLES = (TableConfig("t", rows=ROWS, dim=DIM, optimizer=OptimizerConfig("adagrad", lr=0.5)),

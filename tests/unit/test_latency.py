@@ -11,8 +11,8 @@ import torch
 
 from het.config import ShardConfig, TableConfig
 from het.ps.client.client import PSClient
-from het.ps.server.server import ServerThread
 from het.ps.protocol.transport import LATENCY_ENV, DelayedChannel, ZmqChannel, ZmqTransport
+from het.ps.server.server import ServerThread
 
 TABLE = TableConfig("t", rows=1000, dim=4)
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.protocol.messages import Message, Op, PSError, decode, encode
 from het.ps.protocol.initial import initial_rows
+from het.ps.protocol.messages import Message, Op, PSError, decode, encode
 from conftest import LocalCluster, ZmqCluster
 
 T = TableConfig("t", rows=50, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1), seed=3)

@@ -11,11 +11,11 @@ takes a few seconds. Every figure is deterministic: one worker, seeded data, no 
 import pytest
 import torch
 
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.summary import summarise
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 STEPS, DIM, EVAL_SAMPLES = 300, 32, 8192
 

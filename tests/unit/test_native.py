@@ -600,10 +600,10 @@ def test_a_native_pull_reply_is_the_references_arrays(seed, dim, rows, clock):
     """A lazy pull's reply in one native pass (``FixedRows.pull_reply``: rows, clocks narrowed,
     marks packed) equals what the shard makes of the reference's ``rows_to_send`` and
     ``clocks_of``, byte for byte and dtype for dtype, whatever the clocks' width."""
-    from het.ps.server.store.fixed import FixedRows
-    from het.ps.server.store.rowstore import sent_of
     from het.ps.protocol.integers import narrow
     from het.ps.protocol.messages import pack_marks
+    from het.ps.server.store.fixed import FixedRows
+    from het.ps.server.store.rowstore import sent_of
 
     gen = torch.Generator().manual_seed(seed)
     cfg = TableConfig("t", rows=rows, dim=dim)

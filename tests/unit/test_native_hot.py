@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from het import native
 from het.config import TableConfig
 from het.ps.client import hot
+from het.ps.client.requests import keys_to_send
 from het.ps.protocol.integers import _narrowest, _torch_ints
 from het.ps.protocol.messages import HEADER, MAGIC, OK, VERSION, Op, specs_text
-from het.ps.client.requests import keys_to_send
 
 pytestmark = pytest.mark.skipif(native.ops is None, reason="the native core is not built")
 

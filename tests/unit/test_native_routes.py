@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from het import native
-from het.ps.protocol import partition
-from het.ps.client import replies
 from het.config import TableConfig
+from het.ps.client import replies
+from het.ps.protocol import partition
 from het.ps.protocol.messages import Op, PSError
 
 needs_build = pytest.mark.skipif(native.ops is None, reason="het's native core is not built (`make` builds it)")
@@ -88,8 +88,8 @@ PULL_OVER_SHARDS = """
 import sys, torch
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.client.client import PSClient
-from het.ps.server.shard import Shard
 from het.ps.protocol.transport import LocalChannel
+from het.ps.server.shard import Shard
 out = {}
 for dynamic in (False, True):
     table = TableConfig("t", rows=None if dynamic else 500, dim=6, optimizer=OptimizerConfig("adagrad", lr=0.1))

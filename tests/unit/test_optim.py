@@ -12,11 +12,11 @@ import torch
 from conftest import built
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
 from het.adagrad import adagrad_factor
-from het.ps.server.store import wal
-from het.ps.server.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
-from het.ps.protocol.messages import PSError
-from het.ps.server.store.fixed import FixedRows
 from het.ps.local import local_client
+from het.ps.protocol.messages import PSError
+from het.ps.server.store import wal
+from het.ps.server.store.fixed import FixedRows
+from het.ps.server.store.torch_optim import FTRLTorch, RowWiseAdagradTorch
 
 
 def pushed_beside(table, make_opt, steps: int, seed: int, scale: float = 1.0):

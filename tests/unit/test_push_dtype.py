@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from het import CacheConfig, Embedding, OptimizerConfig, TableConfig
-from het.ps.protocol.messages import Message, Op
 from het.ps.local import local_client
+from het.ps.protocol.messages import Message, Op
 
 T = TableConfig("t", rows=40, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.1))
 

@@ -9,10 +9,10 @@ import torch
 from het.cache.cache import EmbeddingCache
 from het.config import CacheConfig, OptimizerConfig, TableConfig
 from het.nn.embedding import Embedding
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 DIM = 4
 

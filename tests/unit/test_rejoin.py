@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from het.ps.local import local_client
 from het.train import rejoin
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.rejoin import Rejoin, StateFile, lost_updates, read_records
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 CFG = TrainConfig(steps=40, dim=8, batch=64, staleness=100, synthetic={"cap": 2000})
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, TableConfig
-from het.ps.protocol import partition
 from het.ps.client.client import PSClient
-from het.ps.reshard import reshard
 from het.ps.local import local_client
+from het.ps.protocol import partition
+from het.ps.reshard import reshard
 
 TABLES = [TableConfig("a", rows=103, dim=4, optimizer=OptimizerConfig("adagrad", lr=0.1)),
           TableConfig("b", rows=7, dim=2, optimizer=OptimizerConfig("adam", lr=0.01))]

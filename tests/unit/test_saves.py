@@ -14,10 +14,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from het.lock import DirectoryInUse
 from het.config import OptimizerConfig, ShardConfig, TableConfig
-from het.ps.server.shard import Shard
+from het.lock import DirectoryInUse
 from het.ps.protocol.messages import ERROR, Message, Op
+from het.ps.server.shard import Shard
 
 FIXED = TableConfig("f", rows=40, dim=3, optimizer=OptimizerConfig("adagrad", lr=0.1))
 DYNAMIC = TableConfig("d", rows=None, dim=8, optimizer=OptimizerConfig("adagrad", lr=0.1))

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from het.config import ShardConfig, TableConfig
+from het.ps.protocol.messages import ERROR, OK, Message, Op, decode, encode
 from het.ps.server.sessions import SessionExpired, Seen
 from het.ps.server.shard import Shard
-from het.ps.protocol.messages import ERROR, OK, Message, Op, decode, encode
 
 SECRET = b"correct horse battery staple"
 TABLE = TableConfig("t", rows=64, dim=2)

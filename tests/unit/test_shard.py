@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
+from het.ps.local import local_client
+from het.ps.protocol.initial import initial_rows
 from het.ps.protocol.messages import Message, Op, PSError
 from het.ps.server.shard import Shard
-from het.ps.protocol.initial import initial_rows
-from het.ps.local import local_client
 
 T = TableConfig("t", rows=20, dim=3, optimizer=OptimizerConfig("sgd", lr=1.0))
 

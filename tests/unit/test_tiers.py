@@ -10,11 +10,11 @@ from hypothesis import given, settings, strategies as st
 
 from het.config import OptimizerConfig, ShardConfig, TableConfig
 from het.ps.protocol import layout
+from het.ps.protocol.messages import Message, Op
+from het.ps.server.shard import Shard
 from het.ps.server.store import saves
 from het.ps.server.store.disk import Segments
 from het.ps.server.store.dynamic import DynamicRows
-from het.ps.protocol.messages import Message, Op
-from het.ps.server.shard import Shard
 from het.ps.server.store.tiers import TieredRows
 
 OPTIMIZERS = [OptimizerConfig("sgd", lr=0.5), OptimizerConfig("adagrad", lr=0.1), OptimizerConfig("adam", lr=0.01)]

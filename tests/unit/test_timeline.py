@@ -4,6 +4,7 @@ the time limit, in process: one worker against in-process shards."""
 import pytest
 
 from het import cli
+from het.ps.local import local_client
 from het.train.cli import format_summary
 from het.train.config import TrainConfig
 from het.train.flags import config_from_args
@@ -11,7 +12,6 @@ from het.train.loop import Worker
 from het.train.summary import ps_summary
 from het.train.tasks import job_tables
 from het.train.timeline import Timeline
-from het.ps.local import local_client
 
 SMALL = dict(dim=8, batch=64, workers=1, eval_samples=0, synthetic={"cap": 2000})
 

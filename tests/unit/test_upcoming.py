@@ -6,10 +6,10 @@ import torch
 
 from het.config import CacheConfig
 from het.nn import Embedding
+from het.ps.local import local_client
 from het.train.config import TrainConfig
 from het.train.loop import Worker
 from het.train.tasks import job_tables
-from het.ps.local import local_client
 
 
 def recorded_job(monkeypatch, steps: int, lookahead: int, prefetch: bool = True, staleness: int = 100) -> list:

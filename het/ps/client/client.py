@@ -17,14 +17,14 @@ import numpy as np
 import torch
 
 from het.config import ShardConfig, TableConfig
+from het.ps.client.connection import Connection, WaitAbandoned
+from het.ps.client.hot import HotPath
+from het.ps.client.replies import Handle, merge
 from het.ps.protocol import layout
 from het.ps.protocol import checks
 from het.ps.protocol.auth import curve_keys
-from het.ps.client.connection import Connection, WaitAbandoned
-from het.ps.client.hot import HotPath
 from het.ps.protocol.integers import delta_keys, widen
 from het.ps.protocol.messages import Op, array_bytes
-from het.ps.client.replies import Handle, merge
 from het.ps.client.requests import (check_clocks, check_push, check_sq, cut, keys_to_send, push_arrays, push_sync_parts,
                                   route, rows_at, table_of)
 from het.ps.protocol.transport import ZmqTransport

@@ -26,9 +26,9 @@ import torch
 from het import native
 from het.choices import RowDtype
 from het.config import TableConfig
+from het.ps.client.replies import merge
 from het.ps.protocol.integers import WIRE_INTS, delta_keys
 from het.ps.protocol.messages import DTYPE_CODES, HEADER, MAGIC, OK, VERSION, Message, Op, specs_text
-from het.ps.client.replies import merge
 
 _INTS = {DTYPE_CODES[t]: t for t in WIRE_INTS}
 _JSON = json.JSONEncoder(separators=(",", ":"))  # as het.ps.protocol.messages writes meta

@@ -11,10 +11,10 @@ import torch
 from het import native
 from het.choices import RowDtype
 from het.config import TableConfig
-from het.ps.protocol.integers import WIRE_INTS
-from het.ps.protocol.messages import Op, PSError, array_bytes
 from het.ps.protocol import halves
 from het.ps.protocol.initial import initial_rows, initial_salt, initial_state
+from het.ps.protocol.integers import WIRE_INTS
+from het.ps.protocol.messages import Op, PSError, array_bytes
 
 
 @dataclass

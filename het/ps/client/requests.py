@@ -16,8 +16,8 @@ import torch
 from het import native
 from het.config import TableConfig
 from het.ps.protocol import partition
-from het.ps.protocol.limits import bounds_out_of_range, check_finite, check_squares, out_of_range
 from het.ps.protocol.integers import narrow
+from het.ps.protocol.limits import bounds_out_of_range, check_finite, check_squares, out_of_range
 from het.ps.protocol.messages import PUSH_DTYPES
 
 

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
-from het.ps.protocol.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_squares
 from het.ps.protocol.integers import WIRE_INTS, undelta_keys
+from het.ps.protocol.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_squares
 from het.ps.protocol.messages import PUSH_DTYPES, AuthError, Message, Op, ProtocolError, StaleError
 from het.staleness import bound_from_wire
 

@@ -19,9 +19,9 @@ import torch
 
 from het import native
 from het.choices import RowDtype
-from het.ps.protocol.halves import DTYPES
 from het.config import TableConfig
 from het.ps.protocol import partition
+from het.ps.protocol.halves import DTYPES
 
 FOLLOWED = ("adagrad", "rowwise_adagrad", "ftrl")  # the optimizers whose state a worker's cache follows
 

@@ -26,8 +26,8 @@ import json
 import numpy as np
 
 from het import native
-from het.ps.protocol.limits import MAX_STEP, refused_push
 from het.ps.protocol.integers import undelta_keys
+from het.ps.protocol.limits import MAX_STEP, refused_push
 from het.ps.protocol.messages import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
 
 _KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}

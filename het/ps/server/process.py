@@ -15,8 +15,8 @@ import threading
 
 from het.config import ShardConfig
 from het.process import parent_env
-from het.ps.server.store import saves
 from het.ps.protocol.auth import SECRET_ENV, check_bind, check_secret
+from het.ps.server.store import saves
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from het.ps.server.store.rowstore import RowStore, sent_of
 from het.ps.protocol.integers import narrow
 from het.ps.protocol.messages import pack_marks
+from het.ps.server.store.rowstore import RowStore, sent_of
 from het.staleness import must_refresh
 
 

@@ -21,12 +21,12 @@ import time
 import zmq
 
 from het.config import ShardConfig
-from het.ps.server.store import saves
 from het.ps.protocol.auth import check_bind, check_secret, curve_keys
 from het.ps.protocol.messages import MessageTooLarge, error_reply, encode, peek_request_id
+from het.ps.protocol.transport import ZmqTransport
 from het.ps.server.metrics import ShardMetrics
 from het.ps.server.shard import Shard
-from het.ps.protocol.transport import ZmqTransport
+from het.ps.server.store import saves
 
 log = logging.getLogger("het.ps")
 

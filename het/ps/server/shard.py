@@ -17,17 +17,17 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
+from het.ps.protocol import checks
+from het.ps.protocol.auth import check_secret
+from het.ps.protocol.integers import widen
+from het.ps.protocol.limits import refused_push
 from het.ps.server import hot, reads
 from het.ps.server.budget import Budget
-from het.ps.protocol.limits import refused_push
 from het.ps.server.changes import Changes, page
 from het.ps.server.parts import Checked, Parts
 from het.ps.server.sessions import SessionExpired, Sessions
 from het.ps.server.store.rowstore import RowStore, open_stores
 from het.ps.server.store.state import StateDirectory
-from het.ps.protocol import checks
-from het.ps.protocol.auth import check_secret
-from het.ps.protocol.integers import widen
 from het.ps.protocol.messages import (AuthError, Message, Op, ProtocolError, StaleError, check_size, decode, encode,
                                   error_reply, frame_bytes, peek_request_id)
 from het.staleness import bound_from_wire

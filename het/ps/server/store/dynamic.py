@@ -32,19 +32,19 @@ from collections import Counter
 import numpy as np
 import torch
 
+from het import native
 from het.config import TableConfig
 from het.decay import DECAYED, steps_of
+from het.process import release_freed_memory
 from het.ps.protocol import halves, partition
 from het.ps.protocol.initial import initial_rows
-from het import native
 from het.ps.server.store import kernels, optim
+from het.ps.server.store import index as key_index
 from het.ps.server.store.admission import SightingSketch, admit, first_of
 from het.ps.server.store.chunks import Chunks
-from het.ps.server.store import index as key_index
 from het.ps.server.store.optim import rows_problem, sum_rows
 from het.ps.server.store.records import MemoryRows
 from het.ps.server.store.tiers import TieredRows
-from het.process import release_freed_memory
 
 CLOCK, LAST = 0, 1  # the columns of a slot's meta
 NARROW = torch.iinfo(torch.int32).max  # meta held in int32 up to this
