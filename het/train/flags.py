@@ -66,7 +66,7 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
 
 def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str, none_ok: bool = False,
              aliases: tuple[str, ...] = (), renamed: tuple[str, ...] = ()) -> None:
-    """Add the flag ``name`` (and the field's ``aliases``, and ``aliases``) of setting ``f``, whose
+    """Add the flag ``name`` (with the field's ``aliases`` and ``aliases``) of setting ``f``, whose
     type is ``hint``, to ``parser``; its value goes to ``dest`` when given, nowhere otherwise (so
     a flag not given leaves the config's own default). ``none_ok``: ``none`` is a value.
     ``renamed``: the setting's old flags, which still work, saying once how it is spelled."""
