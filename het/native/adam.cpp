@@ -1,7 +1,7 @@
 // Adam's steps of a push that sums several (het.ps.server.store.optim.adam_steps), in one pass a point
 // instead of a dozen tensor ops: the same floats, op for op (the build does not contract them
 // into FMAs), the square roots and the row means by torch's own kernels (their bits).
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <algorithm>
 #include <vector>

@@ -1,5 +1,5 @@
 // het's native core as one Python extension module: the operators of the files beside this one.
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "key_index.h"
 #include "ops.h"

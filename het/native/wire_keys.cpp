@@ -4,7 +4,7 @@
 // only what it proves in range; anything else is None, and the checked path then names what is
 // wrong (nothing has changed yet).
 #include <pybind11/pybind11.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include "common.h"
 
