@@ -15,12 +15,14 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-# The native core (het/native/*.cpp, one file per component) with the system g++, for this
-# machine's CPU (for a build shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2
+# The native core (het/native/*.cpp, one file per component, compiled in a few groups that each
+# parse torch's headers once; wire.h, what it knows of the PS messages, written first from
+# het/ps/protocol/schema.py) with the system g++, for this machine's CPU (for a build shared by machines of several kinds: HET_NATIVE_MARCH=x86-64-v2
 # .venv/bin/python -m het.native.build); one line, the compiler's output only if it fails; nothing
 # when a module of these sources is built already. If it cannot be built, het runs its PyTorch
 # reference path and says so once.
-$(NATIVE): $(wildcard het/native/*.cpp het/native/*.h) het/native/build.py $(STAMP)
+$(NATIVE): $(wildcard het/native/*.cpp het/native/*.h) het/native/build.py het/ps/protocol/schema.py $(STAMP)
+	$(PY) -m het.ps.protocol.schema
 	$(PY) -m het.native.build --if-stale
 	touch $(NATIVE)
 

@@ -11,18 +11,21 @@
 // any reply. A shard's hot request read (hot_request) the same way: the text the client's short
 // path writes, or nothing (the shard's Python reader then, which reads any spelling).
 #include <pybind11/numpy.h>
-#include <torch/extension.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <string_view>
 
+#include "common.h"
+#include "wire.h"
+
 namespace py = pybind11;
 
 namespace {
 
-constexpr size_t kHeader = 20;  // magic, version, op, status, flags, request id, meta length: "<4sBBBBQI"
+using wire::kHeader;
 
 // A buffer's bytes, for as long as the object that holds them lives.
 std::string_view bytes_of(const py::handle& frame, py::buffer_info& info) {
@@ -35,6 +38,14 @@ bool take(std::string_view text, size_t& at, std::string_view s) {
   if (text.compare(at, s.size(), s) != 0) return false;
   at += s.size();
   return true;
+}
+
+// A meta field's name, `{"name":` for the first field, `,"name":` after, consumed if it is there.
+bool take_key(std::string_view text, size_t& at, std::string_view name, bool first) {
+  const size_t start = at;
+  if (take(text, at, first ? "{\"" : ",\"") && take(text, at, name) && take(text, at, "\":")) return true;
+  at = start;
+  return false;
 }
 
 // The digits of a JSON integer as json.dumps writes them (no leading zero), at most 19 of them.
@@ -81,13 +92,12 @@ bool take_spec(std::string_view text, size_t& at, std::string_view code, std::in
 
 // The clocks' code: how many bytes each, 0 for none of the wire's integers.
 int clock_bytes(std::string_view text, size_t at) {
-  static const std::pair<std::string_view, int> codes[] = {{"u1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8}};
-  for (const auto& [code, bytes] : codes)
-    if (text.compare(at + 2, 2, code) == 0) return bytes;
+  for (const auto& [code, bytes] : wire::kInts)
+    if (text.compare(at + 2, code.size(), code) == 0) return bytes;
   return 0;
 }
 
-// A message's header frame, checked: magic, version 1, status and flags 0, its meta all the rest.
+// A message's header frame, checked: magic, this version, status and flags 0, its meta all the rest.
 struct Header {
   int op;
   uint64_t id;
@@ -96,13 +106,13 @@ struct Header {
 
 bool read_header(const py::handle& frame, py::buffer_info& info, Header& out) {
   std::string_view head = bytes_of(frame, info);
-  if (head.size() < kHeader || head.compare(0, 4, "HETP") != 0) return false;
+  if (head.size() < kHeader || head.compare(0, wire::kMagic.size(), wire::kMagic) != 0) return false;
   uint32_t meta_len;
   std::memcpy(&out.id, head.data() + 8, 8);
   std::memcpy(&meta_len, head.data() + 16, 4);
   out.op = uint8_t(head[5]);
   out.meta = head.substr(kHeader);
-  return head[4] == 1 && head[6] == 0 && head[7] == 0 && head.size() == kHeader + meta_len;
+  return head[4] == wire::kVersion && head[6] == 0 && head[7] == 0 && head.size() == kHeader + meta_len;
 }
 
 torch::Tensor widened(const char* p, int64_t n, int bytes) {
@@ -139,14 +149,14 @@ py::object hot_reply(py::list frames, int64_t op, uint64_t rid, int64_t n, int64
   if (!read_header(frames[0], head_info, header) || header.op != op || header.id != rid) return py::none();
   const std::string_view meta = header.meta;
   size_t at = 0;
-  if (op == 2) {  // {"applied":N,"arrays":[]}
+  if (op == wire::kPush) {  // {"applied":N,"arrays":[]}
     int64_t applied;
-    if (count != 1 || !take(meta, at, "{\"applied\":") || !take_int(meta, at, applied) ||
+    if (count != 1 || !take_key(meta, at, wire::kApplied, true) || !take_int(meta, at, applied) ||
         !take(meta, at, ",\"arrays\":[]}") || at != meta.size())
       return py::none();
     return py::make_tuple(applied, 0);
   }
-  if (op != 1 || (count != 3 && count != 4)) return py::none();
+  if (op != wire::kPull || (count != 3 && count != 4)) return py::none();
   // {"arrays":[["f4",[n,dim]],["<clocks>",[n]](,["u1",[marks]])]}
   if (!take(meta, at, "{\"arrays\":[") || !take_spec(meta, at, "f4", {n, dim}) || !take(meta, at, ","))
     return py::none();
@@ -245,8 +255,8 @@ py::object hot_head(int64_t op, uint64_t rid, const std::string& head, py::list 
   }
   text += "]}";
   std::string frame(kHeader, '\0');
-  std::memcpy(frame.data(), "HETP", 4);
-  frame[4] = 1;
+  std::memcpy(frame.data(), wire::kMagic.data(), wire::kMagic.size());
+  frame[4] = char(wire::kVersion);
   frame[5] = char(op);
   const uint64_t id = uint64_t(rid);
   const uint32_t meta_len = uint32_t(text.size());
@@ -276,8 +286,8 @@ bool take_name(std::string_view text, size_t& at, std::string_view& out) {
 }
 
 // An array's spec ["code",[sizes]] of `dims` sizes, its code among `codes`: the code's bytes a value.
-int take_any_spec(std::string_view text, size_t& at, std::initializer_list<std::pair<std::string_view, int>> codes,
-                  int dims, int64_t* sizes) {
+template <size_t N>
+int take_any_spec(std::string_view text, size_t& at, const wire::Code (&codes)[N], int dims, int64_t* sizes) {
   if (!take(text, at, "[\"")) return 0;
   int bytes = 0;
   for (const auto& [code, size] : codes)
@@ -292,6 +302,49 @@ int take_any_spec(std::string_view text, size_t& at, std::initializer_list<std::
   return take(text, at, "]]") ? bytes : 0;
 }
 
+// A hot request's meta fields, read in the order the schema lists them (wire::kPullFields,
+// wire::kPushFields) and as het's client writes them; false for any other text, or a field this
+// reader does not know (a schema's new field: the Python reader's then).
+struct HotMeta {
+  std::string_view table, session;
+  int64_t step = 0, seq = 0, first = 0;
+  bool lazy = false, coded = false;
+};
+
+template <size_t N>
+bool read_hot_meta(std::string_view meta, size_t& at, const std::string_view (&fields)[N], std::string_view nonce,
+                   int64_t max_step, HotMeta& out) {
+  for (size_t i = 0; i < N; ++i) {
+    const std::string_view name = fields[i];
+    if (!take_key(meta, at, name, i == 0)) {
+      if (name == "deltas") continue;  // only where the keys travel as steps
+      return false;
+    }
+    std::string_view sent;
+    bool ok;
+    if (name == "lazy") {
+      out.lazy = take(meta, at, "true");
+      ok = out.lazy || take(meta, at, "false");
+    } else if (name == "step" || name == "seq") {
+      int64_t& v = name == "step" ? out.step : out.seq;
+      ok = take_int(meta, at, v) && v >= 1 && v <= max_step;
+    } else if (name == "table") {
+      ok = take_name(meta, at, out.table);
+    } else if (name == "session") {
+      ok = take_name(meta, at, out.session) && out.session.size() >= 16 && out.session.size() <= 64;
+    } else if (name == "deltas") {
+      out.coded = true;
+      ok = take(meta, at, "{\"0\":") && take_int64(meta, at, out.first) && take(meta, at, "}");
+    } else if (name == "nonce") {
+      ok = take_name(meta, at, sent) && sent == nonce;
+    } else {
+      ok = false;
+    }
+    if (!ok) return false;
+  }
+  return take(meta, at, ",\"arrays\":[");
+}
+
 py::dtype wire_dtype(char kind, int bytes) {
   if (kind == 'f') return py::dtype("<f4");
   static const char* ints[] = {"", "u1", "<i2", "", "<i4", "", "", "", "<i8"};
@@ -302,12 +355,12 @@ py::dtype wire_dtype(char kind, int bytes) {
 
 // A shard's hot request `frames` (het/ps/server/hot.py), in the text het's client writes: a PULL of keys
 // {"lazy":L,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[keys]}, or a PUSH of keys, float32
-// gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]}, either
-// with "deltas":{"0":F} before its nonce where its keys travel as steps from F; its nonce `nonce`,
-// the session 16 to 64 characters, seq and step in [1, max_step], the frames holding exactly the
-// arrays' bytes and at most `max_bytes` with the header. Returns (op, request id, table, session,
-// seq, lazy or step, [arrays as numpy views of their frames], F or None); None for anything else
-// (the Python reader's, which reads any spelling and names what is wrong).
+// gradients and counts {"step":P,"table":T,"session":S,"seq":Q,"nonce":N,"arrays":[...]} (the fields
+// in wire.h's order), either with "deltas":{"0":F} before its nonce where its keys travel as steps
+// from F; its nonce `nonce`, the session 16 to 64 characters, seq and step in [1, max_step], the
+// frames holding exactly the arrays' bytes and at most `max_bytes` with the header. Returns (op,
+// request id, table, session, seq, lazy or step, [arrays as numpy views of their frames], F or
+// None); None for anything else (the Python reader's, which reads any spelling and names what is wrong).
 py::object hot_request(py::list frames, const std::string& nonce, int64_t max_step, int64_t max_bytes) {
   const size_t count = frames.size();
   py::buffer_info head_info;
@@ -315,38 +368,23 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
   if ((count != 2 && count != 4) || !read_header(frames[0], head_info, header)) return py::none();
   const int op = header.op;
   const uint64_t rid = header.id;
-  if (!((op == 1 && count == 2) || (op == 2 && count == 4))) return py::none();
-  std::string_view meta = header.meta, table, session, sent_nonce;
+  if (!((op == wire::kPull && count == 2) || (op == wire::kPush && count == 4))) return py::none();
+  const std::string_view meta = header.meta;
   size_t at = 0;
-  int64_t value = 0, seq = 0;
-  bool lazy = false;
-  if (op == 1) {
-    if (!take(meta, at, "{\"lazy\":")) return py::none();
-    if (take(meta, at, "true")) lazy = true;
-    else if (!take(meta, at, "false")) return py::none();
-  } else if (!take(meta, at, "{\"step\":") || !take_int(meta, at, value) || value < 1 || value > max_step) {
-    return py::none();
-  }
-  if (!take(meta, at, ",\"table\":") || !take_name(meta, at, table) || !take(meta, at, ",\"session\":") ||
-      !take_name(meta, at, session) || session.size() < 16 || session.size() > 64 || !take(meta, at, ",\"seq\":") ||
-      !take_int(meta, at, seq) || seq < 1 || seq > max_step)
-    return py::none();
-  int64_t first = 0;
-  const bool coded = take(meta, at, ",\"deltas\":{\"0\":");
-  if (coded && (!take_int64(meta, at, first) || !take(meta, at, "}"))) return py::none();
-  if (!take(meta, at, ",\"nonce\":") || !take_name(meta, at, sent_nonce) || sent_nonce != nonce ||
-      !take(meta, at, ",\"arrays\":["))
-    return py::none();
+  HotMeta m;
+  const bool read = op == wire::kPull ? read_hot_meta(meta, at, wire::kPullFields, nonce, max_step, m)
+                                      : read_hot_meta(meta, at, wire::kPushFields, nonce, max_step, m);
+  if (!read) return py::none();
   int64_t keys[1], grads[2], counts[1];
-  const int key_bytes = coded ? take_any_spec(meta, at, {{"u1", 1}, {"i2", 2}, {"i4", 4}}, 1, keys)
-                              : take_any_spec(meta, at, {{"i4", 4}, {"i8", 8}}, 1, keys);
+  const int key_bytes = m.coded ? take_any_spec(meta, at, wire::kSteps, 1, keys)
+                                : take_any_spec(meta, at, wire::kKeys, 1, keys);
   if (key_bytes == 0) return py::none();
   int count_bytes = 0;
-  if (op == 2) {
-    if (!take(meta, at, ",") || take_any_spec(meta, at, {{"f4", 4}}, 2, grads) == 0 || !take(meta, at, ",")) {
+  if (op == wire::kPush) {
+    if (!take(meta, at, ",") || take_any_spec(meta, at, wire::kFloats, 2, grads) == 0 || !take(meta, at, ",")) {
       return py::none();
     }
-    count_bytes = take_any_spec(meta, at, {{"u1", 1}, {"i2", 2}, {"i4", 4}, {"i8", 8}}, 1, counts);
+    count_bytes = take_any_spec(meta, at, wire::kInts, 1, counts);
     if (count_bytes == 0) return py::none();
   }
   if (!take(meta, at, "]}") || at != meta.size()) return py::none();
@@ -357,7 +395,7 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
     std::vector<int64_t> shape;
   };
   std::vector<Spec> specs = {{'i', key_bytes, {keys[0]}}};
-  if (op == 2) {
+  if (op == wire::kPush) {
     specs.push_back({'f', 4, {grads[0], grads[1]}});
     specs.push_back({'i', count_bytes, {counts[0]}});
   }
@@ -378,7 +416,8 @@ py::object hot_request(py::list frames, const std::string& nonce, int64_t max_st
                             frames[i + 1]));
   }
   if (total > max_bytes) return py::none();
-  return py::make_tuple(op, rid, py::str(table.data(), table.size()), py::str(session.data(), session.size()), seq,
-                        op == 1 ? py::object(py::bool_(lazy)) : py::object(py::int_(value)), arrays,
-                        coded ? py::object(py::int_(first)) : py::object(py::none()));
+  return py::make_tuple(op, rid, py::str(m.table.data(), m.table.size()),
+                        py::str(m.session.data(), m.session.size()), m.seq,
+                        op == wire::kPull ? py::object(py::bool_(m.lazy)) : py::object(py::int_(m.step)), arrays,
+                        m.coded ? py::object(py::int_(m.first)) : py::object(py::none()));
 }

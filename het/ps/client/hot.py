@@ -27,10 +27,21 @@ from het import native
 from het.choices import RowDtype
 from het.config import TableConfig
 from het.ps.client.replies import merge
+from het.ps.protocol import schema
 from het.ps.protocol.integers import WIRE_INTS, delta_keys
 from het.ps.protocol.messages import DTYPE_CODES, HEADER, MAGIC, OK, VERSION, Message, Op, specs_text
 
 _INTS = {DTYPE_CODES[t]: t for t in WIRE_INTS}
+
+
+def _tail(op: Op) -> str:
+    """A hot request's meta after its first field (which the verb writes), in the schema's order
+    (:data:`het.ps.protocol.schema.HOT`), as a format of its values' JSON text; ``{deltas}`` is
+    the whole field where the keys travel as steps, else empty."""
+    return "".join("{deltas}" if f == "deltas" else f'"{f}":{{{f}}},' for f in schema.HOT[op][1:]) + '"arrays":['
+
+
+_TAIL = {op: _tail(op) for op in schema.HOT}
 _JSON = json.JSONEncoder(separators=(",", ":"))  # as het.ps.protocol.messages writes meta
 _F4 = np.dtype("<f4")
 _U8 = np.dtype("u1")
@@ -56,8 +67,8 @@ class HotPath:
         if coded is not None:
             arrays = [coded[0], *arrays[1:]]
             deltas = f'"deltas":{{"0":{coded[1]}}},'
-        table, nonce = self._text(handle.table), self._text(link.nonces[shard])
-        head = f'{{{fields}"table":{table},"session":"{link.session}","seq":{seq},{deltas}"nonce":{nonce},"arrays":['
+        head = "{" + fields + _TAIL[handle.op].format(table=self._text(handle.table), session=f'"{link.session}"',
+                                                      seq=seq, deltas=deltas, nonce=self._text(link.nonces[shard]))
         written = write_natively(handle.op, rid, head, arrays)
         if written is None:
             arrays = [a if a.flags.c_contiguous else np.ascontiguousarray(a) for a in arrays]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from het.config import TableConfig
+from het.ps.protocol import schema
 from het.ps.protocol.integers import WIRE_INTS, undelta_keys
 from het.ps.protocol.limits import MAX_CLOCK, MAX_COUNT, MAX_STEP, check_finite, check_squares
 from het.ps.protocol.messages import PUSH_DTYPES, AuthError, Message, Op, ProtocolError, StaleError
@@ -232,16 +233,24 @@ def deltas(meta: dict) -> dict[int, int]:
     return {int(k): v for k, v in value.items()}
 
 
-def every_field(meta: dict) -> None:
-    """Check each field the meta holds, whatever the op reads: a request with a malformed field
-    is refused whole.
+def every_field(op: Op, meta: dict) -> None:
+    """Check each field the meta holds, whatever the op reads: a request with a field its op
+    does not declare (:mod:`het.ps.protocol.schema`), or with a malformed one, is refused whole.
 
     Example:
-        >>> every_field({"table": "t", "lazy": 1})
+        >>> every_field(Op.PULL, {"table": "t", "lazy": 1})
         Traceback (most recent call last):
         ...
         ValueError: meta['lazy'] must be true or false, got 1
+        >>> every_field(Op.PULL, {"table": "t", "step": 2})
+        Traceback (most recent call last):
+        ...
+        ValueError: a PULL request has no field 'step' (its fields: table, lazy, as_of, deltas, nonce, session, seq)
     """
+    unknown = schema.unknown_fields(op, meta)
+    if unknown:
+        raise ValueError(f"a {op.name} request has no field {unknown[0]!r} (its fields: "
+                         f"{', '.join(schema.SCHEMAS[op].fields) or 'none'})")
     for name, parse in (("table", table), ("step", step), ("as_of", as_of), ("lazy", lazy), ("grads", grads_as),
                         ("path", path), ("rows_only", rows_only), ("state", state), ("sq", sq), ("deltas", deltas),
                         ("limit", lambda m: limit(m, MAX_STEP)), ("report", report)):
@@ -255,12 +264,6 @@ def every_field(meta: dict) -> None:
 
 
 # -- a request's arrays --------------------------------------------------------------------
-def arrays(op: str, got: list, n: int) -> None:
-    """A request of ``op`` carries ``n`` arrays."""
-    if len(got) != n:
-        raise ValueError(f"{op} takes {n} arrays, got {len(got)}")
-
-
 def undelta(op: str, got: list, coded: dict[int, int], key_arrays: tuple, max_keys: int) -> list:
     """A request's arrays with its delta-coded key arrays (``coded``: :func:`deltas`) decoded
     into int64 keys: only arrays of keys (``key_arrays``, by position) travel so."""

@@ -11,33 +11,21 @@ copies (an array of the other byte order, or not contiguous, is copied into that
 Signed messages (``flags & SIGNED``): one more frame ends the message, a 32-byte HMAC-SHA256,
 under the shared secret, of the header frame and every array frame, each preceded by its
 length (:func:`het.ps.protocol.auth.mac`). ``encode(msg, secret)`` signs; ``decode(frames, secret)``
-raises :class:`AuthError` when the message is not signed or the MAC does not match. Unsigned
-messages are byte for byte those of before, so the version stays 1. A shard with a secret
+raises :class:`AuthError` when the message is not signed or the MAC does not match. An unsigned
+message is the same message without the MAC frame and the flag. A shard with a secret
 serves only signed requests and signs its replies; it answers a request it could not
 authenticate with an unsigned error reply (the sender may not hold the secret).
 
-Requests and their arrays (``n`` keys, rows of width ``D``):
+Each op's fields and arrays, request and reply, are declared once, in
+:mod:`het.ps.protocol.schema` (``describe(op)`` prints them); a shard refuses a field its op does
+not declare. What they mean (``n`` keys, rows of width ``D``):
 
-=========  ==================================================  =================================
-op         request arrays (meta)                               reply arrays (meta)
-=========  ==================================================  =================================
-PULL       keys (n,) i4|i8|steps (table, lazy, [as_of],        rows (n, D) f4, clocks (n,) int
-           [deltas])                                           [lazy: rows (k, D), clocks (k,),
-                                                               built (ceil(n/8),) u1 bits]
-PUSH       keys (n,) i4|i8|steps, grads (n, D), counts (n,)    -- (applied)
-           int (table, step, grads: "f32" | "bf16", [deltas])
-           [sq: true: then sq (j, 1)|(j, D) f4, the j rows
-           of counts > 1 (or all n)]
-SYNC       keys (n,) i4|i8|steps, clocks (n,) int (table,      index (m,) int, rows (m, D), clocks (m,) int
-           bound, lazy, [as_of], [state: "row" | "full"])      [state: then state (m, 1)|(m, D) f4]
-                                                               [lazy: rows, clocks, state of k rows,
-                                                               then built (ceil(m/8),) u1 bits]
-PUSH_SYNC  PUSH's three (four) arrays, then SYNC's two          SYNC's reply
-SAVE/LOAD  -- (path, SAVE: [drop], [rows_only])                -- (path)
-STATS      -- ([report: the job's figures for the metrics])    -- (stats)
-INFO       --                                                  -- (shard)
-STOP       --                                                  --
-=========  ==================================================  =================================
+- PULL: rows (n, D) and clocks of ``keys``; with ``lazy``, of the touched rows only.
+- PUSH: ``grads`` (n, D) and ``counts`` of ``keys`` at ``step``, applied; ``applied`` rows.
+- SYNC: of ``keys`` with the client's ``clocks``, the ``index`` of those to refresh, their rows and clocks.
+- PUSH_SYNC: a PUSH and then a SYNC in one message, SYNC's reply.
+- SAVE / LOAD: a shard's save at ``path`` in its state directory; STATS, INFO: its figures, its config.
+- CHANGED: a page of the rows of ``table`` changed since the last such request (``more``: another page).
 
 A SYNC answers only the keys whose server clock ``c_g`` exceeds the sent clock ``c_s`` by
 more than ``bound`` (``None`` = infinite), and every key sent with clock ``-1`` (a miss).
@@ -110,9 +98,9 @@ from het.ps.protocol import auth
 MAGIC = b"HETP"
 VERSION = 1
 HEADER = struct.Struct("<4sBBBBQI")  # magic, version, op, status, flags, request id, meta length
-_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
-           "u1": np.dtype("u1")}
-DTYPE_CODES = {v: k for k, v in _DTYPES.items()}  # an array's dtype -> its code in the meta
+WIRE_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
+               "u1": np.dtype("u1")}  # an array's code in the meta -> its dtype
+DTYPE_CODES = {v: k for k, v in WIRE_DTYPES.items()}  # an array's dtype -> its code in the meta
 # How pushed gradients travel, and their bytes per value: "f32", or "bf16" (the upper 16 bits
 # of each float32, rounded to nearest even; int16 on the wire). The one list of push dtypes.
 GRAD_BYTES = {"f32": 4, "bf16": 2}
@@ -349,7 +337,7 @@ def _buffer(frame):
 
 
 def _array(spec, frame, i: int) -> np.ndarray:
-    dtype = _DTYPES.get(spec[0]) if type(spec) is list and len(spec) == 2 and type(spec[0]) is str else None
+    dtype = WIRE_DTYPES.get(spec[0]) if type(spec) is list and len(spec) == 2 and type(spec[0]) is str else None
     shape = spec[1] if dtype is not None else None
     if type(shape) is not list or any(type(s) is not int for s in shape):  # exactly int: not bool
         raise ProtocolError(f"array {i}: spec {spec!r} is not [\"i8\"|\"i4\"|\"i2\"|\"f4\"|\"u1\", "

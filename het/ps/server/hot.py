@@ -26,15 +26,15 @@ import json
 import numpy as np
 
 from het import native
+from het.ps.protocol import schema
 from het.ps.protocol.integers import undelta_keys
 from het.ps.protocol.limits import MAX_STEP, refused_push
-from het.ps.protocol.messages import HEADER, MAGIC, VERSION, Op, encode, error_reply, specs_text
+from het.ps.protocol.messages import HEADER, MAGIC, VERSION, WIRE_DTYPES, Op, encode, error_reply, specs_text
 
-_KEYS = {"i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
-_STEPS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4")}  # delta-coded keys
-_COUNTS = {"u1": np.dtype("u1"), "i2": np.dtype("<i2"), "i4": np.dtype("<i4"), "i8": np.dtype("<i8")}
-_PULL_FIELDS = frozenset(("table", "lazy", "nonce", "session", "seq", "arrays"))
-_PUSH_FIELDS = frozenset(("table", "step", "nonce", "session", "seq", "arrays"))
+_KEYS, _STEPS, _COUNTS = ({code: WIRE_DTYPES[code] for code in codes}
+                          for codes in (schema.KEYS, schema.STEPS, schema.INTS))
+# a hot request's fields (its keys' "deltas" apart), as the schema lists them for het's client
+_PULL_FIELDS, _PUSH_FIELDS = (frozenset(schema.HOT[op]) - {"deltas"} | {"arrays"} for op in (Op.PULL, Op.PUSH))
 # what the verbs raise for a request they refuse (nothing changed): an error reply, as the general path gives
 REFUSED = (ValueError, KeyError, TypeError, OSError, RuntimeError, ArithmeticError)
 

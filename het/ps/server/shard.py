@@ -17,7 +17,7 @@ import torch
 
 from het.config import ShardConfig
 from het.process import peak_rss_bytes, rss_bytes
-from het.ps.protocol import checks
+from het.ps.protocol import checks, schema
 from het.ps.protocol.auth import check_secret
 from het.ps.protocol.integers import widen
 from het.ps.protocol.limits import refused_push
@@ -159,36 +159,36 @@ class Shard:
         self.last_op = msg.op.name.lower()
         self.stats[f"requests_{self.last_op}"] += 1
         try:
-            checks.every_field(msg.meta)
+            checks.every_field(msg.op, msg.meta)
+            schema.check_arrays(msg.op, msg.meta, msg.arrays)  # as many as its op declares
             meta, arrays = self._handlers[msg.op](msg.meta, msg.arrays)
         except (ValueError, KeyError, TypeError, OSError, RuntimeError, ArithmeticError) as e:
             self.stats["errors"] += 1
             return error_reply(msg.request_id, msg.op, e)
         return Message(msg.op, msg.request_id, meta, arrays)
 
-    def _arrays(self, op: Op, meta: dict, arrays: list, n: int, key_arrays: tuple) -> list:
-        """A request's ``n`` arrays, its delta-coded keys decoded (see :func:`checks.undelta`)."""
-        checks.arrays(op.name, arrays, n)
-        return checks.undelta(op.name, arrays, checks.deltas(meta), key_arrays, self.cfg.max_keys)
+    def _arrays(self, op: Op, meta: dict, arrays: list) -> list:
+        """A request's arrays, its delta-coded keys decoded (see :func:`checks.undelta`)."""
+        return checks.undelta(op.name, arrays, checks.deltas(meta), schema.key_positions(op, meta), self.cfg.max_keys)
 
     def _on_pull(self, meta: dict, arrays: list):
-        keys, = self._arrays(Op.PULL, meta, arrays, 1, (0,))
+        keys, = self._arrays(Op.PULL, meta, arrays)
         return {}, self.pull(checks.table(meta), keys, lazy=checks.lazy(meta), as_of=checks.as_of(meta))
 
     def _on_push(self, meta: dict, arrays: list):
-        a = self._arrays(Op.PUSH, meta, arrays, 3 + checks.sq(meta), (0,))
+        a = self._arrays(Op.PUSH, meta, arrays)
         if not self.sessions.first_time(meta):  # re-sent after a restart, applied before it
             return {"applied": len(a[0]), "again": True}, []
         return self._push_request(meta, a), []
 
     def _on_sync(self, meta: dict, arrays: list):
-        keys, clocks = self._arrays(Op.SYNC, meta, arrays, 2, (0,))
+        keys, clocks = self._arrays(Op.SYNC, meta, arrays)
         return {}, self.sync(checks.table(meta), keys, clocks, bound=meta.get("bound"), lazy=checks.lazy(meta),
                              state=checks.state(meta), as_of=checks.as_of(meta))
 
     def _on_push_sync(self, meta: dict, arrays: list):
         with_sq = checks.sq(meta)
-        a = self._arrays(Op.PUSH_SYNC, meta, arrays, 5 + with_sq, (0, 3 + with_sq))
+        a = self._arrays(Op.PUSH_SYNC, meta, arrays)
         table = checks.table(meta)
         sync = self._check_sync(table, *a[3 + with_sq:], checks.state(meta))  # before the push changes anything
         pushed = self._push_request(meta, a[:3 + with_sq]) if self.sessions.first_time(meta) else {}
@@ -231,7 +231,6 @@ class Shard:
         return {}, []
 
     def _on_changed(self, meta: dict, arrays: list):  # keys changed since a reader took them (het.ps.server.changes)
-        checks.arrays(Op.CHANGED.name, arrays, 0)
         table = checks.table(meta)
         if self._store(table).optimizer.decay.active:
             raise ValueError(f"table {table!r} decays every row every step (l2): there is no record of the rows "
