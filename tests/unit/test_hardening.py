@@ -62,7 +62,7 @@ def test_a_bad_step_is_refused_and_no_clock_moves(op, step):
     s = shard()
     before = state(s)
     arrays = push_arrays() + (sync_arrays() if op is Op.PUSH_SYNC else [])
-    reply = s.handle(request(op, {"step": step, "bound": 0}, arrays))
+    reply = s.handle(request(op, {"step": step, **({"bound": 0} if op is Op.PUSH_SYNC else {})}, arrays))
     assert reply.status == ERROR and "meta['step']" in reply.meta["error"]
     assert_unchanged(before, state(s))
 
@@ -132,12 +132,24 @@ def test_shapes_of_another_type_than_integers_are_refused(shape):
     assert reply.status == ERROR and "is not [" in reply.meta["error"]
 
 
+@pytest.mark.parametrize("op, meta", [(Op.PUSH, {"bound": 0}), (Op.PUSH, {"lazy": True}), (Op.PUSH, {"hint": 1})])
+def test_a_field_its_op_does_not_declare_is_refused_naming_it(op, meta):
+    """A field a PUSH does not take (a sync's bound, a read's lazy, one of no op) would be
+    ignored by a shard that reads only its own: refused whole, nothing changed."""
+    s = shard()
+    before = state(s)
+    reply = s.handle(request(op, meta, push_arrays()))
+    name = next(iter(meta))
+    assert reply.status == ERROR and f"a PUSH request has no field {name!r}" in reply.meta["error"]
+    assert_unchanged(before, state(s))
+
+
 @pytest.mark.parametrize("meta, message", [({"lazy": 1}, "meta['lazy']"), ({"table": 5}, "meta['table']"),
                                            ({"grads": "fp8"}, "meta['grads']")])
 def test_other_fields_of_another_type_are_refused(meta, message):
     s = shard()
     before = state(s)
-    reply = s.handle(Message(Op.PUSH, 1, {"table": "t", **meta}, push_arrays()))
+    reply = s.handle(Message(Op.PUSH_SYNC, 1, {"table": "t", "bound": 0, **meta}, push_arrays() + sync_arrays()))
     assert reply.status == ERROR and message in reply.meta["error"]
     assert_unchanged(before, state(s))
 
