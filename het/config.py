@@ -22,11 +22,63 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")
 
 
 MAX_ADMIT_AFTER = 255  # sightings are counted in uint8 (het.ps.server.store.admission)
-DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableConfig's, for rows=None
+DYNAMIC_ONLY = ("admit_after", "admit_counters", "expire_after", "max_rows")  # TableSettings', for rows=None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TableSettings:
+    """How the shards keep a table's rows, declared once: a job's ``[table]`` (flags
+    ``--table-*``) sets them for its tables, ``het serve --table`` for one, and every
+    :class:`TableConfig` holds them (see its arguments). Checked when built.
+
+    Example:
+        >>> TableSettings(row_dtype="bf16").row_dtype, TableSettings().admit_after
+        ('bf16', 1)
+        >>> TableSettings(expire_after=0)
+        Traceback (most recent call last):
+        ...
+        ValueError: expire_after must be None or an int >= 1, got 0
+    """
+
+    admit_after: int = setting(1, "dynamic tables (hashed ids): store a key once pushes touched it in N worker-steps "
+                               "(before: reads give its initial row, its gradients are dropped)")
+    admit_counters: int = setting(1 << 22, "dynamic tables: bytes of each shard's sketch of sightings (admission); "
+                                  "about 8x the keys awaiting admission keeps early admissions near 2 in 100")
+    expire_after: int | None = setting(None, "dynamic tables: remove rows not updated for N steps (none: never)")
+    max_rows: int | None = setting(None, "dynamic tables: the most rows a shard stores in a table; the least "
+                                   "recently updated go first (none: no budget)")
+    row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the rows: fp16 or bf16 take half the bytes "
+                                  "(optimizer state stays fp32; updates rounded, see row_rounding)")
+    row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "with row_dtype fp16 or bf16: how an updated row is "
+                                        "rounded (stochastic: exact on average, as FBGEMM's; nearest)")
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "row_dtype", RowDtype.parse(self.row_dtype, "row_dtype"))
+        object.__setattr__(self, "row_rounding", RowRounding.parse(self.row_rounding, "row_rounding"))
+        require(is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
+                 f"admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
+        require(is_int(self.admit_counters) and self.admit_counters >= 4,
+                 f"admit_counters must be an int >= 4 (bytes), got {self.admit_counters!r}")
+        for name in ("expire_after", "max_rows"):
+            value = getattr(self, name)
+            require(value is None or (is_int(value) and value >= 1), f"{name} must be None or an int >= 1, got {value!r}")
+
+    def dynamic_asked(self) -> list[str]:
+        """The settings given that only a dynamic table (``rows=None``) has: admission, expiry, a row budget.
+
+        Example:
+            >>> TableSettings(max_rows=10).dynamic_asked(), TableSettings(admit_counters=64).dynamic_asked()
+            (['max_rows'], ['admit_counters'])
+        """
+        return [n for n in DYNAMIC_ONLY if getattr(self, n) != TableSettings.__dataclass_fields__[n].default]
+
+    def settings(self) -> dict:
+        """These settings by name, as :class:`TableSettings` takes them (of a TableConfig too)."""
+        return {f: getattr(self, f) for f in TableSettings.__dataclass_fields__}
 
 
 @dataclass(frozen=True)
-class TableConfig:
+class TableConfig(TableSettings):
     """One embedding table held by the parameter servers.
 
     Args:
@@ -74,14 +126,6 @@ class TableConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     init_scale: float = setting(0.01, "rows start uniform in [-init_scale, init_scale]")
     seed: int = setting(0, "initial rows are a function of (seed, table, key)")
-    admit_after: int = setting(1, "dynamic tables: store a key once pushes touched it in N worker-steps")
-    admit_counters: int = setting(1 << 22, "dynamic tables: bytes of each table's sketch of sightings")
-    expire_after: int | None = setting(None, "dynamic tables: remove rows not updated for N steps (default: never)")
-    max_rows: int | None = setting(None, "dynamic tables: rows this shard stores at most; the least recently "
-                                   "updated go first (default: no budget)")
-    row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the rows: fp16 or bf16 take half the bytes "
-                                  "(optimizer state stays fp32)")
-    row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "half-precision rows: how an update is rounded")
 
     def __post_init__(self) -> None:
         require(isinstance(self.name, str) and bool(_NAME.match(self.name)),
@@ -93,19 +137,12 @@ class TableConfig:
         require(self.init_scale >= 0, f"init_scale must be >= 0, got {self.init_scale}")
         if isinstance(self.optimizer, dict):
             object.__setattr__(self, "optimizer", OptimizerConfig(**self.optimizer))
-        object.__setattr__(self, "row_dtype", RowDtype.parse(self.row_dtype, f"table {self.name!r}: row_dtype"))
-        object.__setattr__(self, "row_rounding", RowRounding.parse(self.row_rounding,
-                                                                   f"table {self.name!r}: row_rounding"))
-        require(is_int(self.admit_after) and 1 <= self.admit_after <= MAX_ADMIT_AFTER,
-                 f"table {self.name!r}: admit_after must be an int in [1, {MAX_ADMIT_AFTER}], got {self.admit_after!r}")
-        require(is_int(self.admit_counters) and self.admit_counters >= 4,
-                 f"table {self.name!r}: admit_counters must be an int >= 4 (bytes), got {self.admit_counters!r}")
-        for name in ("expire_after", "max_rows"):
-            value = getattr(self, name)
-            require(value is None or (is_int(value) and value >= 1),
-                     f"table {self.name!r}: {name} must be None or an int >= 1, got {value!r}")
+        try:
+            super().__post_init__()
+        except ValueError as e:
+            raise ValueError(f"table {self.name!r}: {e}") from None
         if not self.dynamic:
-            used = [n for n in DYNAMIC_ONLY if getattr(self, n) != TableConfig.__dataclass_fields__[n].default]
+            used = self.dynamic_asked()
             require(not used, f"table {self.name!r}: {', '.join(used)} apply only to dynamic tables (rows=None), "
                                f"this one has {self.rows} rows")
 

@@ -15,7 +15,7 @@ def main() -> None:
     args = p.parse_args()
     for seed in args.seeds.split(","):
         for dtype in args.dtypes.split(","):
-            out = subprocess.run([sys.executable, "-m", "het", "train", "--row-dtype", dtype, "--seed", seed,
+            out = subprocess.run([sys.executable, "-m", "het", "train", "--table-row-dtype", dtype, "--seed", seed,
                                   "--json", "--quiet"], capture_output=True, text=True, check=True).stdout
             d = json.loads(out.strip().splitlines()[-1])
             ps = d["ps"]

@@ -79,7 +79,7 @@ def run(partitions: int, frozen_after: int, rows: int, drift: float, cap: int, s
             "later": {"online": float(np.mean(later)), "frozen": float(np.mean(frozen)),
                       "online_wins": int(sum(o > f for o, f in zip(later, frozen))), "of": len(frozen)},
             "online_rows_trained": online["stream"]["rows_trained"],
-            # the online job's table over the stream (--admit-after and --expire-after at work): rows by step
+            # the online job's table over the stream (--table-admit-after and --table-expire-after at work): rows by step
             "online_table": {"rows_by_step": [(e["step"], e["rows"]) for e in online.get("timeline", [])],
                              **{k: online["ps"].get(k, 0) for k in ("rows", "admitted", "expired", "refused_updates")}},
             "online_window": online["stream"]["progressive"]["window"],

@@ -115,7 +115,7 @@ class RawPartitions:
         schema, _ = schema_of(flags, first, None, None)
         if (schema.min_freq or 1) > 1 or schema.multi:
             raise ValueError(f"a stream's schema cannot have min_freq above 1 (a vocabulary fitted on its first "
-                             f"partition would send every later id to the out-of-vocabulary key: --admit-after does "
+                             f"partition would send every later id to the out-of-vocabulary key: --table-admit-after does "
                              f"that job on a stream) nor multi-hot columns; got min_freq {schema.min_freq}, "
                              f"multi-hot {sorted(schema.multi)}")
         self.spec = TableSpec(schema.label, tuple(schema.dense), tuple(schema.sparse), positive=schema.positive,

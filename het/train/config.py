@@ -26,8 +26,8 @@ import sys
 from dataclasses import dataclass
 
 from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, LocalUpdate, Mode, Model, Optimizer,
-                         Policy, PushDtype, RowDtype, RowRounding)
-from het.config import ShardSettings, parse_bytes, plain, setting
+                         Policy, PushDtype, RowDtype)
+from het.config import ShardSettings, TableSettings, parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.defaults import MODEL_DEFAULTS, TABLE_DEFAULTS, Samples
 from het.train.fields import build, check_fields, merge, require, set_dotted
@@ -54,7 +54,7 @@ AUTO, AUTO_MOST = "auto", 64  # dim = "auto": a width a field from its distinct 
 # Settings spelled otherwise before, by their old key: TOML keys and flags (``--ps-memory``) of
 # these still work, each saying once, on stderr, how it is spelled.
 RENAMED = {"ps_memory": "shard.memory", "ps_wal_max": "shard.wal_max", "ps_memory_policy": "shard.memory_policy",
-           "ps_page_in": "shard.page_in"}
+           "ps_page_in": "shard.page_in", **{name: f"table.{name}" for name in TableSettings.__dataclass_fields__}}
 
 
 def renamed(d: dict) -> dict:
@@ -181,18 +181,6 @@ class TrainConfig:
     ids: Ids = setting(Ids.ENCODED, "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
                        "an int64 key, one dynamic table that stores only the rows training touched "
                        "(synthetic-criteo-1tb: always hashed)")
-    admit_after: int = setting(1, "hashed ids: a key gets a stored row once pushes touched it in N worker-steps "
-                               "(before: reads give its initial row, its gradients are dropped)")
-    admit_counters: int = setting(1 << 22, "hashed ids: bytes of each shard's sketch of sightings (admission); "
-                                  "about 8x the keys awaiting admission keeps early admissions near 2 in 100")
-    expire_after: int | None = setting(None, "hashed ids: remove rows not updated for N steps (none: never)")
-    max_rows: int | None = setting(None, "hashed ids: the most rows a shard stores in a table (each, with a table "
-                                   "a width); the least recently updated go first (none: no budget)")
-    row_dtype: RowDtype = setting(RowDtype.FP32, "how shards store the embedding rows: fp16 or bf16 take half "
-                                  "the bytes (optimizer state stays fp32; updates rounded, see row_rounding); "
-                                  "not with shard.memory")
-    row_rounding: RowRounding = setting(RowRounding.STOCHASTIC, "with row_dtype fp16 or bf16: how an updated row "
-                                        "is rounded (stochastic: exact on average, as FBGEMM's; nearest)")
     push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     dense_compression: DenseCompression = setting(DenseCompression.BF16, "how the dense AllReduce's gradients "
@@ -207,6 +195,8 @@ class TrainConfig:
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
     shard: ShardSettings = setting(help="the settings of the job's shards (het serve's flags)", factory=ShardSettings)
+    table: TableSettings = setting(help="how the shards keep the job's tables' rows (het serve --table's settings)",
+                                   factory=TableSettings)
     stream: StreamConfig = setting(help="training on partitions as they land", factory=StreamConfig)
 
     def __post_init__(self) -> None:
@@ -292,20 +282,17 @@ class TrainConfig:
              f"ps_metrics_port must be a port (0: free ones) leaving room for {self.servers} shards, "
              f"got {self.ps_metrics_port}"),
             (self.shard.wal_max is None or self.ps_wal, "shard.wal_max bounds the shards' log: it needs ps_wal"),
-            (self.row_dtype == RowDtype.FP32 or self.shard.memory is None,
-             f"row_dtype {self.row_dtype} with shard.memory: a shard's disk tier stores float32 records; "
-             f"use row_dtype fp32 there"),
+            (self.table.row_dtype == RowDtype.FP32 or self.shard.memory is None,
+             f"table.row_dtype {self.table.row_dtype} with shard.memory: a shard's disk tier stores float32 "
+             f"records; use row_dtype fp32 there"),
         ]
 
     def _table_checks(self) -> list[tuple[bool, str]]:
-        """The rules of a dynamic table's settings (``admit_after``, ``expire_after``, ...)."""
+        """The rules of the job's keys beside its tables' settings (which check themselves:
+        :class:`het.config.TableSettings`)."""
         return [
-            (self.admit_after >= 1, f"admit_after must be >= 1, got {self.admit_after}"),
             (not (self.is_graph and self.ids == Ids.HASHED), f"ids 'hashed' applies to CTR data; {self.model} "
-             f"reads a graph's node ids, 0..N-1 (admit_after, expire_after and max_rows still apply)"),
-            (self.admit_counters >= 4, f"admit_counters must be >= 4 (bytes), got {self.admit_counters}"),
-            (self.expire_after is None or self.expire_after >= 1, f"expire_after must be >= 1, got {self.expire_after}"),
-            (self.max_rows is None or self.max_rows >= 1, f"max_rows must be >= 1, got {self.max_rows}"),
+             f"reads a graph's node ids, 0..N-1 (table.admit_after, expire_after and max_rows still apply)"),
         ]
 
     def _data_fits_model(self) -> bool:

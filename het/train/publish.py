@@ -85,7 +85,7 @@ class Publisher:
         self.pub = cfg.publish
         self.consistency = self.pub.consistency or ("flush" if cfg.staleness == math.inf else "bounded")
         self.dir = os.path.abspath(self.pub.dir)
-        self.rows_dtype = str(self.pub.dtype or cfg.row_dtype)
+        self.rows_dtype = str(self.pub.dtype or cfg.table.row_dtype)
         self.client = None  # the thread's own connection, made on its first version
         self.tables = list(worker.embedding.tables)  # the embedding tables: one, or one a width
         self.buffers = {n: [None] for n in self.tables}  # each table's rows of the version being written, kept

@@ -37,7 +37,7 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
         "policy": cfg.policy, "optimizer": cfg.optimizer, "local_update": cfg.local_update,
         "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
-        "push_dtype": cfg.push_dtype, "row_dtype": cfg.row_dtype,
+        "push_dtype": cfg.push_dtype, "row_dtype": cfg.table.row_dtype,
     }
 
 

@@ -287,19 +287,17 @@ def job_tables(cfg: TrainConfig, task=None) -> list[TableConfig]:
     (``task.num_rows is None``), or when admission, expiry or a row budget is asked for: they
     apply only to dynamic tables."""
     task = task or make_task(cfg)
-    dynamic = {"admit_after": cfg.admit_after, "expire_after": cfg.expire_after, "max_rows": cfg.max_rows}
-    fixed = (task.num_rows is not None and cfg.shard.memory is None
-             and dynamic == {"admit_after": 1, "expire_after": None, "max_rows": None})
+    asked = set(cfg.table.dynamic_asked()) - {"admit_counters"}  # the sketch's size alone asks for no admission
+    fixed = task.num_rows is not None and cfg.shard.memory is None and not asked
     groups = task.groups or [FieldGroup(EMBEDDING_TABLE, task.dim, (), (), (), None, task.num_rows)]
     tables = []
     for g in groups:
         if fixed and g.rows is not None:
             tables.append(TableConfig(g.table, rows=g.rows, dim=g.width, optimizer=row_optimizer(cfg), seed=cfg.seed,
-                                      row_dtype=cfg.row_dtype, row_rounding=cfg.row_rounding))
+                                      row_dtype=cfg.table.row_dtype, row_rounding=cfg.table.row_rounding))
         else:  # hashed ids, or label-encoded ones under admission, expiry or a budget (rows or memory)
             tables.append(TableConfig(g.table, rows=None, dim=g.width, optimizer=row_optimizer(cfg), seed=cfg.seed,
-                                      admit_counters=cfg.admit_counters, row_dtype=cfg.row_dtype,
-                                      row_rounding=cfg.row_rounding, **dynamic))
+                                      **cfg.table.settings()))
     if cfg.mode == Mode.PS:
         tables.append(dense_table(dense_params(cfg, task), cfg.dense_lr, cfg.schedule.of(cfg.steps)))
     return tables

@@ -17,7 +17,7 @@ SMALL = ["--dim", "8", "--batch", "64", "--synthetic-cap", "2000", "--eval-sampl
 
 def test_het_serve_holds_a_dynamic_table_of_raw_int64_keys():
     proc = subprocess.Popen([sys.executable, "-m", "het", "serve", "--bind", "127.0.0.1:0", "--table", "user:dynamic:8",
-                             "--admit-after", "2", "--max-rows", "1000"], stdout=subprocess.PIPE, text=True)
+                             "--table-admit-after", "2", "--table-max-rows", "1000"], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert "listening on tcp://127.0.0.1:" in line
@@ -39,7 +39,7 @@ def test_het_serve_holds_a_dynamic_table_of_raw_int64_keys():
 
 @pytest.mark.slow  # about 13 s
 def test_a_job_on_hashed_ids_with_two_shards_reports_what_they_hold(tmp_path):
-    s = het("train", "--ids", "hashed", "--steps", "60", "--servers", "2", "--admit-after", "2", "--max-rows", "3000",
+    s = het("train", "--ids", "hashed", "--steps", "60", "--servers", "2", "--table-admit-after", "2", "--table-max-rows", "3000",
             *SMALL, "--log-dir", str(tmp_path))
     ps = s["ps"]
     assert 0 < ps["rows"] <= 2 * 3000 and ps["admitted"] >= ps["rows"] and ps["refused_updates"] > 0

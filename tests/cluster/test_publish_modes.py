@@ -67,7 +67,7 @@ def test_a_bounded_version_holds_rank_0s_copies_of_the_rows_it_has_not_pushed(tm
     assert np.array_equal(live.current.model(dense, keys).numpy(), final(dense, keys).numpy())
 
 
-@pytest.mark.parametrize("flags, stored, exact", [(("--row-dtype", "bf16"), "bf16", True),
+@pytest.mark.parametrize("flags, stored, exact", [(("--table-row-dtype", "bf16"), "bf16", True),
                                                   pytest.param(("--publish-dtype", "fp16"), "fp16", False,
                                                                marks=pytest.mark.slow)])
 def test_deltas_store_rows_in_the_tables_precision_or_the_one_asked(tmp_path, flags, stored, exact):

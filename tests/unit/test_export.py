@@ -32,7 +32,7 @@ def job(model="wdl", kind="fixed", **settings) -> tuple[TrainConfig, dict]:
             "synthetic": {"cap": 800}, **settings}
     options = {}
     if kind in ("dynamic", "tiered"):
-        base.update(ids="hashed", admit_after=2)
+        base.update(ids="hashed", table={"admit_after": 2})
     if kind == "tiered":
         base.update(shard={"memory": "2MiB"})
         options = {"memory": 2 << 20}

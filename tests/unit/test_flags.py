@@ -8,7 +8,7 @@ import pytest
 
 from het import cli
 from het.choices import Model
-from het.config import ShardConfig, ShardSettings, parse_bytes
+from het.config import ShardConfig, ShardSettings, TableSettings, parse_bytes
 from het.train import config, local
 from het.train.config import TrainConfig
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
@@ -153,3 +153,27 @@ def test_every_shard_setting_reaches_a_jobs_shards():
     for f in dataclasses.fields(ShardSettings):
         expected = parse_bytes(values[f.name]) if f.metadata.get("kind") == "size" else values[f.name]
         assert getattr(shard, f.name) == expected != f.default, f.name
+
+
+def test_every_table_setting_reaches_a_jobs_tables():
+    """A field of TableSettings is a job's [table] key and reaches each of the job's tables with
+    no other declaration: each set to a value other than its default is read back there."""
+    hints = typing.get_type_hints(TableSettings)
+    values = {f.name: a_value("table." + f.name, f, hints[f.name])[0] for f in dataclasses.fields(TableSettings)}
+    tables = job_tables(TrainConfig(ids="hashed", widths={"C1": 8}, table=values))
+    assert len(tables) == 2
+    for t in tables:
+        for f in dataclasses.fields(TableSettings):
+            assert getattr(t, f.name) == values[f.name] != f.default, f.name
+
+
+def test_a_table_setting_is_a_table_flag_and_its_old_spelling_still_works_saying_so_once(capsys, monkeypatch):
+    monkeypatch.setattr(config, "_SAID", set())
+    new = config_from_args(cli.parser().parse_args(["train", "--table-row-dtype", "bf16", "--table-admit-after", "3"]))
+    assert (new.table.row_dtype, new.table.admit_after) == ("bf16", 3) and capsys.readouterr().err == ""
+    old = config_from_args(cli.parser().parse_args(["train", "--row-dtype", "bf16", "--admit-after", "3"]))
+    assert old.table == new.table
+    assert sorted(capsys.readouterr().err.splitlines()) == [
+        "het: admit_after is spelled table.admit_after (flag --table-admit-after); the old spelling will be removed",
+        "het: row_dtype is spelled table.row_dtype (flag --table-row-dtype); the old spelling will be removed"]
+    assert TrainConfig.from_dict({"row_dtype": "fp16"}).table.row_dtype == "fp16"  # a TOML key of the old spelling

@@ -161,7 +161,7 @@ def test_half_rows_refuse_a_memory_budget():
     from het.train.config import TrainConfig
 
     with pytest.raises(ValueError, match="row_dtype bf16 with shard.memory"):
-        TrainConfig(row_dtype="bf16", shard={"memory": "1GiB"})
+        TrainConfig(table={"row_dtype": "bf16"}, shard={"memory": "1GiB"})
     with pytest.raises(ValueError, match="disk tier stores float32"):
         DynamicRows(TableConfig("d", rows=None, dim=4, row_dtype="fp16"), 0, 1, disk_dir="/nonexistent")
     with pytest.raises(ValueError, match="row_dtype must be one of"):

@@ -98,7 +98,7 @@ def test_graphsage_dropouts_follow_the_share_of_nodes_labelled_unless_set():
 def test_hashed_ids_are_refused_for_a_graph_with_a_clear_error():
     with pytest.raises(ValueError, match="ids 'hashed' applies to CTR data; graphsage reads a graph's node ids"):
         TrainConfig(model="graphsage", ids="hashed")
-    assert TrainConfig(model="graphsage", admit_after=2).admit_after == 2
+    assert TrainConfig(model="graphsage", table={"admit_after": 2}).table.admit_after == 2
 
 
 @pytest.mark.parametrize("settings, message", [
