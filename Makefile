@@ -10,11 +10,9 @@ NATIVE := het/native/.built
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch 2.13.0 (CPU build) first, exactly pinned: a looser pin fetches a CUDA build. No
-	# bytecode at install (--no-compile): Python writes a module's when it is first imported, and
-	# most of torch's files never are (the install takes half the time).
-	$(PY) -m pip install --quiet --no-compile torch==2.13.0
-	$(PY) -m pip install --quiet --no-compile -e '.[test]'
+	# torch 2.13.0 (CPU build) first, exactly pinned: a looser pin fetches a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
 # The native core (het/native/*.cpp, one file per component, compiled in a few groups that each
