@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
 NATIVE := het/native/.built
+# het's own bytecode, written before a command runs: where PYTHONDONTWRITEBYTECODE is set, Python
+# would compile every module of het at every start of a process (workers, shards, the tests' own).
+BYTECODE := $(PY) -m compileall -q het > /dev/null
 
 .PHONY: run test test-slow test-all bench native clean
 
@@ -30,24 +33,30 @@ native: $(NATIVE)
 
 # The default job: Wide&Deep on synthetic Criteo, 2 workers + 1 PS shard on this machine.
 run: $(STAMP) $(NATIVE)
+	$(BYTECODE)
 	$(VENV)/bin/het train
 
 # Two test processes (pytest-xdist): most tests wait on processes they start, so two share this
 # 2-core machine's cores at 1.4x one's pace; every test starts its own on free ports and files.
 test: $(STAMP) $(NATIVE)
+	$(BYTECODE)
 	$(PY) -m pytest -q -n 2 -m "not slow" het tests
 
 test-slow: $(STAMP) $(NATIVE)
+	$(BYTECODE)
 	$(PY) -m pytest -q -m slow tests
 
 test-all: $(STAMP) $(NATIVE)
+	$(BYTECODE)
 	$(PY) -m pytest -q het tests
 
 # The evaluation suite, short versions (about 5 minutes): results, tables and plots in
 # runs/bench-quick/. The full suite, which rewrites docs/RESULTS.md's report region and
 # docs/img/: `het bench report --run` (about 30 minutes).
 bench: $(STAMP) $(NATIVE)
+	$(BYTECODE)
 	$(VENV)/bin/het bench report --run --quick
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis $(NATIVE) het/native/_het_native*.so het/native/_het_native*.cpu
+	find het -type d -name __pycache__ -prune -exec rm -rf {} +
