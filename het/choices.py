@@ -8,6 +8,7 @@ into a member when they are built and give it back as the same string when they 
 from __future__ import annotations
 
 import enum
+import sys
 
 
 class Choice(str, enum.Enum):
@@ -38,6 +39,18 @@ class Choice(str, enum.Enum):
     def values(cls) -> tuple[str, ...]:
         """The choices as plain strings, in their order of definition."""
         return tuple(m.value for m in cls)
+
+    @classmethod
+    def _missing_(cls, value):
+        """An old spelling of a member (:data:`SPELLED`): the member, saying once on stderr how
+        it is spelled."""
+        new = SPELLED.get(cls.__name__, {}).get(value) if isinstance(value, str) else None
+        if new is None:
+            return None
+        if (cls.__name__, value) not in _SAID:
+            _SAID.add((cls.__name__, value))
+            print(f"het: {cls.__name__} {value!r} is spelled {new!r}; the old spelling will be removed", file=sys.stderr)
+        return cls(new)
 
     @classmethod
     def parse(cls, value, what: str) -> "Choice":
@@ -77,11 +90,42 @@ class LocalUpdate(Choice):
     FULL = "full"
 
 
-class PushDtype(Choice):
-    """How pushed gradients travel: float32, or bfloat16 (half the bytes, rounded to nearest)."""
+class Precision(Choice):
+    """How floats are kept or travel: het's one vocabulary of precisions. Each use takes some
+    of them: a table's rows (:class:`RowDtype`), pushed gradients (:class:`PushDtype`), the
+    dense AllReduce (:class:`DenseCompression`) and an export's rows (``het export --dtype``);
+    ``int8`` is an export's rows quantised a row at a time (a scale and an offset beside it).
 
-    F32 = "f32"
+    Example:
+        >>> [(p.value, p.bytes) for p in Precision]
+        [('fp32', 4), ('fp16', 2), ('bf16', 2), ('int8', 1)]
+    """
+
+    FP32 = "fp32"
+    FP16 = "fp16"
     BF16 = "bf16"
+    INT8 = "int8"
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of one value."""
+        return {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}[self.value]
+
+
+class PushDtype(Choice):
+    """How pushed gradients travel: float32, or bfloat16 (half the bytes, rounded to nearest).
+
+    Example:
+        >>> PushDtype("bf16").bytes, PushDtype.FP32.bytes
+        (2, 4)
+    """
+
+    FP32 = Precision.FP32.value
+    BF16 = Precision.BF16.value
+
+    @property
+    def bytes(self) -> int:
+        return Precision(self.value).bytes
 
 
 class RowDtype(Choice):
@@ -89,9 +133,9 @@ class RowDtype(Choice):
     significant bits, values to 65504) or bfloat16 (8 bits, float32's range). Optimizer state
     stays float32; updates are computed in float32 and rounded (:mod:`het.ps.protocol.halves`)."""
 
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
+    FP32 = Precision.FP32.value
+    FP16 = Precision.FP16.value
+    BF16 = Precision.BF16.value
 
 
 class RowRounding(Choice):
@@ -108,10 +152,15 @@ class DenseCompression(Choice):
     DDP's compression hooks (averaged in that precision, decompressed after); or PowerSGD's
     low-rank factors (DDP's PowerSGD hook, with error feedback)."""
 
-    NONE = "none"
-    FP16 = "fp16"
-    BF16 = "bf16"
+    FP32 = Precision.FP32.value
+    FP16 = Precision.FP16.value
+    BF16 = Precision.BF16.value
     POWERSGD = "powersgd"
+
+    @property
+    def bytes(self) -> int:
+        """The bytes a gradient value travels in (PowerSGD's factors: float32)."""
+        return 4 if self is DenseCompression.POWERSGD else Precision(self.value).bytes
 
 
 class Mode(Choice):
@@ -160,3 +209,8 @@ class Split(Choice):
 
 
 POLICIES, PUSH_DTYPES, SPLITS = Policy.values(), PushDtype.values(), Split.values()  # as plain strings
+EXPORT_DTYPES = (Precision.FP32.value, Precision.FP16.value, Precision.INT8.value)  # an export's rows
+
+# Old spellings of choices, by choice: still read, each saying once how it is spelled.
+SPELLED = {"PushDtype": {"f32": "fp32"}, "DenseCompression": {"none": "fp32"}}
+_SAID: set = set()

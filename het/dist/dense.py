@@ -68,7 +68,7 @@ class AllReduceDense:
     there is more than one worker), timing its AllReduce. Modes ``het`` and ``hybrid``."""
 
     def __init__(self, model: nn.Module, world: int, device: torch.device, optimizer: type[torch.optim.Optimizer],
-                 compression: DenseCompression = DenseCompression.NONE, powersgd_rank: int = 4,
+                 compression: DenseCompression = DenseCompression.FP32, powersgd_rank: int = 4,
                  powersgd_start: int = 10, **optimizer_args):
         """``powersgd_rank``: the rank of PowerSGD's factors; ``powersgd_start``: the steps of
         plain AllReduce before PowerSGD starts (its error feedback needs a start)."""
@@ -120,7 +120,7 @@ class AllReduceDense:
     def bytes_per_step(self) -> int:
         """Bytes one worker sends in a ring AllReduce of the dense gradients: 2 (W - 1) / W of them,
         4 bytes each, or 2 compressed."""
-        width = 2 if self.compression in (DenseCompression.FP16, DenseCompression.BF16) else 4
+        width = DenseCompression(self.compression).bytes
         return int(2 * (self.world - 1) / self.world * self.numel * width)
 
 
@@ -133,7 +133,7 @@ def _timed_allreduce(state: AllReduceDense, bucket):
         fut = powerSGD_hook.powerSGD_hook(state.powersgd, bucket)
         # before PowerSGD starts the bucket goes whole; after, its factors and small tensors
         state.sent += (state.powersgd.total_numel_after_compression - compressed) or bucket.buffer().numel()
-    elif state.compression in (DenseCompression.NONE, DenseCompression.POWERSGD):
+    elif state.compression in (DenseCompression.FP32, DenseCompression.POWERSGD):
         fut = dist.all_reduce(bucket.buffer().div_(state.world), async_op=True).get_future()
     else:
         hook = default_hooks.fp16_compress_hook if state.compression is DenseCompression.FP16 else \

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from het.choices import EXPORT_DTYPES
+
 if TYPE_CHECKING:  # decode works on tensors through their methods: the command line loads no torch
     import torch
 
-DTYPES = ("fp32", "fp16", "int8")
+DTYPES = EXPORT_DTYPES  # of het.choices.Precision
 STORED = {"fp32": np.float32, "fp16": np.float16, "int8": np.uint8}  # rows.npy's dtype
 
 

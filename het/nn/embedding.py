@@ -69,7 +69,7 @@ class Embedding(nn.Module):
         device: where the cache and the returned rows live.
         grad_scale: multiplies the rows' gradients before they reach the cache (the trainer
             sets ``1 / workers``: see docs/ARCHITECTURE.md, "Gradient scaling").
-        push_dtype: how pushed gradients travel: ``"f32"``, or ``"bf16"`` (half the bytes,
+        push_dtype: how pushed gradients travel: ``"fp32"``, or ``"bf16"`` (half the bytes,
             rounded to nearest: about three significant digits per value).
 
     Shape:
@@ -94,7 +94,7 @@ class Embedding(nn.Module):
                  client: PSClient | None = None, num_shards: int = 1,
                  mode: str | None = None, padding_idx: int | None = None,
                  device: torch.device | str | None = None, grad_scale: float = 1.0,
-                 push_dtype: str = "f32"):
+                 push_dtype: str = "fp32"):
         super().__init__()
         self.push_dtype = PushDtype.parse(push_dtype, "push_dtype")
         tables = module_tables(num_embeddings, embedding_dim, tables, optimizer, lr)

@@ -181,11 +181,11 @@ class TrainConfig:
     ids: Ids = setting(Ids.ENCODED, "encoded: keys 0..N-1, one fixed table; hashed: each (field, id) hashed to "
                        "an int64 key, one dynamic table that stores only the rows training touched "
                        "(synthetic-criteo-1tb: always hashed)")
-    push_dtype: PushDtype = setting(PushDtype.F32, "how pushed gradients travel: bf16 takes half the bytes "
+    push_dtype: PushDtype = setting(PushDtype.FP32, "how pushed gradients travel: bf16 takes half the bytes "
                                     "(rounded)")
     dense_compression: DenseCompression = setting(DenseCompression.BF16, "how the dense AllReduce's gradients "
                                                   "travel (modes het, hybrid): bf16 or fp16 take half the bytes "
-                                                  "(bf16: AUC unchanged at 1,000 steps), none float32 (exact), "
+                                                  "(bf16: AUC unchanged at 1,000 steps), fp32 exact, "
                                                   "powersgd low-rank factors with error feedback (DDP's hooks)")
     powersgd_rank: int = setting(4, "with dense_compression powersgd: the rank of its factors")
     synthetic: SyntheticConfig = setting(help="the synthetic Criteo-like data", factory=SyntheticConfig)

@@ -86,10 +86,11 @@ def _check_type(hint, value, key: str):
         raise ValueError(f"{key}: expected a table of {sorted(f.name for f in dataclasses.fields(hint))}, "
                          f"got {value!r} ({type(value).__name__})")
     if isinstance(hint, type) and issubclass(hint, Choice):
-        if isinstance(value, str) and value in hint.values():
-            return hint(value)
         if isinstance(value, str):
-            raise ValueError(f"{key}: expected one of {hint.values()}, got {value!r}")
+            try:
+                return hint(value)  # a member's value, or an old spelling of one (het.choices.SPELLED)
+            except ValueError:
+                raise ValueError(f"{key}: expected one of {hint.values()}, got {value!r}") from None
         raise ValueError(f"{key}: expected a string, got {value!r} ({type(value).__name__})")
     if typing.get_origin(hint) is tuple:
         if isinstance(value, (list, tuple)) and all(isinstance(v, int) and not isinstance(v, bool) for v in value):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from het.choices import RowDtype
+from het.choices import EXPORT_DTYPES, RowDtype
 from het.config import setting
 from het.schedule import DECAYS, Schedule
 from het.train.fields import check_fields, require
@@ -81,7 +81,7 @@ class ExportConfig:
     dir: str | None = setting(None, "CTR models: keep an export of the model (het export's) in this directory",
                               aliases=("--export",))
     every: int = setting(0, "steps between exports, and the last step (needs a directory); written in the background")
-    dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=("fp32", "fp16", "int8"))
+    dtype: str = setting("fp32", "the exports' rows (int8: row-wise scale and bias)", choices=EXPORT_DTYPES)
 
     def __post_init__(self) -> None:
         check_fields(self, "export.")

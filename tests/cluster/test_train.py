@@ -253,7 +253,7 @@ def test_two_workers_at_staleness_zero_equal_one_process_on_their_concatenated_b
     steps, batch = 6, 64
     args = ["--staleness", "0", "--optimizer", "sgd", "--lr", "0.5", "--dense-lr", "0.05", "--dim", "8",
             "--batch", str(batch), "--synthetic-cap", "2000", "--eval-samples", "0", "--workers", "2",
-            "--dense-compression", "none", "--steps", str(steps), "--checkpoint", str(tmp_path / "ckpt"),
+            "--dense-compression", "fp32", "--steps", str(steps), "--checkpoint", str(tmp_path / "ckpt"),
             "--checkpoint-every", str(steps), "--json", "--quiet", "--log-dir", str(tmp_path / "logs")]
     het("train", *args)
     cfg = TrainConfig(staleness=0, optimizer="sgd", lr=0.5, dense_lr=0.05, dim=8, batch=2 * batch, eval_samples=0,
@@ -408,7 +408,7 @@ def test_checkpoints_kept_by_the_shards_resume_with_nothing_shared(tmp_path):
 @pytest.mark.parametrize("compression", ["fp16", "bf16"])
 def test_a_compressed_dense_allreduce_halves_its_bytes_and_still_trains(tmp_path, compression):
     job = ["train", "--steps", "40", "--workers", "2", *SMALL, "--json", "--quiet"]
-    plain = het(*job, "--dense-compression", "none", "--log-dir", str(tmp_path / "plain"))
+    plain = het(*job, "--dense-compression", "fp32", "--log-dir", str(tmp_path / "plain"))
     halved = het(*job, "--dense-compression", compression, "--log-dir", str(tmp_path / compression))
     assert halved["bytes"]["dense"] * 2 == pytest.approx(plain["bytes"]["dense"], rel=1e-6)
     assert abs(halved["auc"] - plain["auc"]) < 0.02 and halved["time_split"]["allreduce"] > 0
@@ -417,7 +417,7 @@ def test_a_compressed_dense_allreduce_halves_its_bytes_and_still_trains(tmp_path
 @pytest.mark.slow
 def test_powersgd_sends_low_rank_factors_and_still_trains(tmp_path):
     job = ["train", "--steps", "60", "--workers", "2", *SMALL, "--json", "--quiet"]
-    plain = het(*job, "--dense-compression", "none", "--log-dir", str(tmp_path / "plain"))
+    plain = het(*job, "--dense-compression", "fp32", "--log-dir", str(tmp_path / "plain"))
     low = het(*job, "--dense-compression", "powersgd", "--log-dir", str(tmp_path / "powersgd"))
     # 10 steps whole, then rank-4 factors of the 2-D gradients and the biases whole
     assert plain["bytes"]["dense"] / 3 > low["bytes"]["dense"] > plain["bytes"]["dense"] / 6 / 10

@@ -68,13 +68,33 @@ def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path)
 
 def test_every_table_keyed_by_a_choice_covers_it_exactly():
     from het.cache.policy import POLICIES
-    from het.ps.protocol.messages import GRAD_BYTES
     from het.train.loop import TORCH_OPTIMIZERS
     from het.train.tasks import CTR_MODELS
 
-    assert set(POLICIES) == set(Policy) and set(GRAD_BYTES) == set(PushDtype)
+    assert set(POLICIES) == set(Policy)
     assert set(TORCH_OPTIMIZERS) == set(DENSE_OPTIMIZERS)
     assert set(CTR_MODELS) | set(GRAPH_MODELS) == set(Model) and not set(CTR_MODELS) & set(GRAPH_MODELS)
     for name in Optimizer:
         OptimizerConfig(name)  # each has a shard-side optimizer: het.ps.server.store.optim.make
         local_client([TableConfig("t", rows=2, dim=2, optimizer=OptimizerConfig(name))])
+
+
+def test_precisions_are_named_in_one_vocabulary_and_old_spellings_read_saying_so(capsys, monkeypatch):
+    """Rows, pushes, the dense AllReduce and an export name precisions as Precision does, with
+    its bytes; push_dtype's ``f32`` and dense_compression's ``none`` read as ``fp32``."""
+    from het.choices import EXPORT_DTYPES, DenseCompression, Precision, RowDtype
+    from het.train.sections import ExportConfig
+
+    precisions = set(Precision.values())
+    for named in (RowDtype.values(), PushDtype.values(), set(DenseCompression.values()) - {"powersgd"},
+                  EXPORT_DTYPES, ExportConfig.__dataclass_fields__["dtype"].metadata["choices"]):
+        assert set(named) <= precisions, named
+    assert [PushDtype(p).bytes for p in PushDtype.values()] == [Precision(p).bytes for p in PushDtype.values()]
+    monkeypatch.setattr(choices, "_SAID", set())
+    cfg = TrainConfig.from_dict({"push_dtype": "f32", "dense_compression": "none"})
+    assert (cfg.push_dtype, cfg.dense_compression) == ("fp32", "fp32")
+    assert capsys.readouterr().err.splitlines() == [
+        "het: PushDtype 'f32' is spelled 'fp32'; the old spelling will be removed",
+        "het: DenseCompression 'none' is spelled 'fp32'; the old spelling will be removed"]
+    with pytest.raises(ValueError, match="push_dtype: expected one of"):
+        TrainConfig.from_dict({"push_dtype": "f16"})

@@ -114,14 +114,14 @@ def _keys(table: str, draw_keys: list) -> torch.Tensor:
 
 _STEP = st.tuples(st.sampled_from(["pull", "push"]), st.sampled_from(["t", "d", "h"]),
                   st.lists(st.integers(0, ROWS - 1), min_size=0, max_size=20), st.booleans(),
-                  st.sampled_from(["f32", "bf16"]), st.integers(1, 3), st.booleans())
+                  st.sampled_from(["fp32", "bf16"]), st.integers(1, 3), st.booleans())
 
 
 @settings(max_examples=60, deadline=None)
 @given(shards=st.sampled_from([1, 3]), steps=st.lists(_STEP, min_size=1, max_size=8))
 def test_the_short_path_sends_and_reads_what_the_general_path_does(shards, steps):
     """Pulls (lazy or not) and pushes of any keys (none, repeated, ascending: delta-coded, past
-    int32, more than one request holds), f32 or bf16 gradients, counts of any width, on a table of
+    int32, more than one request holds), fp32 or bf16 gradients, counts of any width, on a table of
     float32 rows, one of raw ids and one of half rows (whose replies the short path leaves to the
     general), on one shard or three: the same frames, results and byte counts, and the same
     shards after."""

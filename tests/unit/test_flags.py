@@ -108,7 +108,7 @@ def train_help(capsys) -> str:
 def test_help_lists_the_choices_of_every_closed_setting(capsys):
     text = " ".join(train_help(capsys).split())  # argparse wraps lines: compare words
     for flag, choices in (("--model", "{wdl,deepfm,dcn,dlrm,graphsage}"), ("--mode", "{het,hybrid,ps}"),
-                          ("--policy", "{lru,lfu}"), ("--push-dtype", "{f32,bf16}"),
+                          ("--policy", "{lru,lfu}"), ("--push-dtype", "{fp32,bf16}"),
                           ("--dense-optimizer", "{sgd,adagrad,adam}"), ("--ids", "{encoded,hashed}"),
                           ("--optimizer", "{sgd,adagrad,rowwise_adagrad,adam,ftrl}")):
         assert f"{flag} {choices}" in text, flag

@@ -32,12 +32,12 @@ def test_the_shard_applies_exactly_the_rounded_gradients(op):
 def test_bf16_pushes_send_half_the_gradient_bytes():
     keys, grads, counts = torch.arange(32), torch.ones(32, 8), torch.ones(32, dtype=torch.int64)
     sent = {}
-    for dtype in ("f32", "bf16"):
+    for dtype in ("fp32", "bf16"):
         client = local_client([T], 1)
         before = client.bytes["sent"]
         client.wait(client.push("t", keys, grads, counts, grad_dtype=dtype))
         sent[dtype] = client.bytes["sent"] - before
-    assert sent["f32"] - sent["bf16"] == 32 * 8 * 2 - len(',"grads":"bf16"')  # half the rows' bytes, less the flag
+    assert sent["fp32"] - sent["bf16"] == 32 * 8 * 2 - len(',"grads":"bf16"')  # half the rows' bytes, less the flag
 
 
 def test_a_bad_gradient_format_is_refused_and_the_shard_keeps_serving():
@@ -45,7 +45,7 @@ def test_a_bad_gradient_format_is_refused_and_the_shard_keeps_serving():
     shard = client.channels[0].shard
     bad = shard.handle(Message(Op.PUSH, 1, {"table": "t", "grads": "fp8"},
                                [np.array([1]), np.zeros((1, 8), np.int16), np.array([1])]))
-    assert bad.status == 1 and "one of ('f32', 'bf16'), got 'fp8'" in bad.meta["error"]
+    assert bad.status == 1 and "one of ('fp32', 'bf16'), got 'fp8'" in bad.meta["error"]
     wrong = shard.handle(Message(Op.PUSH, 2, {"table": "t", "grads": "bf16"},
                                  [np.array([1]), np.zeros((1, 8), np.float32), np.array([1])]))
     assert wrong.status == 1 and "int16 bits" in wrong.meta["error"]
@@ -58,7 +58,7 @@ def test_a_bad_gradient_format_is_refused_and_the_shard_keeps_serving():
 
 def test_training_with_bf16_pushes_stays_close_and_counts_every_update():
     results = []
-    for dtype in ("f32", "bf16"):
+    for dtype in ("fp32", "bf16"):
         emb = Embedding(tables=T, cache=CacheConfig(capacity=10, staleness=3, ways=5), push_dtype=dtype, num_shards=2)
         g = torch.Generator().manual_seed(2)
         for _ in range(40):

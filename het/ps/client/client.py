@@ -119,9 +119,9 @@ class PSClient:
         return self._send(Op.PULL, table, keys, lambda p: [rows_at(wire, p)], {"lazy": self.lazy_init})
 
     def push(self, table: str, keys: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor,
-             step: int = 1, grad_dtype: str = "f32", sq: torch.Tensor | None = None) -> Handle:
+             step: int = 1, grad_dtype: str = "fp32", sq: torch.Tensor | None = None) -> Handle:
         """Send gradients and update counts; ``wait`` gives the number of rows applied.
-        ``grad_dtype``: ``"f32"``, or ``"bf16"`` for half the bytes (rounded to nearest).
+        ``grad_dtype``: ``"fp32"``, or ``"bf16"`` for half the bytes (rounded to nearest).
         ``sq``: the sums of the squared gradients of the steps each row's gradient sums, (n, 1)
         or (n, D), which an Adagrad table follows (:class:`het.ps.server.store.optim.Pushed`)."""
         cfg = table_of(self.tables, table)
@@ -129,7 +129,7 @@ class PSClient:
         grads, counts = check_push(cfg, keys, grads, counts, grad_dtype)
         sq = check_sq(cfg, keys, sq, counts)
         if sq is None and self._hot_fits(table, keys):
-            fields = f'"step":{int(step)},' + ("" if grad_dtype == "f32" else f'"grads":"{grad_dtype}",')
+            fields = f'"step":{int(step)},' + ("" if grad_dtype == "fp32" else f'"grads":"{grad_dtype}",')
             return self._hot_send(Op.PUSH, table, keys, fields, lambda p: push_arrays(wire, grads, counts, None, p))
         return self._send(Op.PUSH, table, keys,
                           lambda p: push_arrays(wire, grads, counts, sq, p),
@@ -150,7 +150,7 @@ class PSClient:
         return handle
 
     def push_sync(self, table: str, push_keys, grads, counts, sync_keys, clocks, bound: float,
-                  step: int = 1, grad_dtype: str = "f32", state: str | None = None,
+                  step: int = 1, grad_dtype: str = "fp32", state: str | None = None,
                   sq: torch.Tensor | None = None, as_of: int | None = None) -> Handle:
         """A push and a sync in one message per shard (more past the shards' ``max_keys``, or
         a sync of more than :data:`PART_BYTES` of rows; the pushes first); the push is applied
@@ -375,4 +375,4 @@ def _state_meta(state: str | None) -> dict:
 
 
 def _grads_meta(grad_dtype: str) -> dict:
-    return {"grads": grad_dtype} if grad_dtype != "f32" else {}  # f32 messages are unchanged
+    return {"grads": grad_dtype} if grad_dtype != "fp32" else {}  # fp32, the default, goes unsaid

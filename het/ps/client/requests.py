@@ -86,7 +86,7 @@ def _int64(keys) -> torch.Tensor:
     return keys.long()
 
 
-def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "f32"):
+def check_push(table: TableConfig, keys: torch.Tensor, grads, counts, grad_dtype: str = "fp32"):
     """A push's gradients (float32, or bfloat16 bits as int16) and counts, checked against
     ``keys`` and the table's width; the counts as they travel, in the narrowest integers that
     hold them (:func:`het.ps.protocol.integers.narrow`: one byte while a row sums under 256 steps).

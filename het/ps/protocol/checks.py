@@ -140,7 +140,7 @@ def sq(meta: dict) -> bool:
 
 
 def grads_as(meta: dict) -> str:
-    grads = meta.get("grads", "f32")
+    grads = meta.get("grads", "fp32")
     if grads not in PUSH_DTYPES:
         raise ValueError(f"meta['grads'] must be one of {PUSH_DTYPES}, got {grads!r}")
     return grads

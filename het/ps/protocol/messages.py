@@ -101,9 +101,6 @@ HEADER = struct.Struct("<4sBBBBQI")  # magic, version, op, status, flags, reques
 WIRE_DTYPES = {"i8": np.dtype("<i8"), "i4": np.dtype("<i4"), "i2": np.dtype("<i2"), "f4": np.dtype("<f4"),
                "u1": np.dtype("u1")}  # an array's code in the meta -> its dtype
 DTYPE_CODES = {v: k for k, v in WIRE_DTYPES.items()}  # an array's dtype -> its code in the meta
-# How pushed gradients travel, and their bytes per value: "f32", or "bf16" (the upper 16 bits
-# of each float32, rounded to nearest even; int16 on the wire). The one list of push dtypes.
-GRAD_BYTES = {"f32": 4, "bf16": 2}
 
 
 _JSON = json.JSONEncoder(separators=(",", ":"))  # made once: json.dumps with separators makes one a call

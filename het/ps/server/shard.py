@@ -250,7 +250,7 @@ class Shard:
         self.count_rows(sent, len(at))
         return arrays
 
-    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "f32", logged: bool = True,
+    def push(self, table, keys, grads, counts, step: int = 1, grads_as: str = "fp32", logged: bool = True,
              session: tuple[str, int] | None = None, sq: np.ndarray | None = None) -> int:
         """Apply the optimizer to ``grads`` and add ``counts`` to the clocks; duplicate keys are
         summed. All or nothing: a push refused (a value that would not be finite, a clock past
