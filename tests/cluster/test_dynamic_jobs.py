@@ -17,7 +17,7 @@ SMALL = ["--dim", "8", "--batch", "64", "--synthetic-cap", "2000", "--eval-sampl
 
 def test_het_serve_holds_a_dynamic_table_of_raw_int64_keys():
     proc = subprocess.Popen([sys.executable, "-m", "het", "serve", "--bind", "127.0.0.1:0", "--table", "user:dynamic:8",
-                             "--table-admit-after", "2", "--table-max-rows", "1000"], stdout=subprocess.PIPE, text=True)
+                             "--admit-after", "2", "--max-rows", "1000"], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert "listening on tcp://127.0.0.1:" in line
