@@ -174,8 +174,41 @@ class TableConfig(TableSettings):
         return cls(optimizer=OptimizerConfig(**opt), **d)
 
 
+@dataclass(frozen=True, kw_only=True)
+class CacheSettings:
+    """How a worker's cache chooses and moves its rows, declared once: a job's ``[cache]``
+    (flags ``--cache-*``) sets them for its caches, and every :class:`CacheConfig` holds them
+    (see its arguments). Checked when built.
+
+    Example:
+        >>> CacheSettings(policy="lru").policy, CacheSettings().lookahead
+        ('lru', None)
+        >>> CacheSettings(lookahead=-1)
+        Traceback (most recent call last):
+        ...
+        ValueError: lookahead must be None or an int >= 0 (steps), got -1
+    """
+
+    policy: Policy = setting(Policy.LFU, "the cache's replacement policy")
+    lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within them "
+                                    "(0: off; none: a job's default, 16,384 samples' worth, or off for a cache alone)")
+    local_update: LocalUpdate = setting(LocalUpdate.ROW, "how a worker moves its cached copy of a row: sgd (HET's "
+                                        "rule), row (the step the PS's Adagrad will take, from a float of its state a "
+                                        "row), full (from its whole state); tables of other optimizers use sgd")
+
+    def settings(self) -> dict:
+        """These settings by name, as :class:`CacheSettings` takes them (of a CacheConfig or a job's too)."""
+        return {f: getattr(self, f) for f in CacheSettings.__dataclass_fields__}
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", Policy.parse(self.policy, "policy"))
+        require(self.lookahead is None or (is_int(self.lookahead) and self.lookahead >= 0),
+                 f"lookahead must be None or an int >= 0 (steps), got {self.lookahead!r}")
+        object.__setattr__(self, "local_update", LocalUpdate.parse(self.local_update, "local_update"))
+
+
 @dataclass(frozen=True)
-class CacheConfig:
+class CacheConfig(CacheSettings):
     """A worker's cache of hot rows for one table.
 
     Args:
@@ -196,7 +229,7 @@ class CacheConfig:
             whole per-coordinate accumulator (one float per coordinate on the wire). Tables
             of other optimizers (SGD, Adam) use ``"sgd"``.
         lookahead: how many coming steps' keys, announced by the data loader
-            (``Embedding.announce``), the cache consults when it evicts; 0: the policy alone.
+            (``Embedding.announce``), the cache consults when it evicts; 0 (or None): the policy alone.
 
     Example:
         >>> CacheConfig(capacity=1024, staleness=100.0).staleness, CacheConfig(staleness=float("inf")).staleness
@@ -208,23 +241,18 @@ class CacheConfig:
     """
 
     capacity: int = 0
-    policy: Policy = Policy.LFU
     staleness: float = 0
     ways: int = 32
     local_lr: float | None = None
-    lookahead: int = 0
-    local_update: LocalUpdate = LocalUpdate.ROW
 
     def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "lookahead", self.lookahead or 0)
         require(isinstance(self.capacity, int) and self.capacity >= 0,
                  f"cache capacity must be an int >= 0, got {self.capacity!r}")
-        object.__setattr__(self, "policy", Policy.parse(self.policy, "policy"))
         object.__setattr__(self, "staleness", check_staleness(self.staleness))
         require(isinstance(self.ways, int) and 1 <= self.ways <= 256,
                  f"ways must be an int in [1, 256], got {self.ways!r}")
-        require(isinstance(self.lookahead, int) and self.lookahead >= 0,
-                 f"lookahead must be an int >= 0 (steps), got {self.lookahead!r}")
-        object.__setattr__(self, "local_update", LocalUpdate.parse(self.local_update, "local_update"))
 
 
 @dataclass(frozen=True, kw_only=True)

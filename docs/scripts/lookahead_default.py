@@ -4,7 +4,7 @@ samples/s and sparse bytes per sample of each, and their ratios.
     .venv/bin/python docs/scripts/lookahead_default.py --depths 0,8,32 --pairs 3 --steps 600
     .venv/bin/python docs/scripts/lookahead_default.py --depths 32,128 --batch 128   # e2e's batch
 
-Each run is `het train --steps N --lookahead D [--batch B] --quiet --json` (the default job otherwise: Wide&Deep,
+Each run is `het train --steps N --cache-lookahead D [--batch B] --quiet --json` (the default job otherwise: Wide&Deep,
 synthetic Criteo, 2 workers, s = 100, a 10% LFU cache, over loopback). Runs of one round go in turn
 (depth 0, then each depth), so a slow spell of the shared machine hits every depth alike; the
 last line is JSON.
@@ -22,7 +22,7 @@ import tempfile
 
 def run(depth: int, steps: int, log_dir: str, batch: int | None = None) -> dict:
     extra = [] if batch is None else ["--batch", str(batch)]
-    out = subprocess.run([sys.executable, "-m", "het", "train", "--steps", str(steps), "--lookahead", str(depth),
+    out = subprocess.run([sys.executable, "-m", "het", "train", "--steps", str(steps), "--cache-lookahead", str(depth),
                           *extra, "--quiet", "--json", "--log-dir", log_dir], check=True, capture_output=True, text=True)
     summary = json.loads(out.stdout.strip().splitlines()[-1])
     return {"samples_per_s": summary["samples_per_s"], "sparse_bytes_per_sample": summary["sparse_bytes_per_sample"],

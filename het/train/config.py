@@ -25,14 +25,14 @@ import math
 import sys
 from dataclasses import dataclass
 
-from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, LocalUpdate, Mode, Model, Optimizer,
-                         Policy, PushDtype, RowDtype)
-from het.config import ShardSettings, TableSettings, parse_bytes, plain, setting
+from het.choices import (DENSE_OPTIMIZERS, GRAPH_MODELS, DenseCompression, Ids, Mode, Model, Optimizer, PushDtype,
+                         RowDtype)
+from het.config import CacheSettings, ShardSettings, TableSettings, parse_bytes, plain, setting
 from het.staleness import format_staleness
 from het.train.defaults import MODEL_DEFAULTS, TABLE_DEFAULTS, Samples
 from het.train.fields import build, check_fields, merge, require, set_dotted
-from het.train.sections import (ExportConfig, GraphConfig, PublishConfig, ScheduleConfig, StreamConfig,
-                                SyntheticConfig, ValidationConfig)
+from het.train.sections import (CACHE_SLOT_BYTES, ExportConfig, GraphConfig, JobCache, PublishConfig, ScheduleConfig,
+                                StreamConfig, SyntheticConfig, ValidationConfig)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,9 +40,6 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 MODES, MODELS = Mode.values(), Model.values()
-# a worker cache slot's bytes besides its floats (het.cache.cache.EmbeddingCache): the key,
-# six 64-bit clocks and counters, two flags; rounded up
-CACHE_SLOT_BYTES = 64
 STREAM, STREAM_STEPS = "stream", 1 << 40  # a stream job's data, and its steps: until its stream ends
 CTR_DATA = ("synthetic-criteo", "synthetic-criteo-1tb", "criteo:DIR", "table:DIR")
 GRAPH_DATA = ("cora", "planetoid:DIR", "npz:PATH", "synthetic-graph", "synthetic-graph:NODES")
@@ -54,7 +51,9 @@ AUTO, AUTO_MOST = "auto", 64  # dim = "auto": a width a field from its distinct 
 # Settings spelled otherwise before, by their old key: TOML keys and flags (``--ps-memory``) of
 # these still work, each saying once, on stderr, how it is spelled.
 RENAMED = {"ps_memory": "shard.memory", "ps_wal_max": "shard.wal_max", "ps_memory_policy": "shard.memory_policy",
-           "ps_page_in": "shard.page_in", **{name: f"table.{name}" for name in TableSettings.__dataclass_fields__}}
+           "ps_page_in": "shard.page_in", **{name: f"table.{name}" for name in TableSettings.__dataclass_fields__},
+           "cache_frac": "cache.frac", "cache_rows": "cache.rows", "cache_memory": "cache.memory",
+           **{name: f"cache.{name}" for name in CacheSettings.__dataclass_fields__}}
 
 
 def renamed(d: dict) -> dict:
@@ -100,7 +99,7 @@ class TrainConfig:
         'cora'
         >>> TrainConfig(data="table:clicks").dim, TrainConfig(data="table:clicks", dim=64).dim, TrainConfig().dim
         (16, 64, 128)
-        >>> TrainConfig(mode="hybrid").cache_rows_for(1000), TrainConfig(cache_frac=0.2).cache_rows_for(1000)
+        >>> TrainConfig(mode="hybrid").cache_rows_for(1000), TrainConfig(cache={"frac": 0.2}).cache_rows_for(1000)
         (0, 200)
         >>> TrainConfig(dim=64).cache_rows_for(10**9)  # a tenth of 10^9 ids: more than 2 GiB of cache
         1973790
@@ -132,17 +131,6 @@ class TrainConfig:
     row_l1: float = setting(0.0, "optimizer ftrl: L1 on the embedding rows, per coordinate (exact zeros)")
     row_l2: float = setting(0.0, "L2 on the embedding rows, exactly lazy: FTRL's own, else a decay of every row "
                                  "by 1 - lr * row_l2 a step")
-    cache_frac: float = setting(0.1, "cache rows as a fraction of the table")
-    cache_rows: int | None = setting(None, "cache rows (instead of cache_frac)")
-    cache_memory: str = setting("2GiB", "the most a worker's cache of cache_frac rows may take (at "
-                                f"{CACHE_SLOT_BYTES} B + 16 B a float of dim a row, an upper bound); an "
-                                "explicit cache_rows is not capped", kind="size")
-    policy: Policy = setting(Policy.LFU, "the cache's replacement policy")
-    lookahead: int | None = setting(None, "announce the next N steps' keys to the cache: Belady's rule within "
-                                    "them (0: off)")  # by default: 16,384 samples' worth (Samples)
-    local_update: LocalUpdate = setting(LocalUpdate.ROW, "how a worker moves its cached copy of a row: sgd (HET's rule), row (the "
-                                "step the PS's Adagrad will take, from a float of its state a row), full (from "
-                                "its whole state); tables of other optimizers use sgd")
     workers: int = setting(2, "local cluster: worker processes")
     servers: int = setting(1, "local cluster: PS shard processes")
     eval_samples: int | None = setting(None, "held-out samples evaluated at the end (0: no evaluation)")
@@ -194,6 +182,7 @@ class TrainConfig:
     schedule: ScheduleConfig = setting(help="the learning rates' warmup and decay", factory=ScheduleConfig)
     export: ExportConfig = setting(help="exports of the model while it trains", factory=ExportConfig)
     publish: PublishConfig = setting(help="updates for servers following the job", factory=PublishConfig)
+    cache: JobCache = setting(help="the workers' caches of hot rows", factory=JobCache)
     shard: ShardSettings = setting(help="the settings of the job's shards (het serve's flags)", factory=ShardSettings)
     table: TableSettings = setting(help="how the shards keep the job's tables' rows (het serve --table's settings)",
                                    factory=TableSettings)
@@ -202,6 +191,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         require(self.model in MODELS, f"model: expected one of {MODELS}, got {self.model!r}")
         object.__setattr__(self, "model", Model(self.model))
+        if isinstance(self.cache, dict):  # its lookahead's default is filled below
+            object.__setattr__(self, "cache", build(JobCache, self.cache, "cache."))
         if not self.is_graph and isinstance(self.data, str) and self.data.startswith(PREPARED):
             for name, value in TABLE_DEFAULTS.items():
                 if getattr(self, name) is None:
@@ -211,23 +202,29 @@ class TrainConfig:
             require(self.data in (None, STREAM), f"stream: the stream is the job's data; got data {self.data!r} beside it")
             object.__setattr__(self, "data", STREAM)
             # no batch made ahead of its step: one past the stream's head would wait for data not there yet
-            for name, value in (("steps", STREAM_STEPS), ("eval_samples", 0), ("lookahead", 0)):
-                object.__setattr__(self, name, value if getattr(self, name) is None else getattr(self, name))
+            for name, value in (("steps", STREAM_STEPS), ("eval_samples", 0), ("cache.lookahead", 0)):
+                self._default(name, value)
             object.__setattr__(self, "prefetch", False)
         for name, value in MODEL_DEFAULTS[self.model].items():
-            if getattr(self, name) is None and not isinstance(value, Samples):
-                object.__setattr__(self, name, value)
+            if not isinstance(value, Samples):
+                self._default(name, value)
         check_fields(self)
         for name, value in MODEL_DEFAULTS[self.model].items():  # in samples: steps at the batch, once checked
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, value.steps(self.batch) if self.batch > 0 else 0)
-        try:
-            value = parse_bytes(self.cache_memory) if self.cache_memory is not None else None
-        except ValueError as e:
-            raise ValueError(f"cache_memory: {e}") from None
-        require(value is None or value > 0, f"cache_memory must be > 0, got {self.cache_memory!r}")
+            if isinstance(value, Samples):
+                self._default(name, value.steps(self.batch) if self.batch > 0 else 0)
         for ok, message in self._checks():
             require(ok, message)
+
+    def _default(self, name: str, value) -> None:
+        """The setting ``name`` (``section.key`` for one of a nested table) set to ``value``
+        where it is None."""
+        head, _, leaf = name.partition(".")
+        section = getattr(self, head)
+        if not leaf:
+            if section is None:
+                object.__setattr__(self, head, value)
+        elif dataclasses.is_dataclass(section) and getattr(section, leaf) is None:
+            object.__setattr__(self, head, dataclasses.replace(section, **{leaf: value}))
 
     def _checks(self) -> list[tuple[bool, str]]:
         """Each rule across the fields, with the line that names it when broken."""
@@ -250,9 +247,6 @@ class TrainConfig:
             (not (self.publish.dir and self.row_l2 and self.optimizer != Optimizer.FTRL),
              f"publish follows the rows a step changed; with row_l2 every row changes every step (it decays): "
              f"publish with optimizer ftrl, or export (het export) the rows a checkpoint holds"),
-            (0 <= self.cache_frac <= 1, f"cache_frac must lie in [0, 1], got {self.cache_frac}"),
-            (self.cache_rows is None or self.cache_rows >= 0, f"cache_rows must be >= 0, got {self.cache_rows}"),
-            (self.lookahead >= 0, f"lookahead must be >= 0 (steps), got {self.lookahead}"),
             (self.eval_curve >= 0, f"eval_curve must be >= 0 (steps), got {self.eval_curve}"),
             (self.epochs is None or self.epochs > 0, f"epochs must be > 0, got {self.epochs}"),
             (self.workers >= 1 and self.servers >= 1,
@@ -269,7 +263,7 @@ class TrainConfig:
             (not (self.publish.consistency == "bounded" and self.staleness == math.inf),
              "publish.consistency bounded needs a finite staleness: with inf a cached row's updates may never reach "
              "the shards, and a version could lack them for ever; use flush"),
-            (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve or self.lookahead
+            (not self.stream.pattern or not (self.is_graph or self.eval_samples or self.eval_curve or self.cache.lookahead
                                              or self.epochs or self.validation.every or self.export.dir
                                              or self.schedule.decay != "none"),
              "stream: a CTR job whose data is the stream, scored batch by batch as it comes (no data, eval_samples, "
@@ -315,13 +309,13 @@ class TrainConfig:
     def cache_rows_for(self, table_rows: int, share: float = 1.0) -> int:
         """Rows of the worker cache for ``table_rows`` ids (the rows of a fixed table, the ids in
         the data for a dynamic one; 0 without a cache); a table of several takes ``share`` of
-        ``cache_rows`` and ``cache_memory``."""
+        ``cache.rows`` and ``cache.memory``."""
         if not self.cached:
             return 0
-        if self.cache_rows is not None:
-            return min(int(self.cache_rows * share), table_rows)
-        return min(int(self.cache_frac * table_rows),
-                   int(parse_bytes(self.cache_memory) * share) // self.cache_slot_bytes)
+        if self.cache.rows is not None:
+            return min(int(self.cache.rows * share), table_rows)
+        return min(int(self.cache.frac * table_rows),
+                   int(parse_bytes(self.cache.memory) * share) // self.cache_slot_bytes)
 
     @property
     def cache_slot_bytes(self) -> int:

@@ -26,13 +26,13 @@ class Samples:
         return f"{self.samples:,} samples' worth of steps, {self.steps(512)} at batch 512"
 
 
-# A job's defaults by model, for the fields whose default is None.
+# A job's defaults by model, for the fields whose default is None (``section.key``: a nested table's).
 # The lookahead window spans 16,384 samples, whatever the batch: 32 steps at batch 512 (12.8%
 # fewer sparse bytes at the same samples/s on loopback), 128 at batch 128, the same stretch of
 # the data to choose victims by (docs/RESULTS.md, "Lookahead")
 _CTR_DEFAULTS = {"data": "synthetic-criteo", "staleness": 100, "steps": 1000, "batch": 512, "dim": 128,
                  "optimizer": "adagrad", "lr": 0.05, "dense_lr": 0.001, "weight_decay": 0.0, "eval_samples": 65_536,
-                 "lookahead": Samples(16_384)}
+                 "cache.lookahead": Samples(16_384)}
 MODEL_DEFAULTS = {
     "wdl": _CTR_DEFAULTS, "dcn": _CTR_DEFAULTS, "dlrm": _CTR_DEFAULTS,
     # DeepFM's FM term sums 325 pairwise dot products of the fields' rows: at the CTR sparse lr of
@@ -42,7 +42,7 @@ MODEL_DEFAULTS = {
     # GraphSAGE on Cora-sized graphs: a step's global batch covers Cora's 140 training nodes;
     # eval_samples only switches the final evaluation on (every node is scored).
     "graphsage": {"data": "cora", "staleness": 10, "steps": 200, "batch": 140, "dim": 16, "optimizer": "adam",
-                  "lr": 0.001, "dense_lr": 0.01, "weight_decay": 5e-4, "eval_samples": 1, "lookahead": 0},
+                  "lr": 0.001, "dense_lr": 0.01, "weight_decay": 5e-4, "eval_samples": 1, "cache.lookahead": 0},
 }
 
 # CTR models on a prepared table (table:DIR, criteo:DIR) take these before their model's: the

@@ -61,7 +61,8 @@ def add_config_flags(parser: argparse.ArgumentParser, exclude: tuple[str, ...] =
             continue
         help = _help(key, f) if key not in defaults else f"{f.metadata.get('help', '')} (default: {defaults[key]})"
         add_flag(group, flag_name(key), key, f, hint, help, none_ok=_accepts_none(hint, f),
-                 renamed=tuple(flag_name(old) for old, new in RENAMED.items() if new == key))
+                 renamed=tuple(flag_name(old) for old, new in RENAMED.items()
+                               if new == key and flag_name(old) != flag_name(key)))  # --cache-frac: both
 
 
 def add_flag(parser, name: str, dest: str, f: dataclasses.Field, hint, help: str, none_ok: bool = False,

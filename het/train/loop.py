@@ -59,9 +59,9 @@ class Worker:
             self.task.data.stop = lambda: self.stop
         ids = self.task.table_ids()  # one table, or one a width
         share = {name: n / max(1, sum(ids.values())) for name, n in ids.items()}
-        caches = {name: CacheConfig(capacity=(c := cfg.cache_rows_for(n, share[name])), policy=cfg.policy,
-                                    staleness=cfg.staleness, lookahead=cfg.lookahead if c else 0,
-                                    local_update=cfg.local_update) for name, n in ids.items()}
+        caches = {name: CacheConfig(capacity=(c := cfg.cache_rows_for(n, share[name])), staleness=cfg.staleness,
+                                    **(cfg.cache.settings() | ({} if c else {"lookahead": 0})))
+                  for name, n in ids.items()}
         self.cache_rows = sum(c.capacity for c in caches.values())
         self.embedding = Embedding(tables=[client.tables[n] for n in ids], client=client, cache=caches,
                                    device=self.device,

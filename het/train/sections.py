@@ -1,4 +1,4 @@
-"""The job config's nested tables (``[synthetic]``, ``[graph]``, ``[validation]``, ``[schedule]``,
+"""The job config's nested tables (``[cache]``, ``[synthetic]``, ``[graph]``, ``[validation]``, ``[schedule]``,
 ``[export]``, ``[publish]``, ``[stream]``): one frozen dataclass each, their flags ``--TABLE-KEY`` or an alias."""
 
 from __future__ import annotations
@@ -6,9 +6,37 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from het.choices import EXPORT_DTYPES, RowDtype
-from het.config import setting
+from het.config import CacheSettings, parse_bytes, setting
 from het.schedule import DECAYS, Schedule
 from het.train.fields import check_fields, require
+
+
+# a worker cache slot's bytes besides its floats (het.cache.cache.EmbeddingCache): the key,
+# six 64-bit clocks and counters, two flags; rounded up
+CACHE_SLOT_BYTES = 64
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobCache(CacheSettings):
+    """A job's worker caches (``[cache]``, ``--cache-KEY``): how big, and the settings every
+    cache holds (:class:`het.config.CacheSettings`)."""
+
+    frac: float = setting(0.1, "cache rows as a fraction of the table")
+    rows: int | None = setting(None, "cache rows (instead of frac)")
+    memory: str = setting("2GiB", "the most a worker's cache of frac rows may take (at "
+                          f"{CACHE_SLOT_BYTES} B + 16 B a float of dim a row, an upper bound); an explicit "
+                          "rows is not capped", kind="size")
+
+    def __post_init__(self) -> None:
+        check_fields(self, "cache.")
+        super().__post_init__()
+        require(0 <= self.frac <= 1, f"cache.frac must lie in [0, 1], got {self.frac}")
+        require(self.rows is None or self.rows >= 0, f"cache.rows must be >= 0, got {self.rows}")
+        try:
+            value = parse_bytes(self.memory) if self.memory is not None else None
+        except ValueError as e:
+            raise ValueError(f"cache.memory: {e}") from None
+        require(value is None or value > 0, f"cache.memory must be > 0, got {self.memory!r}")
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,8 @@ def summarise(cfg: TrainConfig, world: int, servers: int, steps: int, wall_s: fl
         "time_split": {"compute": max(0.0, 1 - (wait + allreduce) / busy) if busy else 0.0,
                        "wait_ps": wait / busy if busy else 0.0, "allreduce": allreduce / busy if busy else 0.0},
         "batch": cfg.batch, "dim": cfg.dim, "cache_rows": cfg.cache_rows_for(table_rows),
-        "policy": cfg.policy, "optimizer": cfg.optimizer, "local_update": cfg.local_update,
-        "lookahead": cfg.lookahead, "lazy_init": cfg.lazy_init,
+        "policy": cfg.cache.policy, "optimizer": cfg.optimizer, "local_update": cfg.cache.local_update,
+        "lookahead": cfg.cache.lookahead, "lazy_init": cfg.lazy_init,
         "push_dtype": cfg.push_dtype, "row_dtype": cfg.table.row_dtype,
     }
 

@@ -91,7 +91,7 @@ def test_a_worker_trains_1tb_bags_through_het_embeddings_sum_mode(monkeypatch):
         return task
 
     monkeypatch.setattr(loop, "make_task", make_task)
-    cfg = TrainConfig(data=ONE_TB, model="dcn", batch=32, dim=8, steps=4, workers=1, lookahead=2, cache_rows=300)
+    cfg = TrainConfig(data=ONE_TB, model="dcn", batch=32, dim=8, steps=4, workers=1, cache={"lookahead": 2, "rows": 300})
     client = local_client([TableConfig("embedding", rows=1000, dim=8)])
     worker = loop.Worker(cfg, client)
     assert worker.embedding.mode == "sum" and worker.prefetch and worker.lookahead == 2

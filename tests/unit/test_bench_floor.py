@@ -16,7 +16,7 @@ SMALL = {"dim": 8, "batch": 64, "synthetic.cap": 2000}
 @pytest.mark.parametrize("optimizer", ["sgd", "adagrad"])
 def test_the_floor_trains_as_het_does_at_staleness_zero(optimizer):
     cfg = TrainConfig.load(None, {**SMALL, "staleness": 0, "optimizer": optimizer, "lr": 0.1,
-                                  "dense_optimizer": optimizer, "dense_lr": 0.05, "lookahead": 0}, {})
+                                  "dense_optimizer": optimizer, "dense_lr": 0.05, "cache.lookahead": 0}, {})
     _, floor, step = floor_model(cfg)
     losses = [step(i) for i in range(10)]
     client = local_client(job_tables(cfg))

@@ -91,7 +91,7 @@ def test_the_profiled_window_holds_no_step_of_the_tail():
     from het.bench.profile import run
     from het.train.config import SyntheticConfig, TrainConfig
 
-    cfg = TrainConfig(dim=8, batch=64, synthetic=SyntheticConfig(cap=2000), lookahead=3, eval_samples=0, workers=1)
+    cfg = TrainConfig(dim=8, batch=64, synthetic=SyntheticConfig(cap=2000), cache={"lookahead": 3}, eval_samples=0, workers=1)
     result = run(cfg, steps=5, warmup=2, top=10_000)
     profiled = {r["function"] for r in result["by_cumtime"]}
     assert any(f.endswith("(push_sync)") for f in profiled)  # the steps' syncs are in it

@@ -34,8 +34,8 @@ def test_a_member_is_its_string_wherever_a_string_goes(enum):
 
 
 def test_configs_take_strings_and_hold_members():
-    cfg = TrainConfig(mode="ps", policy="lru", optimizer="rowwise_adagrad", push_dtype="bf16", ids="hashed")
-    assert cfg.policy is Policy.LRU and cfg.optimizer is Optimizer.ROWWISE_ADAGRAD and cfg.push_dtype is PushDtype.BF16
+    cfg = TrainConfig(mode="ps", cache={"policy": "lru"}, optimizer="rowwise_adagrad", push_dtype="bf16", ids="hashed")
+    assert cfg.cache.policy is Policy.LRU and cfg.optimizer is Optimizer.ROWWISE_ADAGRAD and cfg.push_dtype is PushDtype.BF16
     assert CacheConfig(policy="lru", local_update="full").local_update == "full"
     assert ShardConfig((TableConfig("t", 4, 2),), memory_policy="lfu").memory_policy is Policy.LFU
     with pytest.raises(ValueError, match=r"policy must be one of \('lru', 'lfu'\), got 'LRU'"):
@@ -44,10 +44,10 @@ def test_configs_take_strings_and_hold_members():
 
 def test_to_dict_writes_the_same_plain_strings(tmp_path):
     job = tmp_path / "job.toml"
-    job.write_text('mode = "hybrid"\npolicy = "lru"\noptimizer = "adam"\npush_dtype = "bf16"\n')
+    job.write_text('mode = "hybrid"\noptimizer = "adam"\npush_dtype = "bf16"\n[cache]\npolicy = "lru"\n')
     cfg = TrainConfig.load(str(job))
     d = cfg.to_dict()
-    assert only_plain(d) and (d["mode"], d["policy"], d["optimizer"], d["push_dtype"]) == ("hybrid", "lru", "adam",
+    assert only_plain(d) and (d["mode"], d["cache"]["policy"], d["optimizer"], d["push_dtype"]) == ("hybrid", "lru", "adam",
                                                                                           "bf16")
     assert type(d["mode"]) is str and TrainConfig.from_dict(json.loads(json.dumps(d))) == cfg
     table = TableConfig("t", rows=None, dim=4, optimizer=OptimizerConfig("adagrad"))
@@ -62,8 +62,8 @@ def test_a_save_holds_plain_strings_and_loads_without_trusting_pickles(tmp_path)
     [path] = client.save(str(tmp_path / "ps"))
     saved = torch.load(path, weights_only=True)
     assert only_plain(saved) and client.load(str(tmp_path / "ps"))
-    torch.save({"config": TrainConfig(policy="lru").to_dict()}, tmp_path / "worker.pt")
-    assert torch.load(tmp_path / "worker.pt", weights_only=True)["config"]["policy"] == "lru"
+    torch.save({"config": TrainConfig(cache={"policy": "lru"}).to_dict()}, tmp_path / "worker.pt")
+    assert torch.load(tmp_path / "worker.pt", weights_only=True)["config"]["cache"]["policy"] == "lru"
 
 
 def test_every_table_keyed_by_a_choice_covers_it_exactly():

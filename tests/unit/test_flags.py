@@ -8,7 +8,7 @@ import pytest
 
 from het import cli
 from het.choices import Model
-from het.config import ShardConfig, ShardSettings, TableSettings, parse_bytes
+from het.config import CacheSettings, ShardConfig, ShardSettings, TableSettings, parse_bytes
 from het.train import config, local
 from het.train.config import TrainConfig
 from het.train.flags import choices_of, config_fields, config_from_args, flag_name
@@ -108,7 +108,7 @@ def train_help(capsys) -> str:
 def test_help_lists_the_choices_of_every_closed_setting(capsys):
     text = " ".join(train_help(capsys).split())  # argparse wraps lines: compare words
     for flag, choices in (("--model", "{wdl,deepfm,dcn,dlrm,graphsage}"), ("--mode", "{het,hybrid,ps}"),
-                          ("--policy", "{lru,lfu}"), ("--push-dtype", "{fp32,bf16}"),
+                          ("--cache-policy", "{lru,lfu}"), ("--push-dtype", "{fp32,bf16}"),
                           ("--dense-optimizer", "{sgd,adagrad,adam}"), ("--ids", "{encoded,hashed}"),
                           ("--optimizer", "{sgd,adagrad,rowwise_adagrad,adam,ftrl}")):
         assert f"{flag} {choices}" in text, flag
@@ -177,3 +177,34 @@ def test_a_table_setting_is_a_table_flag_and_its_old_spelling_still_works_saying
         "het: admit_after is spelled table.admit_after (flag --table-admit-after); the old spelling will be removed",
         "het: row_dtype is spelled table.row_dtype (flag --table-row-dtype); the old spelling will be removed"]
     assert TrainConfig.from_dict({"row_dtype": "fp16"}).table.row_dtype == "fp16"  # a TOML key of the old spelling
+
+
+def test_every_cache_setting_reaches_a_workers_caches():
+    """A field of CacheSettings is a job's [cache] key and reaches each of a worker's caches with
+    no other declaration: each set to a value other than its default is read back there."""
+    from het.ps.local import local_client
+    from het.train.loop import Worker
+
+    hints = typing.get_type_hints(CacheSettings)
+    values = {f.name: a_value("cache." + f.name, f, hints[f.name])[0] for f in dataclasses.fields(CacheSettings)}
+    cfg = TrainConfig(batch=64, dim=4, synthetic={"cap": 500}, eval_samples=0, workers=1, cache=values)
+    worker = Worker(cfg, local_client(job_tables(cfg)))
+    assert worker.embedding.caches
+    for cache in worker.embedding.caches.values():
+        for f in dataclasses.fields(CacheSettings):
+            assert getattr(cache.cfg, f.name) == values[f.name] != f.default, f.name
+
+
+def test_a_cache_setting_is_a_cache_flag_and_its_old_spelling_still_works_saying_so_once(capsys, monkeypatch):
+    monkeypatch.setattr(config, "_SAID", set())
+    new = config_from_args(cli.parser().parse_args(["train", "--cache-policy", "lru", "--cache-lookahead", "4",
+                                                    "--cache-frac", "0.2"]))
+    assert (new.cache.policy, new.cache.lookahead, new.cache.frac) == ("lru", 4, 0.2)
+    assert capsys.readouterr().err == ""
+    old = config_from_args(cli.parser().parse_args(["train", "--policy", "lru", "--lookahead", "4", "--cache-frac",
+                                                    "0.2"]))
+    assert old.cache == new.cache
+    assert sorted(capsys.readouterr().err.splitlines()) == [
+        "het: lookahead is spelled cache.lookahead (flag --cache-lookahead); the old spelling will be removed",
+        "het: policy is spelled cache.policy (flag --cache-policy); the old spelling will be removed"]
+    assert TrainConfig.from_dict({"cache_frac": 0.3}).cache.frac == 0.3  # a TOML key of the old spelling

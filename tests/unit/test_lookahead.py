@@ -140,7 +140,7 @@ def test_the_worker_announces_the_batches_it_trains_on():
     from het.train.tasks import job_tables
 
     def batches(lookahead):
-        cfg = TrainConfig(steps=6, batch=32, dim=4, lookahead=lookahead, eval_samples=0,
+        cfg = TrainConfig(steps=6, batch=32, dim=4, cache={"lookahead": lookahead}, eval_samples=0,
                           synthetic={"cap": 1000})
         worker = Worker(cfg, local_client(job_tables(cfg), 1))
         made = [worker.upcoming.batch(s).sparse for s in range(6)]

@@ -68,7 +68,7 @@ def train(push_idle: bool, monkeypatch) -> tuple[dict, torch.Tensor, torch.Tenso
     with monkeypatch.context() as m:
         if not push_idle:
             m.setattr(Embedding, "push_idle", lambda self, share: None)
-        cfg = TrainConfig(steps=60, batch=128, dim=DIM, workers=1, lookahead=8)
+        cfg = TrainConfig(steps=60, batch=128, dim=DIM, workers=1, cache={"lookahead": 8})
         client = local_client(job_tables(cfg), lazy_init=cfg.lazy_init)
         worker = Worker(cfg, client)
         worker.train(cfg.steps, progress=False)

@@ -33,13 +33,14 @@ def test_a_jobs_defaults_follow_its_model_and_flags_still_win(tmp_path):
 
 
 def test_the_lookahead_window_spans_16384_samples_whatever_the_batch(tmp_path):
-    assert [TrainConfig(batch=b).lookahead for b in (512, 128, 100, 4096, 1)] == [32, 128, 164, 4, 1024]
-    assert TrainConfig(batch=128, lookahead=5).lookahead == 5 and TrainConfig(lookahead=0).lookahead == 0
-    assert TrainConfig(model="graphsage", batch=16).lookahead == 0  # GraphSAGE keeps it off
+    assert [TrainConfig(batch=b).cache.lookahead for b in (512, 128, 100, 4096, 1)] == [32, 128, 164, 4, 1024]
+    assert TrainConfig(batch=128, cache={"lookahead": 5}).cache.lookahead == 5
+    assert TrainConfig(cache={"lookahead": 0}).cache.lookahead == 0
+    assert TrainConfig(model="graphsage", batch=16).cache.lookahead == 0  # GraphSAGE keeps it off
     job = tmp_path / "job.toml"
     job.write_text("batch = 256\n")
-    assert TrainConfig.load(str(job), {}).lookahead == 64
-    assert TrainConfig.load(str(job), {"lookahead": 8}).lookahead == 8
+    assert TrainConfig.load(str(job), {}).cache.lookahead == 64
+    assert TrainConfig.load(str(job), {"cache.lookahead": 8}).cache.lookahead == 8
     with pytest.raises(ValueError, match="steps >= 0, batch > 0 and dim > 0 expected"):
         TrainConfig(batch=0)  # refused by the batch's own check, not by the window's arithmetic
 
@@ -78,8 +79,8 @@ def test_a_wrong_typed_toml_value_prints_no_traceback(tmp_path):
 def test_strict_types_when_built_in_python():
     with pytest.raises(ValueError, match="steps: expected an integer, got '3'"):
         TrainConfig(steps="3")
-    with pytest.raises(ValueError, match="lookahead: expected an integer, got True"):
-        TrainConfig(lookahead=True)
+    with pytest.raises(ValueError, match="cache.lookahead: expected an integer, got True"):
+        TrainConfig(cache={"lookahead": True})
     assert TrainConfig(lr=1).lr == 1.0 and isinstance(TrainConfig(lr=1).lr, float)  # an int is a number
     assert TrainConfig(staleness="inf").staleness == math.inf and TrainConfig(staleness=5.0).staleness == 5
     assert TrainConfig.from_dict(TrainConfig(model="graphsage").to_dict()) == TrainConfig(model="graphsage")
@@ -117,18 +118,18 @@ def test_watching_and_log_settings_out_of_range_are_refused_naming_them(settings
 
 @pytest.mark.parametrize("optimizer,local_update", [("sgd", "sgd"), ("adagrad", "full"), ("adam", "row")])
 def test_a_cache_slot_takes_at_most_what_cache_memory_counts(optimizer, local_update):
-    """cache_memory caps a cache of cache_frac rows by cache_slot_bytes a slot: a real cache's
-    tensors, each optimizer's local update, stay within it; cache_rows is the user's to choose."""
+    """cache.memory caps a cache of cache.frac rows by cache_slot_bytes a slot: a real cache's
+    tensors, each optimizer's local update, stay within it; cache.rows is the user's to choose."""
     import torch
 
     from het.cache.cache import EmbeddingCache
     from het.config import CacheConfig, OptimizerConfig, TableConfig
 
-    cfg = TrainConfig(dim=24, optimizer=optimizer, local_update=local_update, cache_memory="1MiB")
+    cfg = TrainConfig(dim=24, optimizer=optimizer, cache={"local_update": local_update, "memory": "1MiB"})
     rows = cfg.cache_rows_for(10**9)
     assert rows == (1 << 20) // cfg.cache_slot_bytes
     cache = EmbeddingCache(TableConfig("t", rows=10**9, dim=24, optimizer=OptimizerConfig(optimizer, lr=0.1)),
                            CacheConfig(capacity=rows, staleness=10, lookahead=4, local_update=local_update))
     held = sum(v.nbytes for v in vars(cache).values() if isinstance(v, torch.Tensor))
     assert rows * 8 * 24 < held <= 1 << 20  # at least its rows and pending gradients
-    assert TrainConfig(cache_rows=10**8, cache_memory="1MiB").cache_rows_for(10**9) == 10**8
+    assert TrainConfig(cache={"rows": 10**8, "memory": "1MiB"}).cache_rows_for(10**9) == 10**8

@@ -14,7 +14,7 @@ from het.train.tasks import job_tables
 
 def recorded_job(monkeypatch, steps: int, lookahead: int, prefetch: bool = True, staleness: int = 100) -> list:
     """The events of a short job: ("make", step), ("announce", step), ("prefetch", step), in order."""
-    cfg = TrainConfig(steps=steps, batch=16, dim=4, lookahead=lookahead, prefetch=prefetch, staleness=staleness,
+    cfg = TrainConfig(steps=steps, batch=16, dim=4, cache={"lookahead": lookahead}, prefetch=prefetch, staleness=staleness,
                       eval_samples=0, workers=1, synthetic={"cap": 500})
     worker = Worker(cfg, local_client(job_tables(cfg), 1))
     events, step_of = [], {}
