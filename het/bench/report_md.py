@@ -169,12 +169,13 @@ def render_staleness(record: dict, img: str | None = None) -> str:
              _num(r.get("samples")), _num(PAPER_AUC_WDL.get(_staleness(r["staleness"])), ".4f")]
             for r in result.get("results", [])]
     cfg = result.get("config", {})
+    cache = {**cfg, **cfg.get("cache", {})}  # a job's [cache] (earlier results: flat keys)
     lines = _table(["s", "AUC", "logloss", "planted AUC", "hit rate", "stale refreshes", "sparse B/sample",
                     "drift", "samples", "paper WDL AUC"], rows)
     lines += ["", (f"Measured: {cfg.get('model', '?')} on synthetic Criteo, {cfg.get('workers', '?')} workers, "
               f"batch {cfg.get('batch', '?')}, dim {cfg.get('dim', '?')}, sparse optimizer "
               f"{cfg.get('optimizer', '?')} (lr {cfg.get('lr', '?')}) on the PS, cache local update "
-              f"{cfg.get('local_update', 'sgd')}, lookahead {cfg.get('lookahead', 0)} (the planted AUC is the best any model can reach; drift: how far "
+              f"{cache.get('local_update', 'sgd')}, lookahead {cache.get('lookahead', 0)} (the planted AUC is the best any model can reach; drift: how far "
               f"refreshed copies had moved from the server's rows, relative to their norm). Paper: Wide&Deep on "
               f"Criteo Kaggle, 8 workers, one epoch.")]
     return "\n".join(lines + _figure(img, "Table 2") + _checks(checks_staleness(result)))

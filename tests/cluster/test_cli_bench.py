@@ -129,7 +129,7 @@ def test_bad_training_input_gets_a_clear_error_and_no_traceback(args, message):
 def test_bench_profile_ranks_a_workers_functions_per_step():
     result = last_json(het("bench", "profile", "--steps", "6", "--warmup", "2", "--top", "4", "--dim", "8",
                            "--batch", "64", "--synthetic-cap", "2000", "--cache-lookahead", "3", "--json"))
-    assert result["bench"] == "profile" and result["steps"] == 6 and result["config"]["cache"]["lookahead"] == 3
+    assert result["bench"] == "profile" and result["steps"] == 6 and result["config"]["cache.lookahead"] == 3
     assert result["s_per_step"] > 0 and result["flush_s"] > 0 and 0 < result["hit_rate"] < 1
     # after the window: the 3 steps that push idle rows and the last one, timed apart
     assert result["tail_steps"] == 4 and result["tail_s_per_step"] > 0
