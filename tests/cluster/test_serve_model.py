@@ -26,7 +26,7 @@ pytestmark = pytest.mark.cluster
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
-    cfg = TrainConfig.from_dict({"batch": 128, "dim": 16, "eval_samples": 500, "lookahead": 4, "ids": "hashed",
+    cfg = TrainConfig.from_dict({"batch": 128, "dim": 16, "eval_samples": 500, "cache": {"lookahead": 4}, "ids": "hashed",
                                  "synthetic": {"cap": 800}})
     _, out, _ = trained_export(cfg, 10, str(tmp))
     return out

@@ -32,7 +32,7 @@ def job(model="wdl", kind="fixed", **settings) -> tuple[TrainConfig, dict]:
             "synthetic": {"cap": 800}, **settings}
     options = {}
     if kind in ("dynamic", "tiered"):
-        base.update(ids="hashed", table={"admit_after": 2})
+        base.update(ids="hashed", table={**base.get("table", {}), "admit_after": 2})
     if kind == "tiered":
         base.update(shard={"memory": "2MiB"})
         options = {"memory": 2 << 20}
@@ -76,7 +76,7 @@ def test_fp32_export_reproduces_training(tmp_path, model, kind, shards):
 @pytest.mark.parametrize("kind", ["fixed", "dynamic"])
 def test_an_export_of_rows_stored_in_half_reproduces_training(tmp_path, row_dtype, kind):
     """The shards' half rows are saved as they are; the export widens them exactly."""
-    check_reproduces_training(tmp_path, "wdl", kind, 1, row_dtype=row_dtype)
+    check_reproduces_training(tmp_path, "wdl", kind, 1, table={"row_dtype": row_dtype})
 
 
 @pytest.mark.slow
