@@ -1,13 +1,14 @@
 """Each PS message declared once: its meta's fields and its arrays, of the request and the reply.
 
 What reads a message comes from here: the shard refuses a request field its op does not
-declare (:func:`het.ps.protocol.checks.every_field`) and counts and types its arrays by it
-(:func:`check_arrays`); the short paths write and read their two requests' fields in
-:data:`HOT`'s order (:mod:`het.ps.client.hot`, :mod:`het.ps.server.hot`, and the native reader
-through ``het/native/wire.h``, which :func:`native_header` writes: ``python -m
-het.ps.protocol.schema``, which make runs before the native build). tests/unit/test_schema.py holds every side to it: the messages the
-client sends and the shard answers, the fields the shard reads, the header the native core was
-built from. What each field means: :mod:`het.ps.protocol.messages`.
+declare (:func:`het.ps.protocol.checks.every_field`), counts its arrays by it
+(:func:`check_arrays`) and finds its keys by it (:func:`key_positions`); the short paths write
+and read their two requests' fields in :data:`HOT`'s order (:mod:`het.ps.client.hot`,
+:mod:`het.ps.server.hot`, and the native reader through ``het/native/wire.h``, which
+:func:`native_header` writes: ``python -m het.ps.protocol.schema``, run by make before the
+native build). tests/unit/test_schema.py holds every side to it: the messages the client sends
+and the shard answers, the fields the shard reads, the header the native core was built from.
+What each field means: :mod:`het.ps.protocol.messages`.
 
 An array is declared by the dtype codes it may travel as (:data:`het.ps.protocol.messages.DTYPE_CODES`)
 and its rank; an array ``when`` a meta flag is true travels only then (a reply's, when the request
@@ -27,7 +28,6 @@ import os
 from dataclasses import dataclass
 
 from het.files import write_file
-
 from het.ps.protocol.messages import DTYPE_CODES, HEADER, MAGIC, VERSION, Op
 
 INTS = ("u1", "i2", "i4", "i8")  # clocks, counts, an index: the narrowest that holds every value
