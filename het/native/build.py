@@ -93,7 +93,8 @@ def build(verbose: bool = False) -> str:
     flags = compile_flags(target, source_hash())
     tmp = tempfile.mkdtemp(prefix="het-native-")
     try:
-        compiled = unity_files([path for path in sources() if path.endswith(".cpp")], tmp, len(os.sched_getaffinity(0)))
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+        compiled = unity_files([path for path in sources() if path.endswith(".cpp")], tmp, cores)
         ext = CppExtension("het.native._het_native", compiled, extra_compile_args=flags)
         # ninja, where installed, compiles the files in parallel; else one after another
         setup(name="het-native", ext_modules=[ext], cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
